@@ -1,0 +1,43 @@
+# The single entry point. CI calls `make test` and nothing else.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv java demo test lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+# Spark needs a JVM. Install Java 17 when it is missing and we may (root).
+java:
+	@if ! command -v java >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = "0" ]; then \
+			echo "java not found: installing openjdk-17-jre-headless"; \
+			apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y openjdk-17-jre-headless; \
+		else \
+			echo "java not found and not root: install a Java 17 runtime first" >&2; exit 1; \
+		fi; \
+	fi
+
+demo: venv java
+	$(VENV)/bin/raydelay demo
+
+test: venv java
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check raydelay tests bench
+	$(VENV)/bin/ruff format --check raydelay tests bench
+
+bench: venv
+	$(PY) bench/tracker_bench.py
+
+clean:
+	rm -rf $(VENV) .raydelay .pytest_cache .hypothesis

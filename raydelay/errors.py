@@ -1,0 +1,43 @@
+"""The one error tree of raydelay.
+
+Every error a caller can see derives from :class:`RaydelayError`. Storage
+backends translate their native errors (botocore, OSError) into
+:class:`StorageError` with a ``retriable`` flag, so callers decide whether to
+retry without knowing which backend is underneath.
+"""
+
+from __future__ import annotations
+
+
+class RaydelayError(Exception):
+    """Root of every error raised by raydelay."""
+
+
+class InvalidArgument(RaydelayError, ValueError):
+    """A caller passed a bad value. The message names the field and the problem."""
+
+
+class NotFound(RaydelayError, KeyError):
+    """A key, topic, subscription or object does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want plain text.
+        return str(self.args[0]) if self.args else ""
+
+
+class StorageError(RaydelayError):
+    """The object store failed. ``retriable`` says whether the same call may succeed later."""
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+    def __reduce__(self):  # keep ``retriable`` across pickling (Ray ships errors between processes)
+        return (_rebuild_storage_error, (self.args[0] if self.args else "", self.retriable))
+
+
+def _rebuild_storage_error(message: str, retriable: bool) -> StorageError:
+    return StorageError(message, retriable=retriable)
+
+
+class CodecError(RaydelayError):
+    """A stored object could not be decoded (corrupt, truncated, or an unknown version)."""

@@ -1,0 +1,60 @@
+"""The ObjectStore layer: one bytes-only interface and its backends (DESIGN.md §5.1).
+
+The S3 backend is imported lazily, so that importing this package (as the pure
+core does, for the protocol and keys) never pulls in boto3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raydelay.config import Config, StorageConfig
+from raydelay.errors import InvalidArgument
+from raydelay.storage.base import ObjectStore
+from raydelay.storage.faulty import FaultyObjectStore
+from raydelay.storage.keys import validate_key, validate_name, validate_prefix
+from raydelay.storage.local import LocalDirObjectStore
+from raydelay.storage.memory import MemoryObjectStore
+
+__all__ = [
+    "ObjectStore",
+    "MemoryObjectStore",
+    "LocalDirObjectStore",
+    "S3ObjectStore",
+    "FaultyObjectStore",
+    "make_store",
+    "make_s3_client",
+    "validate_key",
+    "validate_name",
+    "validate_prefix",
+]
+
+
+def make_store(config: Config | StorageConfig, *, s3_client: Any = None) -> ObjectStore:
+    """Build the store a config names. ``s3_client`` overrides the boto3 client (tests)."""
+    storage = config.storage if isinstance(config, Config) else config
+    if not isinstance(storage, StorageConfig):
+        raise InvalidArgument(
+            f"config: expected a Config or StorageConfig, got {type(config).__name__}"
+        )
+    if storage.kind == "memory":
+        return MemoryObjectStore()
+    if storage.kind == "local":
+        return LocalDirObjectStore(storage.local.root)
+    if storage.kind == "s3":
+        from raydelay.storage.s3 import S3ObjectStore, make_s3_client
+
+        s3 = storage.s3
+        client = s3_client or make_s3_client(
+            endpoint_url=s3.endpoint_url or None, region=s3.region, max_attempts=s3.max_attempts
+        )
+        return S3ObjectStore(client, s3.bucket, s3.prefix)
+    raise InvalidArgument(f"storage.kind: unknown kind {storage.kind!r}")  # pragma: no cover
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("S3ObjectStore", "make_s3_client"):
+        from raydelay.storage import s3
+
+        return getattr(s3, name)
+    raise AttributeError(f"module 'raydelay.storage' has no attribute {name!r}")

@@ -1,0 +1,106 @@
+"""A store wrapper that injects failures and latency per operation, for tests and chaos runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+from raydelay.errors import InvalidArgument, StorageError
+
+OPS = ("put", "get", "get_range", "delete", "list", "exists")
+
+
+class FaultyObjectStore:
+    """Wraps ``inner``; ``fail_next`` and ``add_latency`` arm faults per operation.
+
+    ``fail_next(op, times=1, error=None)`` makes the next ``times`` calls of ``op``
+    raise ``error`` (a retriable StorageError by default) without reaching ``inner``.
+    ``add_latency(op, seconds)`` sleeps before every later call of ``op``.
+    ``calls`` counts the calls of each op that reached ``inner``.
+    """
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self._failures: dict[str, list[BaseException]] = defaultdict(list)
+        self._latency_s: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.failed: dict[str, int] = defaultdict(int)
+
+    def fail_next(self, op: str, times: int = 1, error: BaseException | None = None) -> None:
+        _check_op(op)
+        if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+            raise InvalidArgument(f"times: expected an int >= 1, got {times!r}")
+        if error is not None and not isinstance(error, BaseException):
+            raise InvalidArgument(f"error: expected an exception, got {type(error).__name__}")
+        with self._lock:
+            for _ in range(times):
+                self._failures[op].append(
+                    error
+                    if error is not None
+                    else StorageError(f"injected {op} failure", retriable=True)
+                )
+
+    def add_latency(self, op: str, seconds: float) -> None:
+        _check_op(op)
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise InvalidArgument(f"seconds: expected a number >= 0, got {seconds!r}")
+        with self._lock:
+            self._latency_s[op] = float(seconds)
+
+    def reset(self) -> None:
+        """Disarm every pending failure and latency."""
+        with self._lock:
+            self._failures.clear()
+            self._latency_s.clear()
+
+    def pending_failures(self, op: str) -> int:
+        _check_op(op)
+        with self._lock:
+            return len(self._failures[op])
+
+    def _before(self, op: str) -> None:
+        with self._lock:
+            latency = self._latency_s.get(op, 0.0)
+            error = self._failures[op].pop(0) if self._failures.get(op) else None
+            if error is not None:
+                self.failed[op] += 1
+            else:
+                self.calls[op] += 1
+        if latency:
+            time.sleep(latency)
+        if error is not None:
+            raise error
+
+    def put(self, key: str, data: bytes) -> None:
+        self._before("put")
+        self.inner.put(key, data)  # type: ignore[attr-defined]
+
+    def get(self, key: str) -> bytes:
+        self._before("get")
+        return self.inner.get(key)  # type: ignore[attr-defined]
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        self._before("get_range")
+        return self.inner.get_range(key, start, end)  # type: ignore[attr-defined]
+
+    def delete(self, key: str) -> None:
+        self._before("delete")
+        self.inner.delete(key)  # type: ignore[attr-defined]
+
+    def list(self, prefix: str = "") -> list[str]:
+        self._before("list")
+        return self.inner.list(prefix)  # type: ignore[attr-defined]
+
+    def exists(self, key: str) -> bool:
+        self._before("exists")
+        return self.inner.exists(key)  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"FaultyObjectStore({self.inner!r})"
+
+
+def _check_op(op: object) -> None:
+    if op not in OPS:
+        raise InvalidArgument(f"op: must be one of {', '.join(OPS)}; got {op!r}")

@@ -1,0 +1,185 @@
+"""The local-directory store: the embedded default.
+
+Each key is a file under ``root``. A put writes a temp file in the same
+directory, fsyncs it, renames it over the key and fsyncs the directory, so a
+reader sees all of a value or none of it, and a crash leaves either the old or
+the new value. Every path is resolved and checked to stay inside ``root``, even
+through symlinks placed in the tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+
+from raydelay.errors import InvalidArgument, NotFound, StorageError
+from raydelay.storage.base import check_data, check_range
+from raydelay.storage.keys import validate_key, validate_prefix
+
+_TMP_SUFFIX = ".rdtmp"
+_RETRIABLE_ERRNOS = {errno.EIO, errno.ENOSPC, errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.EMFILE}
+
+
+class LocalDirObjectStore:
+    """Objects as files under ``root`` (created if missing)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        if not str(root):
+            raise InvalidArgument("root: may not be empty")
+        self._root = Path(os.path.realpath(os.path.abspath(root)))
+        try:
+            self._root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _translate(exc, f"cannot create store root {self._root}") from exc
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    # -- path safety ------------------------------------------------------------------
+
+    def _inside(self, path: str) -> bool:
+        root = str(self._root)
+        return path == root or path.startswith(root + os.sep)
+
+    def _path(self, key: str) -> Path:
+        key = validate_key(key)
+        if key.endswith(_TMP_SUFFIX):
+            raise InvalidArgument(f"key: {key!r} ends with the reserved suffix {_TMP_SUFFIX}")
+        path = self._root.joinpath(*key.split("/"))
+        # realpath resolves any symlink on the way; the result must stay under the root.
+        if not self._inside(os.path.realpath(path)):
+            raise InvalidArgument(f"key: {key!r} resolves outside the store root")
+        return path
+
+    # -- operations -------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        data = check_data(data)
+        parent = path.parent
+        tmp = parent / f".{path.name}.{uuid.uuid4().hex}{_TMP_SUFFIX}"
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            if not self._inside(os.path.realpath(parent)):
+                raise InvalidArgument(f"key: {key!r} resolves outside the store root")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            _fsync_dir(parent)
+        except InvalidArgument:
+            raise
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise _translate(exc, f"put {key!r} failed") from exc
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"no object at key {key!r}") from None
+        except OSError as exc:
+            raise _translate(exc, f"get {key!r} failed") from exc
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        start, end = check_range(start, end)
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"no object at key {key!r}") from None
+        except OSError as exc:
+            raise _translate(exc, f"get_range {key!r} failed") from exc
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except IsADirectoryError:
+            return  # a "directory" key holds no object of its own
+        except OSError as exc:
+            raise _translate(exc, f"delete {key!r} failed") from exc
+        self._prune_empty_dirs(path.parent)
+
+    def _prune_empty_dirs(self, directory: Path) -> None:
+        # Keep the tree from filling with empty directories; stop at the root or a non-empty one.
+        while directory != self._root and self._inside(str(directory)):
+            try:
+                directory.rmdir()
+            except OSError:
+                return
+            directory = directory.parent
+
+    def list(self, prefix: str = "") -> list[str]:
+        prefix = validate_prefix(prefix)
+        dir_part = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self._root.joinpath(*dir_part.split("/")) if dir_part else self._root
+        real = os.path.realpath(base)
+        if not self._inside(real) or not os.path.isdir(real):
+            return []
+        keys: list[str] = []
+        try:
+            for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+                rel_dir = os.path.relpath(dirpath, self._root)
+                rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+                # prune directories that cannot hold a matching key
+                dirnames[:] = [
+                    d
+                    for d in dirnames
+                    if not os.path.islink(os.path.join(dirpath, d))
+                    and _could_match(rel_dir + d + "/", prefix)
+                ]
+                for name in filenames:
+                    if name.endswith(_TMP_SUFFIX):
+                        continue
+                    full = os.path.join(dirpath, name)
+                    if os.path.islink(full):
+                        continue
+                    key = rel_dir + name
+                    if key.startswith(prefix):
+                        keys.append(key)
+        except OSError as exc:
+            raise _translate(exc, f"list {prefix!r} failed") from exc
+        keys.sort()
+        return keys
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def __repr__(self) -> str:
+        return f"LocalDirObjectStore({str(self._root)!r})"
+
+
+def _could_match(dir_key: str, prefix: str) -> bool:
+    return dir_key.startswith(prefix) or prefix.startswith(dir_key)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _translate(exc: OSError, what: str) -> StorageError:
+    retriable = exc.errno in _RETRIABLE_ERRNOS
+    return StorageError(f"{what}: {exc}", retriable=retriable)

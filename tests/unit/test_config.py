@@ -1,0 +1,140 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from raydelay.config import Config, load_config
+from raydelay.errors import InvalidArgument
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_match_the_design_table():
+    c = Config()
+    assert c.storage.kind == "local"
+    assert c.storage.local.root == "./.raydelay/data"
+    assert c.delayed.tracker == "bucket"
+    assert c.delayed.tick_time_ms == 10
+    assert c.delayed.strict is True
+    assert c.delayed.min_index_count_per_bucket == 50_000
+    assert c.delayed.max_indexes_per_segment == 5_000
+    assert c.delayed.max_time_step_per_segment_ms == 300_000
+    assert c.delayed.max_num_buckets == 64
+    assert c.delayed.max_delay_ms == 0
+    assert c.topic.max_entries_per_ledger == 50_000
+    assert c.topic.group_commit_ms == 5
+    assert c.topic.max_message_bytes == 5 * 1024 * 1024
+    assert c.subscription.ack_timeout_s is None
+
+
+def test_shipped_default_toml_equals_the_embedded_default():
+    assert load_config(ROOT / "configs" / "default.toml", env={}) == Config()
+
+
+def test_shipped_s3_toml_selects_s3_without_credentials():
+    c = load_config(ROOT / "configs" / "s3.toml", env={})
+    assert c.storage.kind == "s3"
+    assert c.storage.s3.bucket
+    text = (ROOT / "configs" / "s3.toml").read_text().lower()
+    assert "secret" not in text.replace("are not read", "")
+    assert not any(f.name in ("access_key", "secret_key") for f in dataclasses.fields(c.storage.s3))
+
+
+def test_no_path_gives_the_embedded_default():
+    assert load_config(env={}) == Config()
+
+
+def test_a_file_overrides_single_values_and_keeps_the_rest(tmp_path):
+    c = load_config(write(tmp_path, "[delayed]\ntick_time_ms = 3\nstrict = false\n"), env={})
+    assert c.delayed.tick_time_ms == 3 and c.delayed.strict is False
+    assert c.delayed.max_num_buckets == 64
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(InvalidArgument, match=r"delayed\.tick_ms: unknown config key"):
+        load_config(write(tmp_path, "[delayed]\ntick_ms = 3\n"), env={})
+
+
+def test_unknown_section_is_named(tmp_path):
+    with pytest.raises(InvalidArgument, match=r"^nope: unknown config key"):
+        load_config(write(tmp_path, "[nope]\nx = 1\n"), env={})
+
+
+def test_wrong_type_is_named(tmp_path):
+    with pytest.raises(InvalidArgument, match=r"delayed\.tick_time_ms: expected int, got str"):
+        load_config(write(tmp_path, '[delayed]\ntick_time_ms = "ten"\n'), env={})
+    with pytest.raises(InvalidArgument, match=r"delayed\.strict: expected bool, got int"):
+        load_config(write(tmp_path, "[delayed]\nstrict = 1\n"), env={})
+    with pytest.raises(InvalidArgument, match=r"storage\.local: expected a table"):
+        load_config(write(tmp_path, '[storage]\nlocal = "x"\n'), env={})
+
+
+def test_out_of_range_values_are_named(tmp_path):
+    with pytest.raises(InvalidArgument, match=r"delayed\.tick_time_ms: must be > 0"):
+        load_config(write(tmp_path, "[delayed]\ntick_time_ms = 0\n"), env={})
+    with pytest.raises(InvalidArgument, match=r"storage\.kind: must be one of"):
+        load_config(write(tmp_path, '[storage]\nkind = "ftp"\n'), env={})
+    with pytest.raises(InvalidArgument, match=r"storage\.s3\.bucket: required"):
+        load_config(write(tmp_path, '[storage]\nkind = "s3"\n'), env={})
+
+
+def test_env_overrides_are_typed_by_the_field():
+    env = {
+        "RAYDELAY_DELAYED__TICK_TIME_MS": "25",
+        "RAYDELAY_DELAYED__STRICT": "false",
+        "RAYDELAY_STORAGE__LOCAL__ROOT": "/tmp/rd",
+        "RAYDELAY_SUBSCRIPTION__ACK_TIMEOUT_S": "2.5",
+        "RAYDELAY_CONFIG": "ignored: not a value override",
+        "UNRELATED": "x",
+    }
+    c = load_config(env=env)
+    assert c.delayed.tick_time_ms == 25
+    assert c.delayed.strict is False
+    assert c.storage.local.root == "/tmp/rd"
+    assert c.subscription.ack_timeout_s == 2.5
+
+
+def test_env_wins_over_the_file(tmp_path):
+    path = write(tmp_path, "[delayed]\ntick_time_ms = 3\n")
+    c = load_config(path, env={"RAYDELAY_DELAYED__TICK_TIME_MS": "7"})
+    assert c.delayed.tick_time_ms == 7
+
+
+def test_env_none_clears_an_optional_value(tmp_path):
+    path = write(tmp_path, "[subscription]\nack_timeout_s = 30.0\n")
+    assert (
+        load_config(
+            path, env={"RAYDELAY_SUBSCRIPTION__ACK_TIMEOUT_S": "none"}
+        ).subscription.ack_timeout_s
+        is None
+    )
+
+
+def test_bad_env_values_are_named():
+    with pytest.raises(
+        InvalidArgument,
+        match=r"delayed\.tick_time_ms: RAYDELAY_DELAYED__TICK_TIME_MS='x' is not a valid int",
+    ):
+        load_config(env={"RAYDELAY_DELAYED__TICK_TIME_MS": "x"})
+    with pytest.raises(InvalidArgument, match=r"unknown config key 'delayed\.nope'"):
+        load_config(env={"RAYDELAY_DELAYED__NOPE": "1"})
+    with pytest.raises(InvalidArgument, match=r"not a valid bool"):
+        load_config(env={"RAYDELAY_DELAYED__STRICT": "maybe"})
+
+
+def test_missing_or_broken_file_is_a_clear_error(tmp_path):
+    with pytest.raises(InvalidArgument, match="file not found"):
+        load_config(tmp_path / "absent.toml", env={})
+    with pytest.raises(InvalidArgument, match="not valid TOML"):
+        load_config(write(tmp_path, "[delayed\n"), env={})
+
+
+def test_configs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().delayed.tick_time_ms = 5  # type: ignore[misc]

@@ -1,0 +1,119 @@
+import os
+
+import pytest
+
+from raydelay.errors import InvalidArgument
+from raydelay.storage import LocalDirObjectStore, MemoryObjectStore, validate_key, validate_name
+from raydelay.storage.keys import (
+    bucket_prefix,
+    cursor_key,
+    ledger_entries_key,
+    subscription_prefix,
+)
+
+BAD_KEYS = [
+    ("", "may not be empty"),
+    ("/etc/passwd", "absolute"),
+    ("../escape", "'..' segment"),
+    ("a/../../escape", "'..' segment"),
+    ("a/./b", "'.' segment"),
+    ("a//b", "empty segment"),
+    ("a/b/", "empty segment"),
+    ("a\\..\\b", "backslash"),
+    ("a\x00b", "NUL"),
+]
+
+
+@pytest.mark.parametrize("key,reason", BAD_KEYS)
+def test_bad_keys_are_invalid_arguments(key, reason):
+    with pytest.raises(InvalidArgument, match=reason):
+        validate_key(key)
+
+
+def test_non_string_key_is_rejected():
+    with pytest.raises(InvalidArgument, match="expected a str"):
+        validate_key(b"bytes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "key", ["a", "topics/orders/0/ledgers/x.entries", "meta/journal/0001", "a-b_c.d/e"]
+)
+def test_good_keys_pass(key):
+    assert validate_key(key) == key
+
+
+@pytest.mark.parametrize("name", ["orders", "a.b-c_D9", "x" * 128])
+def test_good_names(name):
+    assert validate_name("topic", name) == name
+
+
+@pytest.mark.parametrize("name", ["", "x" * 129, "a/b", "a b", "ü", "..", ".", "a\x00"])
+def test_bad_names_name_the_field(name):
+    with pytest.raises(InvalidArgument, match="^topic: "):
+        validate_name("topic", name)
+
+
+def test_layout_keys_follow_the_design():
+    assert ledger_entries_key("orders", 3, 7, 100) == (
+        "topics/orders/3/ledgers/00000000000000000007/00000000000000000100.entries"
+    )
+    assert (
+        cursor_key("orders", 0, "billing", 5) == "subs/orders/0/billing/cursor/00000000000000000005"
+    )
+    assert subscription_prefix("orders", 1, "b") == "subs/orders/1/b"
+    assert bucket_prefix("subs/orders/1/b", "3_9_12") == "subs/orders/1/b/buckets/3_9_12"
+    with pytest.raises(InvalidArgument, match="topic"):
+        ledger_entries_key("../x", 0, 1, 0)
+    with pytest.raises(InvalidArgument, match="partition"):
+        subscription_prefix("orders", -1, "b")
+
+
+@pytest.mark.parametrize("make", [MemoryObjectStore, None], ids=["memory", "local"])
+@pytest.mark.parametrize("key,reason", BAD_KEYS)
+def test_every_store_op_rejects_bad_keys(tmp_path, make, key, reason):
+    store = make() if make else LocalDirObjectStore(tmp_path / "root")
+    for op in (
+        lambda: store.put(key, b"x"),
+        lambda: store.get(key),
+        lambda: store.get_range(key, 0, 1),
+        lambda: store.delete(key),
+        lambda: store.exists(key),
+    ):
+        with pytest.raises(InvalidArgument):
+            op()
+
+
+def test_local_store_never_writes_outside_its_root(tmp_path):
+    root = tmp_path / "root"
+    store = LocalDirObjectStore(root)
+    for key in ("../outside", "a/../../outside", "/tmp/outside"):
+        with pytest.raises(InvalidArgument):
+            store.put(key, b"x")
+    assert sorted(os.listdir(tmp_path)) == ["root"]
+
+
+def test_local_store_refuses_a_symlink_that_leads_out_of_the_root(tmp_path):
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"s3cr3t")
+    store = LocalDirObjectStore(root)
+    os.symlink(outside, root / "link")
+    with pytest.raises(InvalidArgument, match="outside the store root"):
+        store.put("link/evil", b"x")
+    with pytest.raises(InvalidArgument, match="outside the store root"):
+        store.get("link/secret")
+    with pytest.raises(InvalidArgument, match="outside the store root"):
+        store.delete("link/secret")
+    assert store.list("") == []  # listing does not follow the link either
+    assert not (outside / "evil").exists()
+    assert (outside / "secret").read_bytes() == b"s3cr3t"
+
+
+def test_local_store_refuses_a_symlinked_file_leading_out(tmp_path):
+    root = tmp_path / "root"
+    (tmp_path / "target").write_bytes(b"t")
+    store = LocalDirObjectStore(root)
+    os.symlink(tmp_path / "target", root / "f")
+    with pytest.raises(InvalidArgument, match="outside the store root"):
+        store.get("f")
