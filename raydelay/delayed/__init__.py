@@ -1,0 +1,19 @@
+"""The delayed-delivery index (DESIGN.md §5.2). Pure: no ray, no boto3.
+
+- :class:`InMemoryDelayedDeliveryTracker`: everything in memory.
+- :class:`BucketDelayedDeliveryTracker`: bounded memory, immutable buckets in an ObjectStore.
+- :class:`BucketRegistry` / :class:`InMemoryBucketRegistry`: where buckets are listed.
+"""
+
+from raydelay.delayed.base import DelayedDeliveryTracker
+from raydelay.delayed.bucket import BucketDelayedDeliveryTracker
+from raydelay.delayed.memory import InMemoryDelayedDeliveryTracker
+from raydelay.delayed.registry import BucketRegistry, InMemoryBucketRegistry
+
+__all__ = [
+    "DelayedDeliveryTracker",
+    "InMemoryDelayedDeliveryTracker",
+    "BucketDelayedDeliveryTracker",
+    "BucketRegistry",
+    "InMemoryBucketRegistry",
+]

@@ -1,0 +1,1032 @@
+"""BucketDelayedDeliveryTracker: a delayed index whose memory does not grow with the backlog.
+
+After Pulsar's PIP-195, re-done in columns. New positions gather in the mutable
+bucket (memory only). Once it holds ``min_index_count_per_bucket`` positions and
+a position arrives from a later ledger, it is *sealed*: sorted by (deliver_at,
+ledger, entry), cut into segments, and written to the store as an immutable
+bucket (segments, then meta, then the registry entry). Only one loaded segment
+per bucket, the mutable bucket and the membership bitmaps stay resident; the next
+segment of a bucket is loaded when its current one runs out or is about to
+become due. Above ``max_num_buckets``, adjacent buckets are merged.
+
+Store I/O runs in background jobs (see jobs.py). Their results are applied on
+the caller's thread, so the tracker itself stays single-threaded and its hot
+paths (add_messages, get_scheduled_messages) never wait on the store.
+
+Cancels of positions that may sit in a persisted bucket are written as
+tombstone objects (``<name>/tombs/<seq>``), so a restarted tracker does not
+resurrect them. The mutable bucket is never persisted: after a restart the
+subscription re-reads the log from mark-delete, and bitmaps recognise the
+positions that are already in buckets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+from pyroaring import BitMap
+
+from raydelay.clock import Clock
+from raydelay.delayed import codec
+from raydelay.delayed.columns import (
+    I64,
+    Run,
+    bitmap_of,
+    bitmap_values,
+    check_deliver_at,
+    check_position,
+    check_positions,
+    concat,
+    ledger_groups,
+    sort_order,
+    superseded,
+)
+from raydelay.delayed.common import (
+    TickMixin,
+    check_clock,
+    check_max_messages,
+    check_positive_int,
+)
+from raydelay.delayed.index import Membership, RunQueue, sorted_positions
+from raydelay.delayed.jobs import JobRunner
+from raydelay.delayed.registry import BucketRegistry
+from raydelay.errors import InvalidArgument, RaydelayError, StorageError
+from raydelay.storage.keys import bucket_prefix, validate_key
+
+log = logging.getLogger(__name__)
+
+WRITE_RETRIES = 3  # a snapshot write is tried once and retried this many times
+_RETRY_BACKOFF_S = 0.05
+_LOAD_RETRY_S = 0.5
+_MAX_MERGE_WINDOW = 4
+_BACKGROUND_PREFETCH_MS = 2_000
+
+Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass(eq=False)
+class _Bucket:
+    start: int
+    end: int
+    bucket_id: int
+    seg_min: list[int]
+    seg_max: list[int]
+    seg_count: list[int]
+    next_seg: int
+    state: str  # "writing" | "persisted" | "merging"
+    mem: Cols | None = None  # sorted columns, kept until the bucket is durable
+    bounds: list[tuple[int, int]] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    loading: bool = False
+    want_next: bool = False
+    load_retry_at: float = 0.0
+    exclude: dict[int, BitMap] | None = None
+
+    @property
+    def key(self) -> str:
+        return codec.bucket_key(self.start, self.end, self.bucket_id)
+
+    @property
+    def segments(self) -> int:
+        return len(self.seg_count)
+
+    def unloaded_count(self) -> int:
+        return sum(self.seg_count[self.next_seg :])
+
+    def remaining_count(self) -> int:
+        return self.unloaded_count() + sum(len(r) for r in self.runs)
+
+
+class _Mutable:
+    """The last, mutable bucket: unsorted chunks of columns."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.chunks: list[Cols] = []
+        self.count = 0
+        self.start = -1
+        self.end = -1
+        self.min_d: int | None = None
+
+    def append(self, d: np.ndarray, l: np.ndarray, e: np.ndarray, ledger: int) -> None:  # noqa: E741
+        self.chunks.append((d, l, e))
+        self.count += len(d)
+        self.start = ledger if self.start < 0 else min(self.start, ledger)
+        self.end = max(self.end, ledger)
+        m = int(d.min())
+        self.min_d = m if self.min_d is None else min(self.min_d, m)
+
+    def columns(self) -> Cols:
+        cols = concat(self.chunks)
+        self.chunks = [cols] if len(cols[0]) else []
+        return cols
+
+    def take_due(self, cutoff: int) -> Cols | None:
+        if self.min_d is None or self.min_d > cutoff:
+            return None
+        d, l, e = self.columns()  # noqa: E741
+        due = d <= cutoff
+        keep = ~due
+        out = (d[due], l[due], e[due])
+        kept = (d[keep], l[keep], e[keep])
+        self.chunks = [kept] if len(kept[0]) else []
+        self.count = len(kept[0])
+        self.min_d = int(kept[0].min()) if self.count else None
+        return out
+
+    def drop_below(self, ledger: int) -> None:
+        if not self.count:
+            return
+        d, l, e = self.columns()  # noqa: E741
+        keep = l >= ledger
+        if keep.all():
+            return
+        self.chunks = [(d[keep], l[keep], e[keep])] if keep.any() else []
+        self.count = int(keep.sum())
+        self.min_d = int(d[keep].min()) if self.count else None
+
+    def nbytes(self) -> int:
+        return sum(c[0].nbytes * 3 for c in self.chunks)
+
+
+def cut_segments(d: np.ndarray, max_indexes: int, max_step_ms: int) -> list[tuple[int, int]]:
+    """Segment bounds over sorted deliver_ats: a segment ends when it holds ``max_indexes``
+    positions or when the next position would stretch its span beyond ``max_step_ms``."""
+    bounds = []
+    i, n = 0, len(d)
+    while i < n:
+        j = int(np.searchsorted(d, d[i] + max_step_ms, side="right"))
+        j = max(i + 1, min(j, i + max_indexes, n))
+        bounds.append((i, j))
+        i = j
+    return bounds
+
+
+class BucketDelayedDeliveryTracker(TickMixin):
+    def __init__(
+        self,
+        *,
+        store,
+        registry: BucketRegistry,
+        name: str,
+        clock: Clock,
+        tick_time_ms: int = 1000,
+        strict: bool = False,
+        min_index_count_per_bucket: int = 50_000,
+        max_time_step_per_segment_ms: int = 300_000,
+        max_indexes_per_segment: int = 5_000,
+        max_num_buckets: int = 64,
+        mark_delete: Callable[[], tuple[int, int]] | None = None,
+        background: bool | None = None,
+        prefetch_ms: int | None = None,
+    ) -> None:
+        """``background`` None picks inline I/O for an in-memory store (deterministic) and a
+        background thread otherwise. ``prefetch_ms`` is how long before a segment's first
+        deliver_at it is loaded (default: 0 inline, 2000 ms in the background)."""
+        for method in ("put", "get", "delete", "list"):
+            if not callable(getattr(store, method, None)):
+                raise InvalidArgument(f"store: expected an ObjectStore, it lacks {method}()")
+        for method in ("list", "put", "remove"):
+            if not callable(getattr(registry, method, None)):
+                raise InvalidArgument(f"registry: expected a BucketRegistry, it lacks {method}()")
+        self._name = validate_key(name) if isinstance(name, str) else _bad_name(name)
+        self._store = store
+        self._registry = registry
+        self._clock = check_clock(clock)
+        self._tick_time_ms = check_positive_int("tick_time_ms", tick_time_ms)
+        self._strict = bool(strict)
+        self._min_count = check_positive_int(
+            "min_index_count_per_bucket", min_index_count_per_bucket
+        )
+        self._max_step_ms = check_positive_int(
+            "max_time_step_per_segment_ms", max_time_step_per_segment_ms
+        )
+        self._max_per_segment = check_positive_int(
+            "max_indexes_per_segment", max_indexes_per_segment
+        )
+        self._max_buckets = check_positive_int("max_num_buckets", max_num_buckets)
+        if mark_delete is not None and not callable(mark_delete):
+            raise InvalidArgument(
+                "mark_delete: expected a callable returning (ledger_id, entry_id)"
+            )
+        self._mark_delete = mark_delete
+        if background is None:
+            background = not _is_in_memory(store)
+        self._jobs = JobRunner(background=bool(background), name=self._name)
+        if prefetch_ms is None:
+            prefetch_ms = _BACKGROUND_PREFETCH_MS if background else 0
+        self._prefetch_ms = check_positive_int("prefetch_ms", prefetch_ms, allow_zero=True)
+
+        self._members = Membership()
+        self._queue = RunQueue()
+        self._mutable = _Mutable()
+        self._buckets: list[_Bucket] = []
+        self._sealed_end = -1
+        self._next_id = 1
+        self._tomb_seq = 1
+        self._pending_tombs: dict[int, BitMap] = {}
+        self._tomb_writing = False
+        self._merge_ctx: dict | None = None
+        self._trimmed_below = -1
+        self._errors: list[BaseException] = []
+        self._closed = False
+        self._epoch = 0
+        self.counters = {
+            "sealed": 0,
+            "loaded": 0,
+            "merged": 0,
+            "deleted": 0,
+            "downgraded": 0,
+            "snapshot_bytes": 0,
+            "write_retries": 0,
+        }
+        self._recover()
+
+    # == public API =====================================================================
+
+    def add_message(self, ledger_id: int, entry_id: int, deliver_at_ms: int) -> bool:
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        d = check_deliver_at(deliver_at_ms)
+        return bool(self.add_messages([ledger_id], [entry_id], [d])[0])
+
+    def add_messages(self, ledger_ids, entry_ids, deliver_ats) -> np.ndarray:
+        self._check_open()
+        ls, es, ds = check_positions(ledger_ids, entry_ids, deliver_ats)
+        result = np.ones(len(ls), dtype=bool)
+        if len(ls) == 0:
+            return result
+        self._jobs.drain()
+        due = (ds < 0) | (ds <= self._cutoff())
+        if due.any():
+            result[due] = False
+            self._members.remove_many(ls[due], es[due])  # expiry before dedup
+            keep = ~due & ~superseded(ls, es, due)
+            ls, es, ds = ls[keep], es[keep], ds[keep]
+        md_ledger = self._mark_delete_ledger()
+        if md_ledger is not None and len(ls) and int(ls.min()) < md_ledger:
+            keep = ls >= md_ledger  # below mark-delete: acknowledged already, dropped
+            ls, es, ds = ls[keep], es[keep], ds[keep]
+        if len(ls):
+            new = self._members.add(ds, ls, es)
+            if not new.all():
+                ls, es, ds = ls[new], es[new], ds[new]
+            if len(ls):
+                self._route(ds, ls, es)
+        self._settle()
+        return result
+
+    def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
+        self._check_open()
+        n = check_max_messages(max_messages)
+        self._jobs.drain()
+        cutoff = self._cutoff()
+        self._trim()
+        self._move_due_mutable(cutoff)
+        self._maintain(cutoff)
+        out_l, out_e = [], []
+        while n > 0:
+            got = self._queue.take(cutoff, n)
+            if got is None:
+                if self._maintain(cutoff):
+                    continue  # an inline load brought in due positions
+                break
+            (d, l, e), _ = got  # noqa: E741
+            live = self._members.take(d, l, e)
+            out_l.append(l[live])
+            out_e.append(e[live])
+            n -= int(live.sum())
+            self._maintain(cutoff)
+        self._settle()
+        if not out_l:
+            return []
+        return sorted_positions(np.concatenate(out_l), np.concatenate(out_e))
+
+    def has_message_available(self) -> bool:
+        self._check_open()
+        self._jobs.drain()
+        cutoff = self._cutoff()
+        self._move_due_mutable(cutoff)
+        self._maintain(cutoff)
+        return self._queue.has_live_due(cutoff, self._members)
+
+    def number_of_delayed_messages(self) -> int:
+        return self._members.count
+
+    def buffer_memory_usage(self) -> int:
+        writing = sum(sum(c.nbytes for c in b.mem) for b in self._buckets if b.mem is not None)
+        return self._queue.nbytes() + self._mutable.nbytes() + self._members.nbytes() + writing
+
+    def should_pause_all_deliveries(self) -> bool:
+        return False
+
+    def next_delivery_time(self) -> int | None:
+        if self._members.count == 0:
+            return None
+        candidates = [self._queue.min_d(), self._mutable.min_d]
+        candidates += [b.seg_min[b.next_seg] for b in self._buckets if b.next_seg < b.segments]
+        known = [c for c in candidates if c is not None]
+        return min(known) if known else None
+
+    def contains_message(self, ledger_id: int, entry_id: int) -> bool:
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        return self._members.contains(ledger_id, entry_id)
+
+    def remove_message(self, ledger_id: int, entry_id: int) -> bool:
+        """Cancel a tracked position wherever it lives; True if it was tracked."""
+        self._check_open()
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        if not self._members.remove(ledger_id, entry_id):
+            return False
+        if ledger_id <= self._sealed_end:  # it may sit in a persisted bucket: make the cancel stick
+            self._pending_tombs.setdefault(ledger_id, BitMap()).add(entry_id)
+            self._write_tombs()
+        self._settle()
+        return True
+
+    def immutable_bucket_count(self) -> int:
+        return len(self._buckets)
+
+    def flush(self) -> None:
+        """Wait for every background write, load, merge and delete, and apply them."""
+        self._check_open()
+        while True:
+            self._jobs.wait()
+            applied = self._jobs.drain()
+            self._maybe_merge()
+            self._write_tombs()
+            if not applied and not self._jobs.busy():
+                break
+        if self._errors:
+            first = self._errors[0]
+            self._errors = []
+            raise first
+
+    def clear(self) -> None:
+        """Forget everything and delete every snapshot object and registry entry."""
+        self._check_open()
+        self._jobs.wait()
+        self._jobs.drain()
+        self._epoch += 1
+        for b in self._buckets:
+            self._registry.remove(self._name, b.key)
+        for key in self._registry.list(self._name):
+            self._registry.remove(self._name, key)
+        for key in self._store.list(f"{self._name}/buckets/") + self._store.list(
+            f"{self._name}/tombs/"
+        ):
+            self._store.delete(key)
+        self._members.clear()
+        self._queue.clear()
+        self._mutable.clear()
+        self._buckets = []
+        self._sealed_end = -1
+        self._pending_tombs = {}
+        self._merge_ctx = None
+        self._trimmed_below = -1
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._jobs.shutdown()
+
+    def stats(self) -> dict:
+        return {
+            "delayed": self._members.count,
+            "buckets": len(self._buckets),
+            "mutable": self._mutable.count,
+            "loaded_runs": len(self._queue.runs),
+            "memory_bytes": self.buffer_memory_usage(),
+            **self.counters,
+        }
+
+    def __repr__(self) -> str:
+        return f"BucketDelayedDeliveryTracker(name={self._name!r}, delayed={self._members.count}, buckets={len(self._buckets)})"
+
+    # == adding =========================================================================
+
+    def _route(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741
+        covered = l <= self._sealed_end
+        if covered.any():
+            # The ledger already belongs to an immutable bucket: straight to the shared queue.
+            self._queue.add_loose(d[covered], l[covered], e[covered])
+            rest = ~covered
+            d, l, e = d[rest], l[rest], e[rest]  # noqa: E741
+        for ledger, idx in ledger_groups(l):
+            if self._mutable.count >= self._min_count and ledger > self._mutable.end:
+                self._seal()
+            self._mutable.append(d[idx], l[idx], e[idx], ledger)
+
+    def _seal(self) -> None:
+        d, l, e = self._mutable.columns()  # noqa: E741
+        start, end = self._mutable.start, self._mutable.end
+        self._mutable.clear()
+        self._sealed_end = max(self._sealed_end, end)
+        live = self._members.member_mask(d, l, e)  # cancelled copies are not persisted
+        if not live.all():
+            d, l, e = d[live], l[live], e[live]  # noqa: E741
+        if len(d) == 0:
+            return
+        order = sort_order(d, l, e)
+        d, l, e = d[order], l[order], e[order]  # noqa: E741
+        bounds = cut_segments(d, self._max_per_segment, self._max_step_ms)
+        bucket = _Bucket(
+            start=start,
+            end=end,
+            bucket_id=self._take_id(),
+            seg_min=[int(d[s]) for s, _ in bounds],
+            seg_max=[int(d[t - 1]) for _, t in bounds],
+            seg_count=[t - s for s, t in bounds],
+            next_seg=1,
+            state="writing",
+            mem=(d, l, e),
+            bounds=bounds,
+        )
+        s, t = bounds[0]
+        first = Run(d[s:t].copy(), l[s:t].copy(), e[s:t].copy(), owner=bucket)
+        bucket.runs.append(first)
+        self._queue.add_run(first)
+        self._buckets.append(bucket)
+        self.counters["sealed"] += 1
+        name, store, registry, epoch = self._name, self._store, self._registry, self._epoch
+        seg_cols = [(d[a:b], l[a:b], e[a:b]) for a, b in bounds]
+
+        def job() -> tuple[codec.BucketMeta, int]:
+            return _write_bucket(
+                store, registry, name, start, end, bucket.bucket_id, seg_cols, self._sleep_s
+            )
+
+        def done(written: tuple[codec.BucketMeta, int] | None, error: BaseException | None) -> None:
+            if epoch != self._epoch or bucket not in self._buckets:
+                return
+            if error is not None:
+                self._downgrade(bucket, error)
+                return
+            bucket.state = "persisted"
+            bucket.mem = None
+            bucket.bounds = []
+            self.counters["snapshot_bytes"] += written[1]  # type: ignore[index]
+
+        self._jobs.submit("write", job, done)
+
+    def _downgrade(self, bucket: _Bucket, error: BaseException) -> None:
+        # The write failed after its retries: keep every position in memory, lose nothing.
+        log.warning(
+            "tracker %s: bucket %s could not be persisted (%s); keeping its %d positions in memory",
+            self._name,
+            bucket.key,
+            error,
+            bucket.remaining_count(),
+        )
+        self.counters["downgraded"] += 1
+        d, l, e = bucket.mem  # type: ignore[misc]  # noqa: E741
+        if bucket.next_seg < bucket.segments:
+            s = bucket.bounds[bucket.next_seg][0]
+            self._queue.add_loose(d[s:].copy(), l[s:].copy(), e[s:].copy())
+        for r in bucket.runs:
+            r.owner = None
+        self._buckets.remove(bucket)
+
+    def _move_due_mutable(self, cutoff: int) -> None:
+        due = self._mutable.take_due(cutoff)
+        if due is not None and len(due[0]):
+            self._queue.add_loose(*due)
+
+    # == loading ========================================================================
+
+    def _maintain(self, cutoff: int) -> bool:
+        """Start segment loads that are needed now or soon, retire finished buckets.
+        Returns True when an inline load completed (more may be due)."""
+        loaded = False
+        horizon = cutoff + self._prefetch_ms
+        now_s = time.monotonic()
+        for bucket in list(self._buckets):
+            if bucket.runs and any(len(r) == 0 for r in bucket.runs):
+                bucket.runs = [r for r in bucket.runs if len(r)]
+                if not bucket.runs:
+                    bucket.want_next = True  # the last loaded position was popped
+            if bucket.loading or bucket.state == "merging":
+                continue
+            if bucket.next_seg >= bucket.segments:
+                if not bucket.runs and bucket.state == "persisted":
+                    self._retire(bucket)
+                continue
+            if not (bucket.want_next or bucket.seg_min[bucket.next_seg] <= horizon):
+                continue
+            if now_s < bucket.load_retry_at:
+                continue
+            self._load_next(bucket)
+            if not self._jobs.background:
+                self._jobs.drain()
+                loaded = True
+        return loaded
+
+    def _load_next(self, bucket: _Bucket) -> None:
+        index = bucket.next_seg
+        bucket.loading = True
+        bucket.want_next = False
+        epoch = self._epoch
+        if bucket.mem is not None:  # still being written: the columns are at hand
+            d, l, e = bucket.mem  # noqa: E741
+            s, t = bucket.bounds[index]
+            cols = (d[s:t].copy(), l[s:t].copy(), e[s:t].copy())
+
+            def job() -> Cols:
+                return cols
+
+        else:
+            key = f"{bucket_prefix(self._name, bucket.key)}/seg-{index + 1:06d}"
+            store = self._store
+
+            def job() -> Cols:
+                return codec.decode_segment(store.get(key), key)
+
+        def done(cols: Cols | None, error: BaseException | None) -> None:
+            bucket.loading = False
+            if epoch != self._epoch or bucket not in self._buckets:
+                return
+            if error is not None:
+                if isinstance(error, StorageError) and error.retriable:
+                    log.warning(
+                        "tracker %s: loading segment %d of %s failed, will retry: %s",
+                        self._name,
+                        index + 1,
+                        bucket.key,
+                        error,
+                    )
+                    bucket.load_retry_at = time.monotonic() + _LOAD_RETRY_S
+                    bucket.want_next = True
+                    return
+                log.error(
+                    "tracker %s: segment %d of %s is unreadable: %s",
+                    self._name,
+                    index + 1,
+                    bucket.key,
+                    error,
+                )
+                self._errors.append(error)
+                bucket.next_seg = index + 1
+                return
+            self._install_segment(bucket, index, cols)  # type: ignore[arg-type]
+
+        self._jobs.submit("load", job, done)
+
+    def _install_segment(self, bucket: _Bucket, index: int, cols: Cols) -> None:
+        d, l, e = cols  # noqa: E741
+        if bucket.exclude:
+            keep = np.ones(len(l), dtype=bool)
+            for ledger, idx in ledger_groups(l):
+                ex = bucket.exclude.get(ledger)
+                if ex:
+                    keep[idx] = ~np.isin(e[idx], bitmap_values(ex))
+            d, l, e = d[keep], l[keep], e[keep]  # noqa: E741
+        bucket.next_seg = index + 1
+        self.counters["loaded"] += 1
+        if len(d):
+            run = Run(d, l, e, owner=bucket)
+            bucket.runs.append(run)
+            self._queue.add_run(run)
+        else:
+            bucket.want_next = True
+
+    def _retire(self, bucket: _Bucket) -> None:
+        """Every segment was loaded and popped: delete the bucket (registry entry first)."""
+        self._buckets.remove(bucket)
+        self._delete_bucket_objects(bucket.key)
+
+    def _delete_bucket_objects(self, key: str) -> None:
+        store, registry, name = self._store, self._registry, self._name
+        self.counters["deleted"] += 1
+
+        def job() -> None:
+            registry.remove(name, key)
+            for obj in store.list(f"{bucket_prefix(name, key)}/"):
+                store.delete(obj)
+
+        def done(_: None, error: BaseException | None) -> None:
+            if error is not None:  # orphans are swept at the next recovery
+                log.warning(
+                    "tracker %s: deleting bucket %s failed (swept on recovery): %s",
+                    self._name,
+                    key,
+                    error,
+                )
+
+        self._jobs.submit("write", job, done)
+
+    # == merging ========================================================================
+
+    def _maybe_merge(self) -> None:
+        if self._merge_ctx is not None or len(self._buckets) <= self._max_buckets:
+            return
+        window = self._pick_window()
+        if window is None:
+            return
+        lo, hi = window
+        sources = self._buckets[lo:hi]
+        seg_keys: list[str] = []
+        parts: list[Cols] = []
+        snapshot: dict[int, int] = {}
+        for b in sources:
+            b.state = "merging"
+            prefix = bucket_prefix(self._name, b.key)
+            seg_keys += [f"{prefix}/seg-{i + 1:06d}" for i in range(b.next_seg, b.segments)]
+            for r in b.runs:
+                if len(r):
+                    parts.append(tuple(c.copy() for c in r.remaining()))  # type: ignore[arg-type]
+                snapshot[id(r)] = r.head
+        start, end = sources[0].start, sources[-1].end
+        new_id = self._take_id()
+        ctx = {"sources": sources, "snapshot": snapshot, "epoch": self._epoch}
+        self._merge_ctx = ctx
+        store, registry, name = self._store, self._registry, self._name
+        max_per_segment, max_step = self._max_per_segment, self._max_step_ms
+        sleep_s = self._sleep_s
+
+        def job() -> tuple[codec.BucketMeta, int]:
+            loaded = [codec.decode_segment(store.get(k), k) for k in seg_keys]
+            d, l, e = concat(parts + loaded)  # noqa: E741
+            order = sort_order(d, l, e)
+            d, l, e = d[order], l[order], e[order]  # noqa: E741
+            bounds = cut_segments(d, max_per_segment, max_step)
+            cols = [(d[a:b], l[a:b], e[a:b]) for a, b in bounds]
+            return _write_bucket(store, registry, name, start, end, new_id, cols, sleep_s)
+
+        self._jobs.submit("write", job, lambda written, error: self._merged(ctx, written, error))
+
+    def _pick_window(self) -> tuple[int, int] | None:
+        n = len(self._buckets)
+        for size in range(min(_MAX_MERGE_WINDOW, n), 1, -1):
+            best = None
+            for lo in range(0, n - size + 1):
+                window = self._buckets[lo : lo + size]
+                if any(b.state != "persisted" or b.loading for b in window):
+                    continue
+                total = sum(b.remaining_count() for b in window)
+                nexts = [b.seg_min[b.next_seg] for b in window if b.next_seg < b.segments]
+                rank = (total, min(nexts) if nexts else 2**63)
+                if best is None or rank < best[0]:
+                    best = (rank, lo)
+            if best is not None:
+                return best[1], best[1] + size
+        return None
+
+    def _merged(
+        self, ctx: dict, written: tuple[codec.BucketMeta, int] | None, error: BaseException | None
+    ) -> None:
+        self._merge_ctx = None
+        meta = written[0] if written else None
+        if written:
+            self.counters["snapshot_bytes"] += written[1]
+        sources: list[_Bucket] = ctx["sources"]
+        if ctx["epoch"] != self._epoch:
+            if meta is not None:
+                self._delete_bucket_objects(meta.key)
+            return
+        alive = all(b in self._buckets for b in sources)
+        if error is not None or not alive or meta is None:
+            for b in sources:
+                if b.state == "merging":
+                    b.state = "persisted"
+            if error is not None:
+                log.warning(
+                    "tracker %s: merging %d buckets failed, will retry: %s",
+                    self._name,
+                    len(sources),
+                    error,
+                )
+            elif meta is not None:
+                self._delete_bucket_objects(meta.key)
+            return
+        # Copies that the foreground consumed or loaded meanwhile must not come back from
+        # the merged bucket: exclude them when its segments load.
+        cutoff = self._cutoff() + self._prefetch_ms
+        exclude: dict[int, BitMap] = {}
+        keep_runs: list[Run] = []
+        dropped: list[Run] = []
+        for b in sources:
+            for r in b.runs:
+                h0 = ctx["snapshot"].get(id(r))
+                if h0 is None:
+                    _add_exclusions(exclude, r.l, r.e)
+                    if len(r):
+                        keep_runs.append(r)
+                    continue
+                _add_exclusions(exclude, r.l[h0 : r.head], r.e[h0 : r.head])
+                if len(r) and r.first_d() <= cutoff:
+                    _add_exclusions(exclude, r.l[r.head :], r.e[r.head :])
+                    keep_runs.append(r)  # due soon: keep serving it from memory
+                else:
+                    dropped.append(r)  # the merged bucket holds what is left of it
+        self._queue.remove_runs(dropped)
+        merged = _Bucket(
+            start=meta.start_ledger,
+            end=meta.end_ledger,
+            bucket_id=meta.bucket_id,
+            seg_min=[s.min_deliver_at_ms for s in meta.segments],
+            seg_max=[s.max_deliver_at_ms for s in meta.segments],
+            seg_count=[s.count for s in meta.segments],
+            next_seg=0,
+            state="persisted",
+            runs=keep_runs,
+            exclude=exclude or None,
+        )
+        for r in keep_runs:
+            r.owner = merged
+        at = self._buckets.index(sources[0])
+        self._buckets[at : at + len(sources)] = [merged]
+        self.counters["merged"] += 1
+        for b in sources:
+            self._delete_bucket_objects(b.key)
+
+    # == trimming, tombstones ===========================================================
+
+    def _mark_delete_ledger(self) -> int | None:
+        if self._mark_delete is None:
+            return None
+        md = self._mark_delete()
+        try:
+            return int(md[0])
+        except (TypeError, ValueError, IndexError):
+            raise InvalidArgument(
+                f"mark_delete: expected (ledger_id, entry_id), got {md!r}"
+            ) from None
+
+    def _trim(self) -> None:
+        md_ledger = self._mark_delete_ledger()
+        if md_ledger is None or md_ledger <= self._trimmed_below:
+            return
+        self._trimmed_below = md_ledger
+        self._members.drop_below(md_ledger)
+        self._mutable.drop_below(md_ledger)
+        for bucket in list(self._buckets):
+            if bucket.end < md_ledger and bucket.state == "persisted" and not bucket.loading:
+                self._queue.remove_runs(bucket.runs)
+                self._buckets.remove(bucket)
+                self._delete_bucket_objects(bucket.key)
+
+    def _write_tombs(self) -> None:
+        if self._tomb_writing or not self._pending_tombs:
+            return
+        tombs, self._pending_tombs = self._pending_tombs, {}
+        key = f"{self._name}/tombs/{self._tomb_seq:020d}"
+        self._tomb_seq += 1
+        self._tomb_writing = True
+        store, sleep_s = self._store, self._sleep_s
+        data = codec.encode_tombstones(tombs)
+
+        def job() -> None:
+            _put_retrying(store, key, data, sleep_s)
+
+        def done(_: None, error: BaseException | None) -> None:
+            self._tomb_writing = False
+            if error is not None:
+                log.warning(
+                    "tracker %s: writing cancel tombstones failed, will retry: %s",
+                    self._name,
+                    error,
+                )
+                for ledger, bm in tombs.items():
+                    self._pending_tombs.setdefault(ledger, BitMap()).update(bm)
+
+        self._jobs.submit("write", job, done)
+
+    # == recovery =======================================================================
+
+    def _recover(self) -> None:
+        records = self._registry.list(self._name)
+        if not records:
+            self._sweep_orphans(set())
+            return
+        recs = [
+            codec.decode_record(raw, f"registry {self._name}/{key}") for key, raw in records.items()
+        ]
+        metas = self._parallel(
+            lambda r: codec.decode_meta(
+                self._store.get(k := f"{bucket_prefix(self._name, r.key)}/meta"), k
+            ),
+            recs,
+        )
+        # A crash between a merge's registry write and the removal of its sources leaves
+        # both: the newer bucket whose range contains an older one supersedes it.
+        live: list[codec.BucketMeta] = []
+        for m in sorted(metas, key=lambda m: (m.start_ledger, -m.end_ledger, -m.bucket_id)):
+            if any(
+                o.start_ledger <= m.start_ledger
+                and m.end_ledger <= o.end_ledger
+                and o.bucket_id > m.bucket_id
+                for o in metas
+                if o is not m
+            ):
+                self._registry.remove(self._name, m.key)
+                continue
+            live.append(m)
+        self._next_id = max(m.bucket_id for m in metas) + 1
+        cutoff = self._cutoff()
+        to_load = []
+        for m in live:
+            first = next(
+                (i for i, s in enumerate(m.segments) if s.max_deliver_at_ms > cutoff), None
+            )
+            self._sealed_end = max(self._sealed_end, m.end_ledger)
+            if first is None:  # everything in it is due: the log replay delivers it
+                self._delete_bucket_objects(m.key)
+                continue
+            for s in m.segments[first:]:
+                for ledger, bm in s.bitmaps.items():
+                    self._members.restore(ledger, bm)
+            bucket = _Bucket(
+                start=m.start_ledger,
+                end=m.end_ledger,
+                bucket_id=m.bucket_id,
+                seg_min=[s.min_deliver_at_ms for s in m.segments],
+                seg_max=[s.max_deliver_at_ms for s in m.segments],
+                seg_count=[s.count for s in m.segments],
+                next_seg=first,
+                state="persisted",
+            )
+            self._buckets.append(bucket)
+            to_load.append(bucket)
+        self._buckets.sort(key=lambda b: b.start)
+        self._apply_recovered_tombs()
+        keys = [f"{bucket_prefix(self._name, b.key)}/seg-{b.next_seg + 1:06d}" for b in to_load]
+        segments = self._parallel(lambda k: codec.decode_segment(self._store.get(k), k), keys)
+        for bucket, cols in zip(to_load, segments):
+            self._install_segment(bucket, bucket.next_seg, cols)
+        self._sweep_orphans({b.key for b in self._buckets})
+        self._jobs.drain()
+
+    def _apply_recovered_tombs(self) -> None:
+        keys = self._store.list(f"{self._name}/tombs/")
+        if not keys:
+            return
+        merged: dict[int, BitMap] = {}
+        for key in keys:
+            for ledger, bm in codec.decode_tombstones(self._store.get(key), key).items():
+                merged.setdefault(ledger, BitMap()).update(bm)
+        self._tomb_seq = int(keys[-1].rsplit("/", 1)[1]) + 1
+        for ledger, bm in merged.items():
+            ls = np.full(len(bm), ledger, dtype=I64)
+            self._members.remove_many(ls, bitmap_values(bm))
+        # Keep only tombstones that still cover a live bucket, in one object.
+        ranges = [(b.start, b.end) for b in self._buckets]
+        kept = {lg: bm for lg, bm in merged.items() if any(s <= lg <= e for s, e in ranges)}
+        if len(keys) == 1 and len(kept) == len(merged):
+            return
+        store, sleep_s = self._store, self._sleep_s
+        new_key = f"{self._name}/tombs/{self._tomb_seq:020d}"
+        self._tomb_seq += 1
+        data = codec.encode_tombstones(kept) if kept else None
+
+        def job() -> None:
+            if data is not None:
+                _put_retrying(store, new_key, data, sleep_s)
+            for key in keys:
+                store.delete(key)
+
+        self._jobs.submit(
+            "write", job, lambda _, err: err and log.warning("tombstone compaction failed: %s", err)
+        )
+
+    def _sweep_orphans(self, live_keys: set[str]) -> None:
+        """Delete bucket objects that no registry entry names (a crash mid-write or mid-delete)."""
+        store, name = self._store, self._name
+
+        def job() -> int:
+            doomed = [
+                k
+                for k in store.list(f"{name}/buckets/")
+                if k[len(name) + 9 :].split("/", 1)[0] not in live_keys
+            ]
+            for k in doomed:
+                store.delete(k)
+            return len(doomed)
+
+        def done(count: int | None, error: BaseException | None) -> None:
+            if error is not None:
+                log.warning("tracker %s: sweeping orphan objects failed: %s", self._name, error)
+            elif count:
+                log.info("tracker %s: swept %d orphan bucket objects", self._name, count)
+
+        self._jobs.submit("write", job, done)
+
+    def _parallel(self, fn, items: list) -> list:
+        if not self._jobs.background or len(items) <= 1:
+            return [fn(x) for x in items]
+        with ThreadPoolExecutor(min(16, len(items)), thread_name_prefix="raydelay-recover") as pool:
+            return list(pool.map(fn, items))
+
+    # == helpers ========================================================================
+
+    def _settle(self) -> None:
+        """After a call: inline jobs' completions are applied and merges kick off."""
+        self._jobs.drain()
+        self._maybe_merge()
+        self._jobs.drain()
+
+    def _take_id(self) -> int:
+        bucket_id = self._next_id
+        self._next_id += 1
+        return bucket_id
+
+    @property
+    def _sleep_s(self) -> float:
+        return _RETRY_BACKOFF_S if self._jobs.background else 0.0
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RaydelayError(f"tracker {self._name!r} is closed")
+
+
+def _add_exclusions(exclude: dict[int, BitMap], l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741
+    for ledger, idx in ledger_groups(l):
+        exclude.setdefault(ledger, BitMap()).update(bitmap_of(e[idx]))
+
+
+def _put_retrying(store, key: str, data: bytes, sleep_s: float) -> None:
+    for attempt in range(WRITE_RETRIES + 1):
+        try:
+            store.put(key, data)
+            return
+        except StorageError as exc:
+            if not exc.retriable or attempt == WRITE_RETRIES:
+                raise
+            log.info("put %s failed (attempt %d), retrying: %s", key, attempt + 1, exc)
+            if sleep_s:
+                time.sleep(sleep_s * (attempt + 1))
+
+
+def _write_bucket(
+    store,
+    registry,
+    name: str,
+    start: int,
+    end: int,
+    bucket_id: int,
+    seg_cols: list[Cols],
+    sleep_s: float,
+) -> tuple[codec.BucketMeta, int]:
+    """Segments, then meta, then the registry entry; returns the meta and the bytes written.
+    On failure, best-effort cleanup of what was written, and raise."""
+    prefix = bucket_prefix(name, codec.bucket_key(start, end, bucket_id))
+    written: list[str] = []
+    nbytes = 0
+    try:
+        metas = []
+        for i, (d, l, e) in enumerate(seg_cols):  # noqa: E741
+            key = f"{prefix}/seg-{i + 1:06d}"
+            data = codec.encode_segment(d, l, e)
+            _put_retrying(store, key, data, sleep_s)
+            written.append(key)
+            nbytes += len(data)
+            metas.append(codec.segment_meta(d, l, e))
+        meta = codec.BucketMeta(start, end, bucket_id, tuple(metas))
+        data = codec.encode_meta(meta)
+        _put_retrying(store, f"{prefix}/meta", data, sleep_s)
+        written.append(f"{prefix}/meta")
+        nbytes += len(data)
+        record = codec.encode_record(
+            codec.RegistryRecord(start, end, bucket_id, len(metas), meta.count)
+        )
+        for attempt in range(WRITE_RETRIES + 1):
+            try:
+                registry.put(name, meta.key, record)
+                break
+            except StorageError as exc:
+                if not exc.retriable or attempt == WRITE_RETRIES:
+                    raise
+                if sleep_s:
+                    time.sleep(sleep_s * (attempt + 1))
+        return meta, nbytes
+    except BaseException:
+        for key in written:
+            try:
+                store.delete(key)
+            except Exception:  # noqa: BLE001 - swept on recovery; the original error matters
+                log.warning("cleanup of %s failed; it will be swept on recovery", key)
+        raise
+
+
+def _is_in_memory(store) -> bool:
+    from raydelay.storage.memory import MemoryObjectStore
+
+    while hasattr(store, "inner"):
+        store = store.inner
+    return isinstance(store, MemoryObjectStore)
+
+
+def _bad_name(name: object) -> str:
+    raise InvalidArgument(f"name: expected a str key prefix, got {type(name).__name__}")
+
+
+__all__ = ["BucketDelayedDeliveryTracker", "cut_segments"]

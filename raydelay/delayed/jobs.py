@@ -1,0 +1,84 @@
+"""Runs the bucket tracker's store I/O off the caller's path.
+
+A job is a pure function of immutable inputs (it encodes, writes or reads; it
+never touches tracker state). Its result comes back as a completion that the
+tracker applies on its own thread, at the start of its next call or in flush().
+Inline mode runs jobs at once (deterministic: for in-memory stores and tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Completion = Callable[[Any, BaseException | None], None]
+
+
+class JobRunner:
+    def __init__(self, *, background: bool, name: str) -> None:
+        self.background = background
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._name = name
+        self._pending: set[Future] = set()
+        self._done: deque[tuple[Completion, Any, BaseException | None]] = deque()
+        self._lock = threading.Lock()
+
+    def _pool(self, lane: str) -> ThreadPoolExecutor:
+        pool = self._pools.get(lane)
+        if pool is None:
+            # One thread per lane: loads never queue behind a long merge.
+            pool = self._pools[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"raydelay-{lane}")
+        return pool
+
+    def submit(self, lane: str, fn: Callable[[], Any], on_done: Completion) -> None:
+        if not self.background:
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # noqa: BLE001 - handed to on_done, never swallowed
+                result, error = None, exc
+            self._done.append((on_done, result, error))
+            return
+        future = self._pool(lane).submit(fn)
+        with self._lock:
+            self._pending.add(future)
+
+        def finished(f: Future) -> None:
+            error = f.exception()
+            self._done.append((on_done, None if error else f.result(), error))
+            with self._lock:
+                self._pending.discard(f)
+
+        future.add_done_callback(finished)
+
+    def drain(self) -> int:
+        """Apply finished jobs' completions on the caller's thread; returns how many."""
+        applied = 0
+        while self._done:
+            on_done, result, error = self._done.popleft()
+            on_done(result, error)
+            applied += 1
+        return applied
+
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._pending) or bool(self._done)
+
+    def wait(self) -> None:
+        while True:
+            with self._lock:
+                pending = list(self._pending)
+            if not pending:
+                return
+            wait(pending)
+
+    def shutdown(self) -> None:
+        self.wait()
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
+        self._pools.clear()

@@ -1,0 +1,151 @@
+"""InMemoryDelayedDeliveryTracker: every tracked position in memory, as numpy runs.
+
+The reference tracker (Pulsar's original design, without its per-message
+objects): positions live in the shared RunQueue, membership in roaring bitmaps.
+It also implements Pulsar's fixed-delay detection: when every message so far
+came with a non-decreasing deliver_at (within one tick) and enough are tracked,
+``should_pause_all_deliveries`` tells the dispatcher to stop reading the log,
+since anything read next would be due later still.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raydelay.clock import Clock
+from raydelay.delayed.columns import check_deliver_at, check_position, check_positions, superseded
+from raydelay.delayed.common import (
+    TickMixin,
+    check_clock,
+    check_max_messages,
+    check_positive_int,
+)
+from raydelay.delayed.index import Membership, RunQueue, sorted_positions
+
+
+class InMemoryDelayedDeliveryTracker(TickMixin):
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        tick_time_ms: int = 1000,
+        strict: bool = False,
+        fixed_delay_lookahead: int = 50_000,
+    ) -> None:
+        self._clock = check_clock(clock)
+        self._tick_time_ms = check_positive_int("tick_time_ms", tick_time_ms)
+        self._strict = bool(strict)
+        self._lookahead = check_positive_int(
+            "fixed_delay_lookahead", fixed_delay_lookahead, allow_zero=True
+        )
+        self._members = Membership()
+        self._queue = RunQueue()
+        self._highest_deliver_at = -1
+        self._fixed_delay = True
+
+    # -- adding ----------------------------------------------------------------------
+
+    def add_message(self, ledger_id: int, entry_id: int, deliver_at_ms: int) -> bool:
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        d = check_deliver_at(deliver_at_ms)
+        return bool(self.add_messages([ledger_id], [entry_id], [d])[0])
+
+    def add_messages(self, ledger_ids, entry_ids, deliver_ats) -> np.ndarray:
+        ls, es, ds = check_positions(ledger_ids, entry_ids, deliver_ats)
+        result = np.ones(len(ls), dtype=bool)
+        if len(ls) == 0:
+            return result
+        due = (ds < 0) | (ds <= self._cutoff())
+        if due.any():
+            result[due] = False
+            self._fixed_delay = False
+            self._members.remove_many(ls[due], es[due])  # expiry before dedup
+            keep = ~due & ~superseded(ls, es, due)
+            ls, es, ds = ls[keep], es[keep], ds[keep]
+        if len(ls):
+            self._track_fixed_delay(ds)
+            new = self._members.add(ds, ls, es)
+            if new.all():
+                self._queue.add_loose(ds, ls, es)
+            elif new.any():
+                self._queue.add_loose(ds[new], ls[new], es[new])
+        return result
+
+    def _track_fixed_delay(self, ds: np.ndarray) -> None:
+        # Each deliver_at must be no lower than the highest seen before it, within one tick.
+        running = np.maximum.accumulate(np.concatenate(([self._highest_deliver_at], ds)))
+        if (ds < running[:-1] - self._tick_time_ms).any():
+            self._fixed_delay = False
+        self._highest_deliver_at = int(running[-1])
+
+    # -- popping ---------------------------------------------------------------------
+
+    def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
+        n = check_max_messages(max_messages)
+        cutoff = self._cutoff()
+        out_l, out_e = [], []
+        while n > 0:
+            got = self._queue.take(cutoff, n)
+            if got is None:
+                break
+            (d, l, e), _ = got  # noqa: E741
+            live = self._members.take(d, l, e)
+            out_l.append(l[live])
+            out_e.append(e[live])
+            n -= int(live.sum())
+        if self._members.count == 0:
+            self._queue.clear()  # only stale copies can remain
+            self._highest_deliver_at = -1
+            self._fixed_delay = True
+        if not out_l:
+            return []
+        return sorted_positions(np.concatenate(out_l), np.concatenate(out_e))
+
+    def has_message_available(self) -> bool:
+        return self._queue.has_live_due(self._cutoff(), self._members)
+
+    # -- queries ---------------------------------------------------------------------
+
+    def number_of_delayed_messages(self) -> int:
+        return self._members.count
+
+    def buffer_memory_usage(self) -> int:
+        return self._queue.nbytes() + self._members.nbytes()
+
+    def should_pause_all_deliveries(self) -> bool:
+        return (
+            self._lookahead > 0
+            and self._fixed_delay
+            and self._members.count >= self._lookahead
+            and not self.has_message_available()
+        )
+
+    def next_delivery_time(self) -> int | None:
+        if self._members.count == 0:
+            return None
+        return self._queue.min_d()
+
+    def contains_message(self, ledger_id: int, entry_id: int) -> bool:
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        return self._members.contains(ledger_id, entry_id)
+
+    def remove_message(self, ledger_id: int, entry_id: int) -> bool:
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        return self._members.remove(ledger_id, entry_id)
+
+    def clear(self) -> None:
+        self._members.clear()
+        self._queue.clear()
+        self._highest_deliver_at = -1
+        self._fixed_delay = True
+
+    def flush(self) -> None:
+        """Nothing runs in the background here."""
+
+    def close(self) -> None:
+        self.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"InMemoryDelayedDeliveryTracker(delayed={self._members.count}, strict={self._strict})"
+        )
