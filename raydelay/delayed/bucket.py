@@ -65,6 +65,7 @@ _RETRY_BACKOFF_S = 0.05
 _LOAD_RETRY_S = 0.5
 _MAX_MERGE_WINDOW = 4
 _BACKGROUND_PREFETCH_MS = 2_000
+_MAX_TOMB_OBJECTS = 32
 
 Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -78,9 +79,11 @@ class _Bucket:
     seg_max: list[int]
     seg_count: list[int]
     next_seg: int
-    state: str  # "writing" | "persisted" | "merging"
-    mem: Cols | None = None  # sorted columns, kept until the bucket is durable
-    bounds: list[tuple[int, int]] = field(default_factory=list)
+    state: str  # "sealing" | "persisted" | "merging"
+    holder: _Frozen | None = None  # while sealing: the unsorted columns, still served
+    taken: list[tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=list
+    )  # handed out while sealing
     runs: list[Run] = field(default_factory=list)
     loading: bool = False
     want_next: bool = False
@@ -99,46 +102,71 @@ class _Bucket:
         return sum(self.seg_count[self.next_seg :])
 
     def remaining_count(self) -> int:
-        return self.unloaded_count() + sum(len(r) for r in self.runs)
+        held = self.holder.count if self.holder is not None else 0
+        return held + self.unloaded_count() + sum(len(r) for r in self.runs)
 
 
 class _Mutable:
-    """The last, mutable bucket: unsorted chunks of columns."""
+    """The last, mutable bucket: sorted runs consumed from their heads as they fall due,
+    plus chunks of recent adds that are sorted only once something in them is due.
+    Many small runs are merged into one, so a pop costs what is due, not the bucket's size."""
+
+    _MAX_RUNS = 8
 
     def __init__(self) -> None:
         self.clear()
 
     def clear(self) -> None:
-        self.chunks: list[Cols] = []
+        self.runs: list[Run] = []
+        self.pending: list[Cols] = []
+        self.pending_min: int | None = None
         self.count = 0
         self.start = -1
         self.end = -1
-        self.min_d: int | None = None
+
+    @property
+    def min_d(self) -> int | None:
+        best = self.pending_min
+        for r in self.runs:
+            v = r.first_d()
+            best = v if best is None or v < best else best
+        return best
 
     def append(self, d: np.ndarray, l: np.ndarray, e: np.ndarray, ledger: int) -> None:  # noqa: E741
-        self.chunks.append((d, l, e))
+        self.pending.append((d, l, e))
         self.count += len(d)
         self.start = ledger if self.start < 0 else min(self.start, ledger)
         self.end = max(self.end, ledger)
         m = int(d.min())
-        self.min_d = m if self.min_d is None else min(self.min_d, m)
+        self.pending_min = m if self.pending_min is None else min(self.pending_min, m)
 
     def columns(self) -> Cols:
-        cols = concat(self.chunks)
-        self.chunks = [cols] if len(cols[0]) else []
-        return cols
+        """Every position held, unsorted (for a seal or a trim)."""
+        return concat([r.remaining() for r in self.runs] + self.pending)
+
+    def _sort_pending(self) -> None:
+        if self.pending:
+            self.runs.append(Run.from_unsorted(*concat(self.pending)))
+            self.pending, self.pending_min = [], None
+        if len(self.runs) > self._MAX_RUNS:
+            self.runs = [Run.from_unsorted(*concat([r.remaining() for r in self.runs]))]
 
     def take_due(self, cutoff: int) -> Cols | None:
-        if self.min_d is None or self.min_d > cutoff:
+        m = self.min_d
+        if m is None or m > cutoff:
             return None
-        d, l, e = self.columns()  # noqa: E741
-        due = d <= cutoff
-        keep = ~due
-        out = (d[due], l[due], e[due])
-        kept = (d[keep], l[keep], e[keep])
-        self.chunks = [kept] if len(kept[0]) else []
-        self.count = len(kept[0])
-        self.min_d = int(kept[0].min()) if self.count else None
+        if self.pending_min is not None and self.pending_min <= cutoff:
+            self._sort_pending()
+        parts = []
+        for r in self.runs:
+            k = r.due_count(cutoff)
+            if k:
+                h = r.head
+                parts.append((r.d[h : h + k], r.l[h : h + k], r.e[h : h + k]))
+                r.head += k
+        self.runs = [r for r in self.runs if len(r)]
+        out = concat(parts)
+        self.count -= len(out[0])
         return out
 
     def drop_below(self, ledger: int) -> None:
@@ -146,14 +174,43 @@ class _Mutable:
             return
         d, l, e = self.columns()  # noqa: E741
         keep = l >= ledger
-        if keep.all():
-            return
-        self.chunks = [(d[keep], l[keep], e[keep])] if keep.any() else []
-        self.count = int(keep.sum())
-        self.min_d = int(d[keep].min()) if self.count else None
+        if not keep.all():
+            start, end = self.start, self.end
+            self.clear()
+            if keep.any():
+                self.append(d[keep], l[keep], e[keep], start)
+                self.end = end
 
     def nbytes(self) -> int:
-        return sum(c[0].nbytes * 3 for c in self.chunks)
+        return sum(r.nbytes() for r in self.runs) + sum(c[0].nbytes * 3 for c in self.pending)
+
+
+class _Frozen:
+    """A sealing bucket's columns, unsorted, while the I/O thread sorts and writes them.
+    Due positions are handed out by a mask scan: no sort on the caller's path."""
+
+    def __init__(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741
+        self.d, self.l, self.e = d, l, e
+        self.taken = np.zeros(len(d), dtype=bool)
+        self.count = len(d)
+        self.min_d: int | None = int(d.min()) if len(d) else None
+
+    def take_due(self, cutoff: int) -> Cols | None:
+        if self.min_d is None or self.min_d > cutoff:
+            return None
+        due = (self.d <= cutoff) & ~self.taken
+        self.taken |= due
+        self.count -= int(due.sum())
+        rest = self.d[~self.taken]
+        self.min_d = int(rest.min()) if len(rest) else None
+        return self.d[due], self.l[due], self.e[due]
+
+    def columns(self) -> Cols:
+        keep = ~self.taken
+        return self.d[keep], self.l[keep], self.e[keep]
+
+    def nbytes(self) -> int:
+        return self.d.nbytes + self.l.nbytes + self.e.nbytes + self.taken.nbytes
 
 
 def cut_segments(d: np.ndarray, max_indexes: int, max_step_ms: int) -> list[tuple[int, int]]:
@@ -232,9 +289,13 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self._next_id = 1
         self._tomb_seq = 1
         self._pending_tombs: dict[int, BitMap] = {}
+        self._tombs_all: dict[int, BitMap] = {}  # every tombstone written, for compaction
+        self._tomb_keys: list[str] = []
         self._tomb_writing = False
         self._merge_ctx: dict | None = None
         self._trimmed_below = -1
+        self._dirty = True  # bucket state changed: _maintain must look at every bucket
+        self._idle_until = 0  # before this cutoff, no segment needs loading
         self._errors: list[BaseException] = []
         self._closed = False
         self._epoch = 0
@@ -266,7 +327,9 @@ class BucketDelayedDeliveryTracker(TickMixin):
         due = (ds < 0) | (ds <= self._cutoff())
         if due.any():
             result[due] = False
-            self._members.remove_many(ls[due], es[due])  # expiry before dedup
+            removed = self._members.remove_many(ls[due], es[due])  # expiry before dedup
+            if removed.any():
+                self._note_tombs(ls[due][removed], es[due][removed])
             keep = ~due & ~superseded(ls, es, due)
             ls, es, ds = ls[keep], es[keep], ds[keep]
         md_ledger = self._mark_delete_ledger()
@@ -297,16 +360,16 @@ class BucketDelayedDeliveryTracker(TickMixin):
                 if self._maintain(cutoff):
                     continue  # an inline load brought in due positions
                 break
-            (d, l, e), _ = got  # noqa: E741
-            live = self._members.take(d, l, e)
-            out_l.append(l[live])
-            out_e.append(e[live])
-            n -= int(live.sum())
-            self._maintain(cutoff)
+            (d, l, e), emptied = got  # noqa: E741
+            exhausted = len(d) < n  # the queue had no more due copies
+            live_l, live_e = self._members.take(d, l, e)
+            out_l.append(live_l)
+            out_e.append(live_e)
+            n -= len(live_l)
+            if (emptied or exhausted) and not self._maintain(cutoff) and exhausted:
+                break
         self._settle()
-        if not out_l:
-            return []
-        return sorted_positions(np.concatenate(out_l), np.concatenate(out_e))
+        return sorted_positions(out_l, out_e)
 
     def has_message_available(self) -> bool:
         self._check_open()
@@ -320,7 +383,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
         return self._members.count
 
     def buffer_memory_usage(self) -> int:
-        writing = sum(sum(c.nbytes for c in b.mem) for b in self._buckets if b.mem is not None)
+        writing = sum(b.holder.nbytes() for b in self._buckets if b.holder is not None)
         return self._queue.nbytes() + self._mutable.nbytes() + self._members.nbytes() + writing
 
     def should_pause_all_deliveries(self) -> bool:
@@ -330,6 +393,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
         if self._members.count == 0:
             return None
         candidates = [self._queue.min_d(), self._mutable.min_d]
+        candidates += [b.holder.min_d for b in self._buckets if b.holder is not None]
         candidates += [b.seg_min[b.next_seg] for b in self._buckets if b.next_seg < b.segments]
         known = [c for c in candidates if c is not None]
         return min(known) if known else None
@@ -346,7 +410,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
             return False
         if ledger_id <= self._sealed_end:  # it may sit in a persisted bucket: make the cancel stick
             self._pending_tombs.setdefault(ledger_id, BitMap()).add(entry_id)
-            self._write_tombs()
         self._settle()
         return True
 
@@ -388,8 +451,11 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self._buckets = []
         self._sealed_end = -1
         self._pending_tombs = {}
+        self._tombs_all = {}
+        self._tomb_keys = []
         self._merge_ctx = None
         self._trimmed_below = -1
+        self._dirty = True
 
     def close(self) -> None:
         if self._closed:
@@ -419,7 +485,10 @@ class BucketDelayedDeliveryTracker(TickMixin):
         covered = l <= self._sealed_end
         if covered.any():
             # The ledger already belongs to an immutable bucket: straight to the shared queue.
+            # A persisted copy with an older deliver_at may exist (a nack re-add): make sure
+            # a restart does not bring that copy back.
             self._queue.add_loose(d[covered], l[covered], e[covered])
+            self._note_tombs(l[covered], e[covered])
             rest = ~covered
             d, l, e = d[rest], l[rest], e[rest]  # noqa: E741
         for ledger, idx in ledger_groups(l):
@@ -428,6 +497,8 @@ class BucketDelayedDeliveryTracker(TickMixin):
             self._mutable.append(d[idx], l[idx], e[idx], ledger)
 
     def _seal(self) -> None:
+        """Freeze the mutable bucket. Sorting, cutting and writing happen on the I/O thread;
+        until they are done, the frozen columns keep serving due positions."""
         d, l, e = self._mutable.columns()  # noqa: E741
         start, end = self._mutable.start, self._mutable.end
         self._mutable.clear()
@@ -437,45 +508,60 @@ class BucketDelayedDeliveryTracker(TickMixin):
             d, l, e = d[live], l[live], e[live]  # noqa: E741
         if len(d) == 0:
             return
-        order = sort_order(d, l, e)
-        d, l, e = d[order], l[order], e[order]  # noqa: E741
-        bounds = cut_segments(d, self._max_per_segment, self._max_step_ms)
+        holder = _Frozen(d, l, e)
         bucket = _Bucket(
             start=start,
             end=end,
             bucket_id=self._take_id(),
-            seg_min=[int(d[s]) for s, _ in bounds],
-            seg_max=[int(d[t - 1]) for _, t in bounds],
-            seg_count=[t - s for s, t in bounds],
-            next_seg=1,
-            state="writing",
-            mem=(d, l, e),
-            bounds=bounds,
+            seg_min=[],
+            seg_max=[],
+            seg_count=[],
+            next_seg=0,
+            state="sealing",
+            holder=holder,
         )
-        s, t = bounds[0]
-        first = Run(d[s:t].copy(), l[s:t].copy(), e[s:t].copy(), owner=bucket)
-        bucket.runs.append(first)
-        self._queue.add_run(first)
         self._buckets.append(bucket)
+        self._dirty = True
         self.counters["sealed"] += 1
         name, store, registry, epoch = self._name, self._store, self._registry, self._epoch
-        seg_cols = [(d[a:b], l[a:b], e[a:b]) for a, b in bounds]
+        max_per_segment, max_step, sleep_s = self._max_per_segment, self._max_step_ms, self._sleep_s
 
-        def job() -> tuple[codec.BucketMeta, int]:
-            return _write_bucket(
-                store, registry, name, start, end, bucket.bucket_id, seg_cols, self._sleep_s
+        def job() -> tuple[codec.BucketMeta, int, Cols]:
+            return _sort_and_write(
+                store,
+                registry,
+                name,
+                start,
+                end,
+                bucket.bucket_id,
+                (d, l, e),
+                max_per_segment,
+                max_step,
+                sleep_s,
             )
 
-        def done(written: tuple[codec.BucketMeta, int] | None, error: BaseException | None) -> None:
+        def done(
+            written: tuple[codec.BucketMeta, int, Cols] | None, error: BaseException | None
+        ) -> None:
             if epoch != self._epoch or bucket not in self._buckets:
                 return
             if error is not None:
                 self._downgrade(bucket, error)
                 return
+            meta, nbytes, first = written  # type: ignore[misc]
+            bucket.seg_min = [x.min_deliver_at_ms for x in meta.segments]
+            bucket.seg_max = [x.max_deliver_at_ms for x in meta.segments]
+            bucket.seg_count = [x.count for x in meta.segments]
             bucket.state = "persisted"
-            bucket.mem = None
-            bucket.bounds = []
-            self.counters["snapshot_bytes"] += written[1]  # type: ignore[index]
+            bucket.holder = None
+            if bucket.taken:  # copies handed out while sealing must not come back from the store
+                exclude: dict[int, BitMap] = {}
+                for tl, te in bucket.taken:
+                    _add_exclusions(exclude, tl, te)
+                bucket.exclude = exclude
+                bucket.taken = []
+            self.counters["snapshot_bytes"] += nbytes
+            self._install_segment(bucket, 0, first)  # segment 1 goes straight to the shared queue
 
         self._jobs.submit("write", job, done)
 
@@ -489,10 +575,10 @@ class BucketDelayedDeliveryTracker(TickMixin):
             bucket.remaining_count(),
         )
         self.counters["downgraded"] += 1
-        d, l, e = bucket.mem  # type: ignore[misc]  # noqa: E741
-        if bucket.next_seg < bucket.segments:
-            s = bucket.bounds[bucket.next_seg][0]
-            self._queue.add_loose(d[s:].copy(), l[s:].copy(), e[s:].copy())
+        self._dirty = True
+        if bucket.holder is not None:
+            self._queue.add_loose(*bucket.holder.columns())
+            bucket.holder = None
         for r in bucket.runs:
             r.owner = None
         self._buckets.remove(bucket)
@@ -501,58 +587,75 @@ class BucketDelayedDeliveryTracker(TickMixin):
         due = self._mutable.take_due(cutoff)
         if due is not None and len(due[0]):
             self._queue.add_loose(*due)
+        for bucket in self._buckets:
+            if bucket.holder is not None:
+                due = bucket.holder.take_due(cutoff)
+                if due is not None and len(due[0]):
+                    self._queue.add_loose(*due)
+                    bucket.taken.append((due[1], due[2]))
 
     # == loading ========================================================================
 
     def _maintain(self, cutoff: int) -> bool:
         """Start segment loads that are needed now or soon, retire finished buckets.
         Returns True when an inline load completed (more may be due)."""
-        loaded = False
         horizon = cutoff + self._prefetch_ms
+        if not self._dirty and not self._queue.emptied and horizon < self._idle_until:
+            return False  # nothing to load or retire yet
+        loaded = False
         now_s = time.monotonic()
+        if self._queue.emptied:
+            for run in self._queue.emptied:
+                owner = run.owner
+                if isinstance(owner, _Bucket) and run in owner.runs:
+                    owner.runs.remove(run)
+                    if not owner.runs:
+                        owner.want_next = True  # the last loaded position was popped
+            self._queue.emptied = []
         for bucket in list(self._buckets):
-            if bucket.runs and any(len(r) == 0 for r in bucket.runs):
-                bucket.runs = [r for r in bucket.runs if len(r)]
-                if not bucket.runs:
-                    bucket.want_next = True  # the last loaded position was popped
-            if bucket.loading or bucket.state == "merging":
+            if bucket.loading or bucket.state != "persisted":
                 continue
             if bucket.next_seg >= bucket.segments:
-                if not bucket.runs and bucket.state == "persisted":
+                if not bucket.runs:
                     self._retire(bucket)
                 continue
-            if not (bucket.want_next or bucket.seg_min[bucket.next_seg] <= horizon):
-                continue
-            if now_s < bucket.load_retry_at:
-                continue
-            self._load_next(bucket)
-            if not self._jobs.background:
+            # Inline, load every segment that is needed now, so pops stay earliest-first;
+            # in the background, one load per bucket is in flight at a time.
+            while (
+                not bucket.loading
+                and bucket.next_seg < bucket.segments
+                and (bucket.want_next or bucket.seg_min[bucket.next_seg] <= horizon)
+                and now_s >= bucket.load_retry_at
+                and bucket in self._buckets
+            ):
+                if self._load_next(bucket):
+                    loaded = True
+                    continue
+                if self._jobs.background:
+                    break
                 self._jobs.drain()
                 loaded = True
+        # Finished buckets retire through the emptied-run reports; loads and retries need a look.
+        self._dirty = any(b.loading or b.want_next for b in self._buckets)
+        nexts = [b.seg_min[b.next_seg] for b in self._buckets if b.next_seg < b.segments]
+        self._idle_until = min(nexts) - self._prefetch_ms if nexts else 2**62
         return loaded
 
-    def _load_next(self, bucket: _Bucket) -> None:
+    def _load_next(self, bucket: _Bucket) -> bool:
+        """Start loading the bucket's next segment from the store."""
         index = bucket.next_seg
-        bucket.loading = True
         bucket.want_next = False
+        bucket.loading = True
         epoch = self._epoch
-        if bucket.mem is not None:  # still being written: the columns are at hand
-            d, l, e = bucket.mem  # noqa: E741
-            s, t = bucket.bounds[index]
-            cols = (d[s:t].copy(), l[s:t].copy(), e[s:t].copy())
+        key = f"{bucket_prefix(self._name, bucket.key)}/seg-{index + 1:06d}"
+        store = self._store
 
-            def job() -> Cols:
-                return cols
-
-        else:
-            key = f"{bucket_prefix(self._name, bucket.key)}/seg-{index + 1:06d}"
-            store = self._store
-
-            def job() -> Cols:
-                return codec.decode_segment(store.get(key), key)
+        def job() -> Cols:
+            return codec.decode_segment(store.get(key), key)
 
         def done(cols: Cols | None, error: BaseException | None) -> None:
             bucket.loading = False
+            self._dirty = True
             if epoch != self._epoch or bucket not in self._buckets:
                 return
             if error is not None:
@@ -580,6 +683,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
             self._install_segment(bucket, index, cols)  # type: ignore[arg-type]
 
         self._jobs.submit("load", job, done)
+        return False  # arrives through a completion
 
     def _install_segment(self, bucket: _Bucket, index: int, cols: Cols) -> None:
         d, l, e = cols  # noqa: E741
@@ -591,6 +695,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
                     keep[idx] = ~np.isin(e[idx], bitmap_values(ex))
             d, l, e = d[keep], l[keep], e[keep]  # noqa: E741
         bucket.next_seg = index + 1
+        self._dirty = True
         self.counters["loaded"] += 1
         if len(d):
             run = Run(d, l, e, owner=bucket)
@@ -653,14 +758,12 @@ class BucketDelayedDeliveryTracker(TickMixin):
         max_per_segment, max_step = self._max_per_segment, self._max_step_ms
         sleep_s = self._sleep_s
 
-        def job() -> tuple[codec.BucketMeta, int]:
+        def job() -> tuple[codec.BucketMeta, int, Cols]:
             loaded = [codec.decode_segment(store.get(k), k) for k in seg_keys]
-            d, l, e = concat(parts + loaded)  # noqa: E741
-            order = sort_order(d, l, e)
-            d, l, e = d[order], l[order], e[order]  # noqa: E741
-            bounds = cut_segments(d, max_per_segment, max_step)
-            cols = [(d[a:b], l[a:b], e[a:b]) for a, b in bounds]
-            return _write_bucket(store, registry, name, start, end, new_id, cols, sleep_s)
+            cols = concat(parts + loaded)
+            return _sort_and_write(
+                store, registry, name, start, end, new_id, cols, max_per_segment, max_step, sleep_s
+            )
 
         self._jobs.submit("write", job, lambda written, error: self._merged(ctx, written, error))
 
@@ -767,6 +870,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
         if md_ledger is None or md_ledger <= self._trimmed_below:
             return
         self._trimmed_below = md_ledger
+        self._dirty = True
         self._members.drop_below(md_ledger)
         self._mutable.drop_below(md_ledger)
         for bucket in list(self._buckets):
@@ -775,29 +879,59 @@ class BucketDelayedDeliveryTracker(TickMixin):
                 self._buckets.remove(bucket)
                 self._delete_bucket_objects(bucket.key)
 
-    def _write_tombs(self) -> None:
-        if self._tomb_writing or not self._pending_tombs:
+    def _note_tombs(self, l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741
+        """Positions whose persisted copies (if any) must stay dead after a restart."""
+        mask = l <= self._sealed_end
+        if not mask.any():
             return
-        tombs, self._pending_tombs = self._pending_tombs, {}
+        l, e = l[mask], e[mask]  # noqa: E741
+        for ledger, idx in ledger_groups(l):
+            self._pending_tombs.setdefault(ledger, BitMap()).update(bitmap_of(e[idx]))
+
+    def _write_tombs(self) -> None:
+        """One tombstone object per batch; past _MAX_TOMB_OBJECTS they are compacted into one."""
+        if self._tomb_writing or not (
+            self._pending_tombs or len(self._tomb_keys) > _MAX_TOMB_OBJECTS
+        ):
+            return
+        pending, self._pending_tombs = self._pending_tombs, {}
+        for ledger, bm in pending.items():
+            self._tombs_all.setdefault(ledger, BitMap()).update(bm)
+        compact = len(self._tomb_keys) >= _MAX_TOMB_OBJECTS
+        if compact:
+            ranges = [(b.start, b.end) for b in self._buckets]
+            self._tombs_all = {
+                lg: bm for lg, bm in self._tombs_all.items() if any(a <= lg <= z for a, z in ranges)
+            }
+            data = codec.encode_tombstones(self._tombs_all)
+            doomed = list(self._tomb_keys)
+        else:
+            data = codec.encode_tombstones(pending)
+            doomed = []
         key = f"{self._name}/tombs/{self._tomb_seq:020d}"
         self._tomb_seq += 1
         self._tomb_writing = True
-        store, sleep_s = self._store, self._sleep_s
-        data = codec.encode_tombstones(tombs)
+        store, sleep_s, epoch = self._store, self._sleep_s, self._epoch
 
         def job() -> None:
             _put_retrying(store, key, data, sleep_s)
+            for old in doomed:  # the compacted object is durable first
+                store.delete(old)
 
         def done(_: None, error: BaseException | None) -> None:
             self._tomb_writing = False
+            if epoch != self._epoch:
+                return
             if error is not None:
                 log.warning(
                     "tracker %s: writing cancel tombstones failed, will retry: %s",
                     self._name,
                     error,
                 )
-                for ledger, bm in tombs.items():
+                for ledger, bm in pending.items():
                     self._pending_tombs.setdefault(ledger, BitMap()).update(bm)
+                return
+            self._tomb_keys = [key] if compact else self._tomb_keys + [key]
 
         self._jobs.submit("write", job, done)
 
@@ -875,28 +1009,11 @@ class BucketDelayedDeliveryTracker(TickMixin):
             for ledger, bm in codec.decode_tombstones(self._store.get(key), key).items():
                 merged.setdefault(ledger, BitMap()).update(bm)
         self._tomb_seq = int(keys[-1].rsplit("/", 1)[1]) + 1
+        self._tomb_keys = list(keys)
+        self._tombs_all = merged
         for ledger, bm in merged.items():
             ls = np.full(len(bm), ledger, dtype=I64)
             self._members.remove_many(ls, bitmap_values(bm))
-        # Keep only tombstones that still cover a live bucket, in one object.
-        ranges = [(b.start, b.end) for b in self._buckets]
-        kept = {lg: bm for lg, bm in merged.items() if any(s <= lg <= e for s, e in ranges)}
-        if len(keys) == 1 and len(kept) == len(merged):
-            return
-        store, sleep_s = self._store, self._sleep_s
-        new_key = f"{self._name}/tombs/{self._tomb_seq:020d}"
-        self._tomb_seq += 1
-        data = codec.encode_tombstones(kept) if kept else None
-
-        def job() -> None:
-            if data is not None:
-                _put_retrying(store, new_key, data, sleep_s)
-            for key in keys:
-                store.delete(key)
-
-        self._jobs.submit(
-            "write", job, lambda _, err: err and log.warning("tombstone compaction failed: %s", err)
-        )
 
     def _sweep_orphans(self, live_keys: set[str]) -> None:
         """Delete bucket objects that no registry entry names (a crash mid-write or mid-delete)."""
@@ -929,9 +1046,10 @@ class BucketDelayedDeliveryTracker(TickMixin):
     # == helpers ========================================================================
 
     def _settle(self) -> None:
-        """After a call: inline jobs' completions are applied and merges kick off."""
+        """After a call: inline jobs' completions are applied, merges and tombstones kick off."""
         self._jobs.drain()
         self._maybe_merge()
+        self._write_tombs()
         self._jobs.drain()
 
     def _take_id(self) -> int:
@@ -953,17 +1071,46 @@ def _add_exclusions(exclude: dict[int, BitMap], l: np.ndarray, e: np.ndarray) ->
         exclude.setdefault(ledger, BitMap()).update(bitmap_of(e[idx]))
 
 
-def _put_retrying(store, key: str, data: bytes, sleep_s: float) -> None:
+def _retrying(what: str, call: Callable[[], None], sleep_s: float) -> None:
+    """One try and WRITE_RETRIES retries of a retriable StorageError; anything else raises at once."""
     for attempt in range(WRITE_RETRIES + 1):
         try:
-            store.put(key, data)
+            call()
             return
         except StorageError as exc:
             if not exc.retriable or attempt == WRITE_RETRIES:
                 raise
-            log.info("put %s failed (attempt %d), retrying: %s", key, attempt + 1, exc)
+            log.info("%s failed (attempt %d), retrying: %s", what, attempt + 1, exc)
             if sleep_s:
                 time.sleep(sleep_s * (attempt + 1))
+
+
+def _put_retrying(store, key: str, data: bytes, sleep_s: float) -> None:
+    _retrying(f"put {key}", lambda: store.put(key, data), sleep_s)
+
+
+def _sort_and_write(
+    store,
+    registry,
+    name: str,
+    start: int,
+    end: int,
+    bucket_id: int,
+    cols: Cols,
+    max_per_segment: int,
+    max_step_ms: int,
+    sleep_s: float,
+) -> tuple[codec.BucketMeta, int, Cols]:
+    """Sort by (deliver_at, ledger, entry), cut into segments, write the bucket.
+    Returns the meta, the bytes written and segment 1's columns."""
+    d, l, e = cols  # noqa: E741
+    order = sort_order(d, l, e)
+    d, l, e = d[order], l[order], e[order]  # noqa: E741
+    bounds = cut_segments(d, max_per_segment, max_step_ms)
+    seg_cols = [(d[a:b], l[a:b], e[a:b]) for a, b in bounds]
+    meta, nbytes = _write_bucket(store, registry, name, start, end, bucket_id, seg_cols, sleep_s)
+    a, b = bounds[0]
+    return meta, nbytes, (d[a:b].copy(), l[a:b].copy(), e[a:b].copy())
 
 
 def _write_bucket(
@@ -998,15 +1145,7 @@ def _write_bucket(
         record = codec.encode_record(
             codec.RegistryRecord(start, end, bucket_id, len(metas), meta.count)
         )
-        for attempt in range(WRITE_RETRIES + 1):
-            try:
-                registry.put(name, meta.key, record)
-                break
-            except StorageError as exc:
-                if not exc.retriable or attempt == WRITE_RETRIES:
-                    raise
-                if sleep_s:
-                    time.sleep(sleep_s * (attempt + 1))
+        _retrying(f"registry put {meta.key}", lambda: registry.put(name, meta.key, record), sleep_s)
         return meta, nbytes
     except BaseException:
         for key in written:

@@ -18,6 +18,7 @@ from raydelay.errors import InvalidArgument
 I64 = np.int64
 E_DTYPE = np.int64  # entry ids live in [0, 2**32): roaring bitmaps are 32-bit
 MAX_ENTRY_ID = 2**32 - 1
+MAX_LEDGER_ID = 2**32 - 1  # a position is one 64-bit key: ledger << 32 | entry
 EMPTY = np.empty(0, dtype=I64)
 
 
@@ -46,8 +47,8 @@ def check_positions(
             f"ledger_ids, entry_ids, deliver_ats: lengths differ ({len(ls)}, {len(es)}, {len(ds)})"
         )
     if len(ls):
-        if int(ls.min()) < 0:
-            raise InvalidArgument("ledger_ids: must be >= 0")
+        if int(ls.min()) < 0 or int(ls.max()) > MAX_LEDGER_ID:
+            raise InvalidArgument(f"ledger_ids: must be in [0, {MAX_LEDGER_ID}]")
         if int(es.min()) < 0 or int(es.max()) > MAX_ENTRY_ID:
             raise InvalidArgument(f"entry_ids: must be in [0, {MAX_ENTRY_ID}]")
     return ls, es, ds
@@ -58,8 +59,8 @@ def check_position(ledger_id: object, entry_id: object) -> tuple[int, int]:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise InvalidArgument(f"{field}: expected an int, got {type(v).__name__}")
     ledger_id, entry_id = int(ledger_id), int(entry_id)  # type: ignore[arg-type]
-    if ledger_id < 0:
-        raise InvalidArgument(f"ledger_id: must be >= 0, got {ledger_id}")
+    if not 0 <= ledger_id <= MAX_LEDGER_ID:
+        raise InvalidArgument(f"ledger_id: must be in [0, {MAX_LEDGER_ID}], got {ledger_id}")
     if not 0 <= entry_id <= MAX_ENTRY_ID:
         raise InvalidArgument(f"entry_id: must be in [0, {MAX_ENTRY_ID}], got {entry_id}")
     return ledger_id, entry_id
@@ -85,6 +86,14 @@ def bitmap_values(bm: BitMap) -> np.ndarray:
 def sort_order(ds: np.ndarray, ls: np.ndarray, es: np.ndarray) -> np.ndarray:
     """Indices ordering the columns by (deliver_at, ledger, entry)."""
     return np.lexsort((es, ls, ds))
+
+
+def is_sorted(d: np.ndarray, l: np.ndarray, e: np.ndarray) -> bool:  # noqa: E741
+    """Are the columns in (deliver_at, ledger, entry) order?"""
+    if len(d) < 2:
+        return True
+    dd, dl, de = np.diff(d), np.diff(l), np.diff(e)
+    return bool(((dd > 0) | ((dd == 0) & ((dl > 0) | ((dl == 0) & (de >= 0))))).all())
 
 
 def ledger_groups(ls: np.ndarray):
@@ -121,7 +130,7 @@ class Run:
         return int(self.d[self.head])
 
     def due_count(self, cutoff: int) -> int:
-        return int(np.searchsorted(self.d, cutoff, side="right")) - self.head if len(self) else 0
+        return int(self.d.searchsorted(cutoff, side="right")) - self.head if len(self) else 0
 
     def remaining(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         h = self.head
@@ -132,6 +141,8 @@ class Run:
 
     @staticmethod
     def from_unsorted(d: np.ndarray, l: np.ndarray, e: np.ndarray, owner: object = None) -> Run:  # noqa: E741
+        if is_sorted(d, l, e):  # often so: chunks arrive in deliver_at, then log order
+            return Run(d, l, e, owner)
         order = sort_order(d, l, e)
         return Run(d[order], l[order], e[order], owner)
 

@@ -1,7 +1,7 @@
 """The in-memory index shared by both trackers.
 
-:class:`Membership` is the single truth of *which positions are tracked*: roaring
-bitmaps of entry ids per ledger. Physical copies of a position (in a run, the
+:class:`Membership` is the single truth of *which positions are tracked*: one 64-bit roaring
+bitmap of position keys (ledger << 32 | entry). Physical copies of a position (in a run, the
 mutable bucket, or a persisted segment) are only candidates: a popped copy is
 delivered only if the position is still a member. That makes cancel, expiry and
 stale copies (after merges or restarts) cheap and exact, with no per-message
@@ -14,193 +14,181 @@ of unsorted chunks, popped by a vectorised k-way selection.
 
 from __future__ import annotations
 
-import numpy as np
-from pyroaring import BitMap
+import heapq
+from array import array
 
-from raydelay.delayed.columns import (
-    EMPTY,
-    Run,
-    bitmap_of,
-    bitmap_values,
-    concat,
-    ledger_groups,
-)
+import numpy as np
+from pyroaring import BitMap, BitMap64
+
+from raydelay.delayed.columns import EMPTY, Run, concat
 
 _MAX_LOOSE_RUNS = 8
 
 
+def position_keys(l: np.ndarray, e: np.ndarray) -> np.ndarray:  # noqa: E741
+    """One uint64 per position: ledger_id << 32 | entry_id (both checked to fit 32 bits)."""
+    return (l.astype(np.uint64) << np.uint64(32)) | e.astype(np.uint64)
+
+
+def bitmap64_of(keys: np.ndarray) -> BitMap64:
+    return BitMap64(array("Q", keys.astype(np.uint64, copy=False).tobytes()))
+
+
+def bitmap64_values(bm: BitMap64) -> np.ndarray:
+    return np.frombuffer(bm.to_array(), dtype=np.uint64)
+
+
 class Membership:
+    """Tracked positions as one 64-bit roaring bitmap of position keys."""
+
     def __init__(self) -> None:
-        self.members: dict[int, BitMap] = {}
-        self.ghosts: dict[int, BitMap] = {}
-        self.overrides: dict[tuple[int, int], int] = {}
-        self._override_ledgers: dict[int, int] = {}
+        self.members = BitMap64()
+        self.ghosts = BitMap64()
+        self.overrides: dict[int, int] = {}  # position key -> the deliver_at that counts
         self.count = 0
 
     # -- queries ---------------------------------------------------------------------
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
-        m = self.members.get(ledger_id)
-        return m is not None and entry_id in m
+        return (ledger_id << 32 | entry_id) in self.members
 
     def member_mask(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> np.ndarray:  # noqa: E741
         """Which physical copies are live (member, and matching any override); no changes."""
-        mask = np.zeros(len(l), dtype=bool)
-        for ledger, idx in ledger_groups(l):
-            m = self.members.get(ledger)
-            if m is None:
-                continue
-            es = e[idx]
-            inter = m & bitmap_of(es)
-            if len(inter) == len(es):
-                mask[idx] = True
-            elif len(inter):
-                mask[idx] = np.isin(es, bitmap_values(inter))
-            if ledger in self._override_ledgers:
-                for i in idx[mask[idx]].tolist():
-                    want = self.overrides.get((ledger, int(e[i])))
-                    if want is not None and want != int(d[i]):
-                        mask[i] = False
+        if len(l) == 0:
+            return np.zeros(0, dtype=bool)
+        keys = position_keys(l, e)
+        bm = bitmap64_of(keys)
+        if self.members.intersection_cardinality(bm) == len(bm):
+            mask = np.ones(len(keys), dtype=bool)  # every distinct position is tracked
+        else:
+            mask = np.isin(keys, bitmap64_values(self.members & bm))
+        if self.overrides:
+            for i in np.flatnonzero(mask).tolist():
+                want = self.overrides.get(int(keys[i]))
+                if want is not None and want != int(d[i]):
+                    mask[i] = False
         return mask
 
     # -- changes ---------------------------------------------------------------------
 
     def add(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> np.ndarray:  # noqa: E741
         """Track the positions; returns a mask of the newly tracked ones (first copy in the batch)."""
-        new = np.zeros(len(l), dtype=bool)
-        for ledger, idx in ledger_groups(l):
-            es = e[idx]
-            bm = bitmap_of(es)
-            m = self.members.get(ledger)
-            if m is None:
-                m = self.members[ledger] = BitMap()
-            existing = m & bm
-            if len(existing) == 0 and len(bm) == len(es):
-                fresh = np.ones(len(es), dtype=bool)
-            else:
-                fresh = _first_occurrence(es)
-                if len(existing):
-                    fresh &= ~np.isin(es, bitmap_values(existing))
-            new[idx] = fresh
-            added = len(bm) - len(existing)
-            m |= bm
-            self.count += added
-            g = self.ghosts.get(ledger)
-            if g is not None and added:
-                revived = g & bm
-                revived -= existing
-                if len(revived):
-                    pick = idx[fresh]
-                    for i in pick[np.isin(e[pick], bitmap_values(revived))].tolist():
-                        self._set_override(ledger, int(e[i]), int(d[i]))
-                    g -= revived
-                    if not g:
-                        del self.ghosts[ledger]
-        return new
+        keys = position_keys(l, e)
+        bm = bitmap64_of(keys)
+        existing = self.members & bm
+        if len(existing) == 0 and len(bm) == len(keys):
+            fresh = np.ones(len(keys), dtype=bool)
+        else:
+            fresh = _first_occurrence(keys)
+            if len(existing):
+                fresh &= ~np.isin(keys, bitmap64_values(existing))
+        self.members |= bm
+        self.count += len(bm) - len(existing)
+        if self.ghosts and len(bm) > len(existing):
+            revived = (self.ghosts & bm) - existing
+            if revived:
+                picks = np.flatnonzero(fresh)
+                hit = picks[np.isin(keys[picks], bitmap64_values(revived))]
+                for i in hit.tolist():  # stale copies of it exist: this deliver_at is the one
+                    self.overrides[int(keys[i])] = int(d[i])
+                self.ghosts -= revived
+        return fresh
 
     def restore(self, ledger_id: int, bm: BitMap) -> None:
-        """Recovery: track every entry of ``bm`` (a persisted bucket's bitmap)."""
-        m = self.members.get(ledger_id)
-        if m is None:
-            m = self.members[ledger_id] = BitMap()
-        before = len(m)
-        m |= bm
-        self.count += len(m) - before
+        """Recovery: track every entry of ``bm`` (a persisted bucket's bitmap of one ledger)."""
+        entries = np.frombuffer(bm.to_array(), dtype=np.uint32)
+        keys = bitmap64_of((np.uint64(ledger_id) << np.uint64(32)) | entries.astype(np.uint64))
+        before = len(self.members)
+        self.members |= keys
+        self.count += len(self.members) - before
 
     def remove(self, ledger_id: int, entry_id: int) -> bool:
-        m = self.members.get(ledger_id)
-        if m is None or entry_id not in m:
+        key = ledger_id << 32 | entry_id
+        if key not in self.members:
             return False
-        m.discard(entry_id)
-        if not m:
-            del self.members[ledger_id]
+        self.members.discard(key)
         self.count -= 1
-        self.ghosts.setdefault(ledger_id, BitMap()).add(entry_id)
-        self._drop_override(ledger_id, entry_id)
+        self.ghosts.add(key)
+        self.overrides.pop(key, None)
         return True
 
     def remove_many(self, l: np.ndarray, e: np.ndarray) -> np.ndarray:  # noqa: E741
         """Untrack the positions that are members; returns the mask of those removed."""
-        removed = np.zeros(len(l), dtype=bool)
-        for ledger, idx in ledger_groups(l):
-            m = self.members.get(ledger)
-            if m is None:
-                continue
-            es = e[idx]
-            inter = m & bitmap_of(es)
-            if not inter:
-                continue
-            hit = np.isin(es, bitmap_values(inter)) & _first_occurrence(es)
-            removed[idx] = hit
-            m -= inter
-            if not m:
-                del self.members[ledger]
-            self.count -= len(inter)
-            self.ghosts.setdefault(ledger, BitMap()).update(inter)
-            if ledger in self._override_ledgers:
-                for entry in inter:
-                    self._drop_override(ledger, entry)
+        if len(l) == 0:
+            return np.zeros(0, dtype=bool)
+        keys = position_keys(l, e)
+        inter = self.members & bitmap64_of(keys)
+        if not inter:
+            return np.zeros(len(keys), dtype=bool)
+        removed = np.isin(keys, bitmap64_values(inter)) & _first_occurrence(keys)
+        self.members -= inter
+        self.count -= len(inter)
+        self.ghosts |= inter
+        if self.overrides:
+            for key in bitmap64_values(inter).tolist():
+                self.overrides.pop(int(key), None)
         return removed
 
-    def take(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> np.ndarray:  # noqa: E741
-        """Pop candidates: returns the mask of live copies and untracks them.
+    def take(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # noqa: E741
+        """Pop candidates: untrack the live copies and return their positions as
+        (ledger_ids, entry_ids) sorted by position. Of several copies of one position,
+        the earliest by deliver_at wins; copies of untracked positions are dropped."""
+        if len(l) == 0:
+            return EMPTY, EMPTY
+        keys = position_keys(l, e)
+        order = np.lexsort((d, keys))  # by position, then deliver_at
+        keys, d, l, e = keys[order], d[order], l[order], e[order]  # noqa: E741
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        uniq = keys if first.all() else keys[first]
+        bm = bitmap64_of(uniq)
+        if not self.overrides and self.members.intersection_cardinality(bm) == len(uniq):
+            ok = first  # the common case: every distinct position is live
+            self.members -= bm
+            self.count -= len(uniq)
+            return l[ok], e[ok]
+        inter = self.members & bm
+        ok = (
+            first & np.isin(keys, bitmap64_values(inter))
+            if inter
+            else np.zeros(len(keys), dtype=bool)
+        )
+        if self.overrides:
+            ok = self._apply_overrides(keys, d, ok)
+        taken = bitmap64_of(keys[ok])
+        self.members -= taken
+        self.count -= len(taken)
+        if self.overrides:
+            for key in keys[ok].tolist():
+                if self.overrides.pop(int(key), None) is not None:
+                    self.ghosts.add(int(key))  # other copies of it may remain
+        return l[ok], e[ok]
 
-        Of several copies of one position, the earliest by deliver_at wins.
-        """
-        live = np.zeros(len(l), dtype=bool)
-        for ledger, idx in ledger_groups(l):
-            m = self.members.get(ledger)
-            if m is None:
-                continue
-            es = e[idx]
-            sub = np.lexsort((d[idx], es))  # by entry, then deliver_at: first copy = earliest
-            idx = idx[sub]
-            es = es[sub]
-            first = _first_occurrence_sorted(es)
-            inter = m & bitmap_of(es)
-            if len(inter) == 0:
-                continue
-            ok = (
-                first
-                if len(inter) == int(first.sum())
-                else first & np.isin(es, bitmap_values(inter))
-            )
-            if ledger in self._override_ledgers:
-                ok = self._apply_overrides(ledger, d, e, idx, es, ok, m)
-            chosen = idx[ok]
-            live[chosen] = True
-            taken = bitmap_of(e[chosen])
-            m -= taken
-            if not m:
-                del self.members[ledger]
-            self.count -= len(taken)
-            if ledger in self._override_ledgers:
-                for entry in e[chosen].tolist():
-                    self._drop_override(ledger, entry)
-        return live
-
-    def _apply_overrides(self, ledger, d, e, idx, es, ok, m) -> np.ndarray:
-        # Slow path, only for ledgers with a re-added ghost: the copy whose
-        # deliver_at matches the override is the live one.
+    def _apply_overrides(self, keys: np.ndarray, d: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        # Slow path, only while a re-added ghost is tracked: the copy whose deliver_at
+        # matches the override is the live one (copies are sorted by position, then deliver_at).
         ok = ok.copy()
-        for j, i in enumerate(idx.tolist()):
-            entry = int(e[i])
-            want = self.overrides.get((ledger, entry))
-            if want is None:
-                continue
-            ok[j] = entry in m and int(d[i]) == want and not _seen_before(es, ok, j)
+        taken: set[int] = set()
+        for j in np.flatnonzero(
+            np.isin(keys, np.fromiter(self.overrides, dtype=np.uint64))
+        ).tolist():
+            key = int(keys[j])
+            ok[j] = key in self.members and key not in taken and int(d[j]) == self.overrides[key]
+            if ok[j]:
+                taken.add(key)
         return ok
 
     def drop_below(self, ledger_id: int) -> int:
         """Untrack everything in ledgers below ``ledger_id``; returns how many were tracked."""
-        dropped = 0
-        for ledger in [x for x in self.members if x < ledger_id]:
-            dropped += len(self.members.pop(ledger))
-        for ledger in [x for x in self.ghosts if x < ledger_id]:
-            del self.ghosts[ledger]
-        if self._override_ledgers:
-            for key in [k for k in self.overrides if k[0] < ledger_id]:
-                self._drop_override(*key)
+        if ledger_id <= 0:
+            return 0
+        end = ledger_id << 32
+        dropped = self.members.range_cardinality(0, end)
+        if dropped:
+            self.members.remove_range(0, end)
+        self.ghosts.remove_range(0, end)
+        for key in [k for k in self.overrides if k < end]:
+            del self.overrides[key]
         self.count -= dropped
         return dropped
 
@@ -209,64 +197,49 @@ class Membership:
 
     def nbytes(self) -> int:
         total = 0
-        for group in (self.members, self.ghosts):
-            for bm in group.values():
-                s = bm.get_statistics()
-                total += (
-                    64
-                    + s["n_bytes_array_containers"]
-                    + s["n_bytes_run_containers"]
-                    + s["n_bytes_bitset_containers"]
-                )
+        for bm in (self.members, self.ghosts):
+            st = bm.get_statistics()
+            total += (
+                64
+                + st["n_bytes_array_containers"]
+                + st["n_bytes_run_containers"]
+                + st["n_bytes_bitset_containers"]
+            )
+            total += 16 * st["n_containers"]
         return total + 120 * len(self.overrides)
 
-    def _set_override(self, ledger: int, entry: int, deliver_at: int) -> None:
-        if (ledger, entry) not in self.overrides:
-            self._override_ledgers[ledger] = self._override_ledgers.get(ledger, 0) + 1
-        self.overrides[(ledger, entry)] = deliver_at
 
-    def _drop_override(self, ledger: int, entry: int) -> None:
-        if self.overrides.pop((ledger, entry), None) is not None:
-            left = self._override_ledgers[ledger] - 1
-            if left:
-                self._override_ledgers[ledger] = left
-            else:
-                del self._override_ledgers[ledger]
-
-
-def _first_occurrence(es: np.ndarray) -> np.ndarray:
-    mask = np.zeros(len(es), dtype=bool)
-    _, first = np.unique(es, return_index=True)
+def _first_occurrence(keys: np.ndarray) -> np.ndarray:
+    mask = np.zeros(len(keys), dtype=bool)
+    _, first = np.unique(keys, return_index=True)
     mask[first] = True
     return mask
 
 
-def _first_occurrence_sorted(es: np.ndarray) -> np.ndarray:
-    mask = np.ones(len(es), dtype=bool)
-    if len(es) > 1:
-        mask[1:] = es[1:] != es[:-1]
-    return mask
-
-
-def _seen_before(es: np.ndarray, ok: np.ndarray, j: int) -> bool:
-    k = j - 1
-    while k >= 0 and es[k] == es[j]:
-        if ok[k]:
-            return True
-        k -= 1
-    return False
-
-
 class RunQueue:
-    """Sorted runs plus unsorted loose chunks; pops the earliest due copies first."""
+    """Sorted runs plus unsorted loose chunks; pops the earliest due copies first.
+
+    Runs sit in a heap keyed by the deliver_at at their head, so a pop looks only at
+    runs that have something due. Runs that empty are reported in ``emptied``.
+    """
 
     def __init__(self) -> None:
-        self.runs: list[Run] = []
+        self.clear()
+
+    def clear(self) -> None:
+        self._heap: list[tuple[int, int, Run]] = []
+        self._live: dict[int, Run] = {}
+        self._seq = 0
         self._loose: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._loose_min = None  # type: int | None
+        self._loose_min: int | None = None
+        self.emptied: list[Run] = []
+
+    @property
+    def runs(self) -> list[Run]:
+        return [r for r in self._live.values() if len(r)]
 
     def __len__(self) -> int:
-        return sum(len(r) for r in self.runs) + sum(len(c[0]) for c in self._loose)
+        return sum(len(r) for r in self._live.values()) + sum(len(c[0]) for c in self._loose)
 
     def add_loose(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741
         if len(d) == 0:
@@ -277,31 +250,68 @@ class RunQueue:
 
     def add_run(self, run: Run) -> None:
         if len(run):
-            self.runs.append(run)
+            self._live[id(run)] = run
+            self._push(run)
+
+    def _push(self, run: Run) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (run.first_d(), self._seq, run))
 
     def remove_runs(self, doomed: list[Run]) -> None:
-        ids = {id(r) for r in doomed}
-        self.runs = [r for r in self.runs if id(r) not in ids]
+        for r in doomed:
+            self._live.pop(id(r), None)  # its heap entry is skipped lazily
 
     def min_d(self) -> int | None:
-        best = self._loose_min
-        for r in self.runs:
-            if len(r):
-                v = r.first_d()
-                best = v if best is None or v < best else best
+        self._clean_top()
+        best = self._heap[0][0] if self._heap else None
+        if self._loose_min is not None and (best is None or self._loose_min < best):
+            best = self._loose_min
         return best
+
+    def _clean_top(self) -> None:
+        heap = self._heap
+        while heap:
+            d, _, r = heap[0]
+            if self._live.get(id(r)) is r and len(r) and r.first_d() == d:
+                return
+            heapq.heappop(heap)
+            if self._live.get(id(r)) is r:
+                if len(r):
+                    self._push(r)  # its head moved: re-key it
+                else:
+                    self._retire(r)
+
+    def _retire(self, run: Run) -> None:
+        self._live.pop(id(run), None)
+        self.emptied.append(run)
 
     def _absorb_loose(self) -> None:
         if self._loose:
             d, l, e = concat(self._loose)  # noqa: E741
             self._loose = []
             self._loose_min = None
-            self.runs.append(Run.from_unsorted(d, l, e))
-        loose_runs = [r for r in self.runs if r.owner is None]
+            self.add_run(Run.from_unsorted(d, l, e))
+        loose_runs = [r for r in self._live.values() if r.owner is None and len(r)]
         if len(loose_runs) > _MAX_LOOSE_RUNS:
             d, l, e = concat([r.remaining() for r in loose_runs])  # noqa: E741
             self.remove_runs(loose_runs)
-            self.runs.append(Run.from_unsorted(d, l, e))
+            self.add_run(Run.from_unsorted(d, l, e))
+
+    def _due_runs(self, cutoff: int) -> list[Run]:
+        """Pop every run whose head is due off the heap (the caller pushes them back)."""
+        out = []
+        heap = self._heap
+        while heap and heap[0][0] <= cutoff:
+            d, _, r = heapq.heappop(heap)
+            if self._live.get(id(r)) is not r:
+                continue
+            if not len(r):
+                self._retire(r)
+            elif r.first_d() != d:
+                self._push(r)
+            else:
+                out.append(r)
+        return out
 
     def take(
         self, cutoff: int, max_n: int
@@ -311,13 +321,10 @@ class RunQueue:
         Returns the copies and the runs this emptied, or None when nothing is due.
         """
         self._absorb_loose()
-        picks = []
-        for r in self.runs:
-            k = r.due_count(cutoff)
-            if k > 0:
-                picks.append((r, min(k, max_n)))
-        if not picks:
+        due = self._due_runs(cutoff)
+        if not due:
             return None
+        picks = [(r, min(r.due_count(cutoff), max_n)) for r in due]
         if len(picks) == 1:
             r, k = picks[0]
             h = r.head
@@ -340,47 +347,55 @@ class RunQueue:
                 out = (d, l, e)
                 for r, k in picks:
                     r.head += k
-        emptied = [r for r, _ in picks if len(r) == 0]
-        if emptied:
-            self.remove_runs(emptied)
+        emptied = []
+        for r, _ in picks:
+            if len(r):
+                self._push(r)
+            else:
+                self._retire(r)
+                emptied.append(r)
         return out, emptied
 
     def has_live_due(self, cutoff: int, members: Membership) -> bool:
         """Is a live copy due? Stale heads (cancelled copies) met on the way are dropped."""
         self._absorb_loose()
         found = False
-        for r in self.runs:
-            while r.due_count(cutoff) > 0:
+        for r in self._due_runs(cutoff):
+            while not found and r.due_count(cutoff) > 0:
                 h = r.head
                 if members.member_mask(r.d[h : h + 1], r.l[h : h + 1], r.e[h : h + 1])[0]:
                     found = True
                     break
                 r.head += 1
-            if found:
-                break
-        self.runs = [r for r in self.runs if len(r)]
+            if len(r):
+                self._push(r)
+            else:
+                self._retire(r)
         return found
 
     def drain_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts = [r.remaining() for r in self.runs] + self._loose
+        parts = [r.remaining() for r in self._live.values()] + self._loose
         self.clear()
         return concat(parts)
 
-    def clear(self) -> None:
-        self.runs = []
-        self._loose = []
-        self._loose_min = None
-
     def nbytes(self) -> int:
-        return sum(r.nbytes() for r in self.runs) + sum(c[0].nbytes * 3 for c in self._loose)
+        return sum(r.nbytes() for r in self._live.values()) + sum(
+            c[0].nbytes * 3 for c in self._loose
+        )
 
 
-def sorted_positions(l: np.ndarray, e: np.ndarray) -> list[tuple[int, int]]:  # noqa: E741
-    """Positions as (ledger, entry) tuples sorted by position: the tracker's return shape."""
-    if len(l) == 0:
+def sorted_positions(ls: list[np.ndarray], es: list[np.ndarray]) -> list[tuple[int, int]]:
+    """Positions as (ledger, entry) tuples sorted by position: the trackers' return shape.
+    Each pair of arrays is sorted already; several are merged."""
+    if not ls:
         return []
-    order = np.lexsort((e, l))
-    return list(zip(l[order].tolist(), e[order].tolist()))
+    if len(ls) == 1:
+        l, e = ls[0], es[0]  # noqa: E741
+    else:
+        l, e = np.concatenate(ls), np.concatenate(es)  # noqa: E741
+        order = np.lexsort((e, l))
+        l, e = l[order], e[order]  # noqa: E741
+    return list(zip(l.tolist(), e.tolist()))
 
 
 __all__ = ["Membership", "RunQueue", "sorted_positions", "EMPTY"]

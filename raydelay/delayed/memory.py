@@ -89,17 +89,15 @@ class InMemoryDelayedDeliveryTracker(TickMixin):
             if got is None:
                 break
             (d, l, e), _ = got  # noqa: E741
-            live = self._members.take(d, l, e)
-            out_l.append(l[live])
-            out_e.append(e[live])
-            n -= int(live.sum())
+            live_l, live_e = self._members.take(d, l, e)
+            out_l.append(live_l)
+            out_e.append(live_e)
+            n -= len(live_l)
         if self._members.count == 0:
             self._queue.clear()  # only stale copies can remain
             self._highest_deliver_at = -1
             self._fixed_delay = True
-        if not out_l:
-            return []
-        return sorted_positions(np.concatenate(out_l), np.concatenate(out_e))
+        return sorted_positions(out_l, out_e)
 
     def has_message_available(self) -> bool:
         return self._queue.has_live_due(self._cutoff(), self._members)

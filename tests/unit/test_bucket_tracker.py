@@ -1,0 +1,446 @@
+"""Bucket tracker scenarios: sealing, segments, recovery, merging, failures and cleanup."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from raydelay.clock import ManualClock
+from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryBucketRegistry, codec
+from raydelay.delayed.bucket import cut_segments
+from raydelay.errors import CodecError, RaydelayError, StorageError
+from raydelay.storage import FaultyObjectStore, LocalDirObjectStore, MemoryObjectStore
+
+NAME = "subs/orders/0/billing"
+T0 = 1_000_000
+
+
+class Env:
+    """A store, a registry and a clock that outlive tracker instances (restarts)."""
+
+    def __init__(self, store=None, **defaults):
+        self.clock = ManualClock(T0)
+        self.store = store if store is not None else FaultyObjectStore(MemoryObjectStore())
+        self.registry = InMemoryBucketRegistry()
+        self.defaults = dict(
+            tick_time_ms=1, strict=True, min_index_count_per_bucket=10, max_indexes_per_segment=4
+        )
+        self.defaults.update(defaults)
+
+    def tracker(self, **kw):
+        args = {**self.defaults, **kw}
+        return BucketDelayedDeliveryTracker(
+            store=self.store, registry=self.registry, name=NAME, clock=self.clock, **args
+        )
+
+    def bucket_keys(self):
+        return sorted({k.split("/")[5] for k in self.store.list(f"{NAME}/buckets/")})
+
+    def objects(self, bucket_key):
+        return [k.rsplit("/", 1)[1] for k in self.store.list(f"{NAME}/buckets/{bucket_key}/")]
+
+
+def fill(t, ledger, n, first_delay_ms=1_000, step_ms=10, start_entry=0):
+    es = np.arange(start_entry, start_entry + n)
+    ds = T0 + first_delay_ms + (es - start_entry) * step_ms
+    assert t.add_messages(np.full(n, ledger), es, ds).all()
+    return [(ledger, int(e)) for e in es]
+
+
+def drain(t, clock, until_ms):
+    out = []
+    clock.set(until_ms)
+    while True:
+        got = t.get_scheduled_messages(1_000)
+        if not got:
+            return out
+        out += got
+
+
+# -- structure ------------------------------------------------------------------------------
+
+
+def test_seal_happens_only_at_a_ledger_boundary():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 15)  # past min_index_count, but the ledger is still open
+    assert t.immutable_bucket_count() == 0
+    fill(t, 1, 3, start_entry=15)
+    assert t.immutable_bucket_count() == 0
+    fill(t, 2, 1)  # the first position of a later ledger seals ledger 1
+    assert t.immutable_bucket_count() == 1
+    assert env.bucket_keys() == ["1_1_1"]
+    assert list(env.registry.list(NAME)) == ["1_1_1"]
+
+
+def test_below_the_minimum_no_seal_even_across_ledgers():
+    env = Env()
+    t = env.tracker()
+    for ledger in range(1, 6):
+        fill(t, ledger, 1)
+    assert t.immutable_bucket_count() == 0
+    assert env.store.list("") == []
+
+
+def test_segments_are_cut_by_count_and_written_as_objects():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10)
+    fill(t, 2, 1)
+    assert env.objects("1_1_1") == ["meta", "seg-000001", "seg-000002", "seg-000003"]
+    meta = codec.decode_meta(env.store.get(f"{NAME}/buckets/1_1_1/meta"), "meta")
+    assert [s.count for s in meta.segments] == [4, 4, 2]
+    assert sorted(meta.segments[0].bitmaps[1]) == [0, 1, 2, 3]
+    record = codec.decode_record(env.registry.list(NAME)["1_1_1"], "r")
+    assert (record.start_ledger, record.end_ledger, record.segment_count, record.count) == (
+        1,
+        1,
+        3,
+        10,
+    )
+
+
+def test_segments_are_cut_by_time_step():
+    d = np.array([0, 50, 99, 100, 150, 250, 251])
+    assert cut_segments(d, max_indexes=100, max_step_ms=100) == [(0, 4), (4, 6), (6, 7)]
+    assert cut_segments(d, max_indexes=2, max_step_ms=1_000) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    assert cut_segments(np.array([5]), 3, 1) == [(0, 1)]
+
+
+def test_contains_follows_positions_through_buckets():
+    env = Env()
+    t = env.tracker()
+    sealed = fill(t, 1, 10)
+    fill(t, 2, 1)
+    assert all(t.contains_message(*p) for p in sealed)
+    assert not t.contains_message(1, 10)
+    out = drain(t, env.clock, T0 + 10_000)
+    assert out == sorted(sealed + [(2, 0)])
+    assert not any(t.contains_message(*p) for p in sealed)
+
+
+def test_a_covered_ledger_goes_straight_to_the_shared_queue():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10)
+    fill(t, 2, 1)
+    assert t.add_message(1, 50, T0 + 5_000)  # ledger 1 is already sealed
+    assert t.immutable_bucket_count() == 1
+    assert (1, 50) in drain(t, env.clock, T0 + 10_000)
+
+
+def test_a_bucket_is_deleted_after_its_last_segment():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10)
+    fill(t, 2, 1)
+    assert env.bucket_keys() == ["1_1_1"]
+    out = drain(t, env.clock, T0 + 10_000)
+    assert len(out) == 11
+    assert t.immutable_bucket_count() == 0
+    assert env.bucket_keys() == []
+    assert env.registry.list(NAME) == {}
+
+
+def test_only_one_segment_per_bucket_is_resident_until_needed():
+    env = Env(min_index_count_per_bucket=100, max_indexes_per_segment=10)
+    t = env.tracker()
+    fill(t, 1, 100, step_ms=1_000)
+    fill(t, 2, 1, first_delay_ms=500_000)
+    loaded = t.stats()["loaded_runs"]
+    assert loaded == 1  # segment 1 only; 9 more wait in the store
+    env.clock.set(T0 + 1_000 + 9 * 1_000)  # the 10 positions of segment 1 are due
+    assert len(t.get_scheduled_messages(1_000)) == 10
+    assert t.stats()["loaded"] >= 1  # segment 2 came in once segment 1 ran out
+
+
+# -- recovery ---------------------------------------------------------------------------------
+
+
+def test_recovery_restores_counts_and_delivers_everything_once_more_at_most():
+    env = Env()
+    t = env.tracker()
+    sealed = fill(t, 1, 10) + fill(t, 2, 10) + fill(t, 3, 10)
+    fill(t, 4, 3)  # mutable: lost on restart, re-read from the log
+    t.flush()
+    assert t.immutable_bucket_count() == 3
+    t2 = env.tracker()
+    assert t2.immutable_bucket_count() == 3
+    assert t2.number_of_delayed_messages() == 30
+    assert all(t2.contains_message(*p) for p in sealed)
+    # the subscription replays the log from mark-delete: sealed ones are recognised
+    assert t2.add_messages(
+        [1, 4, 4, 4], [0, 0, 1, 2], [T0 + 1_000, T0 + 1_000, T0 + 1_010, T0 + 1_020]
+    ).all()
+    assert t2.number_of_delayed_messages() == 33
+    out = drain(t2, env.clock, T0 + 100_000)
+    assert sorted(out) == sorted(set(out)) and len(out) == 33
+
+
+def test_recovery_skips_segments_that_are_already_due():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10, step_ms=1_000)  # segments by 4: [1000..4000], [5000..8000], [9000, 10000]
+    fill(t, 2, 1, first_delay_ms=50_000)
+    t.flush()
+    env.clock.set(T0 + 8_000)
+    t2 = env.tracker()
+    # segments 1 and 2 are wholly due: their positions are re-read from the log and go out now
+    assert t2.number_of_delayed_messages() == 2
+    assert not t2.contains_message(1, 0)
+    assert t2.contains_message(1, 8)
+    env.clock.set(T0 + 5_000_000)
+    t3 = env.tracker()
+    assert t3.immutable_bucket_count() == 0
+    t3.flush()
+    assert env.bucket_keys() == []  # a wholly due bucket is deleted on recovery
+
+
+def test_a_cancel_inside_a_sealed_bucket_survives_a_restart():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10)
+    fill(t, 2, 1)
+    assert t.remove_message(1, 7) is True  # in segment 2, not loaded
+    assert t.remove_message(1, 1) is True  # in the loaded segment 1
+    t.flush()
+    t2 = env.tracker()
+    assert not t2.contains_message(1, 7)
+    out = drain(t2, env.clock, T0 + 100_000)
+    assert (1, 7) not in out and (1, 1) not in out
+    assert len(out) == 8
+
+
+def test_a_crashed_merge_is_resolved_on_recovery():
+    env = Env(max_num_buckets=10)
+    t = env.tracker()
+    for ledger in (1, 2, 3):
+        fill(t, ledger, 10)
+    fill(t, 4, 1)
+    t.flush()
+    # simulate a crash after a merge wrote its bucket but before it removed its sources
+    t_merge = env.tracker(max_num_buckets=1)
+    t_merge.flush()
+    merged = env.bucket_keys()
+    assert len(merged) == 1
+    for key in ("1_1_1", "2_2_2"):
+        env.registry.put(NAME, key, b"stale")  # placeholders are replaced below
+    # rebuild the stale source entries for real, as they were before the merge
+    env2 = Env()
+    t_src = env2.tracker()
+    for ledger in (1, 2):
+        fill(t_src, ledger, 10)
+    fill(t_src, 3, 1)
+    t_src.flush()
+    for key, raw in env2.registry.list(NAME).items():
+        env.registry.put(NAME, key, raw)
+        for obj in env2.store.list(f"{NAME}/buckets/{key}/"):
+            env.store.put(obj, env2.store.get(obj))
+    t3 = env.tracker(max_num_buckets=10)
+    t3.flush()
+    assert t3.immutable_bucket_count() == 1  # the merged bucket supersedes its sources
+    assert t3.number_of_delayed_messages() == 30
+    assert sorted(env.registry.list(NAME)) == merged
+
+
+# -- merging ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_buckets", [1, 2, 3, 10])
+def test_merges_keep_the_bucket_count_at_the_limit_and_lose_nothing(max_buckets):
+    env = Env(max_num_buckets=max_buckets)
+    t = env.tracker()
+    expected = []
+    rng = np.random.default_rng(max_buckets)
+    for ledger in range(1, 16):
+        es = np.arange(10)
+        ds = T0 + 1_000 + rng.integers(0, 60_000, 10)
+        t.add_messages(np.full(10, ledger), es, ds)
+        expected += [(int(d), ledger, int(e)) for d, e in zip(ds, es)]
+    t.flush()
+    assert t.immutable_bucket_count() <= max_buckets
+    assert t.number_of_delayed_messages() == 150
+    assert t.stats()["merged"] >= (1 if max_buckets < 14 else 0)
+    delivered = []
+    for step in range(0, 62_000, 500):  # step the clock: never early, nothing lost, no duplicate
+        env.clock.set(T0 + step)
+        for pos in t.get_scheduled_messages(1_000):
+            delivered.append(pos)
+    by_pos = {(lg, e): d for d, lg, e in expected}
+    assert sorted(delivered) == sorted(by_pos)
+    assert len(delivered) == len(set(delivered))
+    t.flush()
+    assert env.bucket_keys() == [] and env.registry.list(NAME) == {}
+
+
+def test_merge_window_prefers_the_smallest_adjacent_buckets():
+    env = Env(max_num_buckets=4)
+    t = env.tracker()
+    sizes = [40, 40, 10, 10, 10, 40]
+    for i, n in enumerate(sizes):
+        fill(t, i + 1, n, first_delay_ms=100_000)
+    fill(t, 7, 1, first_delay_ms=100_000)
+    t.flush()
+    keys = env.bucket_keys()
+    assert len(keys) == 3  # 6 buckets -> a window of up to 4 merged
+    starts = sorted((int(k.split("_")[0]), int(k.split("_")[1])) for k in keys)
+    assert (3, 6) in starts or (2, 5) in starts or (3, 5) in starts
+
+
+# -- failures and cleanup ---------------------------------------------------------------------
+
+
+def test_four_failed_writes_downgrade_the_bucket_to_memory_and_lose_nothing():
+    env = Env()
+    t = env.tracker()
+    sealed = fill(t, 1, 10)
+    env.store.fail_next("put", times=4)  # the first try and 3 retries
+    fill(t, 2, 1)
+    t.flush()
+    assert t.immutable_bucket_count() == 0
+    assert t.stats()["downgraded"] == 1
+    assert env.bucket_keys() == [] and env.registry.list(NAME) == {}
+    assert t.number_of_delayed_messages() == 11
+    out = drain(t, env.clock, T0 + 100_000)
+    assert sorted(out) == sorted(sealed + [(2, 0)])
+
+
+def test_one_failed_write_is_retried_and_the_bucket_persists():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10)
+    env.store.fail_next("put", times=1)
+    fill(t, 2, 1)
+    t.flush()
+    assert t.immutable_bucket_count() == 1
+    assert t.stats()["downgraded"] == 0
+    assert env.objects("1_1_1") == ["meta", "seg-000001", "seg-000002", "seg-000003"]
+
+
+def test_a_failed_registry_write_downgrades_and_leaves_no_objects():
+    class FlakyRegistry(InMemoryBucketRegistry):
+        def put(self, name, key, record):
+            raise StorageError("coordinator unreachable", retriable=False)
+
+    env = Env()
+    env.registry = FlakyRegistry()
+    t = env.tracker()
+    sealed = fill(t, 1, 10)
+    fill(t, 2, 1)
+    t.flush()
+    assert t.immutable_bucket_count() == 0
+    assert env.store.list("") == []
+    assert sorted(drain(t, env.clock, T0 + 100_000)) == sorted(sealed + [(2, 0)])
+
+
+def test_positions_below_mark_delete_are_dropped_and_their_buckets_trimmed():
+    md = [0, 0]
+    env = Env()
+    t = env.tracker(mark_delete=lambda: tuple(md))
+    for ledger in (1, 2, 3, 4):
+        fill(t, ledger, 10)
+    t.flush()
+    assert t.immutable_bucket_count() == 3
+    md[:] = [3, 0]
+    out = drain(t, env.clock, T0 + 100_000)
+    assert {lg for lg, _ in out} == {3, 4}
+    t.flush()
+    assert all(not k.startswith(("1_", "2_")) for k in env.bucket_keys())
+    assert t.add_message(1, 99, T0 + 200_000) is True  # acknowledged already: dropped
+    assert not t.contains_message(1, 99)
+
+
+def test_clear_deletes_every_snapshot_and_registry_entry():
+    env = Env()
+    t = env.tracker()
+    for ledger in (1, 2, 3):
+        fill(t, ledger, 10)
+    t.remove_message(1, 5)
+    t.flush()
+    assert env.store.list("") != []
+    t.clear()
+    assert env.store.list("") == []
+    assert env.registry.list(NAME) == {}
+    assert t.number_of_delayed_messages() == 0
+    assert t.immutable_bucket_count() == 0
+    fill(t, 9, 2)  # still usable
+    assert t.number_of_delayed_messages() == 2
+
+
+def test_a_corrupt_meta_object_fails_recovery_naming_the_key():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10)
+    fill(t, 2, 1)
+    t.flush()
+    env.store.put(f"{NAME}/buckets/1_1_1/meta", b"\x00garbage")
+    with pytest.raises(CodecError, match="1_1_1/meta"):
+        env.tracker()
+
+
+def test_closed_tracker_refuses_calls():
+    env = Env()
+    t = env.tracker()
+    t.close()
+    with pytest.raises(RaydelayError, match="closed"):
+        t.add_message(1, 1, T0 + 10)
+
+
+def test_orphan_objects_are_swept_on_recovery():
+    env = Env()
+    env.store.put(f"{NAME}/buckets/5_5_9/seg-000001", b"half-written")
+    t = env.tracker()
+    t.flush()
+    assert env.store.list("") == []
+
+
+# -- background I/O --------------------------------------------------------------------------
+
+
+def test_background_mode_on_a_local_dir_store(tmp_path):
+    env = Env(store=LocalDirObjectStore(tmp_path), max_num_buckets=3)
+    t = env.tracker()
+    assert t._jobs.background is True
+    expected = []
+    for ledger in range(1, 9):
+        expected += fill(t, ledger, 10, first_delay_ms=1_000 + ledger)
+    t.flush()
+    assert t.immutable_bucket_count() <= 3
+    t.close()
+    t2 = env.tracker()
+    assert t2.number_of_delayed_messages() == 70  # ledger 8 was still mutable
+    out = []
+    env.clock.set(T0 + 100_000)
+    for _ in range(100):
+        t2.flush()
+        got = t2.get_scheduled_messages(1_000)
+        out += got
+        if not got and t2.number_of_delayed_messages() == 0:
+            break
+    assert sorted(out) == sorted(expected[:70])
+    t2.close()
+
+
+def test_a_slow_store_does_not_block_adds_or_pops():
+    gate = threading.Event()
+
+    class GatedStore(MemoryObjectStore):
+        def put(self, key, data):
+            gate.wait(10)
+            super().put(key, data)
+
+    env = Env(store=GatedStore())
+    t = env.tracker(background=True)
+    first = fill(t, 1, 10, first_delay_ms=10)
+    fill(t, 2, 1)  # seals: the write now waits on the gate
+    assert env.store.list("") == []  # not written yet, and add_messages has returned
+    env.clock.set(T0 + 40)  # segment 1 (4 positions) is due and served from memory
+    assert t.get_scheduled_messages(100) == first[:4]
+    env.clock.set(T0 + 100)
+    assert t.get_scheduled_messages(100) == first[4:]  # later segments too, while writing
+    gate.set()
+    t.flush()
+    assert t.immutable_bucket_count() == 0 or env.bucket_keys() != []
+    t.close()
