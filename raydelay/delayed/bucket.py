@@ -13,9 +13,10 @@ Store I/O runs in background jobs (see jobs.py). Their results are applied on
 the caller's thread, so the tracker itself stays single-threaded and its hot
 paths (add_messages, get_scheduled_messages) never wait on the store.
 
-Cancels of positions that may sit in a persisted bucket are written as
-tombstone objects (``<name>/tombs/<seq>``), so a restarted tracker does not
-resurrect them. The mutable bucket is never persisted: after a restart the
+A position untracked or re-added while a persisted copy of it may exist (a
+cancel, an expired re-add, a nack-style re-add into a sealed ledger) gets a
+tombstone (``<name>/tombs/<seq>``), so a restarted tracker never resurrects the
+stale copy. The mutable bucket is never persisted: after a restart the
 subscription re-reads the log from mark-delete, and bitmaps recognise the
 positions that are already in buckets.
 """
@@ -76,14 +77,12 @@ class _Bucket:
     end: int
     bucket_id: int
     seg_min: list[int]
-    seg_max: list[int]
     seg_count: list[int]
     next_seg: int
     state: str  # "sealing" | "persisted" | "merging"
     holder: _Frozen | None = None  # while sealing: the unsorted columns, still served
-    taken: list[tuple[np.ndarray, np.ndarray]] = field(
-        default_factory=list
-    )  # handed out while sealing
+    # (ledger_ids, entry_ids) handed out by the holder while sealing
+    taken: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
     loading: bool = False
     want_next: bool = False
@@ -306,7 +305,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
             "deleted": 0,
             "downgraded": 0,
             "snapshot_bytes": 0,
-            "write_retries": 0,
         }
         self._recover()
 
@@ -437,8 +435,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self._jobs.wait()
         self._jobs.drain()
         self._epoch += 1
-        for b in self._buckets:
-            self._registry.remove(self._name, b.key)
         for key in self._registry.list(self._name):
             self._registry.remove(self._name, key)
         for key in self._store.list(f"{self._name}/buckets/") + self._store.list(
@@ -514,7 +510,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
             end=end,
             bucket_id=self._take_id(),
             seg_min=[],
-            seg_max=[],
             seg_count=[],
             next_seg=0,
             state="sealing",
@@ -550,7 +545,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
                 return
             meta, nbytes, first = written  # type: ignore[misc]
             bucket.seg_min = [x.min_deliver_at_ms for x in meta.segments]
-            bucket.seg_max = [x.max_deliver_at_ms for x in meta.segments]
             bucket.seg_count = [x.count for x in meta.segments]
             bucket.state = "persisted"
             bucket.holder = None
@@ -628,12 +622,10 @@ class BucketDelayedDeliveryTracker(TickMixin):
                 and now_s >= bucket.load_retry_at
                 and bucket in self._buckets
             ):
-                if self._load_next(bucket):
-                    loaded = True
-                    continue
+                self._load_next(bucket)
                 if self._jobs.background:
                     break
-                self._jobs.drain()
+                self._jobs.drain()  # inline: the segment is in the queue now
                 loaded = True
         # Finished buckets retire through the emptied-run reports; loads and retries need a look.
         self._dirty = any(b.loading or b.want_next for b in self._buckets)
@@ -641,7 +633,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self._idle_until = min(nexts) - self._prefetch_ms if nexts else 2**62
         return loaded
 
-    def _load_next(self, bucket: _Bucket) -> bool:
+    def _load_next(self, bucket: _Bucket) -> None:
         """Start loading the bucket's next segment from the store."""
         index = bucket.next_seg
         bucket.want_next = False
@@ -683,17 +675,9 @@ class BucketDelayedDeliveryTracker(TickMixin):
             self._install_segment(bucket, index, cols)  # type: ignore[arg-type]
 
         self._jobs.submit("load", job, done)
-        return False  # arrives through a completion
 
     def _install_segment(self, bucket: _Bucket, index: int, cols: Cols) -> None:
-        d, l, e = cols  # noqa: E741
-        if bucket.exclude:
-            keep = np.ones(len(l), dtype=bool)
-            for ledger, idx in ledger_groups(l):
-                ex = bucket.exclude.get(ledger)
-                if ex:
-                    keep[idx] = ~np.isin(e[idx], bitmap_values(ex))
-            d, l, e = d[keep], l[keep], e[keep]  # noqa: E741
+        d, l, e = _without(cols, bucket.exclude)  # noqa: E741
         bucket.next_seg = index + 1
         self._dirty = True
         self.counters["loaded"] += 1
@@ -739,17 +723,19 @@ class BucketDelayedDeliveryTracker(TickMixin):
             return
         lo, hi = window
         sources = self._buckets[lo:hi]
-        seg_keys: list[str] = []
+        seg_keys: list[tuple[str, dict[int, BitMap] | None]] = []
         parts: list[Cols] = []
-        snapshot: dict[int, int] = {}
+        snapshot: dict[int, tuple[Run, int]] = {}  # the runs as they were, and their heads
         for b in sources:
             b.state = "merging"
             prefix = bucket_prefix(self._name, b.key)
-            seg_keys += [f"{prefix}/seg-{i + 1:06d}" for i in range(b.next_seg, b.segments)]
+            # a source's own exclusions stay excluded: copies it handed out must not return
+            ex = {lg: bm.copy() for lg, bm in b.exclude.items()} if b.exclude else None
+            seg_keys += [(f"{prefix}/seg-{i + 1:06d}", ex) for i in range(b.next_seg, b.segments)]
             for r in b.runs:
                 if len(r):
                     parts.append(tuple(c.copy() for c in r.remaining()))  # type: ignore[arg-type]
-                snapshot[id(r)] = r.head
+                snapshot[id(r)] = (r, r.head)
         start, end = sources[0].start, sources[-1].end
         new_id = self._take_id()
         ctx = {"sources": sources, "snapshot": snapshot, "epoch": self._epoch}
@@ -759,7 +745,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
         sleep_s = self._sleep_s
 
         def job() -> tuple[codec.BucketMeta, int, Cols]:
-            loaded = [codec.decode_segment(store.get(k), k) for k in seg_keys]
+            loaded = [_without(codec.decode_segment(store.get(k), k), ex) for k, ex in seg_keys]
             cols = concat(parts + loaded)
             return _sort_and_write(
                 store, registry, name, start, end, new_id, cols, max_per_segment, max_step, sleep_s
@@ -819,7 +805,8 @@ class BucketDelayedDeliveryTracker(TickMixin):
         dropped: list[Run] = []
         for b in sources:
             for r in b.runs:
-                h0 = ctx["snapshot"].get(id(r))
+                snap = ctx["snapshot"].get(id(r))
+                h0 = snap[1] if snap is not None and snap[0] is r else None
                 if h0 is None:
                     _add_exclusions(exclude, r.l, r.e)
                     if len(r):
@@ -837,7 +824,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
             end=meta.end_ledger,
             bucket_id=meta.bucket_id,
             seg_min=[s.min_deliver_at_ms for s in meta.segments],
-            seg_max=[s.max_deliver_at_ms for s in meta.segments],
             seg_count=[s.count for s in meta.segments],
             next_seg=0,
             state="persisted",
@@ -984,7 +970,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
                 end=m.end_ledger,
                 bucket_id=m.bucket_id,
                 seg_min=[s.min_deliver_at_ms for s in m.segments],
-                seg_max=[s.max_deliver_at_ms for s in m.segments],
                 seg_count=[s.count for s in m.segments],
                 next_seg=first,
                 state="persisted",
@@ -1064,6 +1049,19 @@ class BucketDelayedDeliveryTracker(TickMixin):
     def _check_open(self) -> None:
         if self._closed:
             raise RaydelayError(f"tracker {self._name!r} is closed")
+
+
+def _without(cols: Cols, exclude: dict[int, BitMap] | None) -> Cols:
+    """The columns minus the positions in ``exclude`` (entry bitmaps by ledger)."""
+    if not exclude:
+        return cols
+    d, l, e = cols  # noqa: E741
+    keep = np.ones(len(l), dtype=bool)
+    for ledger, idx in ledger_groups(l):
+        ex = exclude.get(ledger)
+        if ex:
+            keep[idx] = ~np.isin(e[idx], bitmap_values(ex))
+    return (d, l, e) if keep.all() else (d[keep], l[keep], e[keep])
 
 
 def _add_exclusions(exclude: dict[int, BitMap], l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741

@@ -373,11 +373,6 @@ class RunQueue:
                 self._retire(r)
         return found
 
-    def drain_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts = [r.remaining() for r in self._live.values()] + self._loose
-        self.clear()
-        return concat(parts)
-
     def nbytes(self) -> int:
         return sum(r.nbytes() for r in self._live.values()) + sum(
             c[0].nbytes * 3 for c in self._loose

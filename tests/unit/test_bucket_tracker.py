@@ -444,3 +444,43 @@ def test_a_slow_store_does_not_block_adds_or_pops():
     t.flush()
     assert t.immutable_bucket_count() == 0 or env.bucket_keys() != []
     t.close()
+
+
+def test_copies_handed_out_while_sealing_never_return_even_through_a_merge():
+    gate = threading.Event()
+
+    class GatedStore(MemoryObjectStore):
+        def put(self, key, data):
+            gate.wait(10)
+            super().put(key, data)
+
+    env = Env(store=GatedStore(), max_num_buckets=1)
+    t = env.tracker(background=True)
+    fill(t, 1, 10, first_delay_ms=10)  # due at T0+10, +20, ... +100
+    fill(t, 2, 1, first_delay_ms=10_000)  # seals ledger 1; its write waits on the gate
+    env.clock.set(T0 + 60)  # six due: segment 1 (four) and two of segment 2, served while sealing
+    assert t.get_scheduled_messages(100) == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]
+    assert t.add_message(1, 4, T0 + 5_000) is True  # a nack: (1, 4) comes back later
+    gate.set()
+    t.flush()
+    fill(t, 2, 9, first_delay_ms=10_000, start_entry=1)
+    fill(t, 3, 1, first_delay_ms=10_000)  # seals ledger 2: two buckets, one allowed: merge
+    t.flush()
+    assert t.stats()["merged"] == 1 and t.immutable_bucket_count() == 1
+    env.clock.set(T0 + 200)
+    assert pop_all_background(t) == [(1, 6), (1, 7), (1, 8), (1, 9)]  # no stale (1, 4) at T0+50
+    env.clock.set(T0 + 5_000)
+    assert pop_all_background(t) == [(1, 4)]
+    t.close()
+
+
+def pop_all_background(t):
+    """Pop what is due, letting background segment loads land in between."""
+    out = []
+    for _ in range(50):
+        got = t.get_scheduled_messages(1_000)
+        t.flush()
+        if not got and not t.has_message_available():
+            return sorted(out)
+        out += got
+    raise AssertionError("never settled")
