@@ -240,11 +240,12 @@ class BucketDelayedDeliveryTracker(TickMixin):
         max_indexes_per_segment: int = 5_000,
         max_num_buckets: int = 64,
         mark_delete: Callable[[], tuple[int, int]] | None = None,
-        background: bool | None = None,
+        background: bool | str | None = None,
         prefetch_ms: int | None = None,
     ) -> None:
         """``background`` None picks inline I/O for an in-memory store (deterministic) and a
-        background thread otherwise. ``prefetch_ms`` is how long before a segment's first
+        background thread otherwise; ``"manual"`` (tests) queues background jobs until
+        ``run_background_jobs`` runs them, to choose exactly when each one lands. ``prefetch_ms`` is how long before a segment's first
         deliver_at it is loaded (default: 0 inline, 2000 ms in the background)."""
         for method in ("put", "get", "delete", "list"):
             if not callable(getattr(store, method, None)):
@@ -275,7 +276,13 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self._mark_delete = mark_delete
         if background is None:
             background = not _is_in_memory(store)
-        self._jobs = JobRunner(background=bool(background), name=self._name)
+        if background not in (True, False, "manual"):
+            raise InvalidArgument(
+                f"background: expected True, False, None or 'manual', got {background!r}"
+            )
+        self._jobs = JobRunner(
+            background=bool(background), name=self._name, manual=background == "manual"
+        )
         if prefetch_ms is None:
             prefetch_ms = _BACKGROUND_PREFETCH_MS if background else 0
         self._prefetch_ms = check_positive_int("prefetch_ms", prefetch_ms, allow_zero=True)
@@ -292,6 +299,8 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self._tomb_keys: list[str] = []
         self._tomb_writing = False
         self._merge_ctx: dict | None = None
+        self._merge_failures = 0
+        self._merge_retry_at = 0.0  # time.monotonic() before which no merge is tried
         self._trimmed_below = -1
         self._dirty = True  # bucket state changed: _maintain must look at every bucket
         self._idle_until = 0  # before this cutoff, no segment needs loading
@@ -413,6 +422,14 @@ class BucketDelayedDeliveryTracker(TickMixin):
 
     def immutable_bucket_count(self) -> int:
         return len(self._buckets)
+
+    def run_background_jobs(self, n: int | None = None) -> int:
+        """With ``background="manual"``: run up to ``n`` queued jobs (all when None)."""
+        if not self._jobs.manual:
+            raise InvalidArgument(
+                "run_background_jobs: the tracker was not built with background='manual'"
+            )
+        return self._jobs.run_queued(n)
 
     def flush(self) -> None:
         """Wait for every background write, load, merge and delete, and apply them."""
@@ -718,6 +735,8 @@ class BucketDelayedDeliveryTracker(TickMixin):
     def _maybe_merge(self) -> None:
         if self._merge_ctx is not None or len(self._buckets) <= self._max_buckets:
             return
+        if time.monotonic() < self._merge_retry_at:
+            return
         window = self._pick_window()
         if window is None:
             return
@@ -744,9 +763,11 @@ class BucketDelayedDeliveryTracker(TickMixin):
         max_per_segment, max_step = self._max_per_segment, self._max_step_ms
         sleep_s = self._sleep_s
 
-        def job() -> tuple[codec.BucketMeta, int, Cols]:
+        def job() -> tuple[codec.BucketMeta, int, Cols] | None:
             loaded = [_without(codec.decode_segment(store.get(k), k), ex) for k, ex in seg_keys]
             cols = concat(parts + loaded)
+            if len(cols[0]) == 0:
+                return None  # everything in them was handed out already: nothing to write
             return _sort_and_write(
                 store, registry, name, start, end, new_id, cols, max_per_segment, max_step, sleep_s
             )
@@ -771,9 +792,13 @@ class BucketDelayedDeliveryTracker(TickMixin):
         return None
 
     def _merged(
-        self, ctx: dict, written: tuple[codec.BucketMeta, int] | None, error: BaseException | None
+        self,
+        ctx: dict,
+        written: tuple[codec.BucketMeta, int, Cols] | None,
+        error: BaseException | None,
     ) -> None:
         self._merge_ctx = None
+        self._dirty = True
         meta = written[0] if written else None
         if written:
             self.counters["snapshot_bytes"] += written[1]
@@ -783,16 +808,31 @@ class BucketDelayedDeliveryTracker(TickMixin):
                 self._delete_bucket_objects(meta.key)
             return
         alive = all(b in self._buckets for b in sources)
+        if error is None and alive and meta is None:
+            # Nothing was left to merge: the sources retire; what they still hold in
+            # memory keeps being served (after a crash, the log replay brings it back).
+            for b in sources:
+                for r in b.runs:
+                    r.owner = None
+                self._buckets.remove(b)
+                self._delete_bucket_objects(b.key)
+            self._merge_failures = 0
+            return
         if error is not None or not alive or meta is None:
             for b in sources:
                 if b.state == "merging":
                     b.state = "persisted"
             if error is not None:
+                # back off: a failure that repeats must not spin flush() or the I/O thread
+                self._merge_failures += 1
+                self._merge_retry_at = time.monotonic() + min(30.0, 0.25 * 2**self._merge_failures)
                 log.warning(
                     "tracker %s: merging %d buckets failed, will retry: %s",
                     self._name,
                     len(sources),
                     error,
+                    # a storage outage is expected; anything else deserves its traceback
+                    exc_info=None if isinstance(error, StorageError) else error,
                 )
             elif meta is not None:
                 self._delete_bucket_objects(meta.key)
@@ -837,6 +877,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self.counters["merged"] += 1
         for b in sources:
             self._delete_bucket_objects(b.key)
+        self._merge_failures = 0
 
     # == trimming, tombstones ===========================================================
 
@@ -1044,7 +1085,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
 
     @property
     def _sleep_s(self) -> float:
-        return _RETRY_BACKOFF_S if self._jobs.background else 0.0
+        return _RETRY_BACKOFF_S if self._jobs.sleeps else 0.0
 
     def _check_open(self) -> None:
         if self._closed:

@@ -39,8 +39,13 @@ _malloc_trim = _load_malloc_trim()
 
 
 class JobRunner:
-    def __init__(self, *, background: bool, name: str) -> None:
-        self.background = background
+    """``background``: jobs run on I/O threads. ``manual`` (tests): jobs wait in a queue until
+    ``run_queued`` runs them, so tests choose exactly when each background job lands."""
+
+    def __init__(self, *, background: bool, name: str, manual: bool = False) -> None:
+        self.background = background or manual
+        self.manual = manual
+        self._queued: deque[tuple[Callable[[], Any], Completion]] = deque()
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._name = name
         self._pending: set[Future] = set()
@@ -55,7 +60,15 @@ class JobRunner:
             pool = self._pools[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"raydelay-{lane}")
         return pool
 
+    @property
+    def sleeps(self) -> bool:
+        """Whether retries should back off in real time (only with real threads)."""
+        return self.background and not self.manual
+
     def submit(self, lane: str, fn: Callable[[], Any], on_done: Completion) -> None:
+        if self.manual:
+            self._queued.append((fn, on_done))
+            return
         if not self.background:
             try:
                 result, error = fn(), None
@@ -93,11 +106,27 @@ class JobRunner:
             applied += 1
         return applied
 
+    def run_queued(self, n: int | None = None) -> int:
+        """Manual mode: run up to ``n`` queued jobs (all when None), oldest first."""
+        ran = 0
+        while self._queued and (n is None or ran < n):
+            fn, on_done = self._queued.popleft()
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # noqa: BLE001 - handed to on_done
+                result, error = None, exc
+            self._done.append((on_done, result, error))
+            ran += 1
+        return ran
+
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._pending) or bool(self._done)
+            return bool(self._pending) or bool(self._done) or bool(self._queued)
 
     def wait(self) -> None:
+        if self.manual:
+            self.run_queued()
+            return
         while True:
             with self._lock:
                 pending = list(self._pending)
