@@ -742,7 +742,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
             return
         lo, hi = window
         sources = self._buckets[lo:hi]
-        seg_keys: list[tuple[str, dict[int, BitMap] | None]] = []
+        streams_spec: list[tuple[list[str], dict[int, BitMap] | None]] = []
         parts: list[Cols] = []
         snapshot: dict[int, tuple[Run, int]] = {}  # the runs as they were, and their heads
         for b in sources:
@@ -750,7 +750,9 @@ class BucketDelayedDeliveryTracker(TickMixin):
             prefix = bucket_prefix(self._name, b.key)
             # a source's own exclusions stay excluded: copies it handed out must not return
             ex = {lg: bm.copy() for lg, bm in b.exclude.items()} if b.exclude else None
-            seg_keys += [(f"{prefix}/seg-{i + 1:06d}", ex) for i in range(b.next_seg, b.segments)]
+            keys = [f"{prefix}/seg-{i + 1:06d}" for i in range(b.next_seg, b.segments)]
+            if keys:
+                streams_spec.append((keys, ex))
             for r in b.runs:
                 if len(r):
                     parts.append(tuple(c.copy() for c in r.remaining()))  # type: ignore[arg-type]
@@ -763,14 +765,22 @@ class BucketDelayedDeliveryTracker(TickMixin):
         max_per_segment, max_step = self._max_per_segment, self._max_step_ms
         sleep_s = self._sleep_s
 
-        def job() -> tuple[codec.BucketMeta, int, Cols] | None:
-            loaded = [_without(codec.decode_segment(store.get(k), k), ex) for k, ex in seg_keys]
-            cols = concat(parts + loaded)
-            if len(cols[0]) == 0:
-                return None  # everything in them was handed out already: nothing to write
-            return _sort_and_write(
-                store, registry, name, start, end, new_id, cols, max_per_segment, max_step, sleep_s
-            )
+        def loader(key: str, ex: dict[int, BitMap] | None) -> Callable[[], Cols]:
+            return lambda: _without(codec.decode_segment(store.get(key), key), ex)
+
+        def job() -> tuple[codec.BucketMeta, int, None] | None:
+            streams = [_SortedStream([loader(k, ex) for k in keys]) for keys, ex in streams_spec]
+            if parts:
+                memory = concat(parts)
+                order = sort_order(*memory)
+                streams.append(_SortedStream([lambda: tuple(c[order] for c in memory)]))  # type: ignore[misc]
+            writer = _BucketWriter(store, registry, name, start, end, new_id, sleep_s)
+            with writer:
+                _merge_streams(streams, max_per_segment, max_step, writer.add_segment)
+                if not writer.nbytes:
+                    return None  # everything in them was handed out already: nothing to write
+                meta, nbytes = writer.finish()
+            return meta, nbytes, None
 
         self._jobs.submit("write", job, lambda written, error: self._merged(ctx, written, error))
 
@@ -842,6 +852,8 @@ class BucketDelayedDeliveryTracker(TickMixin):
         cutoff = self._cutoff() + self._prefetch_ms
         exclude: dict[int, BitMap] = {}
         keep_runs: list[Run] = []
+        new_runs: list[Run] = []
+        soon_parts: list[Cols] = []
         dropped: list[Run] = []
         for b in sources:
             for r in b.runs:
@@ -853,12 +865,17 @@ class BucketDelayedDeliveryTracker(TickMixin):
                         keep_runs.append(r)
                     continue
                 _add_exclusions(exclude, r.l[h0 : r.head], r.e[h0 : r.head])
-                if len(r) and r.first_d() <= cutoff:
-                    _add_exclusions(exclude, r.l[r.head :], r.e[r.head :])
-                    keep_runs.append(r)  # due soon: keep serving it from memory
-                else:
-                    dropped.append(r)  # the merged bucket holds what is left of it
+                dropped.append(r)  # the merged bucket holds what is left of it...
+                k = r.due_count(cutoff)
+                if k:  # ...but what is due soon keeps being served from memory
+                    h = r.head
+                    soon_parts.append((r.d[h : h + k], r.l[h : h + k], r.e[h : h + k]))
         self._queue.remove_runs(dropped)
+        if soon_parts:  # one run for all of it, so the queue does not collect slivers
+            soon = Run.from_unsorted(*(c.copy() for c in concat(soon_parts)))
+            _add_exclusions(exclude, soon.l, soon.e)
+            keep_runs.append(soon)
+            new_runs.append(soon)
         merged = _Bucket(
             start=meta.start_ledger,
             end=meta.end_ledger,
@@ -872,6 +889,8 @@ class BucketDelayedDeliveryTracker(TickMixin):
         )
         for r in keep_runs:
             r.owner = merged
+        for r in new_runs:
+            self._queue.add_run(r)
         at = self._buckets.index(sources[0])
         self._buckets[at : at + len(sources)] = [merged]
         self.counters["merged"] += 1
@@ -1140,59 +1159,136 @@ def _sort_and_write(
     max_step_ms: int,
     sleep_s: float,
 ) -> tuple[codec.BucketMeta, int, Cols]:
-    """Sort by (deliver_at, ledger, entry), cut into segments, write the bucket.
+    """A seal: sort by (deliver_at, ledger, entry), cut into segments, write the bucket.
     Returns the meta, the bytes written and segment 1's columns."""
     d, l, e = cols  # noqa: E741
     order = sort_order(d, l, e)
     d, l, e = d[order], l[order], e[order]  # noqa: E741
     bounds = cut_segments(d, max_per_segment, max_step_ms)
-    seg_cols = [(d[a:b], l[a:b], e[a:b]) for a, b in bounds]
-    meta, nbytes = _write_bucket(store, registry, name, start, end, bucket_id, seg_cols, sleep_s)
+    writer = _BucketWriter(store, registry, name, start, end, bucket_id, sleep_s)
+    with writer:
+        for a, b in bounds:
+            writer.add_segment((d[a:b], l[a:b], e[a:b]))
+        meta, nbytes = writer.finish()
     a, b = bounds[0]
     return meta, nbytes, (d[a:b].copy(), l[a:b].copy(), e[a:b].copy())
 
 
-def _write_bucket(
-    store,
-    registry,
-    name: str,
-    start: int,
-    end: int,
-    bucket_id: int,
-    seg_cols: list[Cols],
-    sleep_s: float,
-) -> tuple[codec.BucketMeta, int]:
-    """Segments, then meta, then the registry entry; returns the meta and the bytes written.
-    On failure, best-effort cleanup of what was written, and raise."""
-    prefix = bucket_prefix(name, codec.bucket_key(start, end, bucket_id))
-    written: list[str] = []
-    nbytes = 0
-    try:
-        metas = []
-        for i, (d, l, e) in enumerate(seg_cols):  # noqa: E741
-            key = f"{prefix}/seg-{i + 1:06d}"
-            data = codec.encode_segment(d, l, e)
-            _put_retrying(store, key, data, sleep_s)
-            written.append(key)
-            nbytes += len(data)
-            metas.append(codec.segment_meta(d, l, e))
-        meta = codec.BucketMeta(start, end, bucket_id, tuple(metas))
+class _SortedStream:
+    """A sorted source of a merge: in-memory columns, or a bucket's segments read one at a
+    time (minus the source's exclusions), so a merge holds a few segments, not buckets."""
+
+    def __init__(self, loaders: list[Callable[[], Cols]]) -> None:
+        self._loaders = list(loaders)
+        self._buf: Cols = (_EMPTY_I64, _EMPTY_I64, _EMPTY_I64)
+        self._pos = 0
+
+    def fill(self, n: int) -> int:
+        """Buffer at least ``n`` items when the source has them; returns how many are buffered."""
+        while len(self._buf[0]) - self._pos < n and self._loaders:
+            nxt = self._loaders.pop(0)()
+            p = self._pos
+            self._buf = concat([(self._buf[0][p:], self._buf[1][p:], self._buf[2][p:]), nxt])
+            self._pos = 0
+        return len(self._buf[0]) - self._pos
+
+    def nth_d(self, n: int) -> int:
+        return int(self._buf[0][self._pos + n - 1])
+
+    def take_upto(self, bound: int) -> Cols:
+        """Items with deliver_at <= bound, removed from the front."""
+        d, l, e = self._buf  # noqa: E741
+        k = int(d.searchsorted(bound, side="right"))
+        p = self._pos
+        self._pos = max(p, k)
+        return d[p : self._pos], l[p : self._pos], e[p : self._pos]
+
+    def put_back(self, count: int) -> None:
+        self._pos -= count
+
+
+def _merge_streams(
+    streams: list[_SortedStream], max_per_segment: int, max_step_ms: int, emit
+) -> None:
+    """k-way merge of sorted streams into segments (same cut rule as a seal). The first
+    ``max_per_segment`` positions overall all have deliver_at <= the smallest n-th
+    deliver_at among full streams, so only that much is taken and sorted per segment."""
+    n = max_per_segment
+    while True:
+        avail = [s.fill(n) for s in streams]
+        if not any(avail):
+            return
+        full = [s.nth_d(n) for s, a in zip(streams, avail) if a >= n]
+        bound = min(full) if full else 2**63 - 1
+        parts = [s.take_upto(bound) for s in streams]
+        tag = np.repeat(np.arange(len(streams)), [len(p[0]) for p in parts])
+        d, l, e = concat(parts)  # noqa: E741
+        order = sort_order(d, l, e)
+        d, l, e, tag = d[order], l[order], e[order], tag[order]  # noqa: E741
+        j = int(d.searchsorted(d[0] + max_step_ms, side="right"))
+        j = max(1, min(j, n, len(d)))
+        emit((d[:j], l[:j], e[:j]))
+        # what was taken but not emitted goes back to its stream (each stream's leftover
+        # is its largest items, so a plain count per stream restores it)
+        for idx, back in enumerate(np.bincount(tag[j:], minlength=len(streams)).tolist()):
+            if back:
+                streams[idx].put_back(back)
+
+
+_EMPTY_I64 = np.empty(0, dtype=I64)
+
+
+class _BucketWriter:
+    """Writes a bucket segment by segment, then its meta, then its registry entry (last).
+    Leaving the ``with`` block on an error deletes what was written (best effort)."""
+
+    def __init__(
+        self, store, registry, name: str, start: int, end: int, bucket_id: int, sleep_s: float
+    ) -> None:
+        self._store, self._registry, self._name = store, registry, name
+        self._start, self._end, self._id = start, end, bucket_id
+        self._sleep_s = sleep_s
+        self._prefix = bucket_prefix(name, codec.bucket_key(start, end, bucket_id))
+        self._metas: list[codec.SegmentMeta] = []
+        self._written: list[str] = []
+        self.nbytes = 0
+
+    def add_segment(self, cols: Cols) -> None:
+        key = f"{self._prefix}/seg-{len(self._metas) + 1:06d}"
+        data = codec.encode_segment(*cols)
+        _put_retrying(self._store, key, data, self._sleep_s)
+        self._written.append(key)
+        self.nbytes += len(data)
+        self._metas.append(codec.segment_meta(*cols))
+
+    def finish(self) -> tuple[codec.BucketMeta, int]:
+        meta = codec.BucketMeta(self._start, self._end, self._id, tuple(self._metas))
         data = codec.encode_meta(meta)
-        _put_retrying(store, f"{prefix}/meta", data, sleep_s)
-        written.append(f"{prefix}/meta")
-        nbytes += len(data)
+        _put_retrying(self._store, f"{self._prefix}/meta", data, self._sleep_s)
+        self._written.append(f"{self._prefix}/meta")
+        self.nbytes += len(data)
         record = codec.encode_record(
-            codec.RegistryRecord(start, end, bucket_id, len(metas), meta.count)
+            codec.RegistryRecord(self._start, self._end, self._id, len(self._metas), meta.count)
         )
-        _retrying(f"registry put {meta.key}", lambda: registry.put(name, meta.key, record), sleep_s)
-        return meta, nbytes
-    except BaseException:
-        for key in written:
+        _retrying(
+            f"registry put {meta.key}",
+            lambda: self._registry.put(self._name, meta.key, record),
+            self._sleep_s,
+        )
+        self._written = []
+        return meta, self.nbytes
+
+    def __enter__(self) -> _BucketWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            return
+        for key in self._written:
             try:
-                store.delete(key)
+                self._store.delete(key)
             except Exception:  # noqa: BLE001 - swept on recovery; the original error matters
                 log.warning("cleanup of %s failed; it will be swept on recovery", key)
-        raise
 
 
 def _is_in_memory(store) -> bool:

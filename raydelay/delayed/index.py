@@ -230,6 +230,7 @@ class RunQueue:
         self._heap: list[tuple[int, int, Run]] = []
         self._live: dict[int, Run] = {}
         self._seq = 0
+        self._dead = 0  # heap entries of removed runs not popped yet
         self._loose: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._loose_min: int | None = None
         self.emptied: list[Run] = []
@@ -259,7 +260,15 @@ class RunQueue:
 
     def remove_runs(self, doomed: list[Run]) -> None:
         for r in doomed:
-            self._live.pop(id(r), None)  # its heap entry is skipped lazily
+            if self._live.pop(id(r), None) is not None:
+                self._dead += 1  # its heap entry is skipped lazily...
+        if self._dead > 32 and self._dead > len(self._live):
+            # ...but a removed run whose head is far off would stay referenced (with its
+            # arrays) until it surfaced: rebuild the heap from the live runs instead
+            self._heap = [(r.first_d(), i, r) for i, r in enumerate(self._live.values()) if len(r)]
+            heapq.heapify(self._heap)
+            self._seq = len(self._heap)
+            self._dead = 0
 
     def min_d(self) -> int | None:
         self._clean_top()
