@@ -239,9 +239,6 @@ class RunQueue:
     def runs(self) -> list[Run]:
         return [r for r in self._live.values() if len(r)]
 
-    def __len__(self) -> int:
-        return sum(len(r) for r in self._live.values()) + sum(len(c[0]) for c in self._loose)
-
     def add_loose(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741
         if len(d) == 0:
             return

@@ -99,6 +99,11 @@ def pure_modules() -> list[Path]:
     return [p for sub in PURE if (PKG / sub).exists() for p in sorted((PKG / sub).rglob("*.py"))]
 
 
+def test_the_walk_covers_the_delayed_index():
+    names = {module_name(p) for p in pure_modules()}
+    assert {"raydelay.delayed.bucket", "raydelay.delayed.memory", "raydelay.delayed.codec"} <= names
+
+
 def test_no_pure_module_reaches_ray_or_boto3_through_the_import_graph():
     problems = {str(p.relative_to(PKG)): forbidden_paths(p) for p in pure_modules()}
     problems = {k: v for k, v in problems.items() if v}
