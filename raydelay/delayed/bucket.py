@@ -89,6 +89,20 @@ class _Bucket:
     load_retry_at: float = 0.0
     exclude: dict[int, BitMap] | None = None
 
+    @staticmethod
+    def from_meta(meta: codec.BucketMeta, next_seg: int, **kw) -> _Bucket:
+        """A persisted bucket as its meta object describes it."""
+        return _Bucket(
+            start=meta.start_ledger,
+            end=meta.end_ledger,
+            bucket_id=meta.bucket_id,
+            seg_min=[s.min_deliver_at_ms for s in meta.segments],
+            seg_count=[s.count for s in meta.segments],
+            next_seg=next_seg,
+            state="persisted",
+            **kw,
+        )
+
     @property
     def key(self) -> str:
         return codec.bucket_key(self.start, self.end, self.bucket_id)
@@ -561,8 +575,8 @@ class BucketDelayedDeliveryTracker(TickMixin):
                 self._downgrade(bucket, error)
                 return
             meta, nbytes, first = written  # type: ignore[misc]
-            bucket.seg_min = [x.min_deliver_at_ms for x in meta.segments]
-            bucket.seg_count = [x.count for x in meta.segments]
+            described = _Bucket.from_meta(meta, 0)
+            bucket.seg_min, bucket.seg_count = described.seg_min, described.seg_count
             bucket.state = "persisted"
             bucket.holder = None
             if bucket.taken:  # copies handed out while sealing must not come back from the store
@@ -876,17 +890,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
             _add_exclusions(exclude, soon.l, soon.e)
             keep_runs.append(soon)
             new_runs.append(soon)
-        merged = _Bucket(
-            start=meta.start_ledger,
-            end=meta.end_ledger,
-            bucket_id=meta.bucket_id,
-            seg_min=[s.min_deliver_at_ms for s in meta.segments],
-            seg_count=[s.count for s in meta.segments],
-            next_seg=0,
-            state="persisted",
-            runs=keep_runs,
-            exclude=exclude or None,
-        )
+        merged = _Bucket.from_meta(meta, 0, runs=keep_runs, exclude=exclude or None)
         for r in keep_runs:
             r.owner = merged
         for r in new_runs:
@@ -1025,15 +1029,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
             for s in m.segments[first:]:
                 for ledger, bm in s.bitmaps.items():
                     self._members.restore(ledger, bm)
-            bucket = _Bucket(
-                start=m.start_ledger,
-                end=m.end_ledger,
-                bucket_id=m.bucket_id,
-                seg_min=[s.min_deliver_at_ms for s in m.segments],
-                seg_count=[s.count for s in m.segments],
-                next_seg=first,
-                state="persisted",
-            )
+            bucket = _Bucket.from_meta(m, first)
             self._buckets.append(bucket)
             to_load.append(bucket)
         self._buckets.sort(key=lambda b: b.start)
