@@ -39,16 +39,14 @@ from raydelay.delayed.columns import (
     Run,
     bitmap_of,
     bitmap_values,
-    check_deliver_at,
     check_position,
     check_positions,
     concat,
     ledger_groups,
     sort_order,
-    superseded,
 )
 from raydelay.delayed.common import (
-    TickMixin,
+    TrackerBase,
     check_clock,
     check_max_messages,
     check_positive_int,
@@ -239,7 +237,7 @@ def cut_segments(d: np.ndarray, max_indexes: int, max_step_ms: int) -> list[tupl
     return bounds
 
 
-class BucketDelayedDeliveryTracker(TickMixin):
+class BucketDelayedDeliveryTracker(TrackerBase):
     def __init__(
         self,
         *,
@@ -333,11 +331,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
 
     # == public API =====================================================================
 
-    def add_message(self, ledger_id: int, entry_id: int, deliver_at_ms: int) -> bool:
-        ledger_id, entry_id = check_position(ledger_id, entry_id)
-        d = check_deliver_at(deliver_at_ms)
-        return bool(self.add_messages([ledger_id], [entry_id], [d])[0])
-
     def add_messages(self, ledger_ids, entry_ids, deliver_ats) -> np.ndarray:
         self._check_open()
         ls, es, ds = check_positions(ledger_ids, entry_ids, deliver_ats)
@@ -345,14 +338,9 @@ class BucketDelayedDeliveryTracker(TickMixin):
         if len(ls) == 0:
             return result
         self._jobs.drain()
-        due = (ds < 0) | (ds <= self._cutoff())
-        if due.any():
-            result[due] = False
-            removed = self._members.remove_many(ls[due], es[due])  # expiry before dedup
-            if removed.any():
-                self._note_tombs(ls[due][removed], es[due][removed])
-            keep = ~due & ~superseded(ls, es, due)
-            ls, es, ds = ls[keep], es[keep], ds[keep]
+        (ls, es, ds), untracked = self._split_due(ls, es, ds, result)
+        if len(untracked[0]):
+            self._note_tombs(untracked[0], untracked[1])
         md_ledger = self._mark_delete_ledger()
         if md_ledger is not None and len(ls) and int(ls.min()) < md_ledger:
             keep = ls >= md_ledger  # below mark-delete: acknowledged already, dropped
@@ -400,9 +388,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
         self._maintain(cutoff)
         return self._queue.has_live_due(cutoff, self._members)
 
-    def number_of_delayed_messages(self) -> int:
-        return self._members.count
-
     def buffer_memory_usage(self) -> int:
         writing = sum(b.holder.nbytes() for b in self._buckets if b.holder is not None)
         return self._queue.nbytes() + self._mutable.nbytes() + self._members.nbytes() + writing
@@ -418,10 +403,6 @@ class BucketDelayedDeliveryTracker(TickMixin):
         candidates += [b.seg_min[b.next_seg] for b in self._buckets if b.next_seg < b.segments]
         known = [c for c in candidates if c is not None]
         return min(known) if known else None
-
-    def contains_message(self, ledger_id: int, entry_id: int) -> bool:
-        ledger_id, entry_id = check_position(ledger_id, entry_id)
-        return self._members.contains(ledger_id, entry_id)
 
     def remove_message(self, ledger_id: int, entry_id: int) -> bool:
         """Cancel a tracked position wherever it lives; True if it was tracked."""
@@ -990,6 +971,7 @@ class BucketDelayedDeliveryTracker(TickMixin):
     def _recover(self) -> None:
         records = self._registry.list(self._name)
         if not records:
+            self._apply_recovered_tombs()  # keeps their numbering, so they get compacted
             self._sweep_orphans(set())
             return
         recs = [
@@ -1058,13 +1040,11 @@ class BucketDelayedDeliveryTracker(TickMixin):
 
     def _sweep_orphans(self, live_keys: set[str]) -> None:
         """Delete bucket objects that no registry entry names (a crash mid-write or mid-delete)."""
-        store, name = self._store, self._name
+        store, prefix = self._store, f"{self._name}/buckets/"
 
         def job() -> int:
             doomed = [
-                k
-                for k in store.list(f"{name}/buckets/")
-                if k[len(name) + 9 :].split("/", 1)[0] not in live_keys
+                k for k in store.list(prefix) if k[len(prefix) :].split("/", 1)[0] not in live_keys
             ]
             for k in doomed:
                 store.delete(k)

@@ -1,9 +1,15 @@
-"""What both trackers share: argument checks, the cutoff, and the pop loop's output shape."""
+"""What both trackers share: argument checks, the cutoff, and the rules of adding."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from raydelay.clock import Clock
+from raydelay.delayed.columns import check_deliver_at, check_position, superseded
+from raydelay.delayed.index import Membership
 from raydelay.errors import InvalidArgument
+
+Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def check_clock(clock: object) -> Clock:
@@ -24,12 +30,13 @@ def check_max_messages(value: object) -> int:
     return check_positive_int("max_messages", value, allow_zero=True)
 
 
-class TickMixin:
-    """cutoff = now + tick (default) or now (strict)."""
+class TrackerBase:
+    """cutoff = now + tick (default) or now (strict); the add rules both trackers follow."""
 
     _clock: Clock
     _tick_time_ms: int
     _strict: bool
+    _members: Membership
 
     def _cutoff(self) -> int:
         now = self._clock.now_ms()
@@ -42,3 +49,32 @@ class TickMixin:
     @property
     def tick_time_ms(self) -> int:
         return self._tick_time_ms
+
+    def add_message(self, ledger_id: int, entry_id: int, deliver_at_ms: int) -> bool:
+        """Track a position until ``deliver_at_ms`` (epoch ms). False means: deliver it now."""
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        d = check_deliver_at(deliver_at_ms)
+        return bool(self.add_messages([ledger_id], [entry_id], [d])[0])  # type: ignore[attr-defined]
+
+    def contains_message(self, ledger_id: int, entry_id: int) -> bool:
+        ledger_id, entry_id = check_position(ledger_id, entry_id)
+        return self._members.contains(ledger_id, entry_id)
+
+    def number_of_delayed_messages(self) -> int:
+        return self._members.count
+
+    def _split_due(
+        self, ls: np.ndarray, es: np.ndarray, ds: np.ndarray, result: np.ndarray
+    ) -> tuple[Cols, Cols]:
+        """Apply the due rule to a batch: due positions (deliver_at < 0 or <= cutoff) are
+        marked False in ``result`` and untracked (expiry before dedup); a not-due add that a
+        later due add of the same position cancels is dropped, as one-by-one adds would.
+        Returns the columns still to add and the (ledger, entry) columns untracked here."""
+        due = (ds < 0) | (ds <= self._cutoff())
+        if not due.any():
+            return (ls, es, ds), (ls[:0], es[:0], ds[:0])
+        result[due] = False
+        removed = self._members.remove_many(ls[due], es[due])
+        untracked = (ls[due][removed], es[due][removed], ds[due][removed])
+        keep = ~due & ~superseded(ls, es, due)
+        return (ls[keep], es[keep], ds[keep]), untracked

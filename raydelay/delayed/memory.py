@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from raydelay.clock import Clock
-from raydelay.delayed.columns import check_deliver_at, check_position, check_positions, superseded
+from raydelay.delayed.columns import check_position, check_positions
 from raydelay.delayed.common import (
-    TickMixin,
+    TrackerBase,
     check_clock,
     check_max_messages,
     check_positive_int,
@@ -23,7 +23,7 @@ from raydelay.delayed.common import (
 from raydelay.delayed.index import Membership, RunQueue, sorted_positions
 
 
-class InMemoryDelayedDeliveryTracker(TickMixin):
+class InMemoryDelayedDeliveryTracker(TrackerBase):
     def __init__(
         self,
         *,
@@ -45,23 +45,14 @@ class InMemoryDelayedDeliveryTracker(TickMixin):
 
     # -- adding ----------------------------------------------------------------------
 
-    def add_message(self, ledger_id: int, entry_id: int, deliver_at_ms: int) -> bool:
-        ledger_id, entry_id = check_position(ledger_id, entry_id)
-        d = check_deliver_at(deliver_at_ms)
-        return bool(self.add_messages([ledger_id], [entry_id], [d])[0])
-
     def add_messages(self, ledger_ids, entry_ids, deliver_ats) -> np.ndarray:
         ls, es, ds = check_positions(ledger_ids, entry_ids, deliver_ats)
         result = np.ones(len(ls), dtype=bool)
         if len(ls) == 0:
             return result
-        due = (ds < 0) | (ds <= self._cutoff())
-        if due.any():
-            result[due] = False
-            self._fixed_delay = False
-            self._members.remove_many(ls[due], es[due])  # expiry before dedup
-            keep = ~due & ~superseded(ls, es, due)
-            ls, es, ds = ls[keep], es[keep], ds[keep]
+        (ls, es, ds), _ = self._split_due(ls, es, ds, result)
+        if not result.all():
+            self._fixed_delay = False  # an immediate message ends the fixed-delay state
         if len(ls):
             self._track_fixed_delay(ds)
             new = self._members.add(ds, ls, es)
@@ -104,9 +95,6 @@ class InMemoryDelayedDeliveryTracker(TickMixin):
 
     # -- queries ---------------------------------------------------------------------
 
-    def number_of_delayed_messages(self) -> int:
-        return self._members.count
-
     def buffer_memory_usage(self) -> int:
         return self._queue.nbytes() + self._members.nbytes()
 
@@ -122,10 +110,6 @@ class InMemoryDelayedDeliveryTracker(TickMixin):
         if self._members.count == 0:
             return None
         return self._queue.min_d()
-
-    def contains_message(self, ledger_id: int, entry_id: int) -> bool:
-        ledger_id, entry_id = check_position(ledger_id, entry_id)
-        return self._members.contains(ledger_id, entry_id)
 
     def remove_message(self, ledger_id: int, entry_id: int) -> bool:
         ledger_id, entry_id = check_position(ledger_id, entry_id)
