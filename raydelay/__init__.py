@@ -1,11 +1,28 @@
-"""raydelay: a durable dispatcher for delayed and scheduled messages, on Ray."""
+"""raydelay: a durable dispatcher for delayed and scheduled messages, on Ray.
+
+The client API (``connect``, ``Cluster``, ``Producer``, ``Consumer``, ``Message``,
+``MessageId``) is loaded on first use, so that importing the pure core never
+imports Ray.
+"""
+
+from typing import Any
 
 from raydelay.clock import Clock, ManualClock, SystemClock
-from raydelay.errors import CodecError, InvalidArgument, NotFound, RaydelayError, StorageError
+from raydelay.errors import (
+    CodecError,
+    InvalidArgument,
+    NotFound,
+    RaydelayError,
+    StorageError,
+    Unavailable,
+)
 
 __version__ = "0.1.0"
 
+_CLIENT = ("connect", "Cluster", "Producer", "Consumer", "Message", "MessageId")
+
 __all__ = [
+    *_CLIENT,
     "Clock",
     "ManualClock",
     "SystemClock",
@@ -14,5 +31,14 @@ __all__ = [
     "NotFound",
     "StorageError",
     "CodecError",
+    "Unavailable",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT:
+        from raydelay import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'raydelay' has no attribute {name!r}")

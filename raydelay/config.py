@@ -114,9 +114,13 @@ class TopicConfig:
     group_commit_ms: int = 5
     group_commit_max_bytes: int = 4 * MIB  # a group commit is written early once this much gathers
     max_message_bytes: int = 5 * MIB
+    tail_cache_bytes: int = 64 * MIB  # recent ledger objects kept in memory for readers
+    retention_interval_ms: int = 5_000  # how often a partition deletes fully acknowledged ledgers
 
     def __post_init__(self) -> None:
         _positive("topic.max_entries_per_ledger", self.max_entries_per_ledger)
+        _non_negative("topic.tail_cache_bytes", self.tail_cache_bytes)
+        _positive("topic.retention_interval_ms", self.retention_interval_ms)
         _non_negative("topic.group_commit_ms", self.group_commit_ms)
         _positive("topic.group_commit_max_bytes", self.group_commit_max_bytes)
         _positive("topic.max_message_bytes", self.max_message_bytes)
@@ -128,8 +132,12 @@ class SubscriptionConfig:
 
     ack_timeout_s: float | None = None  # None: no ack timeout
     max_redeliveries: int | None = None  # None: never dead-letter
+    read_ahead_entries: int = 10_000  # log entries held in memory waiting for a consumer
+    cursor_persist_interval_ms: int = 1_000  # cursor writes are throttled to one per interval
 
     def __post_init__(self) -> None:
+        _positive("subscription.read_ahead_entries", self.read_ahead_entries)
+        _positive("subscription.cursor_persist_interval_ms", self.cursor_persist_interval_ms)
         if self.ack_timeout_s is not None:
             _positive("subscription.ack_timeout_s", self.ack_timeout_s)
         if self.max_redeliveries is not None:

@@ -41,3 +41,9 @@ def _rebuild_storage_error(message: str, retriable: bool) -> StorageError:
 
 class CodecError(RaydelayError):
     """A stored object could not be decoded (corrupt, truncated, or an unknown version)."""
+
+
+class Unavailable(RaydelayError):
+    """A raydelay actor could not be reached (it died, or is restarting). Retriable."""
+
+    retriable = True

@@ -63,3 +63,66 @@ def s3_store_factory(moto_server: str):
         return S3ObjectStore(client, bucket, prefix)
 
     return make
+
+
+# --- one local Ray per test session (integration and e2e tiers) -----------------------------
+
+# Small ledgers and fast timers, so rollover, retention and cursor writes happen in tests.
+RAY_TEST_CONFIG = {
+    "topic": {"max_entries_per_ledger": 2_000, "retention_interval_ms": 300},
+    "subscription": {"cursor_persist_interval_ms": 200},
+    "delayed": {"min_index_count_per_bucket": 2_000, "max_indexes_per_segment": 1_000},
+}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A local Ray (started once) and a raydelay cluster over a local-dir store."""
+    import ray
+
+    import raydelay
+
+    root = tmp_path_factory.mktemp("raydelay-store")
+    ray.init(
+        num_cpus=2,
+        namespace="raydelay",
+        include_dashboard=False,
+        logging_level="WARNING",
+        configure_logging=False,
+    )
+    config = {"storage": {"kind": "local", "local": {"root": str(root)}}, **RAY_TEST_CONFIG}
+    cluster = raydelay.connect(config=config)
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    """The session's cluster; the actors of topics a test made are stopped after it."""
+    import ray
+
+    from raydelay.cluster.names import NAMESPACE
+
+    before = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    producers, consumers = len(ray_cluster._producers), len(ray_cluster._consumers)
+    yield ray_cluster
+    for consumer in ray_cluster._consumers[consumers:]:
+        consumer.close()
+    for producer in ray_cluster._producers[producers:]:
+        producer.close()
+    del ray_cluster._consumers[consumers:], ray_cluster._producers[producers:]
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if (
+            actor["namespace"] == NAMESPACE
+            and actor["name"] not in before
+            and (actor["name"].startswith(("topic/", "sub/")))
+        ):
+            ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
+
+
+@pytest.fixture
+def topic_name():
+    return f"t-{uuid.uuid4().hex[:10]}"

@@ -9,7 +9,7 @@ class RayForbidden(RuntimeError):
     pass
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _forbid_ray_init():
     try:
         import ray

@@ -1,0 +1,75 @@
+"""CoordinatorActor: a thin shell over :class:`~raydelay.cluster.metadata.Metadata`.
+
+One per cluster (named ``coordinator``, detached, restarted forever). Calls are
+served one at a time; every change is journaled in the store before it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from raydelay.cluster.metadata import Metadata
+from raydelay.config import config_from_dict, config_to_dict
+from raydelay.storage import make_store
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorActor:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._config = config_from_dict(config)
+        self._meta = Metadata(make_store(self._config))
+
+    def config(self) -> dict[str, Any]:
+        return config_to_dict(self._config)
+
+    def ping(self) -> int:
+        return self._meta.seq
+
+    def pid(self) -> int:
+        """The process id (tests use it to see a restart)."""
+        return os.getpid()
+
+    def create_topic(self, topic: str, partitions: int) -> int:
+        return self._meta.create_topic(topic, partitions)
+
+    def partitions(self, topic: str) -> int:
+        return self._meta.partitions(topic)
+
+    def topics(self) -> dict[str, int]:
+        return self._meta.topics()
+
+    def ledgers(self, topic: str, partition: int) -> list[list]:
+        return self._meta.ledgers(topic, partition)
+
+    def roll_ledger(self, topic: str, partition: int, closed: int | None, count: int) -> int:
+        return self._meta.roll_ledger(topic, partition, closed, count)
+
+    def retention(self, topic: str, partition: int) -> list[int]:
+        return self._meta.retention(topic, partition)
+
+    def drop_ledgers(self, topic: str, partition: int, ledger_ids: list[int]) -> None:
+        self._meta.drop_ledgers(topic, partition, ledger_ids)
+
+    def create_subscription(self, topic: str, subscription: str, options: dict) -> dict:
+        return self._meta.create_subscription(topic, subscription, options)
+
+    def subscriptions(self, topic: str) -> dict[str, dict]:
+        return self._meta.subscriptions(topic)
+
+    def subscription(self, topic: str, subscription: str) -> dict:
+        return self._meta.subscription(topic, subscription)
+
+    def set_mark_delete(self, topic: str, partition: int, subscription: str, position) -> None:
+        self._meta.set_mark_delete(topic, partition, subscription, position)
+
+    def mark_delete(self, topic: str, partition: int, subscription: str) -> list[int]:
+        return self._meta.mark_delete(topic, partition, subscription)
+
+    def registry_list(self, name: str) -> dict[str, bytes]:
+        return self._meta.registry_list(name)
+
+    def registry_apply(self, ops: list) -> None:
+        self._meta.registry_apply(ops)

@@ -1,0 +1,412 @@
+"""SubscriptionActor: the asyncio shell around one :class:`Subscription` (one partition).
+
+Three loops run beside the calls:
+
+- the **pump** reads the log ahead (bounded by ``subscription.read_ahead_entries``)
+  and long-polls the topic actor when caught up;
+- the **timer** sleeps until the tracker's next deliver_at or the next ack deadline,
+  then wakes waiting ``receive`` calls (it never spins: with nothing scheduled it
+  waits for a change);
+- the **persister** writes the cursor at most once per
+  ``subscription.cursor_persist_interval_ms`` and reports mark-delete to the
+  coordinator.
+
+The actor never blocks its event loop: store writes run on a thread, and the
+bucket tracker does its own I/O on its threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import ray
+
+from raydelay.actors.registry import CoordinatorRegistry
+from raydelay.clock import SystemClock
+from raydelay.cluster import rpc
+from raydelay.cluster.names import COORDINATOR, NAMESPACE, topic_actor_name
+from raydelay.cluster.rpc import in_thread
+from raydelay.config import Config, config_from_dict
+from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryDelayedDeliveryTracker
+from raydelay.dispatch.cursor import Cursor, Position
+from raydelay.dispatch.subscription import Delivery, Subscription, key_of, position_of
+from raydelay.dispatch.wire import deliveries_to_wire
+from raydelay.errors import CodecError, NotFound
+from raydelay.log.entries import (
+    NO_DELAY,
+    AppendBatch,
+    Entries,
+    LedgerObject,
+    decode_object,
+    encode_batch,
+)
+from raydelay.storage import make_store
+from raydelay.storage.keys import cursor_key, subscription_prefix
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.25  # the timer's longest sleep when nothing is scheduled
+_LONG_POLL_S = 5.0
+_READ_CHUNK = 5_000
+_DECODED_CACHE = 64  # decoded ledger objects kept for payload fetches
+
+
+class SubscriptionActor:
+    def __init__(self, topic: str, partition: int, subscription: str, config: dict) -> None:
+        # Recovery makes blocking calls; off the event loop's thread they block nothing else.
+        in_thread(self._init, topic, partition, subscription, config)
+
+    def _init(self, topic: str, partition: int, subscription: str, config: dict) -> None:
+        self._topic, self._partition, self._name = topic, partition, subscription
+        self._config: Config = config_from_dict(config)
+        self._clock = SystemClock()
+        self._coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+        self._topic_actor = ray.get_actor(topic_actor_name(topic, partition), namespace=NAMESPACE)
+        self._options = rpc.get_blocking(
+            self._coordinator.subscription.remote(topic, subscription), what="coordinator"
+        )
+        self._store = make_store(self._config)
+        self._prefix = subscription_prefix(topic, partition, subscription)
+        cursor, dispatched_before, self._cursor_version = self._load_cursor()
+        self._sub = Subscription(
+            name=f"{topic}/{partition}/{subscription}",
+            subscription_type=self._options["type"],
+            tracker=self._make_tracker(),
+            clock=self._clock,
+            cursor=cursor,
+            dispatched_before=dispatched_before,
+            ack_timeout_ms=_ms(self._options.get("ack_timeout_s")),
+            max_redeliveries=self._options.get("max_redeliveries"),
+            read_ahead_entries=self._config.subscription.read_ahead_entries,
+        )
+        self._decoded: OrderedDict[tuple[int, int], LedgerObject] = OrderedDict()
+        self._persisted: tuple[Any, ...] | None = None
+        self._reported: Position | None = None
+        self._started = False
+        self._closed = False
+
+    # --- construction ----------------------------------------------------------------------
+
+    def _make_tracker(self):
+        d = self._config.delayed
+        if self._options["type"] != "shared" or d.tracker == "memory":
+            # FIFO subscriptions ignore deliver_at; their tracker only holds nacked positions.
+            return InMemoryDelayedDeliveryTracker(
+                clock=self._clock,
+                tick_time_ms=d.tick_time_ms,
+                strict=d.strict,
+                fixed_delay_lookahead=d.fixed_delay_lookahead,
+            )
+        return BucketDelayedDeliveryTracker(
+            store=self._store,
+            registry=CoordinatorRegistry(self._coordinator),
+            name=self._prefix,
+            clock=self._clock,
+            tick_time_ms=d.tick_time_ms,
+            strict=d.strict,
+            min_index_count_per_bucket=d.min_index_count_per_bucket,
+            max_time_step_per_segment_ms=d.max_time_step_per_segment_ms,
+            max_indexes_per_segment=d.max_indexes_per_segment,
+            max_num_buckets=d.max_num_buckets,
+            mark_delete=lambda: self._sub.cursor.mark_delete,
+            background=True,
+        )
+
+    def _load_cursor(self) -> tuple[Cursor, Position, int]:
+        keys = self._store.list(f"{self._prefix}/cursor/")
+        for key in reversed(keys):
+            try:
+                cursor, read = Cursor.decode(self._store.get(key), key)
+            except (CodecError, NotFound) as exc:
+                log.error("cursor %s unusable, trying an older one: %s", key, exc)
+                continue
+            return cursor, read, int(key.rsplit("/", 1)[1])
+        md = rpc.get_blocking(
+            self._coordinator.mark_delete.remote(self._topic, self._partition, self._name),
+            what="coordinator",
+        )
+        return Cursor((md[0], md[1])), (-1, -1), 0
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._changed = asyncio.Event()  # wakes the timer
+        self._space = asyncio.Event()  # wakes the pump when read-ahead has room
+        self._available = asyncio.Condition()  # wakes receive calls
+        self._persist_lock = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        for loop_fn in (self._pump, self._timer, self._persister):
+            loop.create_task(loop_fn())
+
+    async def _notify(self) -> None:
+        async with self._available:
+            self._available.notify_all()
+
+    # --- consumers --------------------------------------------------------------------------
+
+    async def add_consumer(self, consumer_id: str) -> None:
+        self._ensure_started()
+        self._sub.add_consumer(consumer_id)
+
+    async def remove_consumer(self, consumer_id: str) -> int:
+        self._ensure_started()
+        n = self._sub.remove_consumer(consumer_id)
+        self._changed.set()
+        await self._notify()
+        return n
+
+    async def receive(self, consumer_id: str, max_messages: int, timeout_s: float) -> dict:
+        """Up to ``max_messages`` for ``consumer_id``; waits up to ``timeout_s`` (seconds)."""
+        self._ensure_started()
+        if consumer_id not in self._sub.consumers():
+            self._sub.add_consumer(consumer_id)  # a restarted actor forgot its consumers
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        while True:
+            out = await self._deliver(consumer_id, int(max_messages))
+            if out or consumer_id not in self._sub.consumers():
+                return deliveries_to_wire(self._topic, self._partition, out)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return deliveries_to_wire(self._topic, self._partition, [])
+            async with self._available:
+                try:
+                    await asyncio.wait_for(self._available.wait(), timeout=remaining)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _deliver(self, consumer_id: str, max_messages: int) -> list[Delivery]:
+        if not self._sub.can_receive(consumer_id):
+            return []
+        now = self._clock.now_ms()
+        self._sub.collect_due(now, max_messages)
+        if self._sub.dead:
+            await self._flush_dead_letters()
+        fetched = await self._fetch(self._sub.keys_to_fetch(max_messages))
+        out = self._sub.deliver(consumer_id, fetched, max_messages, self._clock.now_ms())
+        if out:
+            self._space.set()
+            self._changed.set()
+        return out
+
+    async def _fetch(self, keys: list[int]) -> dict[int, tuple[LedgerObject, int]]:
+        """Payloads for positions (from decoded objects kept here, else the topic actor)."""
+        if not keys:
+            return {}
+        found: dict[int, tuple[LedgerObject, int]] = {}
+        need = []
+        for k in keys:
+            hit = self._find_decoded(k)
+            if hit is None:
+                need.append(k)
+            else:
+                found[k] = hit
+        if need:
+            blobs = await rpc.wait(
+                self._topic_actor.read_positions.remote([position_of(k) for k in need]),
+                what="topic actor",
+            )
+            for blob in blobs:
+                self._keep_decoded(decode_object(blob))
+            missing = []
+            for k in need:
+                hit = self._find_decoded(k)
+                if hit is None:
+                    missing.append(k)
+                else:
+                    found[k] = hit
+            if missing:
+                self._sub.drop_missing(missing)
+        return found
+
+    def _find_decoded(self, k: int) -> tuple[LedgerObject, int] | None:
+        ledger_id, entry_id = position_of(k)
+        for (lg, first), obj in reversed(self._decoded.items()):
+            if lg == ledger_id and first <= entry_id < first + obj.count:
+                return obj, entry_id - first
+        return None
+
+    def _keep_decoded(self, obj: LedgerObject) -> None:
+        self._decoded[(obj.ledger_id, obj.first_entry)] = obj
+        self._decoded.move_to_end((obj.ledger_id, obj.first_entry))
+        while len(self._decoded) > _DECODED_CACHE:
+            self._decoded.popitem(last=False)
+
+    async def ack(self, consumer_id: str, positions: list[tuple[int, int]]) -> int:
+        self._ensure_started()
+        return self._sub.ack(consumer_id, (key_of(lg, e) for lg, e in positions))
+
+    async def nack(self, consumer_id: str, positions: list[tuple[int, int]], delay_s: float) -> int:
+        self._ensure_started()
+        n = self._sub.nack(
+            consumer_id,
+            [key_of(lg, e) for lg, e in positions],
+            _ms(delay_s) or 0,
+            self._clock.now_ms(),
+        )
+        if self._sub.dead:
+            await self._flush_dead_letters()
+        self._changed.set()
+        await self._notify()
+        return n
+
+    async def cancel(
+        self, targets: list[tuple[int, int]], markers: list[tuple[int, int]]
+    ) -> list[bool]:
+        """Apply cancels of positions of this partition whose markers are already durable in
+        the log at ``markers``; True for each one that kept its message from delivery."""
+        self._ensure_started()
+        return [
+            self._sub.cancel(int(t[0]), int(t[1]), (int(m[0]), int(m[1])))
+            for t, m in zip(targets, markers, strict=True)
+        ]
+
+    async def stats(self) -> dict:
+        self._ensure_started()
+        return self._sub.stats()
+
+    async def flush(self) -> None:
+        """Persist the cursor now (and report mark-delete)."""
+        self._ensure_started()
+        await self._persist(force=True)
+
+    async def close(self) -> None:
+        await self.flush()
+        self._closed = True
+
+    # --- dead letters -----------------------------------------------------------------------
+
+    async def _flush_dead_letters(self) -> None:
+        keys = self._sub.dead_letters(1_000)
+        if not keys:
+            return
+        fetched = await self._fetch(keys)
+        keys = [k for k in keys if k in fetched]
+        if not keys:
+            return
+        dlq = self._options.get("dead_letter_topic") or f"{self._topic}-{self._name}-DLQ"
+        payloads, msg_keys, props = [], [], []
+        for k in keys:
+            obj, i = fetched[k]
+            payloads.append(obj.entries.payloads[i])
+            msg_keys.append(obj.entries.key(i))
+            lg, e = position_of(k)
+            props.append(
+                dict(obj.entries.props(i) or {})
+                | {
+                    "raydelay.original_message_id": f"{self._topic}/{self._partition}/{lg}:{e}",
+                    "raydelay.subscription": self._name,
+                }
+            )
+        entries = Entries(payloads, np.full(len(keys), NO_DELAY, dtype=np.int64), msg_keys, props)
+        target = ray.get_actor(topic_actor_name(dlq, 0), namespace=NAMESPACE)
+        await rpc.wait(
+            target.append.remote(encode_batch(AppendBatch("", 0, entries))), what="DLQ topic"
+        )
+        self._sub.dead_lettered(keys)
+        log.info("%s: %d messages dead-lettered to %s", self._sub.name, len(keys), dlq)
+
+    # --- loops ------------------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        while not self._closed:
+            try:
+                if not self._sub.wants_read():
+                    self._space.clear()
+                    await self._space.wait()
+                    continue
+                room = self._sub.read_ahead_entries - self._sub.ready_count()
+                reply = await rpc.wait(
+                    self._topic_actor.read.remote(self._sub.read_position, min(room, _READ_CHUNK)),
+                    what="topic actor",
+                )
+                objects = [decode_object(b) for b in reply["objects"]]
+                for obj in objects[-4:]:
+                    self._keep_decoded(obj)
+                before = self._sub.read_position
+                self._sub.on_read(objects, reply["ledgers"], reply["tail"])
+                if objects:
+                    self._changed.set()
+                    await self._notify()
+                if self._sub.read_position != before:
+                    continue
+                await rpc.wait(
+                    self._topic_actor.wait_for_entries.remote(reply["tail"], _LONG_POLL_S),
+                    what="topic actor",
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged; the log is re-read after a pause
+                log.exception("%s: reading the log failed; retrying", self._sub.name)
+                await asyncio.sleep(0.5)
+
+    async def _timer(self) -> None:
+        while not self._closed:
+            try:
+                now = self._clock.now_ms()
+                self._sub.expire(now)
+                if self._sub.dead:
+                    await self._flush_dead_letters()
+                if self._sub.has_deliverable():
+                    await self._notify()
+                nxt = self._sub.next_wakeup_ms()
+                wait_s = _IDLE_WAIT_S
+                if nxt is not None and nxt > now:
+                    wait_s = min((nxt - now) / 1000, _IDLE_WAIT_S)
+                self._changed.clear()
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=wait_s)
+                except asyncio.TimeoutError:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged and retried
+                log.exception("%s: timer step failed", self._sub.name)
+                await asyncio.sleep(0.5)
+
+    async def _persister(self) -> None:
+        interval_s = self._config.subscription.cursor_persist_interval_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(interval_s)
+            try:
+                await self._persist()
+            except Exception:  # noqa: BLE001 - logged; the next interval retries
+                log.exception("%s: persisting the cursor failed", self._sub.name)
+
+    async def _persist(self, force: bool = False) -> None:
+        async with self._persist_lock:
+            await self._persist_locked(force)
+
+    async def _persist_locked(self, force: bool) -> None:
+        cursor = self._sub.cursor
+        state = (cursor.mark_delete, cursor.individually_acked(), self._sub.read_position)
+        if state == self._persisted and not force:
+            return
+        data = cursor.encode(self._sub.read_position)
+        version = self._cursor_version + 1
+        key = cursor_key(self._topic, self._partition, self._name, version)
+        await asyncio.to_thread(self._write_cursor, key, data)
+        self._cursor_version, self._persisted = version, state
+        if cursor.mark_delete != self._reported:
+            await rpc.wait(
+                self._coordinator.set_mark_delete.remote(
+                    self._topic, self._partition, self._name, list(cursor.mark_delete)
+                ),
+                what="coordinator",
+            )
+            self._reported = cursor.mark_delete
+
+    def _write_cursor(self, key: str, data: bytes) -> None:
+        self._store.put(key, data)
+        for old in self._store.list(f"{self._prefix}/cursor/"):
+            if old != key:
+                self._store.delete(old)
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(round(float(seconds) * 1000))

@@ -1,0 +1,254 @@
+"""TopicActor: the asyncio shell around one partition's :class:`PartitionLog`.
+
+- ``append`` calls wait in a queue; the committer takes everything that gathered
+  during ``topic.group_commit_ms`` (or until ``group_commit_max_bytes``) and commits
+  it as one object, then answers every caller. All log work runs on one thread, in
+  order, so the event loop never blocks on the store.
+- ``wait_for_entries`` is a long poll woken by each commit.
+- Every ``topic.retention_interval_ms`` the actor asks the coordinator which
+  ledgers every subscription has passed, deletes their objects, then tells it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import ray
+
+from raydelay.clock import SystemClock
+from raydelay.cluster import rpc
+from raydelay.cluster.names import COORDINATOR, NAMESPACE
+from raydelay.cluster.rpc import in_thread
+from raydelay.config import config_from_dict
+from raydelay.errors import InvalidArgument, NotFound
+from raydelay.log.entries import NO_DELAY, AppendBatch, Entries, decode_batch
+from raydelay.log.partition import LedgerInfo, PartitionLog
+from raydelay.storage import make_store
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 60.0
+
+
+class TopicActor:
+    def __init__(self, topic: str, partition: int, config: dict[str, Any]) -> None:
+        # Recovery makes blocking calls; off the event loop's thread they block nothing else.
+        in_thread(self._init, topic, partition, config)
+
+    def _init(self, topic: str, partition: int, config: dict[str, Any]) -> None:
+        self._topic, self._partition = topic, partition
+        self._config = config_from_dict(config)
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-log")
+        self._coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+        ledgers = rpc.get_blocking(
+            self._coordinator.ledgers.remote(topic, partition), what="coordinator"
+        )
+        self._log = PartitionLog(
+            store=make_store(self._config),
+            topic=topic,
+            partition=partition,
+            ledgers=[LedgerInfo(int(i), c) for i, c in ledgers],
+            roll=self._roll,
+            clock=SystemClock(),
+            max_entries_per_ledger=self._config.topic.max_entries_per_ledger,
+            cache_bytes=self._config.topic.tail_cache_bytes,
+        )
+        self._queue: list[tuple[AppendBatch, asyncio.Future]] = []
+        self._queued_bytes = 0
+        self._started = False
+        self._tail_changed: asyncio.Condition | None = None
+        self._work: asyncio.Event | None = None
+        self._full: asyncio.Event | None = None
+
+    def _roll(self, closed: int | None, count: int) -> int:
+        ref = self._coordinator.roll_ledger.remote(self._topic, self._partition, closed, count)
+        return int(rpc.get_blocking(ref, what="coordinator"))
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._tail_changed = asyncio.Condition()
+        self._work = asyncio.Event()
+        self._full = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._committer())
+        loop.create_task(self._retention())
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
+
+    # --- appending ------------------------------------------------------------------------
+
+    async def append(self, batch: bytes) -> list[tuple[int, int, int]]:
+        """Append one batch (see :func:`raydelay.log.entries.encode_batch`); returns its
+        position ranges [(ledger, first_entry, count)] once they are durable."""
+        self._ensure_started()
+        decoded = decode_batch(batch)
+        limit = self._config.topic.max_message_bytes
+        too_big = [i for i, p in enumerate(decoded.entries.payloads) if len(p) > limit]
+        if too_big:
+            raise InvalidArgument(
+                f"payload: message {too_big[0]} of the batch is over topic.max_message_bytes "
+                f"({limit} bytes)"
+            )
+        return await self._enqueue(decoded, len(batch))
+
+    async def _enqueue(self, batch: AppendBatch, nbytes: int):
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((batch, fut))
+        self._queued_bytes += nbytes
+        self._work.set()
+        if self._queued_bytes >= self._config.topic.group_commit_max_bytes:
+            self._full.set()
+        result = await fut
+        return result
+
+    async def cancel(self, positions: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Append one durable cancel marker per target position; returns the markers'
+        positions. Raises NotFound for a position that is not in this partition's log."""
+        self._ensure_started()
+        targets = [(int(lg), int(en)) for lg, en in positions]
+        if not targets:
+            return []
+        missing = [t for t in targets if not self._log.contains(*t)]
+        if missing:
+            raise NotFound(
+                f"message {self._topic}/{self._partition}/{missing[0][0]}:{missing[0][1]} "
+                "is not in the log"
+            )
+        n = len(targets)
+        entries = Entries(
+            payloads=[b""] * n,
+            deliver_at_ms=np.full(n, NO_DELAY, dtype=np.int64),
+            cancels=dict(enumerate(targets)),
+        )
+        ranges = await self._enqueue(AppendBatch("", 0, entries), 16 * n)
+        return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
+
+    async def _committer(self) -> None:
+        window_s = self._config.topic.group_commit_ms / 1000
+        while True:
+            await self._work.wait()
+            if window_s > 0 and not self._full.is_set():
+                try:
+                    await asyncio.wait_for(self._full.wait(), timeout=window_s)
+                except asyncio.TimeoutError:
+                    pass
+            batch = self._take()
+            self._full.clear()
+            if not self._queue:
+                self._work.clear()
+            try:
+                results = await self._run(self._log.commit, [b for b, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - every caller gets the failure
+                log.exception("group commit failed")
+                results = [exc] * len(batch)
+            for (_, fut), result in zip(batch, results, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+            async with self._tail_changed:
+                self._tail_changed.notify_all()
+
+    def _take(self) -> list[tuple[AppendBatch, asyncio.Future]]:
+        """The queued batches up to group_commit_max_bytes (at least one)."""
+        limit = self._config.topic.group_commit_max_bytes
+        taken, size = 0, 0
+        for batch, _ in self._queue:
+            size += batch.entries.nbytes()
+            taken += 1
+            if size >= limit:
+                break
+        out, self._queue = self._queue[:taken], self._queue[taken:]
+        self._queued_bytes = sum(b.entries.nbytes() for b, _ in self._queue)
+        return out
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def read(self, from_position: tuple[int, int], max_entries: int) -> dict:
+        """Ledger objects with entries at or after ``from_position``; see ReadReply."""
+        self._ensure_started()
+        reply = await self._run(
+            self._log.read, (int(from_position[0]), int(from_position[1])), int(max_entries)
+        )
+        return {
+            "objects": reply.objects,
+            "tail": reply.tail,
+            "ledgers": [(x.ledger_id, x.count) for x in self._log.ledgers],
+        }
+
+    async def read_positions(self, positions: list[tuple[int, int]]) -> list[bytes]:
+        self._ensure_started()
+        return await self._run(self._log.read_positions, [(int(a), int(b)) for a, b in positions])
+
+    async def wait_for_entries(self, after_position, timeout_s: float):
+        """Return the tail position once it is past ``after_position`` (or None was given
+        and any entry exists), or at ``timeout_s`` (seconds) with the tail as it is."""
+        self._ensure_started()
+        timeout_s = min(max(float(timeout_s), 0.0), MAX_WAIT_S)
+        after = None if after_position is None else (int(after_position[0]), int(after_position[1]))
+
+        def moved() -> bool:
+            tail = self._log.tail()
+            return tail is not None and (after is None or tail > after)
+
+        async with self._tail_changed:
+            try:
+                await asyncio.wait_for(self._tail_changed.wait_for(moved), timeout=timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        return self._log.tail()
+
+    async def last_sequence(self, producer: str) -> int:
+        self._ensure_started()
+        return await self._run(self._log.last_sequence, producer)
+
+    async def tail(self):
+        return self._log.tail()
+
+    async def stats(self) -> dict:
+        return {
+            "ledgers": [(x.ledger_id, x.count) for x in self._log.ledgers],
+            "tail": self._log.tail(),
+            "cached_bytes": self._log.cached_bytes,
+            "queued": len(self._queue),
+            **self._log.stats_counters,
+        }
+
+    # --- retention --------------------------------------------------------------------------
+
+    async def _retention(self) -> None:
+        interval_s = self._config.topic.retention_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.trim()
+            except Exception:  # noqa: BLE001 - logged and retried next interval
+                log.exception("retention of %s/%d failed", self._topic, self._partition)
+
+    async def trim(self) -> list[int]:
+        """Delete ledgers every subscription has acknowledged; returns their ids."""
+        self._ensure_started()
+        ids = await rpc.wait(
+            self._coordinator.retention.remote(self._topic, self._partition), what="coordinator"
+        )
+        ids = [i for i in ids if i != self._log.current_ledger]
+        if not ids:
+            return []
+        deleted = await self._run(self._log.delete_ledgers, ids)
+        await rpc.wait(
+            self._coordinator.drop_ledgers.remote(self._topic, self._partition, ids),
+            what="coordinator",
+        )
+        log.info(
+            "%s/%d: deleted ledgers %s (%d objects)", self._topic, self._partition, ids, deleted
+        )
+        return ids

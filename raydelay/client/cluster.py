@@ -1,0 +1,287 @@
+"""``raydelay.connect()`` and the :class:`Cluster` handle (DESIGN.md §5.4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raydelay.client.consumer import Consumer
+from raydelay.client.message import check_number
+from raydelay.client.producer import Producer
+from raydelay.cluster import placement, rpc
+from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
+from raydelay.config import Config, config_from_dict, config_to_dict, load_config
+from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
+from raydelay.errors import InvalidArgument, NotFound
+from raydelay.storage.keys import validate_name
+
+log = logging.getLogger(__name__)
+
+_SUMMED = (
+    "delayed",
+    "backlog",
+    "pending_ack",
+    "buckets",
+    "redelivery",
+    "dead_letter_pending",
+    "read_ahead",
+    "delivered",
+    "acked",
+    "redelivered",
+    "cancelled",
+)
+
+
+def connect(
+    config: str | os.PathLike | Config | dict | None = None, address: str | None = None
+) -> Cluster:
+    """Connect to (or start) a raydelay cluster.
+
+    - ``config``: a TOML path, a Config, a dict shaped like the TOML, or None for the
+      embedded default (``configs/default.toml``: a local-dir store under
+      ``./.raydelay/data``). ``RAYDELAY_*`` environment overrides apply to paths and None.
+    - ``address``: None starts a local Ray when none is running; ``"auto"`` (or an
+      address) attaches to a running Ray cluster.
+
+    The coordinator is created on first use and attached to afterwards; if it already
+    runs with another storage config, its config wins (a warning says so)."""
+    cfg = _load(config)
+    started = False
+    if not ray.is_initialized():
+        if address is None:
+            ray.init(
+                namespace=NAMESPACE,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                configure_logging=False,
+            )
+            started = True
+        else:
+            ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+    coordinator = placement.existing_coordinator() or placement.coordinator(config_to_dict(cfg))
+    running = config_from_dict(rpc.get(coordinator.config.remote(), what="coordinator"))
+    if running.storage != cfg.storage:
+        log.warning(
+            "the coordinator runs with storage %s; using it instead of %s",
+            running.storage,
+            cfg.storage,
+        )
+    return Cluster(coordinator, running, started_ray=started)
+
+
+def _load(config: Any) -> Config:
+    if config is None or isinstance(config, (str, os.PathLike)):
+        cfg = load_config(config)
+    elif isinstance(config, Config):
+        cfg = config
+    elif isinstance(config, dict):
+        cfg = config_from_dict(config)
+    else:
+        raise InvalidArgument(
+            f"config: expected a path, a Config or a dict, got {type(config).__name__}"
+        )
+    if cfg.storage.kind == "local":  # actors run elsewhere: pin the root
+        root = str(Path(cfg.storage.local.root).expanduser().resolve())
+        cfg = dataclasses.replace(
+            cfg,
+            storage=dataclasses.replace(
+                cfg.storage, local=dataclasses.replace(cfg.storage.local, root=root)
+            ),
+        )
+    return cfg
+
+
+class Cluster:
+    """A client of one raydelay cluster. Create producers and consumers from it."""
+
+    def __init__(self, coordinator: Any, config: Config, *, started_ray: bool) -> None:
+        self._coordinator = coordinator
+        self.config = config
+        self._config_dict = config_to_dict(config)
+        self._started_ray = started_ray
+        self._producers: list[Producer] = []
+        self._consumers: list[Consumer] = []
+        self._closed = False
+
+    # --- topics -----------------------------------------------------------------------------
+
+    def create_topic(self, topic: str, partitions: int = 1) -> None:
+        """Create a topic with ``partitions`` partitions (idempotent for the same count)."""
+        self._check_open()
+        validate_name("topic", topic)
+        rpc.get(self._coordinator.create_topic.remote(topic, partitions), what="coordinator")
+        handles = [self._topic_handle(topic, p) for p in range(partitions)]
+        rpc.get([h.tail.remote() for h in handles], what=f"topic {topic}")
+
+    def _partitions(self, topic: str) -> int:
+        validate_name("topic", topic)
+        return int(rpc.get(self._coordinator.partitions.remote(topic), what="coordinator"))
+
+    def _topic_handle(self, topic: str, partition: int) -> Any:
+        try:
+            return placement.lookup(topic_actor_name(topic, partition))
+        except ValueError:
+            return placement.topic_actor(topic, partition, self._config_dict)
+
+    def _subscription_handle(self, topic: str, partition: int, subscription: str) -> Any:
+        try:
+            return placement.lookup(subscription_actor_name(topic, partition, subscription))
+        except ValueError:
+            self._topic_handle(topic, partition)
+            return placement.subscription_actor(topic, partition, subscription, self._config_dict)
+
+    def create_producer(self, topic: str, name: str | None = None) -> Producer:
+        """A producer for an existing topic (NotFound otherwise)."""
+        self._check_open()
+        n = self._partitions(topic)
+        producer = Producer(self, topic, n, [self._topic_handle(topic, p) for p in range(n)], name)
+        self._producers.append(producer)
+        return producer
+
+    # --- subscriptions -----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topic: str,
+        subscription: str,
+        subscription_type: str = "shared",
+        ack_timeout_s: float | None = None,
+        max_redeliveries: int | None = None,
+        dead_letter_topic: str | None = None,
+    ) -> Consumer:
+        """Create (or join) a subscription and return a consumer of it.
+
+        - ``ack_timeout_s``: unacked messages are redelivered after this many seconds
+          (None: ``subscription.ack_timeout_s`` from the config, unset by default).
+        - ``max_redeliveries``: after this many redeliveries a message goes to
+          ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``) and is acked.
+        - A new subscription starts at the oldest retained entry of each partition."""
+        self._check_open()
+        validate_name("subscription", subscription)
+        if subscription_type not in SUBSCRIPTION_TYPES:
+            raise InvalidArgument(
+                f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
+                f"got {subscription_type!r}"
+            )
+        if ack_timeout_s is None:
+            ack_timeout_s = self.config.subscription.ack_timeout_s
+        if ack_timeout_s is not None:
+            ack_timeout_s = check_number("ack_timeout_s", ack_timeout_s, minimum=0.001)
+        if max_redeliveries is None:
+            max_redeliveries = self.config.subscription.max_redeliveries
+        if max_redeliveries is not None and (
+            isinstance(max_redeliveries, bool)
+            or not isinstance(max_redeliveries, int)
+            or max_redeliveries < 0
+        ):
+            raise InvalidArgument(
+                f"max_redeliveries: expected an int >= 0, got {max_redeliveries!r}"
+            )
+        if dead_letter_topic is not None:
+            validate_name("dead_letter_topic", dead_letter_topic)
+        n = self._partitions(topic)
+        if max_redeliveries is not None:
+            self.create_topic(dead_letter_topic or f"{topic}-{subscription}-DLQ", 1)
+        options = {
+            "type": subscription_type,
+            "ack_timeout_s": ack_timeout_s,
+            "max_redeliveries": max_redeliveries,
+            "dead_letter_topic": dead_letter_topic,
+        }
+        rpc.get(
+            self._coordinator.create_subscription.remote(topic, subscription, options),
+            what="coordinator",
+        )
+        handles = [self._subscription_handle(topic, p, subscription) for p in range(n)]
+        consumer = Consumer(self, topic, subscription, n, handles)
+        self._consumers.append(consumer)
+        return consumer
+
+    # --- cancel and stats ---------------------------------------------------------------------
+
+    def _cancel(self, topic: str, partition: int, position: tuple[int, int]) -> bool:
+        """Append a durable cancel marker, then apply it at every subscription at once."""
+        handle = self._topic_handle(topic, partition)
+        markers = rpc.get(handle.cancel.remote([position]), what=f"topic {topic}/{partition}")
+        subs = rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator")
+        refs = [
+            self._subscription_handle(topic, partition, s).cancel.remote([position], markers)
+            for s in subs
+        ]
+        results = rpc.get(refs, what="subscription") if refs else []
+        return all(r[0] for r in results)
+
+    def stats(self, topic: str, subscription: str | None = None) -> dict:
+        """A subscription's numbers summed over partitions (``partitions`` has each one), or,
+        without ``subscription``, the topic's partitions and subscriptions."""
+        self._check_open()
+        n = self._partitions(topic)
+        if subscription is None:
+            parts = rpc.get(
+                [self._topic_handle(topic, p).stats.remote() for p in range(n)],
+                what=f"topic {topic}",
+            )
+            subs = rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator")
+            return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
+        validate_name("subscription", subscription)
+        subs = rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator")
+        if subscription not in subs:
+            raise NotFound(f"subscription {topic}/{subscription} does not exist")
+        parts = rpc.get(
+            [self._subscription_handle(topic, p, subscription).stats.remote() for p in range(n)],
+            what="subscription",
+        )
+        out: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in parts) for k in _SUMMED}
+        out["mark_delete"] = [s["mark_delete"] for s in parts]
+        out["type"] = subs[subscription]["type"]
+        out["partitions"] = parts
+        return out
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Close this client's producers (flushing them) and consumers. If ``connect`` started
+        Ray, persist every subscription's cursor and stop Ray as well."""
+        if self._closed:
+            return
+        self._closed = True
+        for producer in self._producers:
+            producer.close()
+        for consumer in self._consumers:
+            try:
+                consumer.close()
+            except Exception as exc:  # noqa: BLE001 - shutting down: report and go on
+                log.warning("closing a consumer failed: %s", exc)
+        if self._started_ray:
+            try:
+                self._flush_all()
+            finally:
+                ray.shutdown()
+
+    def _flush_all(self) -> None:
+        refs = []
+        for topic, n in rpc.get(self._coordinator.topics.remote(), what="coordinator").items():
+            for sub in rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator"):
+                for p in range(n):
+                    try:
+                        handle = placement.lookup(subscription_actor_name(topic, p, sub))
+                    except ValueError:
+                        continue
+                    refs.append(handle.flush.remote())
+        if refs:
+            rpc.get(refs, what="subscription")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgument("cluster: it was shut down")
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

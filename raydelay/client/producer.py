@@ -1,0 +1,315 @@
+"""Producer: batches messages into one ``append`` per partition.
+
+- ``send`` queues one message and waits until it is durable. A background thread
+  gathers every message queued within ``linger_ms`` (1 ms) and sends them as one
+  batch per partition, so concurrent senders share round trips.
+- ``send_many`` is the fast path: it checks every message first (nothing is sent
+  when one is bad), then sends one batch per partition (chunked to the ledger size)
+  in parallel.
+- Each batch carries the producer's name and a per-partition ``sequence_id``; a
+  batch re-sent after a failure is recognised by the partition and not appended
+  twice. Failed sends are retried (same sequence id) when the error is retriable.
+- The partition is a stable hash of the key, else round-robin.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from raydelay.client.message import (
+    MessageId,
+    check_key,
+    check_payload,
+    check_properties,
+    deliver_at_of,
+)
+from raydelay.cluster import rpc
+from raydelay.errors import InvalidArgument, RaydelayError, StorageError, Unavailable
+from raydelay.log.entries import AppendBatch, Entries, encode_batch
+from raydelay.storage.keys import validate_name
+
+if TYPE_CHECKING:
+    from raydelay.client.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+_LINGER_S = 0.001
+_RETRIES = 5
+
+
+def partition_of(key: str | None, partitions: int, counter: itertools.count) -> int:
+    if key is None:
+        return next(counter) % partitions
+    return zlib.crc32(key.encode("utf-8")) % partitions
+
+
+class Producer:
+    def __init__(
+        self,
+        cluster: Cluster,
+        topic: str,
+        partitions: int,
+        handles: list[Any],
+        name: str | None = None,
+    ) -> None:
+        self._cluster = cluster
+        self.topic = topic
+        self.partitions = partitions
+        self._handles = handles
+        self.name = validate_name("name", name) if name is not None else uuid.uuid4().hex
+        self._seq = [0] * partitions
+        if name is not None:  # a named producer continues its sequence ids where it left off
+            self._seq = list(
+                rpc.get([h.last_sequence.remote(self.name) for h in handles], what=f"topic {topic}")
+            )
+        self._seq_lock = threading.Lock()
+        self._rr = itertools.count()
+        self._queue: list[tuple[int, bytes, str | None, dict | None, int, Future]] = []
+        self._cv = threading.Condition()
+        self._inflight = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        cfg = cluster.config
+        self._max_bytes = cfg.topic.max_message_bytes
+        self._max_delay_ms = cfg.delayed.max_delay_ms
+        self._chunk = min(cfg.topic.max_entries_per_ledger, 10_000)
+
+    # --- sending --------------------------------------------------------------------------
+
+    def send(
+        self,
+        payload: bytes,
+        *,
+        deliver_after: float | None = None,
+        deliver_at: Any = None,
+        key: str | None = None,
+        properties: dict[str, str] | None = None,
+    ) -> MessageId:
+        """Send one message; returns its MessageId once it is durable.
+
+        ``deliver_after``: seconds from now. ``deliver_at``: epoch ms or an aware datetime.
+        Neither: deliver at once."""
+        self._check_open()
+        payload = check_payload(payload, self._max_bytes)
+        key = check_key(key)
+        properties = check_properties(properties)
+        at = deliver_at_of(deliver_at, deliver_after, _now_ms(), self._max_delay_ms)
+        partition = partition_of(key, self.partitions, self._rr)
+        fut: Future = Future()
+        with self._cv:
+            self._queue.append((partition, payload, key, properties, at, fut))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._flusher, name=f"raydelay-producer-{self.topic}", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify_all()
+        return fut.result()
+
+    def send_many(
+        self,
+        payloads: Sequence[bytes],
+        *,
+        deliver_after: float | Sequence[float | None] | None = None,
+        deliver_at: Any = None,
+        keys: Sequence[str | None] | None = None,
+        properties: Sequence[dict[str, str] | None] | dict[str, str] | None = None,
+    ) -> list[MessageId]:
+        """Send a batch; returns the MessageIds in input order once all are durable.
+
+        ``deliver_at`` / ``deliver_after`` are one value for all messages or a sequence with
+        one value (or None) per message. Every message is checked before anything is sent."""
+        self._check_open()
+        if isinstance(payloads, (bytes, bytearray, str)) or not isinstance(payloads, Sequence):
+            raise InvalidArgument("payloads: expected a sequence of bytes")
+        n = len(payloads)
+        ats = _per_message("deliver_at", deliver_at, n, scalar_ok=lambda v: not _is_seq(v))
+        afters = _per_message("deliver_after", deliver_after, n, scalar_ok=lambda v: not _is_seq(v))
+        ks = _per_message("keys", keys, n, scalar_ok=lambda v: False) if keys is not None else None
+        props = (
+            _per_message("properties", properties, n, scalar_ok=lambda v: isinstance(v, dict))
+            if properties is not None
+            else None
+        )
+        now = _now_ms()
+        checked_payloads = [
+            check_payload(p, self._max_bytes, f"payloads[{i}]") for i, p in enumerate(payloads)
+        ]
+        key_list = [check_key(k, f"keys[{i}]") for i, k in enumerate(ks)] if ks else [None] * n
+        prop_list = (
+            [check_properties(p, f"properties[{i}]") for i, p in enumerate(props)]
+            if props
+            else [None] * n
+        )
+        d = np.fromiter(
+            (
+                deliver_at_of(ats[i], afters[i], now, self._max_delay_ms, f"message {i}")
+                for i in range(n)
+            ),
+            dtype=np.int64,
+            count=n,
+        )
+        if ks is None:
+            start = next(self._rr)
+            parts = (np.arange(n) + start) % self.partitions
+        else:
+            parts = np.fromiter(
+                (partition_of(k, self.partitions, self._rr) for k in key_list),
+                dtype=np.int64,
+                count=n,
+            )
+        return self._append(parts, checked_payloads, key_list, prop_list, d)
+
+    def _append(
+        self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
+    ) -> list[MessageId]:
+        """Send one batch per partition chunk in parallel; MessageIds in input order."""
+        out: list[MessageId | None] = [None] * len(payloads)
+        calls: list[tuple[int, np.ndarray, bytes]] = []
+        any_keys = any(k is not None for k in keys)
+        any_props = any(p is not None for p in props)
+        for p in range(self.partitions):
+            idx_all = np.flatnonzero(parts == p)
+            for lo in range(0, len(idx_all), self._chunk):
+                idx = idx_all[lo : lo + self._chunk]
+                entries = Entries(
+                    payloads=[payloads[i] for i in idx],
+                    deliver_at_ms=d[idx],
+                    keys=[keys[i] for i in idx] if any_keys else None,
+                    properties=[props[i] for i in idx] if any_props else None,
+                )
+                calls.append((p, idx, entries))  # type: ignore[arg-type]
+        with self._seq_lock:  # sequence ids in submission order, per partition
+            submitted = []
+            for p, idx, entries in calls:
+                self._seq[p] += 1
+                data = encode_batch(AppendBatch(self.name, self._seq[p], entries))  # type: ignore[arg-type]
+                submitted.append((p, idx, data, self._handles[p].append.remote(data)))
+        for p, idx, data, ref in submitted:
+            ranges = self._await_append(p, data, ref)
+            positions = [(lg, first + j) for lg, first, count in ranges for j in range(count)]
+            if len(positions) != len(idx):
+                raise RaydelayError(
+                    f"partition {p} returned {len(positions)} positions for {len(idx)} messages"
+                )
+            for i, (lg, e) in zip(idx, positions, strict=True):
+                out[i] = MessageId(self.topic, p, lg, e)
+        return out  # type: ignore[return-value]
+
+    def _await_append(self, p: int, data: bytes, ref: Any) -> list:
+        delay = 0.05
+        for attempt in range(_RETRIES + 1):
+            try:
+                return rpc.get(ref, what=f"topic {self.topic}/{p}")
+            except (Unavailable, StorageError) as exc:
+                if attempt == _RETRIES or (isinstance(exc, StorageError) and not exc.retriable):
+                    raise
+                log.warning("append to %s/%d failed (%s); retrying", self.topic, p, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                self._handles[p] = self._cluster._topic_handle(self.topic, p)
+                ref = self._handles[p].append.remote(data)  # same sequence id: deduplicated
+        raise AssertionError("unreachable")
+
+    def _flusher(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue and self._closed:
+                    return
+            time.sleep(_LINGER_S)  # let concurrent senders join this batch
+            with self._cv:
+                batch, self._queue = self._queue, []
+                self._inflight += 1
+            try:
+                ids = self._append(
+                    np.array([b[0] for b in batch], dtype=np.int64),
+                    [b[1] for b in batch],
+                    [b[2] for b in batch],
+                    [b[3] for b in batch],
+                    np.array([b[4] for b in batch], dtype=np.int64),
+                )
+                for item, mid in zip(batch, ids, strict=True):
+                    item[5].set_result(mid)
+            except BaseException as exc:  # noqa: BLE001 - each sender gets the error
+                for item in batch:
+                    item[5].set_exception(exc)
+            finally:
+                with self._cv:
+                    self._inflight -= 1
+                    self._cv.notify_all()
+
+    # --- cancel, flush, close ------------------------------------------------------------------
+
+    def cancel(self, message_id: MessageId) -> bool:
+        """Cancel a scheduled message. True when no subscription has had it delivered;
+        False when it was delivered already (the cancel then has no effect there)."""
+        self._check_open()
+        if not isinstance(message_id, MessageId):
+            raise InvalidArgument(
+                f"message_id: expected a MessageId, got {type(message_id).__name__}"
+            )
+        if message_id.topic != self.topic:
+            raise InvalidArgument(
+                f"message_id: belongs to topic {message_id.topic!r}, not {self.topic!r}"
+            )
+        if not 0 <= message_id.partition < self.partitions:
+            raise InvalidArgument(f"message_id: partition {message_id.partition} does not exist")
+        return self._cluster._cancel(
+            self.topic, message_id.partition, (message_id.ledger_id, message_id.entry_id)
+        )
+
+    def flush(self) -> None:
+        """Wait until every queued ``send`` is durable (or failed)."""
+        with self._cv:
+            while self._queue or self._inflight:
+                self._cv.wait()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgument("producer: it is closed")
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _is_seq(v: object) -> bool:
+    return isinstance(v, Sequence) and not isinstance(v, (str, bytes, bytearray))
+
+
+def _per_message(field: str, value: Any, n: int, *, scalar_ok) -> list:
+    if value is None:
+        return [None] * n
+    if scalar_ok(value):
+        return [value] * n
+    if not _is_seq(value):
+        raise InvalidArgument(f"{field}: expected one value or a sequence of {n}")
+    if len(value) != n:
+        raise InvalidArgument(f"{field}: has {len(value)} values for {n} payloads")
+    return list(value)

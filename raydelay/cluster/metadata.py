@@ -1,0 +1,295 @@
+"""The cluster's metadata and its journal (pure: no Ray; the coordinator actor wraps it).
+
+What it owns: topics and their partition counts, each partition's ledger list,
+subscriptions and their options, each subscription partition's mark-delete
+position, and the bucket registry of every subscription.
+
+Write ahead, then apply: every change is one journal object
+(``meta/journal/<seq>``) written **before** the state changes and before the call
+returns. Every ``snapshot_every`` changes the whole state is written as
+``meta/snapshot/<seq>`` and the journal up to it is deleted. :meth:`Metadata.recover`
+loads the newest snapshot and replays the journal after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgpack
+
+from raydelay.errors import CodecError, InvalidArgument, NotFound
+from raydelay.storage.base import ObjectStore
+from raydelay.storage.keys import journal_key, snapshot_key, validate_name
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+JOURNAL_PREFIX = "meta/journal/"
+SNAPSHOT_PREFIX = "meta/snapshot/"
+SUBSCRIPTION_TYPES = ("shared", "exclusive", "failover")
+MAX_PARTITIONS = 1024
+
+
+def _pk(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def _empty_state() -> dict[str, Any]:
+    return {
+        "topics": {},  # name -> {"partitions": n}
+        "ledgers": {},  # "topic/p" -> [[ledger_id, count or None], ...]
+        "next_ledger": 1,
+        "subs": {},  # topic -> {sub -> options}
+        "mark_delete": {},  # "topic/p/sub" -> [ledger, entry]
+        "registry": {},  # tracker name -> {bucket_key: record bytes}
+    }
+
+
+class Metadata:
+    def __init__(self, store: ObjectStore, *, snapshot_every: int = 1000) -> None:
+        self._store = store
+        self._snapshot_every = snapshot_every
+        self.state = _empty_state()
+        self._seq = 0  # last journal sequence written
+        self._since_snapshot = 0
+        self.recover()
+
+    # --- journal ----------------------------------------------------------------------
+
+    def recover(self) -> None:
+        self.state, self._seq = _empty_state(), 0
+        for key in reversed(self._store.list(SNAPSHOT_PREFIX)):
+            try:
+                raw = _decode(self._store.get(key), key)
+            except (CodecError, NotFound) as exc:
+                log.error("metadata snapshot %s unusable, trying an older one: %s", key, exc)
+                continue
+            self.state, self._seq = raw["state"], int(raw["seq"])
+            break
+        replayed = 0
+        for key in self._store.list(JOURNAL_PREFIX):
+            seq = int(key.rsplit("/", 1)[1])
+            if seq <= self._seq:
+                continue
+            record = _decode(self._store.get(key), key)
+            self._apply(record["op"], record["args"])
+            self._seq = seq
+            replayed += 1
+        self._since_snapshot = replayed
+        log.info("metadata recovered at seq %d (%d journal records replayed)", self._seq, replayed)
+
+    def _change(self, op: str, **args: Any) -> Any:
+        """Journal ``op`` durably, then apply it. A failed write leaves the state unchanged."""
+        seq = self._seq + 1
+        self._store.put(journal_key(seq), _encode({"op": op, "args": args}))
+        self._seq = seq
+        result = self._apply(op, args)
+        self._since_snapshot += 1
+        if self._since_snapshot >= self._snapshot_every:
+            self.snapshot()
+        return result
+
+    def snapshot(self) -> None:
+        seq = self._seq
+        self._store.put(snapshot_key(seq), _encode({"seq": seq, "state": self.state}))
+        self._since_snapshot = 0
+        for key in self._store.list(JOURNAL_PREFIX):
+            if int(key.rsplit("/", 1)[1]) <= seq:
+                self._store.delete(key)
+        for key in self._store.list(SNAPSHOT_PREFIX)[:-1]:
+            self._store.delete(key)
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def _apply(self, op: str, a: dict[str, Any]) -> Any:
+        s = self.state
+        if op == "create_topic":
+            s["topics"][a["topic"]] = {"partitions": a["partitions"]}
+            for p in range(a["partitions"]):
+                s["ledgers"].setdefault(_pk(a["topic"], p), [])
+            s["subs"].setdefault(a["topic"], {})
+        elif op == "create_subscription":
+            s["subs"].setdefault(a["topic"], {})[a["subscription"]] = a["options"]
+        elif op == "roll":
+            ledgers = s["ledgers"][_pk(a["topic"], a["partition"])]
+            if a["closed"] is not None:
+                for item in ledgers:
+                    if item[0] == a["closed"]:
+                        item[1] = a["count"]
+            ledgers.append([a["new"], None])
+            s["next_ledger"] = max(s["next_ledger"], a["new"] + 1)
+            return a["new"]
+        elif op == "mark_delete":
+            s["mark_delete"][a["key"]] = a["position"]
+        elif op == "drop_ledgers":
+            pk = _pk(a["topic"], a["partition"])
+            drop = set(a["ledgers"])
+            s["ledgers"][pk] = [x for x in s["ledgers"][pk] if x[0] not in drop]
+        elif op == "registry":
+            for kind, name, bucket_key, record in a["ops"]:
+                entries = s["registry"].setdefault(name, {})
+                if kind == "put":
+                    entries[bucket_key] = record
+                else:
+                    entries.pop(bucket_key, None)
+                if not entries:
+                    del s["registry"][name]
+        else:
+            raise CodecError(f"metadata journal: unknown op {op!r}")
+        return None
+
+    # --- topics -----------------------------------------------------------------------
+
+    def create_topic(self, topic: str, partitions: int) -> int:
+        """Create a topic (idempotent for the same partition count); returns the count."""
+        validate_name("topic", topic)
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise InvalidArgument(f"partitions: expected an int, got {type(partitions).__name__}")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidArgument(f"partitions: must be 1..{MAX_PARTITIONS}, got {partitions}")
+        existing = self.state["topics"].get(topic)
+        if existing is not None:
+            if existing["partitions"] != partitions:
+                raise InvalidArgument(
+                    f"partitions: topic {topic!r} exists with {existing['partitions']} "
+                    f"partitions, not {partitions}"
+                )
+            return partitions
+        self._change("create_topic", topic=topic, partitions=partitions)
+        return partitions
+
+    def partitions(self, topic: str) -> int:
+        validate_name("topic", topic)
+        t = self.state["topics"].get(topic)
+        if t is None:
+            raise NotFound(f"topic {topic!r} does not exist")
+        return int(t["partitions"])
+
+    def topics(self) -> dict[str, int]:
+        return {k: int(v["partitions"]) for k, v in self.state["topics"].items()}
+
+    # --- ledgers ---------------------------------------------------------------------------
+
+    def ledgers(self, topic: str, partition: int) -> list[list]:
+        self._check_partition(topic, partition)
+        return [list(x) for x in self.state["ledgers"][_pk(topic, partition)]]
+
+    def roll_ledger(self, topic: str, partition: int, closed: int | None, count: int) -> int:
+        """Close ``closed`` at ``count`` entries (if given) and open a new ledger; its id."""
+        self._check_partition(topic, partition)
+        return self._change(
+            "roll",
+            topic=topic,
+            partition=partition,
+            closed=closed,
+            count=count,
+            new=self.state["next_ledger"],
+        )
+
+    def retention(self, topic: str, partition: int) -> list[int]:
+        """Closed ledgers every subscription has acknowledged in full (none without subs)."""
+        self._check_partition(topic, partition)
+        subs = self.state["subs"].get(topic, {})
+        if not subs:
+            return []
+        marks = [self.state["mark_delete"].get(f"{topic}/{partition}/{s}", [-1, -1]) for s in subs]
+        low = min(tuple(m) for m in marks)
+        out = []
+        for ledger_id, count in self.state["ledgers"][_pk(topic, partition)]:
+            if count is None:
+                break
+            if ledger_id < low[0] or (ledger_id == low[0] and low[1] >= count - 1):
+                out.append(ledger_id)
+        return out
+
+    def drop_ledgers(self, topic: str, partition: int, ledger_ids: list[int]) -> None:
+        self._check_partition(topic, partition)
+        if ledger_ids:
+            self._change("drop_ledgers", topic=topic, partition=partition, ledgers=ledger_ids)
+
+    # --- subscriptions ------------------------------------------------------------------------
+
+    def create_subscription(self, topic: str, subscription: str, options: dict[str, Any]) -> dict:
+        """Create (or update the options of) a subscription; its type can never change."""
+        self.partitions(topic)
+        validate_name("subscription", subscription)
+        if options.get("type") not in SUBSCRIPTION_TYPES:
+            raise InvalidArgument(
+                f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
+                f"got {options.get('type')!r}"
+            )
+        existing = self.state["subs"].get(topic, {}).get(subscription)
+        if existing is not None and existing["type"] != options["type"]:
+            raise InvalidArgument(
+                f"subscription_type: {topic}/{subscription} exists as {existing['type']!r}; "
+                f"it cannot become {options['type']!r}"
+            )
+        if existing != options:
+            self._change(
+                "create_subscription", topic=topic, subscription=subscription, options=options
+            )
+        return dict(options)
+
+    def subscriptions(self, topic: str) -> dict[str, dict]:
+        self.partitions(topic)
+        return {k: dict(v) for k, v in self.state["subs"].get(topic, {}).items()}
+
+    def subscription(self, topic: str, subscription: str) -> dict:
+        subs = self.subscriptions(topic)
+        validate_name("subscription", subscription)
+        if subscription not in subs:
+            raise NotFound(f"subscription {topic}/{subscription} does not exist")
+        return subs[subscription]
+
+    def set_mark_delete(
+        self, topic: str, partition: int, subscription: str, position: list[int]
+    ) -> None:
+        self._check_partition(topic, partition)
+        key = f"{topic}/{partition}/{subscription}"
+        position = [int(position[0]), int(position[1])]
+        if self.state["mark_delete"].get(key) != position:
+            self._change("mark_delete", key=key, position=position)
+
+    def mark_delete(self, topic: str, partition: int, subscription: str) -> list[int]:
+        return list(self.state["mark_delete"].get(f"{topic}/{partition}/{subscription}", [-1, -1]))
+
+    # --- the bucket registry ----------------------------------------------------------------
+
+    def registry_list(self, name: str) -> dict[str, bytes]:
+        return dict(self.state["registry"].get(name, {}))
+
+    def registry_apply(self, ops: list[tuple[str, str, str, bytes | None]]) -> None:
+        """Apply a batch of ("put" | "remove", name, bucket_key, record) in one journal write."""
+        for kind, name, bucket_key, record in ops:
+            if kind not in ("put", "remove"):
+                raise InvalidArgument(f"ops: unknown registry op {kind!r}")
+            if kind == "put" and not isinstance(record, bytes):
+                raise InvalidArgument("ops: a put needs a bytes record")
+            if not isinstance(name, str) or not isinstance(bucket_key, str):
+                raise InvalidArgument("ops: name and bucket_key must be str")
+        if ops:
+            self._change("registry", ops=[list(op) for op in ops])
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        n = self.partitions(topic)
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < n:
+            raise InvalidArgument(
+                f"partition: topic {topic!r} has partitions 0..{n - 1}, got {partition!r}"
+            )
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    return msgpack.packb({"v": FORMAT_VERSION} | obj, use_bin_type=True)
+
+
+def _decode(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise CodecError(f"{what}: cannot decode ({exc})") from exc
+    if not isinstance(raw, dict) or raw.get("v") != FORMAT_VERSION:
+        raise CodecError(f"{what}: unknown format version")
+    return raw

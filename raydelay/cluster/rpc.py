@@ -1,0 +1,66 @@
+"""Every Ray call of raydelay goes through here (STYLE.md 2).
+
+Errors raised inside an actor reach the caller as the raydelay error that was
+raised (not as a Ray traceback); a dead or unreachable actor becomes
+:class:`~raydelay.errors.Unavailable`.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+from raydelay.errors import RaydelayError, Unavailable
+
+
+def translate(exc: BaseException, what: str = "") -> BaseException:
+    """The raydelay error a Ray error stands for."""
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, RaydelayError):
+            return cause
+        if isinstance(cause, RayActorError):
+            return Unavailable(f"{what or 'actor'} is unavailable: {cause}")
+        return RaydelayError(f"{what or 'actor call'} failed: {cause!r}")
+    if isinstance(exc, (RayActorError, ActorUnavailableError)):
+        return Unavailable(f"{what or 'actor'} is unavailable: {exc}")
+    if isinstance(exc, GetTimeoutError):
+        return Unavailable(f"{what or 'actor call'} timed out")
+    return exc
+
+
+def get(refs: Any, *, what: str = "", timeout_s: float | None = None) -> Any:
+    """``ray.get`` with errors translated."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except (RayTaskError, RayActorError, ActorUnavailableError, GetTimeoutError) as exc:
+        raise translate(exc, what) from None
+
+
+async def wait(ref: Any, *, what: str = "") -> Any:
+    """Await an ObjectRef inside an async actor, errors translated."""
+    try:
+        return await ref
+    except (RayTaskError, RayActorError, ActorUnavailableError) as exc:
+        raise translate(exc, what) from None
+
+
+def in_thread(fn: Any, *args: Any) -> Any:
+    """Run ``fn`` on a fresh thread and return its result (for blocking work in an async
+    actor's constructor, which Ray runs on the event loop's thread)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="raydelay-init") as pool:
+        return pool.submit(fn, *args).result()
+
+
+def get_blocking(ref: Any, *, what: str = "", timeout_s: float | None = None) -> Any:
+    """Wait for one ObjectRef from a thread of an async actor (through its future, so Ray
+    does not warn about blocking its event loop: this thread is not the loop's)."""
+    try:
+        return ref.future().result(timeout=timeout_s)
+    except (RayTaskError, RayActorError, ActorUnavailableError) as exc:
+        raise translate(exc, what) from None
+    except TimeoutError:
+        raise Unavailable(f"{what or 'actor call'} timed out") from None

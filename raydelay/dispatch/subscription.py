@@ -1,0 +1,462 @@
+"""One subscription on one partition: what to deliver, to whom, and when (pure: no Ray).
+
+The :class:`Subscription` holds all the dispatch logic; the actor around it only
+moves bytes (reads the log, fetches payloads, answers consumers) and runs timers.
+
+- **cursor**: mark-delete plus individual acks (:mod:`raydelay.dispatch.cursor`).
+- **read-ahead**: entries read from the log and due now wait in a bounded queue
+  with their payloads.
+- **delayed messages**: a ``shared`` subscription puts not-yet-due entries into its
+  tracker (position only; the payload is fetched again when due). ``exclusive``
+  and ``failover`` ignore ``deliver_at`` and deliver in log order.
+- **redelivery set**: positions the tracker popped, positions whose ack timed out,
+  nacked positions whose delay elapsed, and the pending positions of consumers that
+  left. A position stays there until a consumer has it, so none is lost.
+- **delivery order**: redeliveries (which include due delayed messages), then the
+  read-ahead queue.
+- **dead letters**: a position due for its ``max_redeliveries + 1``-th redelivery goes
+  to the dead-letter set instead; the actor publishes it and then acks it.
+
+Positions are ints: ``ledger_id << 32 | entry_id``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from pyroaring import BitMap, BitMap64
+
+from raydelay.clock import Clock
+from raydelay.delayed.base import DelayedDeliveryTracker
+from raydelay.dispatch.cursor import Cursor, Position
+from raydelay.errors import InvalidArgument, RaydelayError
+from raydelay.log.entries import NO_DELAY, LedgerObject
+
+log = logging.getLogger(__name__)
+
+SUBSCRIPTION_TYPES = ("shared", "exclusive", "failover")
+_SHIFT = 32
+_MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
+_LOW = (1 << _SHIFT) - 1
+
+
+def key_of(ledger_id: int, entry_id: int) -> int:
+    return (ledger_id << _SHIFT) | entry_id
+
+
+def position_of(key: int) -> Position:
+    return (key >> _SHIFT, key & _LOW)
+
+
+class ConsumerBusy(RaydelayError):
+    """An exclusive subscription already has a consumer."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message handed to a consumer: the object holding it, its index there, and how
+    many times it was delivered before."""
+
+    key: int
+    obj: LedgerObject
+    index: int
+    redelivery_count: int
+
+
+@dataclass
+class _Consumer:
+    consumer_id: str
+    pending: set[int]
+
+
+class Subscription:
+    def __init__(
+        self,
+        *,
+        name: str,
+        subscription_type: str,
+        tracker: DelayedDeliveryTracker,
+        clock: Clock,
+        cursor: Cursor | None = None,
+        dispatched_before: Position = (-1, -1),
+        ack_timeout_ms: int | None = None,
+        max_redeliveries: int | None = None,
+        read_ahead_entries: int = 10_000,
+    ) -> None:
+        if subscription_type not in SUBSCRIPTION_TYPES:
+            raise InvalidArgument(
+                f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
+                f"got {subscription_type!r}"
+            )
+        self.name = name
+        self.type = subscription_type
+        self.tracker = tracker
+        self._clock = clock
+        self.cursor = cursor or Cursor()
+        md_l, md_e = self.cursor.mark_delete
+        self.read_position: Position = (md_l, md_e + 1)
+        # Entries before this were read by an earlier life and may have been delivered.
+        self._dispatched_before = dispatched_before
+        self.ack_timeout_ms = ack_timeout_ms
+        self.max_redeliveries = max_redeliveries
+        self.read_ahead_entries = read_ahead_entries
+        self._ready: deque[tuple[int, LedgerObject, int]] = deque()
+        self.redeliver = BitMap64()
+        self.dead = BitMap64()
+        self._pending: dict[int, tuple[str, int]] = {}  # key -> (consumer, deadline_ms or 0)
+        self._deadlines: list[tuple[int, int]] = []  # heap of (deadline_ms, key)
+        self._counts: dict[int, int] = {}  # key -> deliveries so far, once above zero
+        self._consumers: dict[str, _Consumer] = {}
+        self._cancelled_ahead = BitMap64()  # cancel targets not read from the log yet
+        self._marker_results: OrderedDict[int, bool] = OrderedDict()  # marker -> outcome
+        self.tail: Position | None = None
+        self.counters = {"delivered": 0, "acked": 0, "redelivered": 0, "cancelled": 0}
+
+    # --- consumers -----------------------------------------------------------------------
+
+    def add_consumer(self, consumer_id: str) -> None:
+        if consumer_id in self._consumers:
+            return
+        if self.type == "exclusive" and self._consumers:
+            raise ConsumerBusy(
+                f"subscription {self.name!r} is exclusive and already has a consumer"
+            )
+        self._consumers[consumer_id] = _Consumer(consumer_id, set())
+
+    def remove_consumer(self, consumer_id: str) -> int:
+        """Forget a consumer; its unacked messages go to the redelivery set."""
+        c = self._consumers.pop(consumer_id, None)
+        if c is None:
+            return 0
+        keys = [k for k in c.pending if self._pending.get(k, ("",))[0] == consumer_id]
+        for k in keys:
+            del self._pending[k]
+            self._schedule_redelivery(k)
+        return len(keys)
+
+    def consumers(self) -> list[str]:
+        return list(self._consumers)
+
+    def active_consumer(self) -> str | None:
+        """The consumer a FIFO subscription delivers to (the oldest one)."""
+        return next(iter(self._consumers), None)
+
+    def can_receive(self, consumer_id: str) -> bool:
+        if consumer_id not in self._consumers:
+            return False
+        return self.type == "shared" or consumer_id == self.active_consumer()
+
+    # --- reading the log -------------------------------------------------------------------
+
+    def wants_read(self) -> bool:
+        return len(self._ready) < self.read_ahead_entries
+
+    def on_read(
+        self,
+        objects: Iterable[LedgerObject],
+        ledgers: Iterable[tuple[int, int | None]],
+        tail: Position | None,
+    ) -> int:
+        """Take in ledger objects from the log (in log order). Returns entries taken in."""
+        self.cursor.learn_ledgers(ledgers)
+        self.tail = tail
+        taken = 0
+        cutoff_tracker = self.type == "shared"
+        for obj in objects:
+            first_key = key_of(obj.ledger_id, obj.first_entry)
+            read_key = key_of(*self.read_position)
+            start = max(0, read_key - first_key) if obj.ledger_id == self.read_position[0] else 0
+            if obj.ledger_id < self.read_position[0] or start >= obj.count:
+                continue
+            ents = obj.entries
+            for i in sorted(c for c in ents.cancels if c >= start):  # markers first
+                self._apply_marker(
+                    key_of(obj.ledger_id, obj.first_entry + i), key_of(*ents.cancels[i])
+                )
+                self.cursor.ack(np.array([obj.ledger_id]), np.array([obj.first_entry + i]))
+            idx = np.arange(start, obj.count)
+            if ents.cancels:
+                idx = idx[~np.isin(idx, np.fromiter(ents.cancels, dtype=np.int64))]
+            entry_ids = obj.first_entry + idx
+            keep = self._unseen(obj.ledger_id, entry_ids)
+            for e in entry_ids[~keep]:  # cancelled before they were read: ack them now
+                k = key_of(obj.ledger_id, int(e))
+                if k in self._cancelled_ahead:
+                    self._cancelled_ahead.discard(k)
+                    self.cursor.ack(np.array([obj.ledger_id]), np.array([int(e)]))
+            idx, entry_ids = idx[keep], entry_ids[keep]
+            ds = ents.deliver_at_ms[idx]
+            now_due = np.ones(len(idx), dtype=bool)
+            if cutoff_tracker and len(idx):
+                delayed = ds != NO_DELAY
+                if delayed.any():
+                    tracked = self.tracker.add_messages(
+                        np.full(int(delayed.sum()), obj.ledger_id, dtype=np.int64),
+                        entry_ids[delayed],
+                        ds[delayed],
+                    )
+                    now_due[np.flatnonzero(delayed)[tracked]] = False
+            for i, e in zip(idx[now_due], entry_ids[now_due], strict=True):
+                k = key_of(obj.ledger_id, int(e))
+                if (obj.ledger_id, int(e)) < self._dispatched_before and k not in self._counts:
+                    self._counts[k] = 1  # an earlier life may have delivered it
+                self._ready.append((k, obj, int(i)))
+            last = obj.first_entry + obj.count
+            self.read_position = (obj.ledger_id, last)
+            size = self.cursor.ledger_size(obj.ledger_id)
+            if size is not None and last >= size:
+                nxt = next((i for i, _ in self.cursor.known_ledgers() if i > obj.ledger_id), None)
+                if nxt is not None:
+                    self.read_position = (nxt, 0)
+            taken += len(idx)
+        return taken
+
+    def _unseen(self, ledger_id: int, entry_ids: np.ndarray) -> np.ndarray:
+        """Which entries are neither acknowledged nor cancelled ahead of the read."""
+        keep = np.ones(len(entry_ids), dtype=bool)
+        md_l, md_e = self.cursor.mark_delete
+        if ledger_id < md_l:
+            keep[:] = False
+            return keep
+        if ledger_id == md_l:
+            keep &= entry_ids > md_e
+        bm = self.cursor.acked.get(ledger_id)
+        if (
+            bm
+            and len(entry_ids)
+            and bm.range_cardinality(int(entry_ids[0]), int(entry_ids[-1]) + 1)
+        ):
+            both = BitMap(entry_ids.astype(np.uint32)) & bm
+            keep &= ~np.isin(entry_ids, np.fromiter(both, dtype=np.int64, count=len(both)))
+        if self._cancelled_ahead:
+            keys = (np.int64(ledger_id) << _SHIFT) | entry_ids
+            cancelled = np.fromiter(self._cancelled_ahead, dtype=np.uint64).astype(np.int64)
+            keep &= ~np.isin(keys, cancelled)
+        return keep
+
+    # --- delivering -------------------------------------------------------------------------
+
+    def collect_due(self, now_ms: int, max_messages: int) -> None:
+        """Move due delayed positions and expired ack deadlines into the redelivery set."""
+        self.expire(now_ms)
+        if len(self.redeliver) < max_messages and self.tracker.has_message_available():
+            for ledger_id, entry_id in self.tracker.get_scheduled_messages(max_messages):
+                self.redeliver.add(key_of(ledger_id, entry_id))
+
+    def keys_to_fetch(self, max_messages: int) -> list[int]:
+        """The redelivery-set positions to hand out next (lowest first); the actor fetches
+        their payloads, then calls :meth:`deliver`."""
+        out: list[int] = []
+        for k in self.redeliver:
+            out.append(k)
+            if len(out) >= max_messages:
+                break
+        return out
+
+    def dead_letters(self, max_messages: int) -> list[int]:
+        out: list[int] = []
+        for k in self.dead:
+            out.append(k)
+            if len(out) >= max_messages:
+                break
+        return out
+
+    def deliver(
+        self,
+        consumer_id: str,
+        fetched: dict[int, tuple[LedgerObject, int]],
+        max_messages: int,
+        now_ms: int,
+    ) -> list[Delivery]:
+        """Hand up to ``max_messages`` to ``consumer_id``: fetched redeliveries first, then
+        the read-ahead queue. Returns nothing for a FIFO subscription's standby consumer."""
+        if not self.can_receive(consumer_id):
+            return []
+        out: list[Delivery] = []
+        for k in sorted(fetched):
+            if len(out) >= max_messages:
+                break
+            if k not in self.redeliver:
+                continue  # another receive took it, or it was acked or cancelled meanwhile
+            self.redeliver.discard(k)
+            obj, i = fetched[k]
+            out.append(self._hand_out(consumer_id, k, obj, i, now_ms))
+        while self._ready and len(out) < max_messages:
+            k, obj, i = self._ready.popleft()
+            lg, e = position_of(k)
+            if self.cursor.is_acked(lg, e) or k in self._pending:
+                continue
+            out.append(self._hand_out(consumer_id, k, obj, i, now_ms))
+        return out
+
+    def _hand_out(self, consumer_id: str, k: int, obj: LedgerObject, i: int, now_ms: int):
+        deadline = now_ms + self.ack_timeout_ms if self.ack_timeout_ms else 0
+        self._pending[k] = (consumer_id, deadline)
+        self._consumers[consumer_id].pending.add(k)
+        if deadline:
+            heapq.heappush(self._deadlines, (deadline, k))
+        self.counters["delivered"] += 1
+        return Delivery(k, obj, i, self._counts.get(k, 0))
+
+    def drop_missing(self, keys: Iterable[int]) -> int:
+        """Positions the log no longer has (deleted): nothing can deliver them; ack them."""
+        n = 0
+        for k in keys:
+            if k in self.redeliver or k in self.dead:
+                log.error(
+                    "subscription %s: position %s is gone from the log", self.name, position_of(k)
+                )
+                self.redeliver.discard(k)
+                self.dead.discard(k)
+                self._ack_keys([k])
+                n += 1
+        return n
+
+    # --- acks, nacks, timeouts ------------------------------------------------------------------
+
+    def ack(self, consumer_id: str, keys: Iterable[int]) -> int:
+        """Acknowledge positions; returns how many were newly acknowledged."""
+        return self._ack_keys(keys)
+
+    def _ack_keys(self, keys: Iterable[int]) -> int:
+        ks = np.fromiter(keys, dtype=np.int64)
+        if len(ks) == 0:
+            return 0
+        for k in ks.tolist():
+            owner = self._pending.pop(k, None)
+            if owner is not None:
+                c = self._consumers.get(owner[0])
+                if c is not None:
+                    c.pending.discard(k)
+            self._counts.pop(k, None)
+            self.redeliver.discard(k)
+            self.dead.discard(k)
+        added = self.cursor.ack(ks >> _SHIFT, ks & _LOW)
+        self.counters["acked"] += added
+        return added
+
+    def nack(self, consumer_id: str, keys: Iterable[int], delay_ms: int, now_ms: int) -> int:
+        """Give positions back: redeliver after ``delay_ms`` (milliseconds), through the tracker."""
+        n = 0
+        for k in keys:
+            owner = self._pending.get(k)
+            if owner is None or owner[0] != consumer_id:
+                continue
+            del self._pending[k]
+            self._consumers[consumer_id].pending.discard(k)
+            n += 1
+            if delay_ms > 0 and not self._over_limit(k):
+                self._counts[k] = self._counts.get(k, 0) + 1
+                if self.tracker.add_message(*position_of(k), now_ms + delay_ms):
+                    continue
+                self.redeliver.add(k)
+                continue
+            self._schedule_redelivery(k)
+        return n
+
+    def expire(self, now_ms: int) -> int:
+        """Ack timeouts: unacked deliveries past their deadline go back for redelivery."""
+        n = 0
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            deadline, k = heapq.heappop(self._deadlines)
+            owner = self._pending.get(k)
+            if owner is None or owner[1] != deadline:
+                continue  # acked, nacked or delivered again since
+            del self._pending[k]
+            c = self._consumers.get(owner[0])
+            if c is not None:
+                c.pending.discard(k)
+            self._schedule_redelivery(k)
+            n += 1
+        return n
+
+    def _over_limit(self, k: int) -> bool:
+        return self.max_redeliveries is not None and self._counts.get(k, 0) >= self.max_redeliveries
+
+    def _schedule_redelivery(self, k: int) -> None:
+        if self._over_limit(k):
+            self.dead.add(k)
+            return
+        self._counts[k] = self._counts.get(k, 0) + 1
+        self.counters["redelivered"] += 1
+        self.redeliver.add(k)
+
+    def dead_lettered(self, keys: Iterable[int]) -> int:
+        """The actor published these to the dead-letter topic: ack them."""
+        return self._ack_keys(keys)
+
+    # --- cancel -----------------------------------------------------------------------------
+
+    def cancel(self, ledger_id: int, entry_id: int, marker: Position) -> bool:
+        """Apply the cancel marker at ``marker`` of the position (ledger_id, entry_id). True if
+        it kept the message from being delivered; False if it was delivered (or acknowledged)
+        already. Whether the marker is applied here first or read from the log first, it
+        takes effect once and both report the same outcome."""
+        return self._apply_marker(key_of(*marker), key_of(ledger_id, entry_id))
+
+    def _apply_marker(self, marker_key: int, target_key: int) -> bool:
+        known = self._marker_results.get(marker_key)
+        if known is not None:
+            return known
+        result = self._apply_cancel(target_key)
+        self._marker_results[marker_key] = result
+        while len(self._marker_results) > _MARKER_MEMORY:
+            self._marker_results.popitem(last=False)
+        return result
+
+    def _apply_cancel(self, k: int) -> bool:
+        lg, e = position_of(k)
+        if self.cursor.is_acked(lg, e) or k in self._pending or k in self.dead:
+            return False
+        if self._counts.get(k, 0) > 0:
+            return False  # delivered before and waiting for a redelivery
+        if (lg, e) >= self.read_position:
+            self._cancelled_ahead.add(k)
+            self.counters["cancelled"] += 1
+            return True
+        self.tracker.remove_message(lg, e)
+        self._ack_keys([k])  # drops it from the redelivery set and the read-ahead queue
+        self.counters["cancelled"] += 1
+        return True
+
+    # --- timers and stats -----------------------------------------------------------------------
+
+    def has_deliverable(self) -> bool:
+        return bool(self.redeliver) or bool(self._ready) or self.tracker.has_message_available()
+
+    def next_wakeup_ms(self) -> int | None:
+        """When something may next become deliverable (epoch ms), or None."""
+        times = [t for t in (self.tracker.next_delivery_time(),) if t is not None]
+        if self._deadlines:
+            times.append(self._deadlines[0][0])
+        return min(times) if times else None
+
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def stats(self) -> dict:
+        buckets = getattr(self.tracker, "immutable_bucket_count", lambda: 0)()
+        return {
+            "type": self.type,
+            "delayed": self.tracker.number_of_delayed_messages(),
+            "backlog": self.cursor.unacked_between(self.tail),
+            "pending_ack": len(self._pending),
+            "buckets": buckets,
+            "redelivery": len(self.redeliver),
+            "dead_letter_pending": len(self.dead),
+            "read_ahead": len(self._ready),
+            "mark_delete": list(self.cursor.mark_delete),
+            "consumers": len(self._consumers),
+            **self.counters,
+        }
+
+
+TrackerFactory = Callable[[], DelayedDeliveryTracker]

@@ -1,0 +1,1 @@
+"""The partition log (pure: no Ray): entry formats and the group-committing log."""

@@ -1,0 +1,494 @@
+"""One partition's append-only log over an ObjectStore (pure: no Ray).
+
+What it owns:
+
+- **Group commits.** :meth:`PartitionLog.commit` takes every batch gathered during
+  one group-commit window and writes them as **one** ledger object (two when the
+  ledger fills up in between). Positions exist only after that write succeeded.
+- **Ledgers.** A batch never spans ledgers: when it does not fit in the rest of the
+  current ledger, the ledger is closed and a new one is opened first. New ledger
+  ids come from ``roll`` (the coordinator in production).
+- **Producer dedup.** Each producer's last ``sequence_id`` and the positions it got
+  are kept; a re-sent batch gets its original positions back and is not appended
+  twice. The records travel inside the ledger objects, and a snapshot of the whole
+  table is written at each rollover, so a restarted log rebuilds the table from the
+  latest snapshot plus the objects of the ledgers after it.
+- **Reads.** Ledger objects are served from a byte-bounded tail cache, else from
+  the store. Readers get whole objects (bytes) and pick their entries, so the log
+  never decodes on the read path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+
+from raydelay.clock import Clock
+from raydelay.errors import CodecError, InvalidArgument, NotFound, RaydelayError
+from raydelay.log.entries import (
+    AppendBatch,
+    Entries,
+    LedgerObject,
+    concat_entries,
+    decode_object,
+    encode_object,
+)
+from raydelay.storage.base import ObjectStore
+from raydelay.storage.keys import ledger_entries_key, validate_name
+
+log = logging.getLogger(__name__)
+
+Range = tuple[int, int, int]  # (ledger_id, first_entry, count)
+Position = tuple[int, int]  # (ledger_id, entry_id)
+RollFn = Callable[[int | None, int], int]  # (closed ledger or None, its entry count) -> new id
+
+PRODUCER_IDLE_MS = 6 * 3600 * 1000  # dedup records of producers idle this long are dropped
+_HISTORY = 16  # recent batches per producer whose positions a retry gets back
+_DEDUP_VERSION = 1
+
+
+class StaleSequence(RaydelayError):
+    """A batch re-sent with a sequence id older than the recent history: it was already
+    appended, but its positions are no longer known."""
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    """A ledger of the partition: its id and, once closed, how many entries it holds."""
+
+    ledger_id: int
+    count: int | None  # None while open
+
+
+@dataclass(frozen=True)
+class ReadReply:
+    """Ledger objects (encoded bytes) holding entries at or after the requested position,
+    in log order; ``tail`` is the last committed position (None: the log is empty)."""
+
+    objects: list[bytes]
+    tail: Position | None
+
+
+class _Producer:
+    """One producer's dedup record: the positions of its latest batches (by sequence id),
+    and ``floor``, the largest id forgotten. An id above the floor that is not in the
+    history never landed; an id at or below it is too old to tell."""
+
+    __slots__ = ("floor", "history", "last_used_ms")
+
+    def __init__(self, floor: int, last_used_ms: int) -> None:
+        self.floor = floor
+        self.history: dict[int, list[Range]] = {}
+        self.last_used_ms = last_used_ms
+
+    def record(self, seq: int, ranges: list[Range], now_ms: int) -> None:
+        if seq <= self.floor:
+            return
+        self.history[seq] = ranges
+        while len(self.history) > _HISTORY:  # keep the largest sequence ids
+            oldest = min(self.history)
+            del self.history[oldest]
+            self.floor = max(self.floor, oldest)
+        self.last_used_ms = max(self.last_used_ms, now_ms)
+
+
+def ledger_prefix(topic: str, partition: int, ledger_id: int) -> str:
+    return ledger_entries_key(topic, partition, ledger_id, 0).rsplit("/", 1)[0] + "/"
+
+
+def dedup_prefix(topic: str, partition: int) -> str:
+    validate_name("topic", topic)
+    return f"topics/{topic}/{partition}/dedup/"
+
+
+def partition_prefix(topic: str, partition: int) -> str:
+    validate_name("topic", topic)
+    return f"topics/{topic}/{partition}/"
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        topic: str,
+        partition: int,
+        ledgers: list[LedgerInfo],
+        roll: RollFn,
+        clock: Clock,
+        max_entries_per_ledger: int,
+        cache_bytes: int,
+    ) -> None:
+        self._store = store
+        self._topic = validate_name("topic", topic)
+        self._partition = partition
+        self._roll_fn = roll
+        self._clock = clock
+        self._max_entries = max_entries_per_ledger
+        self._cache_bytes = cache_bytes
+        self._cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._cached_bytes = 0
+        self._ledgers: list[LedgerInfo] = sorted(ledgers, key=lambda x: x.ledger_id)
+        self._firsts: dict[int, list[int]] = {}  # ledger -> first entries of its objects
+        self._producers: dict[str, _Producer] = {}
+        self._next_entry = 0
+        self.stats_counters = {"commits": 0, "objects": 0, "entries": 0, "duplicates": 0}
+        self._recover()
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def current_ledger(self) -> int:
+        return self._ledgers[-1].ledger_id
+
+    @property
+    def ledgers(self) -> list[LedgerInfo]:
+        return list(self._ledgers)
+
+    def tail(self) -> Position | None:
+        """The last committed position, or None when nothing was ever committed."""
+        if self._next_entry > 0:
+            return (self.current_ledger, self._next_entry - 1)
+        for info in reversed(self._ledgers[:-1]):
+            if info.count:
+                return (info.ledger_id, info.count - 1)
+        return None
+
+    def count_of(self, ledger_id: int) -> int | None:
+        if ledger_id == self.current_ledger:
+            return self._next_entry
+        for info in self._ledgers:
+            if info.ledger_id == ledger_id:
+                return info.count
+        return None
+
+    def contains(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether (ledger_id, entry_id) is a committed position of this log."""
+        count = self.count_of(ledger_id)
+        return count is not None and 0 <= entry_id < count
+
+    # --- appending ----------------------------------------------------------------------
+
+    def commit(self, batches: list[AppendBatch]) -> list[list[Range] | BaseException]:
+        """Append ``batches`` in one group commit. Returns, per batch, its position ranges or
+        the error that kept it from being written. Nothing is visible to readers before
+        the object holding it is in the store."""
+        results: list[list[Range] | BaseException | None] = [None] * len(batches)
+        now = self._clock.now_ms()
+        group: list[int] = []  # indexes of the batches in the object being built
+        placed = 0  # entries placed in that object
+        staged: dict[str, set[int]] = {}  # producer -> sequence ids placed in this commit
+        try:
+            for i, batch in enumerate(batches):
+                n = len(batch.entries)
+                known = self._known(batch, staged)
+                if known is not None:
+                    results[i] = known
+                    self.stats_counters["duplicates"] += isinstance(known, list)
+                    continue
+                if n == 0 or n > self._max_entries:
+                    results[i] = InvalidArgument(
+                        f"batch: holds {n} entries; must be 1..{self._max_entries} "
+                        "(topic.max_entries_per_ledger)"
+                    )
+                    continue
+                if self._next_entry + placed + n > self._max_entries:
+                    self._write_group(batches, group, results, now)
+                    group, placed, staged = [], 0, {}
+                    self._roll()
+                group.append(i)
+                placed += n
+                if batch.producer:
+                    staged.setdefault(batch.producer, set()).add(batch.sequence_id)
+            self._write_group(batches, group, results, now)
+            if self._next_entry >= self._max_entries:
+                self._roll()
+        except Exception as exc:  # noqa: BLE001 - every unwritten batch gets the error
+            log.warning("commit to %s/%d failed: %s", self._topic, self._partition, exc)
+            for i, r in enumerate(results):
+                if r is None:
+                    results[i] = exc
+        self.stats_counters["commits"] += 1
+        return results  # type: ignore[return-value]
+
+    def _known(
+        self, batch: AppendBatch, staged: dict[str, set[int]]
+    ) -> list[Range] | StaleSequence | None:
+        """Positions of an already-appended batch, None when it is new, or the error of a
+        re-send whose positions are no longer known."""
+        if not batch.producer:
+            return None
+        seq = batch.sequence_id
+        if seq in staged.get(batch.producer, ()):
+            return StaleSequence(
+                f"producer {batch.producer!r}: sequence {seq} was sent twice in one group commit"
+            )
+        p = self._producers.get(batch.producer)
+        if p is None:
+            return None
+        if seq in p.history:
+            return p.history[seq]
+        if seq > p.floor:
+            return None  # never landed (batches may arrive out of order): append it
+        return StaleSequence(
+            f"producer {batch.producer!r}: sequence {seq} is older than the last "
+            f"{_HISTORY} batches this partition remembers; it was appended already"
+        )
+
+    def _write_group(self, batches, group: list[int], results: list, now_ms: int) -> None:
+        if not group:
+            return
+        ledger, first = self.current_ledger, self._next_entry
+        dedup: dict[str, tuple[int, list[Range]]] = {}
+        offset = first
+        for i in group:
+            n = len(batches[i].entries)
+            results[i] = [(ledger, offset, n)]
+            if batches[i].producer:
+                dedup[batches[i].producer] = (batches[i].sequence_id, [(ledger, offset, n)])
+            offset += n
+        entries = concat_entries([batches[i].entries for i in group])
+        obj = LedgerObject(ledger, first, now_ms, entries, dedup)
+        data = encode_object(obj)
+        try:
+            self._store.put(ledger_entries_key(self._topic, self._partition, ledger, first), data)
+        except BaseException:
+            for i in group:
+                results[i] = None  # the caller's handler fills in the error
+            raise
+        # Durable: make it visible.
+        self._next_entry = offset
+        self._firsts.setdefault(ledger, []).append(first)
+        self._remember(ledger, first, data)
+        for producer, (seq, ranges) in dedup.items():
+            self._record(producer, seq, ranges, now_ms)
+        self.stats_counters["objects"] += 1
+        self.stats_counters["entries"] += len(entries)
+
+    def _record(self, producer: str, seq: int, ranges: list[Range], now_ms: int) -> None:
+        p = self._producers.get(producer)
+        if p is None:
+            p = self._producers[producer] = _Producer(0, now_ms)
+        p.record(seq, ranges, now_ms)
+
+    def _roll(self) -> None:
+        """Close the current ledger (snapshotting the dedup table first) and open a new one."""
+        closing, count = self.current_ledger, self._next_entry
+        self._write_dedup_snapshot(closing)
+        new_id = self._roll_fn(closing, count)
+        if new_id <= closing:
+            raise RaydelayError(f"roll: new ledger {new_id} is not above {closing}")
+        self._ledgers[-1] = LedgerInfo(closing, count)
+        self._ledgers.append(LedgerInfo(new_id, None))
+        self._next_entry = 0
+        log.info(
+            "%s/%d: ledger %d closed at %d entries; ledger %d open",
+            self._topic,
+            self._partition,
+            closing,
+            count,
+            new_id,
+        )
+
+    def last_sequence(self, producer: str) -> int:
+        """The largest sequence id this log holds for ``producer`` (0 when none), so that a
+        producer re-created under the same name continues after it."""
+        p = self._producers.get(producer)
+        if p is None:
+            return 0
+        return max([p.floor, *p.history])
+
+    # --- dedup persistence ----------------------------------------------------------------
+
+    def _write_dedup_snapshot(self, ledger_id: int) -> None:
+        now = self._clock.now_ms()
+        live = {
+            name: [
+                p.floor,
+                p.last_used_ms,
+                [[s, [list(r) for r in rs]] for s, rs in p.history.items()],
+            ]
+            for name, p in self._producers.items()
+            if now - p.last_used_ms < PRODUCER_IDLE_MS
+        }
+        self._producers = {k: v for k, v in self._producers.items() if k in live}
+        data = msgpack.packb({"v": _DEDUP_VERSION, "ledger": ledger_id, "producers": live})
+        prefix = dedup_prefix(self._topic, self._partition)
+        self._store.put(f"{prefix}{ledger_id:020d}", data)
+        for old in self._store.list(prefix)[:-2]:  # keep the two newest
+            self._store.delete(old)
+
+    def _load_dedup_snapshot(self) -> int:
+        """Load the newest dedup snapshot; returns the ledger it was taken at (-1: none)."""
+        keys = self._store.list(dedup_prefix(self._topic, self._partition))
+        for key in reversed(keys):
+            try:
+                raw = msgpack.unpackb(self._store.get(key), raw=False)
+                if raw.get("v") != _DEDUP_VERSION:
+                    raise CodecError(f"{key}: unknown dedup snapshot version {raw.get('v')!r}")
+            except NotFound:
+                continue
+            except Exception as exc:
+                log.error("dedup snapshot %s unreadable, trying an older one: %s", key, exc)
+                continue
+            for name, (floor, used, history) in raw["producers"].items():
+                p = self._producers[name] = _Producer(int(floor), int(used))
+                for s, rs in history:
+                    p.history[int(s)] = [tuple(r) for r in rs]  # type: ignore[misc]
+            return int(raw["ledger"])
+        return -1
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        snapshot_ledger = self._load_dedup_snapshot()
+        for info in self._ledgers:
+            if info.ledger_id <= snapshot_ledger and info.count is not None:
+                continue
+            objects = self._index(info.ledger_id)
+            for first in objects:
+                key = ledger_entries_key(self._topic, self._partition, info.ledger_id, first)
+                obj = decode_object(self._store.get(key), key)
+                for producer, (seq, ranges) in obj.dedup.items():
+                    self._record(producer, seq, ranges, obj.publish_time_ms)
+        if not self._ledgers:
+            self._ledgers.append(LedgerInfo(self._roll_fn(None, 0), None))
+            return
+        last = self._ledgers[-1]
+        if last.count is None:
+            count = self._object_entries_end(last.ledger_id)
+            self._next_entry = count
+            if count > 0:  # never append after a restart to a ledger another life wrote
+                self._roll()
+        else:
+            self._ledgers.append(LedgerInfo(self._roll_fn(None, 0), None))
+
+    def _object_entries_end(self, ledger_id: int) -> int:
+        firsts = self._index(ledger_id)
+        if not firsts:
+            return 0
+        key = ledger_entries_key(self._topic, self._partition, ledger_id, firsts[-1])
+        obj = decode_object(self._store.get(key), key)
+        return obj.first_entry + obj.count
+
+    def _index(self, ledger_id: int) -> list[int]:
+        """First entries of the ledger's objects (listed from the store once, then kept)."""
+        firsts = self._firsts.get(ledger_id)
+        if firsts is None:
+            keys = self._store.list(ledger_prefix(self._topic, self._partition, ledger_id))
+            firsts = sorted(
+                int(k.rsplit("/", 1)[1].split(".")[0]) for k in keys if k.endswith(".entries")
+            )
+            self._firsts[ledger_id] = firsts
+        return firsts
+
+    # --- reading -----------------------------------------------------------------------
+
+    def read(self, from_position: Position, max_entries: int) -> ReadReply:
+        """Objects holding entries at or after ``from_position``, about ``max_entries`` of them
+        (whole objects, at least one when any exists)."""
+        from_ledger, from_entry = from_position
+        out: list[bytes] = []
+        taken = 0
+        for info in self._ledgers:
+            if info.ledger_id < from_ledger:
+                continue
+            start = from_entry if info.ledger_id == from_ledger else 0
+            end = self.count_of(info.ledger_id) or 0
+            if start >= end:
+                continue
+            firsts = self._index(info.ledger_id)
+            for j, first in enumerate(firsts):
+                upper = firsts[j + 1] if j + 1 < len(firsts) else end
+                if upper <= start:
+                    continue
+                out.append(self._get(info.ledger_id, first))
+                taken += upper - max(first, start)
+                if taken >= max_entries:
+                    return ReadReply(out, self.tail())
+        return ReadReply(out, self.tail())
+
+    def read_positions(self, positions: list[Position]) -> list[bytes]:
+        """The objects holding ``positions`` (each once); positions not in the log are skipped."""
+        wanted: dict[tuple[int, int], None] = {}
+        for ledger_id, entry_id in positions:
+            if not self.contains(ledger_id, entry_id):
+                continue
+            firsts = self._index(ledger_id)
+            j = _floor_index(firsts, entry_id)
+            if j >= 0:
+                wanted[(ledger_id, firsts[j])] = None
+        return [self._get(ledger_id, first) for ledger_id, first in wanted]
+
+    def _get(self, ledger_id: int, first: int) -> bytes:
+        data = self._cache.get((ledger_id, first))
+        if data is not None:
+            self._cache.move_to_end((ledger_id, first))
+            return data
+        data = self._store.get(ledger_entries_key(self._topic, self._partition, ledger_id, first))
+        self._remember(ledger_id, first, data)
+        return data
+
+    def _remember(self, ledger_id: int, first: int, data: bytes) -> None:
+        if len(data) > self._cache_bytes:
+            return
+        old = self._cache.pop((ledger_id, first), None)
+        if old is not None:
+            self._cached_bytes -= len(old)
+        self._cache[(ledger_id, first)] = data
+        self._cached_bytes += len(data)
+        while self._cached_bytes > self._cache_bytes:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= len(evicted)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
+
+    # --- retention ------------------------------------------------------------------------
+
+    def delete_ledgers(self, ledger_ids: list[int]) -> int:
+        """Delete closed ledgers' objects (never the open one); returns objects deleted."""
+        doomed = {i for i in ledger_ids if i != self.current_ledger}
+        deleted = 0
+        for ledger_id in sorted(doomed):
+            for key in self._store.list(ledger_prefix(self._topic, self._partition, ledger_id)):
+                self._store.delete(key)
+                deleted += 1
+            self._firsts.pop(ledger_id, None)
+            for k in [k for k in self._cache if k[0] == ledger_id]:
+                self._cached_bytes -= len(self._cache.pop(k))
+        self._ledgers = [x for x in self._ledgers if x.ledger_id not in doomed]
+        return deleted
+
+
+def _floor_index(values: list[int], x: int) -> int:
+    """Index of the last value <= x (-1 when none); ``values`` is sorted."""
+    lo, hi = 0, len(values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if values[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def entries_of(objects: list[bytes]) -> list[LedgerObject]:
+    """Decode objects returned by :meth:`PartitionLog.read`."""
+    return [decode_object(data) for data in objects]
+
+
+__all__ = [
+    "PartitionLog",
+    "LedgerInfo",
+    "ReadReply",
+    "StaleSequence",
+    "Entries",
+    "entries_of",
+    "partition_prefix",
+]

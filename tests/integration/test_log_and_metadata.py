@@ -1,0 +1,147 @@
+"""Producer dedup, ledger rollover, retention, bad input and coordinator restarts."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import pytest
+import ray
+
+from raydelay import InvalidArgument, NotFound
+from raydelay.cluster.names import topic_actor_name
+from raydelay.log.entries import AppendBatch, Entries, encode_batch
+from tests.integration.helpers import receive_all
+
+
+def test_a_re_sent_batch_is_not_appended_twice(cluster, topic_name):
+    import numpy as np
+
+    cluster.create_topic(topic_name)
+    topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace="raydelay")
+    entries = Entries([b"a", b"b"], np.array([-1, -1], dtype=np.int64))
+    batch = encode_batch(AppendBatch("producer-1", 7, entries))
+    # Given a batch that was appended
+    first = ray.get(topic.append.remote(batch))
+    # When the producer re-sends it (say, after a timeout)
+    again = ray.get(topic.append.remote(batch))
+    # Then it gets the same positions and the log holds it once
+    assert again == first
+    consumer = cluster.subscribe(topic_name, "s")
+    got = receive_all(consumer, 3, timeout_s=3)
+    assert [m.payload for m, _ in got] == [b"a", b"b"]
+    assert ray.get(topic.stats.remote())["duplicates"] == 1
+
+
+def test_ledgers_roll_over_and_fully_acked_ones_are_deleted(cluster, topic_name, ray_cluster):
+    per_ledger = cluster.config.topic.max_entries_per_ledger
+    cluster.create_topic(topic_name)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    mids = producer.send_many([b"x"] * (per_ledger * 3 + 10))
+    ledgers = sorted({m.ledger_id for m in mids})
+    assert len(ledgers) >= 4
+    stats = cluster.stats(topic_name)["partitions"][0]
+    assert all(count == per_ledger for _, count in stats["ledgers"][:3])
+    # When everything is acked
+    assert len(receive_all(consumer, len(mids), timeout_s=30)) == len(mids)
+    # Then the closed ledgers disappear from the store and the metadata
+    root = cluster.config.storage.local.root
+    deadline = time.monotonic() + 15
+    left = None
+    while time.monotonic() < deadline:
+        left = [x[0] for x in cluster.stats(topic_name)["partitions"][0]["ledgers"]]
+        if set(left).isdisjoint(ledgers[:3]):
+            break
+        time.sleep(0.2)
+    assert set(left).isdisjoint(ledgers[:3])
+    from pathlib import Path
+
+    on_disk = {
+        int(p.name)
+        for p in (Path(root) / "topics" / topic_name / "0" / "ledgers").iterdir()
+        if any(p.iterdir())
+    }
+    assert on_disk.isdisjoint(ledgers[:3])
+
+
+def test_bad_input_is_refused_and_nothing_is_written(cluster, topic_name):
+    cluster.create_topic(topic_name)
+    producer = cluster.create_producer(topic_name)
+    limit = cluster.config.topic.max_message_bytes
+    bad = [
+        (dict(payload=b"x", deliver_after=-1), "deliver_after"),
+        (dict(payload=b"x", deliver_after=1, deliver_at=1), "not both"),
+        (dict(payload=b"x", deliver_at=datetime(2030, 1, 1)), "naive"),
+        (dict(payload=b"x", deliver_at="tomorrow"), "deliver_at"),
+        (dict(payload=b"x", deliver_at=1.5), "deliver_at"),
+        (dict(payload="text"), "payload"),
+        (dict(payload=b"x" * (limit + 1)), "max_message_bytes"),
+        (dict(payload=b"x", key=5), "key"),
+        (dict(payload=b"x", properties={"a": 1}), "properties"),
+    ]
+    for kwargs, words in bad:
+        payload = kwargs.pop("payload")
+        with pytest.raises(InvalidArgument, match=words):
+            producer.send(payload, **kwargs)
+    # a batch with one bad message writes nothing at all
+    with pytest.raises(InvalidArgument, match="message 2"):
+        producer.send_many([b"a", b"b", b"c"], deliver_after=[1, 1, -5])
+    assert cluster.stats(topic_name)["partitions"][0]["tail"] is None
+    for name in ("", "a/b", "..", "x" * 200, 5):
+        with pytest.raises(InvalidArgument):
+            cluster.create_topic(name)
+        with pytest.raises(InvalidArgument):
+            cluster.subscribe(topic_name, name)
+    with pytest.raises(InvalidArgument, match="subscription_type"):
+        cluster.subscribe(topic_name, "s", subscription_type="broadcast")
+    with pytest.raises(NotFound):
+        cluster.create_producer("no-such-topic")
+    with pytest.raises(NotFound):
+        cluster.subscribe("no-such-topic", "s")
+
+
+def test_max_delay_is_enforced_when_configured(cluster, topic_name, monkeypatch):
+    # Given a producer built under delayed.max_delay_ms = 60 s (the session's cluster has none)
+    cluster.create_topic(topic_name)
+    producer = cluster.create_producer(topic_name)
+    monkeypatch.setattr(producer, "_max_delay_ms", 60_000)
+    with pytest.raises(InvalidArgument, match="max_delay_ms"):
+        producer.send(b"x", deliver_after=61)
+    producer.send(b"x", deliver_after=59)  # within the limit
+
+
+def test_the_coordinator_restarts_with_its_metadata_intact(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=3)
+    consumer = cluster.subscribe(topic_name, "kept", subscription_type="failover")
+    producer = cluster.create_producer(topic_name)
+    producer.send_many([b"x"] * 30)
+    receive_all(consumer, 30)
+    coordinator = ray.get_actor("coordinator", namespace="raydelay")
+
+    def metadata():
+        return (
+            ray.get(coordinator.topics.remote())[topic_name],
+            ray.get(coordinator.subscriptions.remote(topic_name)),
+            [ray.get(coordinator.ledgers.remote(topic_name, p)) for p in range(3)],
+        )
+
+    before = metadata()
+    pid = ray.get(coordinator.pid.remote())
+    # When the coordinator process dies, Ray restarts it and it replays its journal
+    ray.kill(coordinator, no_restart=False)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if ray.get(coordinator.pid.remote(), timeout=5) != pid:
+                break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+    assert metadata() == before
+    assert before[0] == 3
+    # and the data path keeps working
+    mid = producer.send(b"after")
+    got = receive_all(consumer, 1)
+    assert [m.message_id for m, _ in got] == [mid]
