@@ -18,6 +18,7 @@ bucket tracker does its own I/O on its threads.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections import OrderedDict
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.25  # the timer's longest sleep when nothing is scheduled
 _LONG_POLL_S = 5.0
 _READ_CHUNK = 5_000
-_DECODED_CACHE = 64  # decoded ledger objects kept for payload fetches
+_PUMP_LINGER_S = 0.005
+_DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload fetches
 
 
 class SubscriptionActor:
@@ -85,6 +87,8 @@ class SubscriptionActor:
             read_ahead_entries=self._config.subscription.read_ahead_entries,
         )
         self._decoded: OrderedDict[tuple[int, int], LedgerObject] = OrderedDict()
+        self._decoded_firsts: dict[int, list[int]] = {}  # ledger -> sorted first entries
+        self._decoded_entries = 0
         self._persisted: tuple[Any, ...] | None = None
         self._reported: Position | None = None
         self._started = False
@@ -226,16 +230,32 @@ class SubscriptionActor:
 
     def _find_decoded(self, k: int) -> tuple[LedgerObject, int] | None:
         ledger_id, entry_id = position_of(k)
-        for (lg, first), obj in reversed(self._decoded.items()):
-            if lg == ledger_id and first <= entry_id < first + obj.count:
-                return obj, entry_id - first
-        return None
+        firsts = self._decoded_firsts.get(ledger_id)
+        if not firsts:
+            return None
+        j = bisect.bisect_right(firsts, entry_id) - 1
+        if j < 0:
+            return None
+        obj = self._decoded[(ledger_id, firsts[j])]
+        return (obj, entry_id - obj.first_entry) if entry_id < obj.first_entry + obj.count else None
 
     def _keep_decoded(self, obj: LedgerObject) -> None:
-        self._decoded[(obj.ledger_id, obj.first_entry)] = obj
-        self._decoded.move_to_end((obj.ledger_id, obj.first_entry))
-        while len(self._decoded) > _DECODED_CACHE:
-            self._decoded.popitem(last=False)
+        """Keep decoded objects (up to _DECODED_ENTRIES entries in all), so that messages due
+        soon after they were read need no second fetch."""
+        key = (obj.ledger_id, obj.first_entry)
+        if key in self._decoded:
+            self._decoded.move_to_end(key)
+            return
+        self._decoded[key] = obj
+        self._decoded_entries += obj.count
+        bisect.insort(self._decoded_firsts.setdefault(obj.ledger_id, []), obj.first_entry)
+        while self._decoded_entries > _DECODED_ENTRIES and len(self._decoded) > 1:
+            (lg, first), old = self._decoded.popitem(last=False)
+            self._decoded_entries -= old.count
+            firsts = self._decoded_firsts[lg]
+            firsts.remove(first)
+            if not firsts:
+                del self._decoded_firsts[lg]
 
     async def ack(self, consumer_id: str, positions: list[tuple[int, int]]) -> int:
         self._ensure_started()
@@ -322,23 +342,21 @@ class SubscriptionActor:
                     continue
                 room = self._sub.read_ahead_entries - self._sub.ready_count()
                 reply = await rpc.wait(
-                    self._topic_actor.read.remote(self._sub.read_position, min(room, _READ_CHUNK)),
+                    self._topic_actor.read.remote(
+                        self._sub.read_position, min(room, _READ_CHUNK), _LONG_POLL_S
+                    ),
                     what="topic actor",
                 )
                 objects = [decode_object(b) for b in reply["objects"]]
-                for obj in objects[-4:]:
+                for obj in objects:
                     self._keep_decoded(obj)
-                before = self._sub.read_position
-                self._sub.on_read(objects, reply["ledgers"], reply["tail"])
+                taken = self._sub.on_read(objects, reply["ledgers"], reply["tail"])
                 if objects:
                     self._changed.set()
                     await self._notify()
-                if self._sub.read_position != before:
-                    continue
-                await rpc.wait(
-                    self._topic_actor.wait_for_entries.remote(reply["tail"], _LONG_POLL_S),
-                    what="topic actor",
-                )
+                if taken < _READ_CHUNK // 4:
+                    # A trickle: let a few group commits gather before the next call.
+                    await asyncio.sleep(_PUMP_LINGER_S)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - logged; the log is re-read after a pause

@@ -173,9 +173,16 @@ class TopicActor:
 
     # --- reading --------------------------------------------------------------------------
 
-    async def read(self, from_position: tuple[int, int], max_entries: int) -> dict:
-        """Ledger objects with entries at or after ``from_position``; see ReadReply."""
+    async def read(
+        self, from_position: tuple[int, int], max_entries: int, wait_s: float = 0.0
+    ) -> dict:
+        """Ledger objects with entries at or after ``from_position`` (see ReadReply), the tail,
+        and the ledger list. With ``wait_s`` (seconds), a reader that is caught up waits
+        that long for new entries first (one call instead of a poll plus a read)."""
         self._ensure_started()
+        position = (int(from_position[0]), int(from_position[1]))
+        if wait_s > 0 and not self._has_entries_at(position):
+            await self.wait_for_entries(self._before(position), wait_s)
         reply = await self._run(
             self._log.read, (int(from_position[0]), int(from_position[1])), int(max_entries)
         )
@@ -184,6 +191,14 @@ class TopicActor:
             "tail": reply.tail,
             "ledgers": [(x.ledger_id, x.count) for x in self._log.ledgers],
         }
+
+    def _has_entries_at(self, position: tuple[int, int]) -> bool:
+        tail = self._log.tail()
+        return tail is not None and tail >= position
+
+    @staticmethod
+    def _before(position: tuple[int, int]) -> tuple[int, int]:
+        return (position[0], position[1] - 1)
 
     async def read_positions(self, positions: list[tuple[int, int]]) -> list[bytes]:
         self._ensure_started()

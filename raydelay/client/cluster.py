@@ -22,6 +22,10 @@ from raydelay.storage.keys import validate_name
 
 log = logging.getLogger(__name__)
 
+# For a Ray that connect() starts: batches of a few hundred KB travel inline with the call
+# instead of through the shared-memory object store (cheaper at these sizes).
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1024 * 1024}
+
 _SUMMED = (
     "delayed",
     "backlog",
@@ -59,6 +63,7 @@ def connect(
                 include_dashboard=False,
                 logging_level=logging.WARNING,
                 configure_logging=False,
+                _system_config=RAY_SYSTEM_CONFIG,
             )
             started = True
         else:

@@ -122,6 +122,14 @@ class Consumer:
     def _group(self, messages: Any, field: str) -> dict[int, list[tuple[int, int]]]:
         if isinstance(messages, (Message, MessageId)):
             messages = [messages]
+        if isinstance(messages, list) and messages and all(type(m) is Message for m in messages):
+            ids = [m[0] for m in messages]  # fast path: what receive() returned
+            if all(mid[0] == self.topic for mid in ids):
+                out: dict[int, list[tuple[int, int]]] = {}
+                for mid in ids:
+                    out.setdefault(mid[1], []).append((mid[2], mid[3]))
+                if all(0 <= p < self.partitions for p in out):
+                    return out
         try:
             items = list(messages)
         except TypeError:

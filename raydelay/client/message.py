@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from raydelay.errors import InvalidArgument
 from raydelay.log.entries import NO_DELAY
 
 
-@dataclass(frozen=True, order=True)
-class MessageId:
-    """Where a message is: topic, partition, ledger and entry. Ordered by position within a
-    partition; ``str()`` gives ``topic/partition/ledger:entry``."""
+class MessageId(NamedTuple):
+    """Where a message is: topic, partition, ledger and entry. Immutable, hashable, and
+    ordered by position within a partition; ``str()`` gives ``topic/partition/ledger:entry``."""
 
     topic: str
     partition: int
@@ -25,10 +23,10 @@ class MessageId:
         return f"{self.topic}/{self.partition}/{self.ledger_id}:{self.entry_id}"
 
 
-@dataclass(frozen=True)
-class Message:
-    """A delivered message.
+class Message(NamedTuple):
+    """A delivered message (immutable).
 
+    - ``properties``: the producer's str -> str map ({} when none were given).
     - ``publish_time_ms``: when the partition log committed it (epoch ms).
     - ``deliver_at_ms``: when it was due (epoch ms); None for an immediate message.
     - ``redelivery_count``: how many times it was delivered before this delivery.
@@ -37,7 +35,7 @@ class Message:
     message_id: MessageId
     payload: bytes
     key: str | None
-    properties: dict[str, str] = field(hash=False, compare=False)
+    properties: dict[str, str]
     publish_time_ms: int
     deliver_at_ms: int | None
     redelivery_count: int
@@ -45,14 +43,16 @@ class Message:
 
 def messages_from_wire(cols: dict[str, Any]) -> list[Message]:
     topic, partition = cols["topic"], cols["partition"]
+    props = cols["pr"] or [None] * len(cols["l"])
+    keys = cols["k"] or [None] * len(cols["l"])
     return [
-        Message(MessageId(topic, partition, lg, e), p, k, pr or {}, t, d, r)
+        Message(MessageId(topic, partition, lg, e), p, k, pr or {}, t, None if d < 0 else d, r)
         for lg, e, p, k, pr, t, d, r in zip(
             cols["l"],
             cols["e"],
             cols["p"],
-            cols["k"],
-            cols["pr"],
+            keys,
+            props,
             cols["t"],
             cols["d"],
             cols["r"],

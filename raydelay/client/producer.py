@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 _LINGER_S = 0.001
 _RETRIES = 5
+STICKY = 1_000  # keyless messages go to one partition in runs of at least this many
 
 
 def partition_of(key: str | None, partitions: int, counter: itertools.count) -> int:
@@ -142,26 +143,28 @@ class Producer:
             else None
         )
         now = _now_ms()
-        checked_payloads = [
-            check_payload(p, self._max_bytes, f"payloads[{i}]") for i, p in enumerate(payloads)
-        ]
+        checked_payloads = _check_payloads(payloads, self._max_bytes)
         key_list = [check_key(k, f"keys[{i}]") for i, k in enumerate(ks)] if ks else [None] * n
         prop_list = (
             [check_properties(p, f"properties[{i}]") for i, p in enumerate(props)]
             if props
             else [None] * n
         )
-        d = np.fromiter(
-            (
-                deliver_at_of(ats[i], afters[i], now, self._max_delay_ms, f"message {i}")
-                for i in range(n)
-            ),
-            dtype=np.int64,
-            count=n,
-        )
+        if not _is_seq(deliver_at) and not _is_seq(deliver_after):  # one due time for all
+            d = np.full(
+                n, deliver_at_of(deliver_at, deliver_after, now, self._max_delay_ms), dtype=np.int64
+            )
+        else:
+            d = np.fromiter(
+                (
+                    deliver_at_of(ats[i], afters[i], now, self._max_delay_ms, f"message {i}")
+                    for i in range(n)
+                ),
+                dtype=np.int64,
+                count=n,
+            )
         if ks is None:
-            start = next(self._rr)
-            parts = (np.arange(n) + start) % self.partitions
+            parts = self._sticky(n)
         else:
             parts = np.fromiter(
                 (partition_of(k, self.partitions, self._rr) for k in key_list),
@@ -169,6 +172,14 @@ class Producer:
                 count=n,
             )
         return self._append(parts, checked_payloads, key_list, prop_list, d)
+
+    def _sticky(self, n: int) -> np.ndarray:
+        """Partitions for ``n`` keyless messages: round-robin by runs of at least STICKY
+        messages, so a batch costs one append per partition it touches, not one per
+        partition of the topic."""
+        runs = max(1, min(self.partitions, n // STICKY))
+        start = next(self._rr)
+        return (start + (np.arange(n) * runs) // max(n, 1)) % self.partitions
 
     def _append(
         self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
@@ -297,6 +308,12 @@ class Producer:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _check_payloads(payloads: Sequence[object], max_bytes: int) -> list[bytes]:
+    if all(type(p) is bytes and len(p) <= max_bytes for p in payloads):
+        return list(payloads)  # type: ignore[arg-type]
+    return [check_payload(p, max_bytes, f"payloads[{i}]") for i, p in enumerate(payloads)]
 
 
 def _is_seq(v: object) -> bool:

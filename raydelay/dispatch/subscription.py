@@ -23,6 +23,7 @@ Positions are ints: ``ledger_id << 32 | entry_id``.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -59,13 +60,28 @@ class ConsumerBusy(RaydelayError):
 
 @dataclass(frozen=True)
 class Delivery:
-    """A message handed to a consumer: the object holding it, its index there, and how
-    many times it was delivered before."""
+    """Messages handed to a consumer from one ledger object: their indexes in it, their
+    position keys, and how many times each was delivered before."""
 
-    key: int
     obj: LedgerObject
-    index: int
-    redelivery_count: int
+    indexes: np.ndarray  # int64
+    keys: np.ndarray  # int64 position keys
+    counts: np.ndarray  # int64 redelivery counts
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class _Run:
+    """Entries of one ledger object waiting in the read-ahead queue (from ``pos`` on)."""
+
+    __slots__ = ("obj", "indexes", "keys", "pos")
+
+    def __init__(self, obj: LedgerObject, indexes: np.ndarray, keys: np.ndarray) -> None:
+        self.obj, self.indexes, self.keys, self.pos = obj, indexes, keys, 0
+
+    def __len__(self) -> int:
+        return len(self.keys) - self.pos
 
 
 @dataclass
@@ -105,11 +121,13 @@ class Subscription:
         self.ack_timeout_ms = ack_timeout_ms
         self.max_redeliveries = max_redeliveries
         self.read_ahead_entries = read_ahead_entries
-        self._ready: deque[tuple[int, LedgerObject, int]] = deque()
+        self._ready: deque[_Run] = deque()
+        self._ready_count = 0
         self.redeliver = BitMap64()
         self.dead = BitMap64()
         self._pending: dict[int, tuple[str, int]] = {}  # key -> (consumer, deadline_ms or 0)
-        self._deadlines: list[tuple[int, int]] = []  # heap of (deadline_ms, key)
+        self._deadlines: list[tuple[int, int, list[int]]] = []  # heap: (deadline_ms, n, keys)
+        self._deadline_seq = 0
         self._counts: dict[int, int] = {}  # key -> deliveries so far, once above zero
         self._consumers: dict[str, _Consumer] = {}
         self._cancelled_ahead = BitMap64()  # cancel targets not read from the log yet
@@ -154,7 +172,7 @@ class Subscription:
     # --- reading the log -------------------------------------------------------------------
 
     def wants_read(self) -> bool:
-        return len(self._ready) < self.read_ahead_entries
+        return self._ready_count < self.read_ahead_entries
 
     def on_read(
         self,
@@ -201,11 +219,13 @@ class Subscription:
                         ds[delayed],
                     )
                     now_due[np.flatnonzero(delayed)[tracked]] = False
-            for i, e in zip(idx[now_due], entry_ids[now_due], strict=True):
-                k = key_of(obj.ledger_id, int(e))
-                if (obj.ledger_id, int(e)) < self._dispatched_before and k not in self._counts:
-                    self._counts[k] = 1  # an earlier life may have delivered it
-                self._ready.append((k, obj, int(i)))
+            if now_due.any():
+                run_keys = (np.int64(obj.ledger_id) << _SHIFT) | entry_ids[now_due]
+                before = key_of(*self._dispatched_before) if self._dispatched_before[1] >= 0 else -1
+                for k in run_keys[run_keys < before].tolist():  # only right after a restart
+                    self._counts.setdefault(k, 1)  # an earlier life may have delivered it
+                self._ready.append(_Run(obj, idx[now_due], run_keys))
+                self._ready_count += len(run_keys)
             last = obj.first_entry + obj.count
             self.read_position = (obj.ledger_id, last)
             size = self.cursor.ledger_size(obj.ledger_id)
@@ -245,18 +265,13 @@ class Subscription:
         """Move due delayed positions and expired ack deadlines into the redelivery set."""
         self.expire(now_ms)
         if len(self.redeliver) < max_messages and self.tracker.has_message_available():
-            for ledger_id, entry_id in self.tracker.get_scheduled_messages(max_messages):
-                self.redeliver.add(key_of(ledger_id, entry_id))
+            due = self.tracker.get_scheduled_messages(max_messages)
+            self.redeliver.update([(lg << _SHIFT) | e for lg, e in due])
 
     def keys_to_fetch(self, max_messages: int) -> list[int]:
         """The redelivery-set positions to hand out next (lowest first); the actor fetches
         their payloads, then calls :meth:`deliver`."""
-        out: list[int] = []
-        for k in self.redeliver:
-            out.append(k)
-            if len(out) >= max_messages:
-                break
-        return out
+        return list(itertools.islice(self.redeliver, max_messages))
 
     def dead_letters(self, max_messages: int) -> list[int]:
         out: list[int] = []
@@ -278,30 +293,53 @@ class Subscription:
         if not self.can_receive(consumer_id):
             return []
         out: list[Delivery] = []
+        room = max_messages
+        by_obj: dict[int, tuple[LedgerObject, list[int], list[int]]] = {}
         for k in sorted(fetched):
-            if len(out) >= max_messages:
+            if room <= 0:
                 break
             if k not in self.redeliver:
                 continue  # another receive took it, or it was acked or cancelled meanwhile
             self.redeliver.discard(k)
             obj, i = fetched[k]
-            out.append(self._hand_out(consumer_id, k, obj, i, now_ms))
-        while self._ready and len(out) < max_messages:
-            k, obj, i = self._ready.popleft()
-            lg, e = position_of(k)
-            if self.cursor.is_acked(lg, e) or k in self._pending:
-                continue
-            out.append(self._hand_out(consumer_id, k, obj, i, now_ms))
+            entry = by_obj.setdefault(id(obj), (obj, [], []))
+            entry[1].append(i)
+            entry[2].append(k)
+            room -= 1
+        for obj, idx, keys in by_obj.values():
+            out.append(self._hand_out(consumer_id, obj, np.array(idx), np.array(keys), now_ms))
+        while self._ready and room > 0:
+            run = self._ready[0]
+            end = min(len(run.keys), run.pos + room)
+            idx, keys = run.indexes[run.pos : end], run.keys[run.pos : end]
+            self._ready_count -= end - run.pos
+            run.pos = end
+            if run.pos >= len(run.keys):
+                self._ready.popleft()
+            keep = self._unseen(int(keys[0] >> _SHIFT), keys & _LOW)  # acked since (cancels)
+            if not keep.all():
+                idx, keys = idx[keep], keys[keep]
+            if len(keys):
+                out.append(self._hand_out(consumer_id, run.obj, idx, keys, now_ms))
+                room -= len(keys)
         return out
 
-    def _hand_out(self, consumer_id: str, k: int, obj: LedgerObject, i: int, now_ms: int):
+    def _hand_out(
+        self, consumer_id: str, obj: LedgerObject, idx: np.ndarray, keys: np.ndarray, now_ms: int
+    ) -> Delivery:
         deadline = now_ms + self.ack_timeout_ms if self.ack_timeout_ms else 0
-        self._pending[k] = (consumer_id, deadline)
-        self._consumers[consumer_id].pending.add(k)
+        klist = keys.tolist()
+        self._pending.update(dict.fromkeys(klist, (consumer_id, deadline)))
+        self._consumers[consumer_id].pending.update(klist)
         if deadline:
-            heapq.heappush(self._deadlines, (deadline, k))
-        self.counters["delivered"] += 1
-        return Delivery(k, obj, i, self._counts.get(k, 0))
+            self._deadline_seq += 1
+            heapq.heappush(self._deadlines, (deadline, self._deadline_seq, klist))
+        self.counters["delivered"] += len(klist)
+        if self._counts:
+            counts = np.array([self._counts.get(k, 0) for k in klist], dtype=np.int64)
+        else:
+            counts = np.zeros(len(klist), dtype=np.int64)
+        return Delivery(obj, idx, keys, counts)
 
     def drop_missing(self, keys: Iterable[int]) -> int:
         """Positions the log no longer has (deleted): nothing can deliver them; ack them."""
@@ -327,15 +365,20 @@ class Subscription:
         ks = np.fromiter(keys, dtype=np.int64)
         if len(ks) == 0:
             return 0
-        for k in ks.tolist():
-            owner = self._pending.pop(k, None)
-            if owner is not None:
-                c = self._consumers.get(owner[0])
-                if c is not None:
-                    c.pending.discard(k)
-            self._counts.pop(k, None)
-            self.redeliver.discard(k)
-            self.dead.discard(k)
+        klist = ks.tolist()
+        pop = self._pending.pop
+        owners = {o[0] for o in (pop(k, None) for k in klist) if o is not None}
+        for owner in owners:
+            c = self._consumers.get(owner)
+            if c is not None:
+                c.pending.difference_update(klist)
+        if self._counts:
+            for k in klist:
+                self._counts.pop(k, None)
+        if self.redeliver or self.dead:
+            gone = BitMap64(klist)
+            self.redeliver -= gone
+            self.dead -= gone
         added = self.cursor.ack(ks >> _SHIFT, ks & _LOW)
         self.counters["acked"] += added
         return added
@@ -363,16 +406,17 @@ class Subscription:
         """Ack timeouts: unacked deliveries past their deadline go back for redelivery."""
         n = 0
         while self._deadlines and self._deadlines[0][0] <= now_ms:
-            deadline, k = heapq.heappop(self._deadlines)
-            owner = self._pending.get(k)
-            if owner is None or owner[1] != deadline:
-                continue  # acked, nacked or delivered again since
-            del self._pending[k]
-            c = self._consumers.get(owner[0])
-            if c is not None:
-                c.pending.discard(k)
-            self._schedule_redelivery(k)
-            n += 1
+            deadline, _, keys = heapq.heappop(self._deadlines)
+            for k in keys:
+                owner = self._pending.get(k)
+                if owner is None or owner[1] != deadline:
+                    continue  # acked, nacked or delivered again since
+                del self._pending[k]
+                c = self._consumers.get(owner[0])
+                if c is not None:
+                    c.pending.discard(k)
+                self._schedule_redelivery(k)
+                n += 1
         return n
 
     def _over_limit(self, k: int) -> bool:
@@ -440,7 +484,7 @@ class Subscription:
         return len(self._pending)
 
     def ready_count(self) -> int:
-        return len(self._ready)
+        return self._ready_count
 
     def stats(self) -> dict:
         buckets = getattr(self.tracker, "immutable_bucket_count", lambda: 0)()
@@ -452,7 +496,7 @@ class Subscription:
             "buckets": buckets,
             "redelivery": len(self.redeliver),
             "dead_letter_pending": len(self.dead),
-            "read_ahead": len(self._ready),
+            "read_ahead": self._ready_count,
             "mark_delete": list(self.cursor.mark_delete),
             "consumers": len(self._consumers),
             **self.counters,

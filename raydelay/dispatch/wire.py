@@ -4,35 +4,53 @@ from __future__ import annotations
 
 from typing import Any
 
-from raydelay.dispatch.subscription import Delivery, position_of
-from raydelay.log.entries import NO_DELAY
+import numpy as np
+
+from raydelay.dispatch.subscription import Delivery
+
+_SHIFT = 32
+_LOW = (1 << _SHIFT) - 1
 
 
 def deliveries_to_wire(topic: str, partition: int, deliveries: list[Delivery]) -> dict[str, Any]:
-    """Columns: ledger/entry ids, payloads, keys, properties, publish and deliver_at times
-    (epoch ms; None for an immediate message) and redelivery counts."""
-    cols: dict[str, Any] = {
+    """Columns: ledger/entry ids, payloads, keys and properties (None when no message has
+    any), publish times, deliver_at (epoch ms; -1 for an immediate message) and redelivery
+    counts."""
+    payloads: list[bytes] = []
+    keys: list[str | None] | None = None
+    props: list[dict[str, str] | None] | None = None
+    times: list[int] = []
+    for dv in deliveries:
+        ents, idx = dv.obj.entries, dv.indexes.tolist()
+        if ents.keys is not None and keys is None:
+            keys = [None] * len(payloads)
+        if ents.properties is not None and props is None:
+            props = [None] * len(payloads)
+        payloads.extend([ents.payloads[i] for i in idx])
+        if keys is not None:
+            keys.extend([ents.keys[i] for i in idx] if ents.keys is not None else [None] * len(idx))
+        if props is not None:
+            props.extend(
+                [ents.properties[i] for i in idx]
+                if ents.properties is not None
+                else [None] * len(idx)
+            )
+        times.extend([dv.obj.publish_time_ms] * len(idx))
+    if deliveries:
+        all_keys = np.concatenate([dv.keys for dv in deliveries])
+        ds = np.concatenate([dv.obj.entries.deliver_at_ms[dv.indexes] for dv in deliveries])
+        counts = np.concatenate([dv.counts for dv in deliveries])
+    else:
+        all_keys = ds = counts = np.zeros(0, dtype=np.int64)
+    return {
         "topic": topic,
         "partition": partition,
-        "l": [],
-        "e": [],
-        "p": [],
-        "k": [],
-        "pr": [],
-        "t": [],
-        "d": [],
-        "r": [],
+        "l": (all_keys >> _SHIFT).tolist(),
+        "e": (all_keys & _LOW).tolist(),
+        "p": payloads,
+        "k": keys,
+        "pr": props,
+        "t": times,
+        "d": ds.tolist(),
+        "r": counts.tolist(),
     }
-    for dv in deliveries:
-        ledger_id, entry_id = position_of(dv.key)
-        ents = dv.obj.entries
-        d = int(ents.deliver_at_ms[dv.index])
-        cols["l"].append(ledger_id)
-        cols["e"].append(entry_id)
-        cols["p"].append(ents.payloads[dv.index])
-        cols["k"].append(ents.key(dv.index))
-        cols["pr"].append(ents.props(dv.index))
-        cols["t"].append(dv.obj.publish_time_ms)
-        cols["d"].append(None if d == NO_DELAY else d)
-        cols["r"].append(dv.redelivery_count)
-    return cols

@@ -1,0 +1,212 @@
+"""End-to-end benchmarks of the Ray data path (issue: the Ray data path). Prints a table.
+
+1. Sustained throughput: one topic with 4 partitions, one shared subscription, 100-byte
+   payloads, a local-dir store. Two threads share one producer and call ``send_many``
+   with batches of 1,000; a consumer thread receives (up to 5,000 per call) and acks each
+   batch, concurrently. Measured from the
+   first send to the last ack, so it covers produce -> durable -> indexed -> delivered ->
+   acked. Run twice: immediate messages, and messages delayed 1 s (these go through the
+   bucket tracker and their payloads are fetched again when due). The last messages of
+   the delayed run are due 1 s after they were sent, so that run's end-to-end figure
+   includes 1 s of pure waiting; the next column leaves it out.
+   "Where the time goes": CPU seconds each process spent during the run (psutil).
+2. Lateness: messages due at 10k/s for ``--lateness-seconds`` seconds (sent ahead of
+   time); lateness = receive time - deliver_at, p50 / p99 / max, and how many arrived
+   early (strict mode: must be 0).
+
+Usage: python bench/e2e_bench.py [--messages 1000000] [--lateness-seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ray  # noqa: E402
+
+import raydelay  # noqa: E402
+from raydelay.client.cluster import RAY_SYSTEM_CONFIG  # noqa: E402
+
+PAYLOAD = b"x" * 100
+BATCH = 1_000
+PRODUCER_THREADS = 2
+KINDS = (("immediate", None), ("delayed 1 s", 1.0))  # (label, deliver_after seconds)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def ray_processes() -> dict[int, str]:
+    """pid -> a role for the driver and every process of the local Ray (workers name
+    themselves ``ray::<ActorClass>`` in their command line)."""
+    me = psutil.Process().pid
+    roles: dict[int, str] = {me: "driver (producer + consumer)"}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] == me:
+            continue
+        if cmd.startswith("ray::"):
+            roles[proc.info["pid"]] = cmd.split()[0][5:].split(".")[0]
+        elif "gcs_server" in cmd:
+            roles[proc.info["pid"]] = "ray gcs"
+        elif "raylet" in cmd:
+            roles[proc.info["pid"]] = "ray raylet"
+    return roles
+
+
+def cpu_times(roles: dict[int, str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pid, role in roles.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:
+    cluster.create_topic(topic, partitions=4)
+    consumer = cluster.subscribe(topic, "bench")
+    producer = cluster.create_producer(topic)
+    roles = ray_processes()
+    cpu0 = cpu_times(roles)
+    acked = 0
+    done = threading.Event()
+
+    def consume() -> None:
+        nonlocal acked
+        while acked < n and not done.is_set():
+            msgs = consumer.receive(max_messages=5_000, timeout_s=1.0)
+            if msgs:
+                consumer.ack(msgs)
+                acked += len(msgs)
+
+    t = threading.Thread(target=consume, daemon=True)
+    start = time.perf_counter()
+    t.start()
+    payloads = [PAYLOAD] * BATCH
+
+    def produce(batches: int) -> None:
+        for _ in range(batches):
+            producer.send_many(payloads, deliver_after=delay_s)
+
+    # Two threads share the producer, so one batch's durability wait overlaps the next send.
+    senders = [
+        threading.Thread(target=produce, args=(n // BATCH // PRODUCER_THREADS,))
+        for _ in range(PRODUCER_THREADS)
+    ]
+    for s in senders:
+        s.start()
+    for s in senders:
+        s.join()
+    produced = time.perf_counter() - start
+    t.join(timeout=300)
+    done.set()
+    elapsed = time.perf_counter() - start
+    cpu1 = cpu_times(roles)
+    cpu = {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1}
+    consumer.close()
+    producer.close()
+    return {"n": n, "acked": acked, "elapsed": elapsed, "produce": produced, "cpu": cpu}
+
+
+def lateness(cluster, topic: str, seconds: int, rate: int = 10_000) -> dict:
+    cluster.create_topic(topic, partitions=4)
+    consumer = cluster.subscribe(topic, "late")
+    producer = cluster.create_producer(topic)
+    n = seconds * rate
+    start_at = now_ms() + 4_000 + n // 50  # enough lead time to send everything first
+    ats = start_at + (np.arange(n) * 1000 // rate)
+    for lo in range(0, n, 5_000):
+        producer.send_many(
+            [PAYLOAD] * len(ats[lo : lo + 5_000]), deliver_at=[int(a) for a in ats[lo : lo + 5_000]]
+        )
+    lates: list[int] = []
+    deadline = time.monotonic() + (start_at - now_ms()) / 1000 + seconds + 60
+    while len(lates) < n and time.monotonic() < deadline:
+        msgs = consumer.receive(max_messages=5_000, timeout_s=1.0)
+        t = now_ms()
+        lates.extend(t - m.deliver_at_ms for m in msgs)
+        if msgs:
+            consumer.ack(msgs)
+    arr = np.array(lates)
+    consumer.close()
+    return {
+        "n": n,
+        "got": len(arr),
+        "p50": float(np.percentile(arr, 50)),
+        "p99": float(np.percentile(arr, 99)),
+        "max": int(arr.max()),
+        "early": int((arr < 0).sum()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--lateness-seconds", type=int, default=10)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory() as root:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            logging_level="ERROR",
+            configure_logging=False,
+            log_to_driver=False,
+            _system_config=RAY_SYSTEM_CONFIG,
+        )
+        cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": root}}})
+        rows = []
+        for label, delay in KINDS:
+            r = throughput(cluster, f"tput-{label[:3]}", args.messages, delay)
+            rows.append((label, r))
+        late = lateness(cluster, "late", args.lateness_seconds)
+        cluster.shutdown()
+        ray.shutdown()
+
+    print(
+        f"\n## Sustained throughput (4 partitions, 1 shared subscription, 100 B, "
+        f"send_many x{BATCH}, local dir)\n"
+    )
+    print(
+        "| messages | kind | end to end msg/s | without the last delay | produce msg/s "
+        "| acked | seconds |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for (label, r), (_, delay) in zip(rows, KINDS, strict=True):
+        steady = r["acked"] / (r["elapsed"] - (delay or 0))
+        print(
+            f"| {r['n']:,} | {label} | {r['acked'] / r['elapsed']:,.0f} | {steady:,.0f} | "
+            f"{r['n'] / r['produce']:,.0f} | {r['acked']:,} | {r['elapsed']:.1f} |"
+        )
+    print("\n## Where the time goes (CPU seconds per process during each run)\n")
+    roles = sorted({k for _, r in rows for k in r["cpu"]})
+    print("| process | " + " | ".join(label for label, _ in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
+    for role in roles:
+        cells = " | ".join(f"{r['cpu'].get(role, 0):.1f}" for _, r in rows)
+        print(f"| {role} | {cells} |")
+    print(f"\n## Lateness at 10k msg/s due for {args.lateness_seconds} s (strict mode)\n")
+    print("| messages | received | p50 ms | p99 ms | max ms | early |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {late['n']:,} | {late['got']:,} | {late['p50']:.0f} | {late['p99']:.0f} | "
+        f"{late['max']} | {late['early']} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
