@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "raydelay"
-PURE = ("delayed", "dispatch")
+PURE = ("delayed", "dispatch", "log")
+PURE_MODULES = ("cluster/metadata.py",)  # pure modules in packages that also hold Ray code
 FORBIDDEN = {"ray", "boto3", "botocore"}
 
 
@@ -96,12 +97,19 @@ def forbidden_paths(start: Path) -> list[list[str]]:
 
 
 def pure_modules() -> list[Path]:
-    return [p for sub in PURE if (PKG / sub).exists() for p in sorted((PKG / sub).rglob("*.py"))]
+    found = [p for sub in PURE if (PKG / sub).exists() for p in sorted((PKG / sub).rglob("*.py"))]
+    return found + [PKG / m for m in PURE_MODULES if (PKG / m).exists()]
 
 
 def test_the_walk_covers_the_delayed_index():
     names = {module_name(p) for p in pure_modules()}
     assert {"raydelay.delayed.bucket", "raydelay.delayed.memory", "raydelay.delayed.codec"} <= names
+    assert {
+        "raydelay.dispatch.subscription",
+        "raydelay.dispatch.cursor",
+        "raydelay.log.partition",
+        "raydelay.cluster.metadata",
+    } <= names
 
 
 def test_no_pure_module_reaches_ray_or_boto3_through_the_import_graph():
@@ -134,6 +142,8 @@ def test_importing_the_pure_core_loads_neither_ray_nor_boto3_at_runtime():
         "        continue\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
+        f"for m in {[m[:-3].replace('/', '.') for m in PURE_MODULES]!r}:\n"
+        "    importlib.import_module('raydelay.' + m)\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(FORBIDDEN)!r})\n"
         "print(','.join(bad))\n"
     )

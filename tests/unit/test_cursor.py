@@ -1,0 +1,99 @@
+"""The cursor: mark-delete plus individual acks, checked against a trivially correct model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raydelay.dispatch.cursor import Cursor
+from raydelay.errors import CodecError
+
+LEDGERS = [(3, 5), (7, 4), (9, None)]  # two closed ledgers and an open one
+
+
+def ack(cursor: Cursor, positions: list[tuple[int, int]]) -> int:
+    arr = np.array(positions, dtype=np.int64).reshape(-1, 2)
+    return cursor.ack(arr[:, 0], arr[:, 1])
+
+
+def test_mark_delete_follows_contiguous_acks_across_closed_ledgers():
+    c = Cursor()
+    c.learn_ledgers(LEDGERS)
+    assert c.mark_delete == (3, -1)
+    ack(c, [(3, 1), (3, 0)])
+    assert c.mark_delete == (3, 1)
+    ack(c, [(3, 3), (3, 4), (7, 0)])  # a gap at (3, 2)
+    assert c.mark_delete == (3, 1) and c.is_acked(3, 3) and not c.is_acked(3, 2)
+    ack(c, [(3, 2)])
+    assert c.mark_delete == (7, 0)  # ledger 3 complete, then into ledger 7
+    assert c.individually_acked() == 0
+
+
+def test_acks_at_or_before_mark_delete_are_not_counted_twice():
+    c = Cursor()
+    c.learn_ledgers(LEDGERS)
+    assert ack(c, [(3, 0), (3, 1)]) == 2
+    assert ack(c, [(3, 0), (3, 1), (3, 2)]) == 1
+
+
+def test_a_deleted_ledger_below_the_first_known_one_counts_as_acknowledged():
+    c = Cursor((1, 4))  # ledger 1 was deleted by retention meanwhile
+    c.learn_ledgers([(7, 4), (9, None)])
+    assert c.mark_delete == (7, -1)
+
+
+def test_unacked_between_counts_entries_after_mark_delete_up_to_the_tail():
+    c = Cursor()
+    c.learn_ledgers(LEDGERS)
+    ack(c, [(3, 0), (3, 4), (7, 1)])
+    assert c.unacked_between((9, 2)) == (5 - 2) + (4 - 1) + 3
+    assert c.unacked_between(None) == 0
+
+
+def test_encode_and_decode_round_trip_with_the_read_position():
+    c = Cursor()
+    c.learn_ledgers(LEDGERS)
+    ack(c, [(3, 0), (3, 2), (7, 3)])
+    back, read = Cursor.decode(c.encode((9, 1)))
+    assert read == (9, 1)
+    assert back.mark_delete == c.mark_delete
+    assert {k: list(v) for k, v in back.acked.items()} == {3: [2], 7: [3]}
+    assert back.known_ledgers() == c.known_ledgers()
+    with pytest.raises(CodecError):
+        Cursor.decode(b"\x00\x01")
+
+
+positions = st.lists(
+    st.sampled_from([(lg, e) for lg, n in ((3, 5), (7, 4), (9, 6)) for e in range(n)]),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=st.lists(positions, max_size=6), close_last=st.booleans())
+def test_mark_delete_is_always_the_end_of_the_acknowledged_prefix(batches, close_last):
+    ledgers = [(3, 5), (7, 4), (9, 6 if close_last else None)]
+    order = [(lg, e) for lg, n in ((3, 5), (7, 4), (9, 6)) for e in range(n)]
+    c = Cursor()
+    c.learn_ledgers(ledgers)
+    acked: set[tuple[int, int]] = set()
+    for b in batches:
+        if b:
+            assert ack(c, b) == len(set(b) - acked)
+            acked |= set(b)
+        prefix = 0
+        while prefix < len(order) and order[prefix] in acked:
+            prefix += 1
+        # the model: the last position of the acknowledged prefix (or the start of the next
+        # ledger once a closed ledger is complete)
+        if prefix == 0:
+            expected = (3, -1)
+        elif prefix < len(order) and order[prefix][1] == 0:
+            expected = (order[prefix][0], -1)
+        else:
+            expected = order[prefix - 1]
+        assert c.mark_delete == expected
+        for p in order:
+            assert c.is_acked(*p) == (p in acked)

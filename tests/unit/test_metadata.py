@@ -1,0 +1,98 @@
+"""The coordinator's metadata: write ahead, then apply; recovery from snapshot + journal."""
+
+from __future__ import annotations
+
+import pytest
+
+from raydelay.cluster.metadata import JOURNAL_PREFIX, SNAPSHOT_PREFIX, Metadata
+from raydelay.errors import InvalidArgument, NotFound, StorageError
+from raydelay.storage import FaultyObjectStore, MemoryObjectStore
+
+SHARED = {
+    "type": "shared",
+    "ack_timeout_s": None,
+    "max_redeliveries": None,
+    "dead_letter_topic": None,
+}
+
+
+def populated(store) -> Metadata:
+    m = Metadata(store, snapshot_every=5)
+    m.create_topic("orders", 2)
+    m.create_subscription("orders", "billing", SHARED)
+    first = m.roll_ledger("orders", 0, None, 0)
+    m.roll_ledger("orders", 0, first, 10)
+    m.set_mark_delete("orders", 0, "billing", [first, 4])
+    m.registry_apply(
+        [
+            ("put", "subs/orders/0/billing", "b1", b"rec"),
+            ("put", "subs/orders/0/billing", "b2", b"rec2"),
+        ]
+    )
+    m.registry_apply([("remove", "subs/orders/0/billing", "b1", None)])
+    return m
+
+
+def test_every_change_is_journaled_and_a_new_instance_rebuilds_the_same_state():
+    store = MemoryObjectStore()
+    m = populated(store)
+    assert store.list(SNAPSHOT_PREFIX)  # 7 changes with snapshot_every=5: one snapshot
+    assert len(store.list(JOURNAL_PREFIX)) == 2  # the journal after it
+    again = Metadata(store)
+    assert again.state == m.state
+    assert again.seq == m.seq
+    assert again.registry_list("subs/orders/0/billing") == {"b2": b"rec2"}
+    assert again.ledgers("orders", 0) == [[1, 10], [2, None]]
+
+
+def test_a_failed_journal_write_changes_nothing():
+    store = FaultyObjectStore(MemoryObjectStore())
+    m = Metadata(store)
+    store.fail_next("put")
+    with pytest.raises(StorageError):
+        m.create_topic("orders", 1)
+    with pytest.raises(NotFound):
+        m.partitions("orders")
+    m.create_topic("orders", 1)
+    assert Metadata(store).topics() == {"orders": 1}
+
+
+def test_retention_needs_every_subscription_past_a_closed_ledger():
+    m = Metadata(MemoryObjectStore())
+    m.create_topic("t", 1)
+    a = m.roll_ledger("t", 0, None, 0)
+    b = m.roll_ledger("t", 0, a, 3)
+    m.roll_ledger("t", 0, b, 2)
+    assert m.retention("t", 0) == []  # no subscription: keep everything for future ones
+    m.create_subscription("t", "s1", SHARED)
+    m.create_subscription("t", "s2", SHARED)
+    m.set_mark_delete("t", 0, "s1", [b, 1])
+    assert m.retention("t", 0) == []
+    m.set_mark_delete("t", 0, "s2", [a, 2])  # the last entry of ledger a
+    assert m.retention("t", 0) == [a]
+    m.set_mark_delete("t", 0, "s2", [b, 1])
+    assert m.retention("t", 0) == [a, b]
+    m.drop_ledgers("t", 0, [a, b])
+    assert [x[0] for x in m.ledgers("t", 0)] == [b + 1]
+
+
+def test_topics_and_subscriptions_are_checked():
+    m = Metadata(MemoryObjectStore())
+    assert m.create_topic("t", 3) == 3
+    assert m.create_topic("t", 3) == 3  # idempotent
+    with pytest.raises(InvalidArgument, match="3 partitions"):
+        m.create_topic("t", 4)
+    for bad in (0, -1, 5000, True, "2"):
+        with pytest.raises(InvalidArgument, match="partitions"):
+            m.create_topic("u", bad)
+    with pytest.raises(InvalidArgument, match="topic"):
+        m.create_topic("a/b", 1)
+    m.create_subscription("t", "s", SHARED)
+    with pytest.raises(InvalidArgument, match="cannot become"):
+        m.create_subscription("t", "s", SHARED | {"type": "exclusive"})
+    with pytest.raises(NotFound):
+        m.create_subscription("nope", "s", SHARED)
+    with pytest.raises(InvalidArgument, match="partition"):
+        m.ledgers("t", 3)
+    with pytest.raises(InvalidArgument, match="registry op"):
+        m.registry_apply([("upsert", "n", "k", b"")])

@@ -1,0 +1,237 @@
+"""The partition log (pure): group commits, ledgers, producer dedup, reads, recovery."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from raydelay.clock import ManualClock
+from raydelay.errors import CodecError, InvalidArgument, StorageError
+from raydelay.log.entries import (
+    NO_DELAY,
+    AppendBatch,
+    Entries,
+    LedgerObject,
+    decode_batch,
+    decode_object,
+    encode_batch,
+    encode_object,
+)
+from raydelay.log.partition import LedgerInfo, PartitionLog, StaleSequence
+from raydelay.storage import FaultyObjectStore, MemoryObjectStore
+
+
+class Ledgers:
+    """A stand-in for the coordinator's ledger bookkeeping."""
+
+    def __init__(self) -> None:
+        self.next_id = 1
+        self.infos: list[LedgerInfo] = []
+
+    def roll(self, closed: int | None, count: int) -> int:
+        self.infos = [
+            LedgerInfo(i.ledger_id, count if i.ledger_id == closed else i.count) for i in self.infos
+        ]
+        new = self.next_id
+        self.next_id += 1
+        self.infos.append(LedgerInfo(new, None))
+        return new
+
+
+def batch(n: int, producer: str = "", seq: int = 0, start: int = 0) -> AppendBatch:
+    entries = Entries([b"m%d" % (start + i) for i in range(n)], np.full(n, NO_DELAY, np.int64))
+    return AppendBatch(producer, seq, entries)
+
+
+def make_log(store=None, ledgers: Ledgers | None = None, max_entries=10, cache_bytes=1 << 20):
+    ledgers = ledgers or Ledgers()
+    log = PartitionLog(
+        store=store if store is not None else MemoryObjectStore(),
+        topic="t",
+        partition=0,
+        ledgers=list(ledgers.infos),
+        roll=ledgers.roll,
+        clock=ManualClock(1_000),
+        max_entries_per_ledger=max_entries,
+        cache_bytes=cache_bytes,
+    )
+    return log, ledgers
+
+
+def payloads(log: PartitionLog, start=(0, 0)) -> list[bytes]:
+    out = []
+    for data in log.read(start, 10_000).objects:
+        obj = decode_object(data)
+        out.extend(obj.entries.payloads)
+    return out
+
+
+def test_a_group_commit_writes_one_object_and_positions_follow_each_other():
+    store = MemoryObjectStore()
+    log, _ = make_log(store)
+    results = log.commit([batch(3, start=0), batch(2, start=3)])
+    assert results == [[(1, 0, 3)], [(1, 3, 2)]]
+    assert store.list("topics/t/0/ledgers/") == [
+        "topics/t/0/ledgers/00000000000000000001/00000000000000000000.entries"
+    ]
+    assert log.tail() == (1, 4)
+    assert payloads(log) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
+def test_a_batch_never_spans_ledgers_and_a_full_ledger_is_closed_with_its_count():
+    log, ledgers = make_log(max_entries=10)
+    results = log.commit([batch(6), batch(6, start=6)])
+    assert results == [[(1, 0, 6)], [(2, 0, 6)]]
+    assert ledgers.infos[0] == LedgerInfo(1, 6)
+    assert log.count_of(2) == 6
+    log.commit([batch(4, start=12)])  # fills ledger 2 exactly: it rolls at once
+    assert [i.count for i in ledgers.infos] == [6, 10, None]
+    assert payloads(log) == [b"m%d" % i for i in range(16)]
+
+
+def test_a_batch_larger_than_a_ledger_is_refused_alone():
+    log, _ = make_log(max_entries=10)
+    results = log.commit([batch(11), batch(2)])
+    assert isinstance(results[0], InvalidArgument) and "max_entries_per_ledger" in str(results[0])
+    assert results[1] == [(1, 0, 2)]
+
+
+def test_a_re_sent_batch_gets_its_positions_back_and_is_not_appended_again():
+    log, _ = make_log()
+    first = log.commit([batch(3, "p", 1)])[0]
+    assert log.commit([batch(3, "p", 1)])[0] == first
+    assert log.tail() == (1, 2)
+    assert log.stats_counters["duplicates"] == 1
+
+
+def test_batches_arriving_out_of_order_are_all_appended():
+    log, _ = make_log(max_entries=100)
+    log.commit([batch(1, "p", 2, start=2)])
+    log.commit([batch(1, "p", 1, start=1)])  # sent first, arrived second
+    assert log.commit([batch(1, "p", 1)])[0] == [(1, 1, 1)]  # and a re-send is still known
+    assert sorted(payloads(log)) == [b"m1", b"m2"]
+
+
+def test_a_sequence_older_than_the_remembered_history_is_refused():
+    log, _ = make_log(max_entries=1_000)
+    for seq in range(1, 40):
+        log.commit([batch(1, "p", seq)])
+    [result] = log.commit([batch(1, "p", 3)])
+    assert isinstance(result, StaleSequence)
+    assert log.last_sequence("p") == 39
+    assert log.last_sequence("nobody") == 0
+
+
+def test_a_failed_write_fails_its_batches_and_leaves_nothing_visible():
+    store = FaultyObjectStore(MemoryObjectStore())
+    log, _ = make_log(store)
+    log.commit([batch(2, "p", 1)])
+    store.fail_next("put")
+    results = log.commit([batch(2, "p", 2, start=2), batch(1, start=4)])
+    assert all(isinstance(r, StorageError) for r in results)
+    assert log.tail() == (1, 1)
+    # the producer's retry lands where the failed batch would have
+    assert log.commit([batch(2, "p", 2, start=2)]) == [[(1, 2, 2)]]
+    assert payloads(log) == [b"m0", b"m1", b"m2", b"m3"]
+
+
+def test_a_restarted_log_keeps_dedup_and_never_appends_to_a_ledger_it_did_not_open():
+    store = MemoryObjectStore()
+    log, ledgers = make_log(store, max_entries=10)
+    log.commit([batch(6, "p", 1)])
+    log.commit([batch(6, "p", 2, start=6)])  # rolls to ledger 2
+    log.commit([batch(1, "p", 3, start=12)])
+    # When a new instance starts over the same store and ledger list
+    again, _ = make_log(store, ledgers, max_entries=10)
+    # Then re-sends of batches from both ledgers are recognised
+    assert again.commit([batch(6, "p", 1)])[0] == [(1, 0, 6)]
+    assert again.commit([batch(1, "p", 3)])[0] == [(2, 6, 1)]
+    # and new entries go to a fresh ledger, after the old one was closed at its size
+    assert again.commit([batch(1, "p", 4, start=13)])[0] == [(3, 0, 1)]
+    assert [(i.ledger_id, i.count) for i in ledgers.infos] == [(1, 6), (2, 7), (3, None)]
+    assert payloads(again) == [b"m%d" % i for i in range(14)]
+
+
+def test_reads_cross_ledgers_start_mid_object_and_serve_redeliveries():
+    log, _ = make_log(max_entries=4)
+    for i in range(5):
+        log.commit([batch(2, start=2 * i)])
+    reply = log.read((2, 1), 3)
+    objs = [decode_object(d) for d in reply.objects]
+    assert (objs[0].ledger_id, objs[0].first_entry) == (2, 0)  # whole object holding (2, 1)
+    assert sum(o.count for o in objs) >= 3
+    assert reply.tail == log.tail()
+    got = [decode_object(d) for d in log.read_positions([(1, 3), (3, 0), (1, 2), (99, 0)])]
+    assert sorted((o.ledger_id, o.first_entry) for o in got) == [(1, 2), (3, 0)]
+
+
+def test_the_tail_cache_is_bounded_and_misses_read_the_store():
+    store = FaultyObjectStore(MemoryObjectStore())
+    log, _ = make_log(store, max_entries=1_000, cache_bytes=200)
+    for i in range(20):
+        log.commit([batch(5, start=5 * i)])
+    assert log.cached_bytes <= 200
+    gets = store.calls["get"]
+    assert payloads(log)[:3] == [b"m0", b"m1", b"m2"]
+    assert store.calls["get"] > gets
+
+
+def test_deleting_ledgers_removes_their_objects_but_never_the_open_one():
+    store = MemoryObjectStore()
+    log, ledgers = make_log(store, max_entries=4)
+    for i in range(3):
+        log.commit([batch(4, start=4 * i)])
+    open_ledger = log.current_ledger
+    deleted = log.delete_ledgers([1, 2, open_ledger])
+    assert deleted == 2
+    assert not store.list("topics/t/0/ledgers/00000000000000000001/")
+    assert [i.ledger_id for i in log.ledgers] == [3, open_ledger]
+
+
+def test_formats_round_trip_and_are_pinned_by_golden_bytes():
+    entries = Entries(
+        [b"a", b""], np.array([5, NO_DELAY], np.int64), ["k", None], [{"x": "y"}, None], {1: (7, 8)}
+    )
+    obj = LedgerObject(3, 10, 1_000, entries, {"p": (2, [(3, 10, 2)])})
+    data = encode_object(obj)
+    assert data.hex() == GOLDEN_OBJECT
+    back = decode_object(data)
+    assert (back.ledger_id, back.first_entry, back.publish_time_ms) == (3, 10, 1_000)
+    assert back.entries.payloads == [b"a", b""] and back.entries.keys == ["k", None]
+    assert back.entries.cancels == {1: (7, 8)} and back.dedup == {"p": (2, [(3, 10, 2)])}
+    assert list(back.entries.deliver_at_ms) == [5, NO_DELAY]
+    b = decode_batch(encode_batch(AppendBatch("p", 4, entries)))
+    assert (b.producer, b.sequence_id, b.entries.payloads) == ("p", 4, [b"a", b""])
+
+
+# v1: {v, l, f, t, dd, p, d (int64 LE bytes), k, pr, c}; changing the format must change v.
+GOLDEN_OBJECT = (
+    "8aa17601a16c03a1660aa174cd03e8a2646481a17092029193030a02a17092c40161c400a164c41005000000"
+    "00000000ffffffffffffffffa16b92a16bc0a270729281a178a179c0a1639193010708"
+)
+
+
+def test_corrupt_objects_and_batches_raise_clear_errors():
+    with pytest.raises(CodecError, match="cannot decode") as info:
+        decode_object(b"\xc1garbage")
+    assert info.value.__cause__ is not None
+    with pytest.raises(CodecError, match="version"):
+        decode_object(msgpack.packb({"v": 99}))
+    with pytest.raises(InvalidArgument, match="payload"):
+        decode_batch(
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "producer": "p",
+                    "seq": 1,
+                    "p": ["text"],
+                    "d": np.zeros(1, np.int64).tobytes(),
+                    "k": None,
+                    "pr": None,
+                    "c": None,
+                }
+            )
+        )
+    with pytest.raises(InvalidArgument, match="bytes"):
+        decode_batch("not bytes")

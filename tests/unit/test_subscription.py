@@ -1,0 +1,218 @@
+"""The pure Subscription: what is delivered, to whom, when; driven by a ManualClock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raydelay.clock import ManualClock
+from raydelay.delayed import (
+    BucketDelayedDeliveryTracker,
+    InMemoryBucketRegistry,
+    InMemoryDelayedDeliveryTracker,
+)
+from raydelay.dispatch.cursor import Cursor
+from raydelay.dispatch.subscription import ConsumerBusy, Subscription, key_of, position_of
+from raydelay.dispatch.wire import deliveries_to_wire
+from raydelay.errors import InvalidArgument
+from raydelay.log.entries import NO_DELAY, Entries, LedgerObject
+from raydelay.storage import MemoryObjectStore
+
+T0 = 1_000_000
+
+
+def obj(ledger: int, first: int, deliver_at: list[int], cancels=None) -> LedgerObject:
+    n = len(deliver_at)
+    entries = Entries(
+        [b"%d:%d" % (ledger, first + i) for i in range(n)],
+        np.array(deliver_at, np.int64),
+        cancels=cancels or {},
+    )
+    return LedgerObject(ledger, first, T0, entries, {})
+
+
+def make(kind="shared", clock=None, tracker=None, **kw) -> tuple[Subscription, ManualClock]:
+    clock = clock or ManualClock(T0)
+    tracker = tracker or InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=10, strict=True)
+    sub = Subscription(name="t/0/s", subscription_type=kind, tracker=tracker, clock=clock, **kw)
+    sub.add_consumer("c1")
+    return sub, clock
+
+
+def take(sub: Subscription, clock: ManualClock, consumer="c1", n=100) -> list[tuple[int, int]]:
+    """One receive: collect due, 'fetch' from what on_read saw, deliver; returns positions."""
+    sub.collect_due(clock.now_ms(), n)
+    fetched = {k: FETCHABLE[k] for k in sub.keys_to_fetch(n) if k in FETCHABLE}
+    out = sub.deliver(consumer, fetched, n, clock.now_ms())
+    wire = deliveries_to_wire("t", 0, out)
+    return list(zip(wire["l"], wire["e"], strict=True))
+
+
+FETCHABLE: dict[int, tuple[LedgerObject, int]] = {}
+
+
+def read(sub: Subscription, *objects: LedgerObject, ledgers=((1, None),)) -> None:
+    for o in objects:
+        for i in range(o.count):
+            FETCHABLE[key_of(o.ledger_id, o.first_entry + i)] = (o, i)
+    sub.on_read(list(objects), list(ledgers), None)
+
+
+def keys(positions) -> list[int]:
+    return [key_of(*p) for p in positions]
+
+
+def test_immediate_entries_go_out_at_once_and_delayed_ones_when_due_never_early():
+    sub, clock = make()
+    read(sub, obj(1, 0, [NO_DELAY, T0 + 500, NO_DELAY, T0 + 200]))
+    assert take(sub, clock) == [(1, 0), (1, 2)]
+    clock.advance(199)
+    assert take(sub, clock) == []
+    clock.advance(1)
+    assert take(sub, clock) == [(1, 3)]
+    clock.advance(300)
+    assert take(sub, clock) == [(1, 1)]
+    assert sub.stats()["delayed"] == 0
+
+
+@pytest.mark.parametrize("kind", ["exclusive", "failover"])
+def test_fifo_subscriptions_ignore_deliver_at(kind):
+    sub, clock = make(kind)
+    read(sub, obj(1, 0, [T0 + 10_000, NO_DELAY, T0 + 5]))
+    assert take(sub, clock) == [(1, 0), (1, 1), (1, 2)]
+
+
+def test_redeliveries_go_before_new_entries_and_carry_a_higher_count():
+    sub, clock = make()
+    read(sub, obj(1, 0, [NO_DELAY] * 4))
+    first = take(sub, clock, n=2)
+    sub.nack("c1", keys(first), 0, clock.now_ms())
+    sub.collect_due(clock.now_ms(), 10)
+    fetched = {k: FETCHABLE[k] for k in sub.keys_to_fetch(10)}
+    out = sub.deliver("c1", fetched, 10, clock.now_ms())
+    wire = deliveries_to_wire("t", 0, out)
+    assert list(zip(wire["l"], wire["e"], strict=True)) == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert wire["r"] == [1, 1, 0, 0]
+
+
+def test_nack_with_a_delay_waits_in_the_tracker():
+    sub, clock = make()
+    read(sub, obj(1, 0, [NO_DELAY]))
+    [p] = take(sub, clock)
+    sub.nack("c1", keys([p]), 1_000, clock.now_ms())
+    clock.advance(999)
+    assert take(sub, clock) == []
+    clock.advance(1)
+    assert take(sub, clock) == [p]
+
+
+def test_an_expired_ack_deadline_redelivers_and_an_ack_stops_it():
+    sub, clock = make(ack_timeout_ms=1_000)
+    read(sub, obj(1, 0, [NO_DELAY, NO_DELAY]))
+    got = take(sub, clock)
+    sub.ack("c1", keys(got[:1]))
+    clock.advance(999)
+    assert take(sub, clock) == []
+    clock.advance(1)
+    assert take(sub, clock) == got[1:]
+    assert sub.counters["redelivered"] == 1
+
+
+def test_after_max_redeliveries_a_message_waits_for_the_dead_letter_topic():
+    sub, clock = make(max_redeliveries=1)
+    read(sub, obj(1, 0, [NO_DELAY]))
+    [p] = take(sub, clock)
+    sub.nack("c1", keys([p]), 0, clock.now_ms())
+    assert take(sub, clock) == [p]
+    sub.nack("c1", keys([p]), 0, clock.now_ms())
+    assert take(sub, clock) == []
+    assert sub.dead_letters(10) == keys([p])
+    sub.dead_lettered(keys([p]))
+    assert sub.cursor.is_acked(*p) and sub.dead_letters(10) == []
+
+
+def test_cancel_ahead_of_the_read_in_the_tracker_and_after_delivery():
+    sub, clock = make()
+    assert sub.cancel(1, 2, marker=(1, 9)) is True  # not read yet
+    read(sub, obj(1, 0, [T0 + 100, NO_DELAY, T0 + 100, T0 + 100]))
+    assert sub.cancel(1, 3, marker=(1, 10)) is True  # waiting in the tracker
+    assert take(sub, clock) == [(1, 1)]
+    assert sub.cancel(1, 1, marker=(1, 11)) is False  # delivered
+    clock.advance(100)
+    assert take(sub, clock) == [(1, 0)]
+    assert sub.cursor.is_acked(1, 2) and sub.cursor.is_acked(1, 3)
+    assert sub.stats()["cancelled"] == 2
+
+
+def test_a_cancel_marker_read_from_the_log_and_applied_directly_counts_once():
+    sub, clock = make()
+    read(sub, obj(1, 0, [T0 + 100, NO_DELAY], cancels={1: (1, 0)}))
+    # the log read applied the marker at (1, 1) first; the caller's own call agrees with it
+    assert sub.cancel(1, 0, marker=(1, 1)) is True
+    assert sub.cancel(1, 0, marker=(1, 2)) is False  # a second cancel is not honoured
+    clock.advance(100)
+    assert take(sub, clock) == []
+    assert sub.cursor.mark_delete == (1, 1)
+
+
+def test_a_consumer_that_leaves_hands_its_messages_back():
+    sub, clock = make()
+    sub.add_consumer("c2")
+    read(sub, obj(1, 0, [NO_DELAY] * 3))
+    got = take(sub, clock, "c1")
+    assert sub.remove_consumer("c1") == 3
+    assert take(sub, clock, "c2") == got
+    assert sub.pending_count() == 3
+
+
+def test_failover_delivers_only_to_the_oldest_consumer_and_exclusive_to_one():
+    sub, clock = make("failover")
+    sub.add_consumer("c2")
+    read(sub, obj(1, 0, [NO_DELAY] * 2))
+    assert take(sub, clock, "c2") == []
+    assert take(sub, clock, "c1") == [(1, 0), (1, 1)]
+    ex, _ = make("exclusive")
+    with pytest.raises(ConsumerBusy):
+        ex.add_consumer("c2")
+    with pytest.raises(InvalidArgument, match="subscription_type"):
+        make("broadcast")
+
+
+def test_read_ahead_is_bounded():
+    sub, clock = make(read_ahead_entries=5)
+    assert sub.wants_read()
+    read(sub, obj(1, 0, [NO_DELAY] * 5))
+    assert not sub.wants_read()
+    take(sub, clock, n=3)
+    assert sub.wants_read() and sub.ready_count() == 2
+
+
+def test_a_restarted_subscription_marks_possibly_delivered_messages_and_skips_acked_ones():
+    cursor = Cursor()
+    cursor.learn_ledgers([(1, None)])
+    cursor.ack(np.array([1, 1]), np.array([0, 2]))
+    sub, clock = make(cursor=cursor, dispatched_before=(1, 3))
+    read(sub, obj(1, 0, [NO_DELAY] * 5))
+    sub.collect_due(clock.now_ms(), 10)
+    wire = deliveries_to_wire("t", 0, sub.deliver("c1", {}, 10, clock.now_ms()))
+    assert list(zip(wire["e"], wire["r"], strict=True)) == [(1, 1), (3, 0), (4, 0)]
+
+
+def test_bucket_tracked_delayed_messages_are_delivered_through_the_redelivery_set():
+    clock = ManualClock(T0)
+    tracker = BucketDelayedDeliveryTracker(
+        store=MemoryObjectStore(),
+        registry=InMemoryBucketRegistry(),
+        name="subs/t/0/s",
+        clock=clock,
+        tick_time_ms=10,
+        strict=True,
+        min_index_count_per_bucket=3,
+    )
+    sub, _ = make(clock=clock, tracker=tracker)
+    read(sub, obj(1, 0, [T0 + 50] * 4), obj(2, 0, [T0 + 60] * 2), ledgers=((1, 4), (2, None)))
+    assert sub.stats()["delayed"] == 6
+    clock.advance(60)
+    got = take(sub, clock)
+    assert sorted(got) == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1)]
+    assert position_of(key_of(2, 1)) == (2, 1)
