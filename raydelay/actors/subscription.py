@@ -75,6 +75,7 @@ class SubscriptionActor:
         self._store = make_store(self._config)
         self._prefix = subscription_prefix(topic, partition, subscription)
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
+        self._cursor = cursor  # the tracker may ask for mark-delete while it recovers
         self._sub = Subscription(
             name=f"{topic}/{partition}/{subscription}",
             subscription_type=self._options["type"],
@@ -117,7 +118,7 @@ class SubscriptionActor:
             max_time_step_per_segment_ms=d.max_time_step_per_segment_ms,
             max_indexes_per_segment=d.max_indexes_per_segment,
             max_num_buckets=d.max_num_buckets,
-            mark_delete=lambda: self._sub.cursor.mark_delete,
+            mark_delete=lambda: self._cursor.mark_delete,
             background=True,
         )
 
@@ -202,6 +203,22 @@ class SubscriptionActor:
         """Payloads for positions (from decoded objects kept here, else the topic actor)."""
         if not keys:
             return {}
+        found, need = self._from_decoded(keys)
+        if need:
+            blobs = await rpc.wait(
+                self._topic_actor.read_positions.remote([position_of(k) for k in need]),
+                what="topic actor",
+            )
+            for blob in blobs:
+                self._keep_decoded(decode_object(blob))
+            more, missing = self._from_decoded(need)
+            found.update(more)
+            if missing:
+                self._sub.drop_missing(missing)
+        return found
+
+    def _from_decoded(self, keys: list[int]) -> tuple[dict[int, tuple[LedgerObject, int]], list]:
+        """(what the decoded objects held here have, the keys they do not have)."""
         found: dict[int, tuple[LedgerObject, int]] = {}
         need = []
         for k in keys:
@@ -210,23 +227,7 @@ class SubscriptionActor:
                 need.append(k)
             else:
                 found[k] = hit
-        if need:
-            blobs = await rpc.wait(
-                self._topic_actor.read_positions.remote([position_of(k) for k in need]),
-                what="topic actor",
-            )
-            for blob in blobs:
-                self._keep_decoded(decode_object(blob))
-            missing = []
-            for k in need:
-                hit = self._find_decoded(k)
-                if hit is None:
-                    missing.append(k)
-                else:
-                    found[k] = hit
-            if missing:
-                self._sub.drop_missing(missing)
-        return found
+        return found, need
 
     def _find_decoded(self, k: int) -> tuple[LedgerObject, int] | None:
         ledger_id, entry_id = position_of(k)
