@@ -38,6 +38,7 @@ lint: venv
 
 bench: venv
 	$(PY) bench/tracker_bench.py
+	$(PY) bench/e2e_bench.py
 
 clean:
 	rm -rf $(VENV) .raydelay .pytest_cache .hypothesis

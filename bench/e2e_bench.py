@@ -1,7 +1,7 @@
 """End-to-end benchmarks of the Ray data path (issue: the Ray data path). Prints a table.
 
 1. Sustained throughput: one topic with 4 partitions, one shared subscription, 100-byte
-   payloads, a local-dir store. Two threads share one producer and call ``send_many``
+   payloads, a local-dir store. Four threads share one producer and call ``send_many``
    with batches of 1,000; a consumer thread receives (up to 5,000 per call) and acks each
    batch, concurrently. Measured from the
    first send to the last ack, so it covers produce -> durable -> indexed -> delivered ->
@@ -39,7 +39,7 @@ from raydelay.client.cluster import RAY_SYSTEM_CONFIG  # noqa: E402
 
 PAYLOAD = b"x" * 100
 BATCH = 1_000
-PRODUCER_THREADS = 2
+PRODUCER_THREADS = 4
 KINDS = (("immediate", None), ("delayed 1 s", 1.0))  # (label, deliver_after seconds)
 
 
@@ -102,7 +102,7 @@ def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:
         for _ in range(batches):
             producer.send_many(payloads, deliver_after=delay_s)
 
-    # Two threads share the producer, so one batch's durability wait overlaps the next send.
+    # Threads share the producer, so one batch's durability wait overlaps the next sends.
     senders = [
         threading.Thread(target=produce, args=(n // BATCH // PRODUCER_THREADS,))
         for _ in range(PRODUCER_THREADS)

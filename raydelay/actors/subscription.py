@@ -18,10 +18,8 @@ bucket tracker does its own I/O on its threads.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import time
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -35,6 +33,7 @@ from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryDelayedDeliveryTracker
 from raydelay.dispatch.cursor import Cursor, Position
+from raydelay.dispatch.objects import Group, ObjectCache
 from raydelay.dispatch.subscription import Delivery, Subscription, key_of, position_of
 from raydelay.dispatch.wire import deliveries_to_wire
 from raydelay.errors import CodecError, NotFound
@@ -42,7 +41,6 @@ from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
     Entries,
-    LedgerObject,
     decode_object,
     encode_batch,
 )
@@ -87,9 +85,7 @@ class SubscriptionActor:
             max_redeliveries=self._options.get("max_redeliveries"),
             read_ahead_entries=self._config.subscription.read_ahead_entries,
         )
-        self._decoded: OrderedDict[tuple[int, int], LedgerObject] = OrderedDict()
-        self._decoded_firsts: dict[int, list[int]] = {}  # ledger -> sorted first entries
-        self._decoded_entries = 0
+        self._objects = ObjectCache(_DECODED_ENTRIES)
         self._persisted: tuple[Any, ...] | None = None
         self._reported: Position | None = None
         self._started = False
@@ -199,64 +195,24 @@ class SubscriptionActor:
             self._changed.set()
         return out
 
-    async def _fetch(self, keys: list[int]) -> dict[int, tuple[LedgerObject, int]]:
-        """Payloads for positions (from decoded objects kept here, else the topic actor)."""
+    async def _fetch(self, keys: list[int]) -> list[Group]:
+        """Payloads for positions, grouped by ledger object: from the decoded objects kept
+        here, else from the topic actor (positions it no longer has are dropped)."""
         if not keys:
-            return {}
-        found, need = self._from_decoded(keys)
-        if need:
+            return []
+        groups, need = self._objects.lookup(np.asarray(keys, dtype=np.int64))
+        if len(need):
             blobs = await rpc.wait(
-                self._topic_actor.read_positions.remote([position_of(k) for k in need]),
+                self._topic_actor.read_positions.remote([position_of(k) for k in need.tolist()]),
                 what="topic actor",
             )
             for blob in blobs:
-                self._keep_decoded(decode_object(blob))
-            more, missing = self._from_decoded(need)
-            found.update(more)
-            if missing:
-                self._sub.drop_missing(missing)
-        return found
-
-    def _from_decoded(self, keys: list[int]) -> tuple[dict[int, tuple[LedgerObject, int]], list]:
-        """(what the decoded objects held here have, the keys they do not have)."""
-        found: dict[int, tuple[LedgerObject, int]] = {}
-        need = []
-        for k in keys:
-            hit = self._find_decoded(k)
-            if hit is None:
-                need.append(k)
-            else:
-                found[k] = hit
-        return found, need
-
-    def _find_decoded(self, k: int) -> tuple[LedgerObject, int] | None:
-        ledger_id, entry_id = position_of(k)
-        firsts = self._decoded_firsts.get(ledger_id)
-        if not firsts:
-            return None
-        j = bisect.bisect_right(firsts, entry_id) - 1
-        if j < 0:
-            return None
-        obj = self._decoded[(ledger_id, firsts[j])]
-        return (obj, entry_id - obj.first_entry) if entry_id < obj.first_entry + obj.count else None
-
-    def _keep_decoded(self, obj: LedgerObject) -> None:
-        """Keep decoded objects (up to _DECODED_ENTRIES entries in all), so that messages due
-        soon after they were read need no second fetch."""
-        key = (obj.ledger_id, obj.first_entry)
-        if key in self._decoded:
-            self._decoded.move_to_end(key)
-            return
-        self._decoded[key] = obj
-        self._decoded_entries += obj.count
-        bisect.insort(self._decoded_firsts.setdefault(obj.ledger_id, []), obj.first_entry)
-        while self._decoded_entries > _DECODED_ENTRIES and len(self._decoded) > 1:
-            (lg, first), old = self._decoded.popitem(last=False)
-            self._decoded_entries -= old.count
-            firsts = self._decoded_firsts[lg]
-            firsts.remove(first)
-            if not firsts:
-                del self._decoded_firsts[lg]
+                self._objects.add(decode_object(blob))
+            more, missing = self._objects.lookup(need)
+            groups += more
+            if len(missing):
+                self._sub.drop_missing(missing.tolist())
+        return groups
 
     async def ack(self, consumer_id: str, positions: list[tuple[int, int]]) -> int:
         self._ensure_started()
@@ -306,7 +262,11 @@ class SubscriptionActor:
         keys = self._sub.dead_letters(1_000)
         if not keys:
             return
-        fetched = await self._fetch(keys)
+        fetched = {
+            int(k): (obj, int(i))
+            for obj, idx, ks in await self._fetch(keys)
+            for i, k in zip(idx, ks, strict=True)
+        }
         keys = [k for k in keys if k in fetched]
         if not keys:
             return
@@ -350,7 +310,7 @@ class SubscriptionActor:
                 )
                 objects = [decode_object(b) for b in reply["objects"]]
                 for obj in objects:
-                    self._keep_decoded(obj)
+                    self._objects.add(obj)
                 taken = self._sub.on_read(objects, reply["ledgers"], reply["tail"])
                 if objects:
                     self._changed.set()

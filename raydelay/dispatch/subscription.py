@@ -284,30 +284,30 @@ class Subscription:
     def deliver(
         self,
         consumer_id: str,
-        fetched: dict[int, tuple[LedgerObject, int]],
+        fetched: list[tuple[LedgerObject, np.ndarray, np.ndarray]],
         max_messages: int,
         now_ms: int,
     ) -> list[Delivery]:
-        """Hand up to ``max_messages`` to ``consumer_id``: fetched redeliveries first, then
-        the read-ahead queue. Returns nothing for a FIFO subscription's standby consumer."""
+        """Hand up to ``max_messages`` to ``consumer_id``: fetched redeliveries first (groups
+        of (object, indexes, position keys)), then the read-ahead queue. Returns nothing for
+        a FIFO subscription's standby consumer."""
         if not self.can_receive(consumer_id):
             return []
         out: list[Delivery] = []
         room = max_messages
-        by_obj: dict[int, tuple[LedgerObject, list[int], list[int]]] = {}
-        for k in sorted(fetched):
+        for obj, idx, keys in sorted(fetched, key=lambda g: int(g[2][0]) if len(g[2]) else 0):
             if room <= 0:
                 break
-            if k not in self.redeliver:
-                continue  # another receive took it, or it was acked or cancelled meanwhile
-            self.redeliver.discard(k)
-            obj, i = fetched[k]
-            entry = by_obj.setdefault(id(obj), (obj, [], []))
-            entry[1].append(i)
-            entry[2].append(k)
-            room -= 1
-        for obj, idx, keys in by_obj.values():
-            out.append(self._hand_out(consumer_id, obj, np.array(idx), np.array(keys), now_ms))
+            # only what is still waiting: another receive, an ack or a cancel may have won
+            waiting = BitMap64(keys.astype(np.uint64)) & self.redeliver
+            if len(waiting) < len(keys):
+                keep = np.isin(keys, np.fromiter(waiting, dtype=np.uint64).astype(np.int64))
+                idx, keys = idx[keep], keys[keep]
+            idx, keys = idx[:room], keys[:room]
+            if len(keys):
+                self.redeliver -= BitMap64(keys.astype(np.uint64))
+                out.append(self._hand_out(consumer_id, obj, idx, keys, now_ms))
+                room -= len(keys)
         while self._ready and room > 0:
             run = self._ready[0]
             end = min(len(run.keys), run.pos + room)

@@ -12,6 +12,7 @@ from raydelay.delayed import (
     InMemoryDelayedDeliveryTracker,
 )
 from raydelay.dispatch.cursor import Cursor
+from raydelay.dispatch.objects import ObjectCache
 from raydelay.dispatch.subscription import ConsumerBusy, Subscription, key_of, position_of
 from raydelay.dispatch.wire import deliveries_to_wire
 from raydelay.errors import InvalidArgument
@@ -42,19 +43,18 @@ def make(kind="shared", clock=None, tracker=None, **kw) -> tuple[Subscription, M
 def take(sub: Subscription, clock: ManualClock, consumer="c1", n=100) -> list[tuple[int, int]]:
     """One receive: collect due, 'fetch' from what on_read saw, deliver; returns positions."""
     sub.collect_due(clock.now_ms(), n)
-    fetched = {k: FETCHABLE[k] for k in sub.keys_to_fetch(n) if k in FETCHABLE}
+    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(n), dtype=np.int64))
     out = sub.deliver(consumer, fetched, n, clock.now_ms())
     wire = deliveries_to_wire("t", 0, out)
     return list(zip(wire["l"], wire["e"], strict=True))
 
 
-FETCHABLE: dict[int, tuple[LedgerObject, int]] = {}
+CACHE = ObjectCache(max_entries=1_000_000)  # what the actor would fetch payloads from
 
 
 def read(sub: Subscription, *objects: LedgerObject, ledgers=((1, None),)) -> None:
     for o in objects:
-        for i in range(o.count):
-            FETCHABLE[key_of(o.ledger_id, o.first_entry + i)] = (o, i)
+        CACHE.add(o)
     sub.on_read(list(objects), list(ledgers), None)
 
 
@@ -88,7 +88,7 @@ def test_redeliveries_go_before_new_entries_and_carry_a_higher_count():
     first = take(sub, clock, n=2)
     sub.nack("c1", keys(first), 0, clock.now_ms())
     sub.collect_due(clock.now_ms(), 10)
-    fetched = {k: FETCHABLE[k] for k in sub.keys_to_fetch(10)}
+    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(10), dtype=np.int64))
     out = sub.deliver("c1", fetched, 10, clock.now_ms())
     wire = deliveries_to_wire("t", 0, out)
     assert list(zip(wire["l"], wire["e"], strict=True)) == [(1, 0), (1, 1), (1, 2), (1, 3)]
@@ -216,3 +216,17 @@ def test_bucket_tracked_delayed_messages_are_delivered_through_the_redelivery_se
     got = take(sub, clock)
     assert sorted(got) == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1)]
     assert position_of(key_of(2, 1)) == (2, 1)
+
+
+def test_the_object_cache_finds_positions_by_object_and_forgets_the_oldest():
+    cache = ObjectCache(max_entries=6)
+    a, b, c = obj(1, 0, [NO_DELAY] * 3), obj(1, 3, [NO_DELAY] * 3), obj(2, 0, [NO_DELAY] * 3)
+    cache.add(a)
+    cache.add(b)
+    groups, missing = cache.lookup(np.array(keys([(1, 4), (1, 0), (1, 9), (2, 0)])))
+    assert sorted((g[0].first_entry, g[1].tolist()) for g in groups) == [(0, [0]), (3, [1])]
+    assert sorted(missing.tolist()) == keys([(1, 9), (2, 0)])
+    cache.add(c)  # over 6 entries: the oldest object goes
+    assert len(cache) == 2 and cache.entries == 6
+    groups, missing = cache.lookup(np.array(keys([(1, 0), (2, 2)])))
+    assert [g[0].ledger_id for g in groups] == [2] and missing.tolist() == keys([(1, 0)])
