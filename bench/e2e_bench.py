@@ -2,7 +2,7 @@
 
 1. Sustained throughput: one topic with 4 partitions, one shared subscription, 100-byte
    payloads, a local-dir store. Four threads share one producer and call ``send_many``
-   with batches of 1,000; a consumer thread receives (up to 5,000 per call) and acks each
+   with batches of 1,000; a consumer thread receives (up to 10,000 per call) and acks each
    batch, concurrently. Measured from the
    first send to the last ack, so it covers produce -> durable -> indexed -> delivered ->
    acked. Run twice: immediate messages, and messages delayed 1 s (these go through the
@@ -40,6 +40,7 @@ from raydelay.client.cluster import RAY_SYSTEM_CONFIG  # noqa: E402
 PAYLOAD = b"x" * 100
 BATCH = 1_000
 PRODUCER_THREADS = 4
+RECEIVE = 10_000  # max_messages per receive (a quarter asked of each partition)
 KINDS = (("immediate", None), ("delayed 1 s", 1.0))  # (label, deliver_after seconds)
 
 
@@ -88,7 +89,7 @@ def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:
     def consume() -> None:
         nonlocal acked
         while acked < n and not done.is_set():
-            msgs = consumer.receive(max_messages=5_000, timeout_s=1.0)
+            msgs = consumer.receive(max_messages=RECEIVE, timeout_s=1.0)
             if msgs:
                 consumer.ack(msgs)
                 acked += len(msgs)

@@ -74,9 +74,12 @@ class Consumer:
 
     def _poll(self, max_messages: int, timeout_s: float) -> None:
         busy = set(self._inflight.values())
+        # Ask each partition for its share, so that at most about max_messages wait here
+        # (assigned to this consumer, their ack deadlines running) when all are busy.
+        share = -(-max_messages // self.partitions)
         for p, h in enumerate(self._handles):
             if p not in busy:
-                ref = h.receive.remote(self.consumer_id, max_messages, timeout_s)
+                ref = h.receive.remote(self.consumer_id, share, timeout_s)
                 self._inflight[ref] = p
         refs = list(self._inflight)
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s + 5.0)
