@@ -68,12 +68,32 @@ class S3StorageConfig:
 
 
 @dataclass(frozen=True)
+class FaultsConfig:
+    """``storage.faults``: injected store failures, for chaos tests only (off by default)."""
+
+    failure_rate: float = 0.0  # each store call fails (retriably) with this probability
+    outage_file: str = ""  # while this file exists, every store call fails (retriably)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.failure_rate <= 1:
+            raise InvalidArgument(
+                f"storage.faults.failure_rate: must be in [0, 1], got {self.failure_rate}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.failure_rate > 0 or bool(self.outage_file)
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     """``storage``: where the durable state lives."""
 
     kind: str = "local"  # local | s3 | memory (memory is for tests: nothing survives a restart)
     local: LocalStorageConfig = field(default_factory=LocalStorageConfig)
     s3: S3StorageConfig = field(default_factory=S3StorageConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
 
     def __post_init__(self) -> None:
         _choice("storage.kind", self.kind, ("local", "s3", "memory"))
@@ -145,6 +165,16 @@ class SubscriptionConfig:
 
 
 @dataclass(frozen=True)
+class ClientConfig:
+    """``client``: how clients treat actors that are dead or restarting."""
+
+    retry_deadline_s: float = 30.0  # calls are retried (with backoff) this long, then fail
+
+    def __post_init__(self) -> None:
+        _positive("client.retry_deadline_s", self.retry_deadline_s)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. ``Config()`` is the embedded default."""
 
@@ -152,6 +182,7 @@ class Config:
     delayed: DelayedConfig = field(default_factory=DelayedConfig)
     topic: TopicConfig = field(default_factory=TopicConfig)
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
 
 
 def load_config(

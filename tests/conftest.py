@@ -90,7 +90,16 @@ def ray_cluster(tmp_path_factory):
         logging_level="WARNING",
         configure_logging=False,
     )
-    config = {"storage": {"kind": "local", "local": {"root": str(root)}}, **RAY_TEST_CONFIG}
+    # Creating the OUTAGE file makes every store call of every actor fail (tests/chaos).
+    outage = root.parent / f"{root.name}-OUTAGE"
+    config = {
+        "storage": {
+            "kind": "local",
+            "local": {"root": str(root)},
+            "faults": {"outage_file": str(outage)},
+        },
+        **RAY_TEST_CONFIG,
+    }
     cluster = raydelay.connect(config=config)
     try:
         yield cluster

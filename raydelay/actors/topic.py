@@ -108,9 +108,13 @@ class TopicActor:
         result = await fut
         return result
 
-    async def cancel(self, positions: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    async def cancel(
+        self, positions: list[tuple[int, int]], producer: str = "", sequence_id: int = 0
+    ) -> list[tuple[int, int]]:
         """Append one durable cancel marker per target position; returns the markers'
-        positions. Raises NotFound for a position that is not in this partition's log."""
+        positions. With a producer name and sequence id the markers are deduplicated like
+        any batch (a retried cancel gets the same markers back). Raises NotFound for a
+        position that is not in this partition's log."""
         self._ensure_started()
         targets = [(int(lg), int(en)) for lg, en in positions]
         if not targets:
@@ -127,7 +131,7 @@ class TopicActor:
             deliver_at_ms=np.full(n, NO_DELAY, dtype=np.int64),
             cancels=dict(enumerate(targets)),
         )
-        ranges = await self._enqueue(AppendBatch("", 0, entries), 16 * n)
+        ranges = await self._enqueue(AppendBatch(producer, sequence_id, entries), 16 * n)
         return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
 
     async def _committer(self) -> None:

@@ -15,7 +15,7 @@ from raydelay.client.message import check_number
 from raydelay.client.producer import Producer
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
-from raydelay.config import Config, config_from_dict, config_to_dict, load_config
+from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
 from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.storage.keys import validate_name
@@ -69,14 +69,17 @@ def connect(
         else:
             ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
     coordinator = placement.existing_coordinator() or placement.coordinator(config_to_dict(cfg))
-    running = config_from_dict(rpc.get(coordinator.config.remote(), what="coordinator"))
+    deadline_s = cfg.client.retry_deadline_s
+    running = config_from_dict(
+        rpc.call(coordinator.config.remote, what="coordinator", deadline_s=deadline_s)
+    )
     if running.storage != cfg.storage:
         log.warning(
             "the coordinator runs with storage %s; using it instead of %s",
             running.storage,
             cfg.storage,
         )
-    return Cluster(coordinator, running, started_ray=started)
+    return Cluster(coordinator, running, client=cfg.client, started_ray=started)
 
 
 def _load(config: Any) -> Config:
@@ -104,9 +107,12 @@ def _load(config: Any) -> Config:
 class Cluster:
     """A client of one raydelay cluster. Create producers and consumers from it."""
 
-    def __init__(self, coordinator: Any, config: Config, *, started_ray: bool) -> None:
+    def __init__(
+        self, coordinator: Any, config: Config, *, client: ClientConfig, started_ray: bool
+    ) -> None:
         self._coordinator = coordinator
-        self.config = config
+        self.config = config  # the cluster's (the coordinator's) config
+        self._client = client  # this client's own settings
         self._config_dict = config_to_dict(config)
         self._started_ray = started_ray
         self._producers: list[Producer] = []
@@ -119,13 +125,15 @@ class Cluster:
         """Create a topic with ``partitions`` partitions (idempotent for the same count)."""
         self._check_open()
         validate_name("topic", topic)
-        rpc.get(self._coordinator.create_topic.remote(topic, partitions), what="coordinator")
-        handles = [self._topic_handle(topic, p) for p in range(partitions)]
-        rpc.get([h.tail.remote() for h in handles], what=f"topic {topic}")
+        self._call(lambda: self._coordinator.create_topic.remote(topic, partitions), "coordinator")
+        self._call(
+            lambda: [self._topic_handle(topic, p).tail.remote() for p in range(partitions)],
+            f"topic {topic}",
+        )
 
     def _partitions(self, topic: str) -> int:
         validate_name("topic", topic)
-        return int(rpc.get(self._coordinator.partitions.remote(topic), what="coordinator"))
+        return int(self._call(lambda: self._coordinator.partitions.remote(topic), "coordinator"))
 
     def _topic_handle(self, topic: str, partition: int) -> Any:
         try:
@@ -198,9 +206,9 @@ class Cluster:
             "max_redeliveries": max_redeliveries,
             "dead_letter_topic": dead_letter_topic,
         }
-        rpc.get(
-            self._coordinator.create_subscription.remote(topic, subscription, options),
-            what="coordinator",
+        self._call(
+            lambda: self._coordinator.create_subscription.remote(topic, subscription, options),
+            "coordinator",
         )
         handles = [self._subscription_handle(topic, p, subscription) for p in range(n)]
         consumer = Consumer(self, topic, subscription, n, handles)
@@ -209,16 +217,28 @@ class Cluster:
 
     # --- cancel and stats ---------------------------------------------------------------------
 
-    def _cancel(self, topic: str, partition: int, position: tuple[int, int]) -> bool:
+    def _cancel(
+        self, topic: str, partition: int, position: tuple[int, int], producer: str, seq: int
+    ) -> bool:
         """Append a durable cancel marker, then apply it at every subscription at once."""
-        handle = self._topic_handle(topic, partition)
-        markers = rpc.get(handle.cancel.remote([position]), what=f"topic {topic}/{partition}")
-        subs = rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator")
-        refs = [
-            self._subscription_handle(topic, partition, s).cancel.remote([position], markers)
-            for s in subs
-        ]
-        results = rpc.get(refs, what="subscription") if refs else []
+        markers = self._call(
+            lambda: self._topic_handle(topic, partition).cancel.remote([position], producer, seq),
+            f"topic {topic}/{partition}",
+        )
+        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
+        results = (
+            self._call(
+                lambda: [
+                    self._subscription_handle(topic, partition, s).cancel.remote(
+                        [position], markers
+                    )
+                    for s in subs
+                ],
+                "subscription",
+            )
+            if subs
+            else []
+        )
         return all(r[0] for r in results)
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
@@ -227,19 +247,21 @@ class Cluster:
         self._check_open()
         n = self._partitions(topic)
         if subscription is None:
-            parts = rpc.get(
-                [self._topic_handle(topic, p).stats.remote() for p in range(n)],
-                what=f"topic {topic}",
+            parts = self._call(
+                lambda: [self._topic_handle(topic, p).stats.remote() for p in range(n)],
+                f"topic {topic}",
             )
-            subs = rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator")
+            subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
             return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
         validate_name("subscription", subscription)
-        subs = rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator")
+        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
         if subscription not in subs:
             raise NotFound(f"subscription {topic}/{subscription} does not exist")
-        parts = rpc.get(
-            [self._subscription_handle(topic, p, subscription).stats.remote() for p in range(n)],
-            what="subscription",
+        parts = self._call(
+            lambda: [
+                self._subscription_handle(topic, p, subscription).stats.remote() for p in range(n)
+            ],
+            "subscription",
         )
         out: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in parts) for k in _SUMMED}
         out["mark_delete"] = [s["mark_delete"] for s in parts]
@@ -270,8 +292,12 @@ class Cluster:
 
     def _flush_all(self) -> None:
         refs = []
-        for topic, n in rpc.get(self._coordinator.topics.remote(), what="coordinator").items():
-            for sub in rpc.get(self._coordinator.subscriptions.remote(topic), what="coordinator"):
+        topics = self._call(self._coordinator.topics.remote, "coordinator")
+        for topic, n in topics.items():
+            subs = self._call(
+                lambda t=topic: self._coordinator.subscriptions.remote(t), "coordinator"
+            )
+            for sub in subs:
                 for p in range(n):
                     try:
                         handle = placement.lookup(subscription_actor_name(topic, p, sub))
@@ -280,6 +306,10 @@ class Cluster:
                     refs.append(handle.flush.remote())
         if refs:
             rpc.get(refs, what="subscription")
+
+    def _call(self, submit, what: str):
+        """An idempotent call, retried while the actor restarts (client.retry_deadline_s)."""
+        return rpc.call(submit, what=what, deadline_s=self._client.retry_deadline_s)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -19,7 +19,7 @@ import ray
 
 from raydelay.client.message import Message, MessageId, check_number, messages_from_wire
 from raydelay.cluster import rpc
-from raydelay.errors import InvalidArgument, Unavailable
+from raydelay.errors import InvalidArgument, StorageError, Unavailable
 
 if TYPE_CHECKING:
     from raydelay.client.cluster import Cluster
@@ -44,8 +44,8 @@ class Consumer:
         self._closed = False
         added = []
         try:
-            for p, h in enumerate(handles):
-                rpc.get(h.add_consumer.remote(self.consumer_id), what=f"subscription {p}")
+            for p in range(partitions):
+                self._register(p)
                 added.append(p)
         except BaseException:
             for p in added:  # nothing half-registered
@@ -90,24 +90,38 @@ class Consumer:
             p = self._inflight.pop(ref)
             try:
                 self._buffer.extend(messages_from_wire(rpc.get(ref, what=f"subscription {p}")))
+            except StorageError as exc:
+                if not exc.retriable:
+                    raise
+                log.warning(
+                    "%s/%s partition %d: %s; trying again", self.topic, self.subscription, p, exc
+                )
             except Unavailable as exc:
                 log.warning(
                     "%s/%s partition %d: %s; re-attaching", self.topic, self.subscription, p, exc
                 )
-                self._reattach(p)
+                self._register(p)
 
-    def _reattach(self, p: int) -> None:
-        self._handles[p] = self._cluster._subscription_handle(self.topic, p, self.subscription)
-        rpc.get(self._handles[p].add_consumer.remote(self.consumer_id), what=f"subscription {p}")
+    def _register(self, p: int) -> None:
+        """Join partition ``p`` (idempotent; also after its actor restarted and forgot us)."""
+
+        def submit():
+            self._handles[p] = self._cluster._subscription_handle(self.topic, p, self.subscription)
+            return self._handles[p].add_consumer.remote(self.consumer_id)
+
+        self._cluster._call(submit, f"subscription {self.subscription} partition {p}")
 
     def ack(self, messages: Message | MessageId | Iterable[Message | MessageId]) -> None:
         """Acknowledge messages (one, or many in one call per partition)."""
         self._check_open()
         by_partition = self._group(messages, "messages")
-        refs = [
-            self._handles[p].ack.remote(self.consumer_id, pos) for p, pos in by_partition.items()
-        ]
-        rpc.get(refs, what="subscription")
+        self._cluster._call(
+            lambda: [
+                self._handles[p].ack.remote(self.consumer_id, pos)
+                for p, pos in by_partition.items()
+            ],
+            "subscription",
+        )
 
     def nack(
         self, messages: Message | MessageId | Iterable[Message | MessageId], delay_s: float = 0.0
@@ -116,11 +130,13 @@ class Consumer:
         self._check_open()
         delay_s = check_number("delay_s", delay_s)
         by_partition = self._group(messages, "messages")
-        refs = [
-            self._handles[p].nack.remote(self.consumer_id, pos, delay_s)
-            for p, pos in by_partition.items()
-        ]
-        rpc.get(refs, what="subscription")
+        self._cluster._call(
+            lambda: [
+                self._handles[p].nack.remote(self.consumer_id, pos, delay_s)
+                for p, pos in by_partition.items()
+            ],
+            "subscription",
+        )
 
     def _group(self, messages: Any, field: str) -> dict[int, list[tuple[int, int]]]:
         if isinstance(messages, (Message, MessageId)):

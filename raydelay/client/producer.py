@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _LINGER_S = 0.001
-_RETRIES = 5
 STICKY = 1_000  # keyless messages go to one partition in runs of at least this many
 
 
@@ -69,9 +68,12 @@ class Producer:
         self._handles = handles
         self.name = validate_name("name", name) if name is not None else uuid.uuid4().hex
         self._seq = [0] * partitions
+        self.retries = 0  # appends that had to be sent again (actor restart, store failure)
         if name is not None:  # a named producer continues its sequence ids where it left off
             self._seq = list(
-                rpc.get([h.last_sequence.remote(self.name) for h in handles], what=f"topic {topic}")
+                cluster._call(
+                    lambda: [h.last_sequence.remote(self.name) for h in handles], f"topic {topic}"
+                )
             )
         self._seq_lock = threading.Lock()
         self._rr = itertools.count()
@@ -218,19 +220,20 @@ class Producer:
         return out  # type: ignore[return-value]
 
     def _await_append(self, p: int, data: bytes, ref: Any) -> list:
-        delay = 0.05
-        for attempt in range(_RETRIES + 1):
-            try:
-                return rpc.get(ref, what=f"topic {self.topic}/{p}")
-            except (Unavailable, StorageError) as exc:
-                if attempt == _RETRIES or (isinstance(exc, StorageError) and not exc.retriable):
-                    raise
-                log.warning("append to %s/%d failed (%s); retrying", self.topic, p, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                self._handles[p] = self._cluster._topic_handle(self.topic, p)
-                ref = self._handles[p].append.remote(data)  # same sequence id: deduplicated
-        raise AssertionError("unreachable")
+        """The batch's position ranges. While the partition's actor restarts or the store
+        fails retriably, the same bytes (same sequence id) are sent again: the partition
+        recognises a batch it already holds, so nothing is appended twice."""
+        try:
+            return rpc.get(ref, what=f"topic {self.topic}/{p}")
+        except (Unavailable, StorageError) as exc:
+            if isinstance(exc, StorageError) and not exc.retriable:
+                raise
+            log.warning("append to %s/%d failed (%s); retrying", self.topic, p, exc)
+            self.retries += 1
+        return self._cluster._call(
+            lambda: self._cluster._topic_handle(self.topic, p).append.remote(data),
+            f"topic {self.topic}/{p}",
+        )
 
     def _flusher(self) -> None:
         while True:
@@ -277,8 +280,12 @@ class Producer:
             )
         if not 0 <= message_id.partition < self.partitions:
             raise InvalidArgument(f"message_id: partition {message_id.partition} does not exist")
+        p = message_id.partition
+        with self._seq_lock:  # the marker is deduplicated like any batch of this producer
+            self._seq[p] += 1
+            seq = self._seq[p]
         return self._cluster._cancel(
-            self.topic, message_id.partition, (message_id.ledger_id, message_id.entry_id)
+            self.topic, p, (message_id.ledger_id, message_id.entry_id), self.name, seq
         )
 
     def flush(self) -> None:

@@ -7,13 +7,15 @@ raised (not as a Ray traceback); a dead or unreachable actor becomes
 
 from __future__ import annotations
 
+import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
-from raydelay.errors import RaydelayError, Unavailable
+from raydelay.errors import RaydelayError, StorageError, Unavailable
 
 
 def translate(exc: BaseException, what: str = "") -> BaseException:
@@ -64,3 +66,24 @@ def get_blocking(ref: Any, *, what: str = "", timeout_s: float | None = None) ->
         raise translate(exc, what) from None
     except TimeoutError:
         raise Unavailable(f"{what or 'actor call'} timed out") from None
+
+
+def call(submit: Any, *, what: str, deadline_s: float, sleep=time.sleep) -> Any:
+    """Submit (``submit()`` returns an ObjectRef or a list of them) and wait; while the actor is
+    dead or restarting, or the store fails retriably, submit again after a jittered backoff,
+    until ``deadline_s`` seconds have passed. Only for idempotent calls."""
+    give_up = time.monotonic() + deadline_s
+    delay = 0.05
+    while True:
+        try:
+            return get(submit(), what=what)
+        except (Unavailable, StorageError) as exc:
+            if isinstance(exc, StorageError) and not exc.retriable:
+                raise
+            if time.monotonic() + delay > give_up:
+                raise Unavailable(
+                    f"{what} still failing after {deadline_s:.0f} s (client.retry_deadline_s): "
+                    f"{exc}"
+                ) from exc
+            sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)

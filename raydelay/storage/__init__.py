@@ -37,6 +37,16 @@ def make_store(config: Config | StorageConfig, *, s3_client: Any = None) -> Obje
         raise InvalidArgument(
             f"config: expected a Config or StorageConfig, got {type(config).__name__}"
         )
+    store = _backend(storage, s3_client)
+    if storage.faults.enabled:  # chaos tests: every actor's store misbehaves the same way
+        faulty = FaultyObjectStore(store)
+        faulty.set_failure_rate(storage.faults.failure_rate, seed=storage.faults.seed or None)
+        faulty.set_outage_file(storage.faults.outage_file)
+        return faulty
+    return store
+
+
+def _backend(storage: StorageConfig, s3_client: Any) -> ObjectStore:
     if storage.kind == "memory":
         return MemoryObjectStore()
     if storage.kind == "local":

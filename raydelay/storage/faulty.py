@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 import time
 from collections import defaultdict
@@ -17,6 +19,8 @@ class FaultyObjectStore:
     ``fail_next(op, times=1, error=None)`` makes the next ``times`` calls of ``op``
     raise ``error`` (a retriable StorageError by default) without reaching ``inner``.
     ``add_latency(op, seconds)`` sleeps before every later call of ``op``.
+    ``set_failure_rate(rate, seed)`` fails any call at random; ``set_outage_file(path)``
+    fails every call while that file exists.
     ``calls`` counts the calls of each op that reached ``inner``.
     """
 
@@ -27,6 +31,9 @@ class FaultyObjectStore:
         self._latency_s: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.failed: dict[str, int] = defaultdict(int)
+        self._rate = 0.0
+        self._rng = random.Random()
+        self._outage_file: str | None = None
 
     def fail_next(self, op: str, times: int = 1, error: BaseException | None = None) -> None:
         _check_op(op)
@@ -49,6 +56,19 @@ class FaultyObjectStore:
         with self._lock:
             self._latency_s[op] = float(seconds)
 
+    def set_failure_rate(self, rate: float, seed: int | None = None) -> None:
+        """From now on, each call of any op fails (retriably) with probability ``rate``."""
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise InvalidArgument(f"rate: expected a number in [0, 1], got {rate!r}")
+        with self._lock:
+            self._rate = float(rate)
+            self._rng = random.Random(seed)
+
+    def set_outage_file(self, path: str | None) -> None:
+        """While the file at ``path`` exists, every call fails retriably (an outage that a
+        test in another process can switch on and off)."""
+        self._outage_file = path or None
+
     def reset(self) -> None:
         """Disarm every pending failure and latency."""
         with self._lock:
@@ -64,6 +84,10 @@ class FaultyObjectStore:
         with self._lock:
             latency = self._latency_s.get(op, 0.0)
             error = self._failures[op].pop(0) if self._failures.get(op) else None
+            if error is None and self._rate and self._rng.random() < self._rate:
+                error = StorageError(f"injected random {op} failure", retriable=True)
+            if error is None and self._outage_file and os.path.exists(self._outage_file):
+                error = StorageError(f"injected outage: {op} failed", retriable=True)
             if error is not None:
                 self.failed[op] += 1
             else:

@@ -61,3 +61,61 @@ def test_bad_arguments_are_named():
         store.fail_next("put", times=0)
     with pytest.raises(InvalidArgument, match="seconds"):
         store.add_latency("get", -1)
+
+
+def test_a_failure_rate_fails_calls_at_random_and_reproducibly():
+    from raydelay.errors import StorageError
+    from raydelay.storage import FaultyObjectStore, MemoryObjectStore
+
+    def outcomes(seed):
+        store = FaultyObjectStore(MemoryObjectStore())
+        store.set_failure_rate(0.3, seed=seed)
+        out = []
+        for i in range(200):
+            try:
+                store.put(f"k{i}", b"x")
+                out.append(True)
+            except StorageError as exc:
+                assert exc.retriable
+                out.append(False)
+        return out
+
+    first = outcomes(5)
+    assert first == outcomes(5)
+    assert 30 < first.count(False) < 90
+
+
+def test_an_outage_file_fails_every_call_while_it_exists(tmp_path):
+    import pytest
+
+    from raydelay.errors import StorageError
+    from raydelay.storage import FaultyObjectStore, MemoryObjectStore
+
+    flag = tmp_path / "OUTAGE"
+    store = FaultyObjectStore(MemoryObjectStore())
+    store.set_outage_file(str(flag))
+    store.put("a", b"1")
+    flag.touch()
+    with pytest.raises(StorageError, match="outage"):
+        store.get("a")
+    flag.unlink()
+    assert store.get("a") == b"1"
+
+
+def test_the_config_wraps_every_store_in_faults_only_when_asked(tmp_path):
+    from raydelay.config import config_from_dict
+    from raydelay.storage import FaultyObjectStore, LocalDirObjectStore, make_store
+
+    plain = make_store(config_from_dict({"storage": {"local": {"root": str(tmp_path)}}}))
+    assert isinstance(plain, LocalDirObjectStore)
+    faulty = make_store(
+        config_from_dict(
+            {
+                "storage": {
+                    "local": {"root": str(tmp_path)},
+                    "faults": {"failure_rate": 0.5, "seed": 3},
+                }
+            }
+        )
+    )
+    assert isinstance(faulty, FaultyObjectStore)

@@ -1,0 +1,109 @@
+"""A produce / cancel / consume workload with a ledger of what must and must not arrive."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+from raydelay import Cluster, MessageId
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Ledger:
+    sent: dict[MessageId, int | None] = field(default_factory=dict)  # id -> deliver_at
+    cancelled: set[MessageId] = field(default_factory=set)  # cancel() said True
+    # every cancel tried: after a restart a retried cancel may say False for a cancel that
+    # did take effect, so only these may be missing without counting as lost
+    cancel_attempts: set[MessageId] = field(default_factory=set)
+    received: dict[str, list[tuple[MessageId, int, int]]] = field(default_factory=dict)
+    producer_retries: int = 0
+
+    def check(self) -> dict:
+        """Lost, early, cancelled-but-delivered and duplicates, per subscription."""
+        report = {}
+        expected = set(self.sent) - self.cancel_attempts
+        for name, got in self.received.items():
+            ids = [m for m, _, _ in got]
+            report[name] = {
+                "lost": len(expected - set(ids)),
+                "early": sum(
+                    1 for m, at, t in got if self.sent.get(m) is not None and t < self.sent[m]
+                ),
+                "cancelled_delivered": len(set(ids) & self.cancelled),
+                "duplicates": len(ids) - len(set(ids)),
+                "received": len(ids),
+            }
+        return report
+
+
+def run_workload(
+    cluster: Cluster,
+    topic: str,
+    subs: list[str],
+    *,
+    messages: int,
+    seconds: float,
+    seed: int,
+    cancel_share: float = 0.1,
+    chaos=None,
+) -> Ledger:
+    """Send ``messages`` over ``seconds`` (delays 0.5-4 s, some immediate), cancel a share of
+    them before they are due, consume everything with one consumer per subscription, while
+    ``chaos(stop_event)`` runs in another thread. Returns the ledger."""
+    rng = random.Random(seed)
+    ledger = Ledger(received={s: [] for s in subs})
+    consumers = {s: cluster.subscribe(topic, s) for s in subs}
+    producer = cluster.create_producer(topic)
+    stop = threading.Event()
+    produced = threading.Event()
+
+    def consume(name: str) -> None:
+        consumer = consumers[name]
+        while not stop.is_set():
+            msgs = consumer.receive(max_messages=1_000, timeout_s=0.5)
+            t = now_ms()
+            ledger.received[name].extend((m.message_id, m.deliver_at_ms, t) for m in msgs)
+            if msgs:
+                consumer.ack(msgs)
+
+    threads = [threading.Thread(target=consume, args=(s,), daemon=True) for s in subs]
+    chaos_thread = threading.Thread(target=chaos, args=(produced,), daemon=True) if chaos else None
+    for t in threads:
+        t.start()
+    if chaos_thread:
+        chaos_thread.start()
+    batch = 500
+    rounds = max(1, messages // batch)
+    for r in range(rounds):
+        base = now_ms()
+        ats = [None if rng.random() < 0.2 else base + rng.randint(500, 4_000) for _ in range(batch)]
+        mids = producer.send_many([b"%d" % (r * batch + i) for i in range(batch)], deliver_at=ats)
+        ledger.sent.update(zip(mids, ats, strict=True))
+        # cancel some of the ones due at least 2 s from now (well before they are due)
+        for mid, at in zip(mids, ats, strict=True):
+            if at is not None and at - now_ms() > 2_000 and rng.random() < cancel_share:
+                ledger.cancel_attempts.add(mid)
+                honoured = producer.cancel(mid)
+                ledger.cancelled.update([mid] if honoured else [])
+        time.sleep(max(0.0, seconds / rounds - (now_ms() - base) / 1000))
+    produced.set()
+    ledger.producer_retries = producer.retries
+    if chaos_thread:
+        chaos_thread.join()
+    deadline = time.monotonic() + 90
+    expected = set(ledger.sent) - ledger.cancel_attempts
+    while time.monotonic() < deadline:
+        if all(expected <= {m for m, _, _ in got} for got in ledger.received.values()):
+            break
+        time.sleep(0.5)
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    return ledger
