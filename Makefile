@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv java demo test lint bench clean
+.PHONY: venv java demo test lint bench chaos clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,9 @@ test: venv java
 lint: venv
 	$(VENV)/bin/ruff check raydelay tests bench
 	$(VENV)/bin/ruff format --check raydelay tests bench
+
+chaos: venv
+	CHAOS_MESSAGES=500000 CHAOS_SECONDS=300 $(PY) -m pytest -q -s tests/chaos -p no:cacheprovider
 
 bench: venv
 	$(PY) bench/tracker_bench.py

@@ -184,6 +184,9 @@ class SubscriptionActor:
     async def _deliver(self, consumer_id: str, max_messages: int) -> list[Delivery]:
         if not self._sub.can_receive(consumer_id):
             return []
+        mark = self._sub.wanted_mark()
+        if mark is not None:
+            await self._persist(force=True, mark=mark)
         now = self._clock.now_ms()
         self._sub.collect_due(now, max_messages)
         if self._sub.dead:
@@ -357,16 +360,20 @@ class SubscriptionActor:
             except Exception:  # noqa: BLE001 - logged; the next interval retries
                 log.exception("%s: persisting the cursor failed", self._sub.name)
 
-    async def _persist(self, force: bool = False) -> None:
+    async def _persist(self, force: bool = False, mark: Position | None = None) -> None:
         async with self._persist_lock:
-            await self._persist_locked(force)
+            if mark is not None and mark <= self._sub.dispatch_mark:
+                return  # another call moved it meanwhile
+            await self._persist_locked(force, mark or self._sub.dispatch_mark)
+            if mark is not None:
+                self._sub.dispatch_mark = mark
 
-    async def _persist_locked(self, force: bool) -> None:
+    async def _persist_locked(self, force: bool, mark: Position) -> None:
         cursor = self._sub.cursor
-        state = (cursor.mark_delete, cursor.individually_acked(), self._sub.read_position)
+        state = (cursor.mark_delete, cursor.individually_acked(), mark)
         if state == self._persisted and not force:
             return
-        data = cursor.encode(self._sub.read_position)
+        data = cursor.encode(mark)
         version = self._cursor_version + 1
         key = cursor_key(self._topic, self._partition, self._name, version)
         await asyncio.to_thread(self._write_cursor, key, data)

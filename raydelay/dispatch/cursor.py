@@ -7,8 +7,8 @@
   log replies, so it can move mark-delete across ledger boundaries.
 
 The persisted form is versioned msgpack with ``BitMap.serialize()`` bytes. It also
-records the read position at the time of the write: entries before it may have
-been delivered already, which a restarted subscription uses to mark re-deliveries.
+records the subscription's dispatch mark: entries before it may have been delivered
+already, which a restarted subscription uses to mark re-deliveries.
 """
 
 from __future__ import annotations
@@ -143,21 +143,21 @@ class Cursor:
 
     # --- persistence ------------------------------------------------------------------------
 
-    def encode(self, read_position: Position) -> bytes:
+    def encode(self, dispatch_mark: Position) -> bytes:
         return msgpack.packb(
             {
                 "v": FORMAT_VERSION,
                 "md": list(self.mark_delete),
                 "acked": {int(k): v.serialize() for k, v in self.acked.items() if v},
                 "ledgers": [[i, c] for i, c in self.known_ledgers()],
-                "read": list(read_position),
+                "read": list(dispatch_mark),
             },
             use_bin_type=True,
         )
 
     @staticmethod
     def decode(data: bytes, what: str = "cursor") -> tuple[Cursor, Position]:
-        """The cursor and the read position it was persisted with."""
+        """The cursor and the dispatch mark it was persisted with."""
         try:
             raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
             if not isinstance(raw, dict) or raw.get("v") != FORMAT_VERSION:

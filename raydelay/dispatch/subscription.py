@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 SUBSCRIPTION_TYPES = ("shared", "exclusive", "failover")
 _SHIFT = 32
+DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
 _LOW = (1 << _SHIFT) - 1
 
@@ -118,6 +119,10 @@ class Subscription:
         self.read_position: Position = (md_l, md_e + 1)
         # Entries before this were read by an earlier life and may have been delivered.
         self._dispatched_before = dispatched_before
+        # New entries are delivered only below this mark, which is persisted (with the
+        # cursor) before it moves: a restarted subscription knows which of the entries it
+        # re-reads may have gone out already, and raises their redelivery_count.
+        self.dispatch_mark: Position = max(dispatched_before, self.read_position)
         self.ack_timeout_ms = ack_timeout_ms
         self.max_redeliveries = max_redeliveries
         self.read_ahead_entries = read_ahead_entries
@@ -308,9 +313,14 @@ class Subscription:
                 self.redeliver -= BitMap64(keys.astype(np.uint64))
                 out.append(self._hand_out(consumer_id, obj, idx, keys, now_ms))
                 room -= len(keys)
+        mark = key_of(*self.dispatch_mark)
         while self._ready and room > 0:
             run = self._ready[0]
-            end = min(len(run.keys), run.pos + room)
+            below = int(np.searchsorted(run.keys, mark)) if run.keys[-1] >= mark else len(run.keys)
+            end = min(below, run.pos + room)
+            if end <= run.pos:
+                break  # past the dispatch mark: wanted_mark() says where to move it
+
             idx, keys = run.indexes[run.pos : end], run.keys[run.pos : end]
             self._ready_count -= end - run.pos
             run.pos = end
@@ -323,6 +333,18 @@ class Subscription:
                 out.append(self._hand_out(consumer_id, run.obj, idx, keys, now_ms))
                 room -= len(keys)
         return out
+
+    def wanted_mark(self) -> Position | None:
+        """Where the dispatch mark must move before the read-ahead queue can go on (None:
+        it need not move). The actor persists it first, then sets ``dispatch_mark``."""
+        if not self._ready:
+            return None
+        run = self._ready[0]
+        head = int(run.keys[run.pos])
+        if head < key_of(*self.dispatch_mark):
+            return None
+        ledger_id, entry_id = position_of(head)
+        return (ledger_id, entry_id + DISPATCH_MARK_STEP)
 
     def _hand_out(
         self, consumer_id: str, obj: LedgerObject, idx: np.ndarray, keys: np.ndarray, now_ms: int

@@ -13,7 +13,13 @@ from raydelay.delayed import (
 )
 from raydelay.dispatch.cursor import Cursor
 from raydelay.dispatch.objects import ObjectCache
-from raydelay.dispatch.subscription import ConsumerBusy, Subscription, key_of, position_of
+from raydelay.dispatch.subscription import (
+    DISPATCH_MARK_STEP,
+    ConsumerBusy,
+    Subscription,
+    key_of,
+    position_of,
+)
 from raydelay.dispatch.wire import deliveries_to_wire
 from raydelay.errors import InvalidArgument
 from raydelay.log.entries import NO_DELAY, Entries, LedgerObject
@@ -42,11 +48,19 @@ def make(kind="shared", clock=None, tracker=None, **kw) -> tuple[Subscription, M
 
 def take(sub: Subscription, clock: ManualClock, consumer="c1", n=100) -> list[tuple[int, int]]:
     """One receive: collect due, 'fetch' from what on_read saw, deliver; returns positions."""
+    move_mark(sub)
     sub.collect_due(clock.now_ms(), n)
     fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(n), dtype=np.int64))
     out = sub.deliver(consumer, fetched, n, clock.now_ms())
     wire = deliveries_to_wire("t", 0, out)
     return list(zip(wire["l"], wire["e"], strict=True))
+
+
+def move_mark(sub: Subscription) -> None:
+    """What the actor does before delivering: persist the wanted dispatch mark, then set it."""
+    mark = sub.wanted_mark()
+    if mark is not None:
+        sub.dispatch_mark = mark
 
 
 CACHE = ObjectCache(max_entries=1_000_000)  # what the actor would fetch payloads from
@@ -193,9 +207,14 @@ def test_a_restarted_subscription_marks_possibly_delivered_messages_and_skips_ac
     cursor.ack(np.array([1, 1]), np.array([0, 2]))
     sub, clock = make(cursor=cursor, dispatched_before=(1, 3))
     read(sub, obj(1, 0, [NO_DELAY] * 5))
-    sub.collect_due(clock.now_ms(), 10)
-    wire = deliveries_to_wire("t", 0, sub.deliver("c1", {}, 10, clock.now_ms()))
-    assert list(zip(wire["e"], wire["r"], strict=True)) == [(1, 1), (3, 0), (4, 0)]
+    # below the old dispatch mark: may have gone out before the restart
+    wire = deliveries_to_wire("t", 0, sub.deliver("c1", [], 10, clock.now_ms()))
+    assert list(zip(wire["e"], wire["r"], strict=True)) == [(1, 1)]
+    # beyond it: only once the mark has moved (persisted first, by the actor)
+    assert sub.wanted_mark() == (1, 3 + DISPATCH_MARK_STEP)
+    move_mark(sub)
+    wire = deliveries_to_wire("t", 0, sub.deliver("c1", [], 10, clock.now_ms()))
+    assert list(zip(wire["e"], wire["r"], strict=True)) == [(3, 0), (4, 0)]
 
 
 def test_bucket_tracked_delayed_messages_are_delivered_through_the_redelivery_set():
