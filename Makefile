@@ -37,7 +37,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check raydelay tests bench
 
 chaos: venv
-	CHAOS_MESSAGES=500000 CHAOS_SECONDS=300 $(PY) -m pytest -q -s tests/chaos -p no:cacheprovider
+	CHAOS_MESSAGES=500000 CHAOS_SECONDS=300 $(PY) -m pytest -q -s --timeout 3600 tests/chaos -p no:cacheprovider
 
 bench: venv
 	$(PY) bench/tracker_bench.py

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -245,6 +246,10 @@ class SubscriptionActor:
             self._sub.cancel(int(t[0]), int(t[1]), (int(m[0]), int(m[1])))
             for t, m in zip(targets, markers, strict=True)
         ]
+
+    async def pid(self) -> int:
+        """The process id (tests use it to see a restart)."""
+        return os.getpid()
 
     async def stats(self) -> dict:
         self._ensure_started()

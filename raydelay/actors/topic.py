@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -229,6 +230,10 @@ class TopicActor:
     async def last_sequence(self, producer: str) -> int:
         self._ensure_started()
         return await self._run(self._log.last_sequence, producer)
+
+    async def pid(self) -> int:
+        """The process id (tests use it to see a restart)."""
+        return os.getpid()
 
     async def tail(self):
         return self._log.tail()
