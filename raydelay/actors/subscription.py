@@ -91,6 +91,7 @@ class SubscriptionActor:
         self._reported: Position | None = None
         self._started = False
         self._closed = False
+        self._learn_cancels()
 
     # --- construction ----------------------------------------------------------------------
 
@@ -133,6 +134,16 @@ class SubscriptionActor:
             what="coordinator",
         )
         return Cursor((md[0], md[1])), (-1, -1), 0
+
+    def _learn_cancels(self) -> None:
+        """Before delivering anything, learn every cancel marker ahead of the read position:
+        a cancel this subscription applied before it died stays applied."""
+        pairs = rpc.get_blocking(
+            self._topic_actor.cancel_markers.remote(self._sub.read_position), what="topic actor"
+        )
+        learned = self._sub.learn_cancels(pairs)
+        if learned:
+            log.info("%s: %d cancel markers ahead of the read position", self._sub.name, learned)
 
     def _ensure_started(self) -> None:
         if self._started:

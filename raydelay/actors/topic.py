@@ -227,6 +227,12 @@ class TopicActor:
                 pass
         return self._log.tail()
 
+    async def cancel_markers(self, from_position: tuple[int, int]) -> list:
+        """(marker, target) positions of every cancel marker at or after ``from_position``."""
+        self._ensure_started()
+        position = (int(from_position[0]), int(from_position[1]))
+        return await self._run(self._log.cancel_markers, position)
+
     async def last_sequence(self, producer: str) -> int:
         self._ensure_started()
         return await self._run(self._log.last_sequence, producer)

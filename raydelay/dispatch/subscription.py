@@ -465,6 +465,16 @@ class Subscription:
         takes effect once and both report the same outcome."""
         return self._apply_marker(key_of(*marker), key_of(ledger_id, entry_id))
 
+    def learn_cancels(self, pairs: Iterable[tuple[Position, Position]]) -> int:
+        """Take in the log's cancel markers ahead of the read position (at startup, before
+        anything is delivered): their targets will never be delivered. Returns how many."""
+        n = 0
+        for marker, target in pairs:
+            if tuple(marker) >= self.read_position:
+                self._apply_marker(key_of(*marker), key_of(*target))
+                n += 1
+        return n
+
     def _apply_marker(self, marker_key: int, target_key: int) -> bool:
         known = self._marker_results.get(marker_key)
         if known is not None:

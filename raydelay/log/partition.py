@@ -134,6 +134,8 @@ class PartitionLog:
         self._cached_bytes = 0
         self._ledgers: list[LedgerInfo] = sorted(ledgers, key=lambda x: x.ledger_id)
         self._firsts: dict[int, list[int]] = {}  # ledger -> first entries of its objects
+        # (ledger, first) -> the object's cancel markers as (index, target); small, and kept
+        self._marker_index: dict[tuple[int, int], list[tuple[int, Position]]] = {}
         self._producers: dict[str, _Producer] = {}
         self._next_entry = 0
         self.stats_counters = {"commits": 0, "objects": 0, "entries": 0, "duplicates": 0}
@@ -264,6 +266,7 @@ class PartitionLog:
         self._next_entry = offset
         self._firsts.setdefault(ledger, []).append(first)
         self._remember(ledger, first, data)
+        self._marker_index[(ledger, first)] = sorted(entries.cancels.items())
         for producer, (seq, ranges) in dedup.items():
             self._record(producer, seq, ranges, now_ms)
         self.stats_counters["objects"] += 1
@@ -412,6 +415,31 @@ class PartitionLog:
                     return ReadReply(out, self.tail())
         return ReadReply(out, self.tail())
 
+    def cancel_markers(self, from_position: Position) -> list[tuple[Position, Position]]:
+        """Every cancel marker at or after ``from_position``: (marker, target) pairs, in log
+        order. A restarted subscription learns them all before it delivers anything, so a
+        cancel it had applied before dying cannot slip out while it re-reads the log."""
+        from_ledger, from_entry = from_position
+        out: list[tuple[Position, Position]] = []
+        for info in self._ledgers:
+            if info.ledger_id < from_ledger:
+                continue
+            start = from_entry if info.ledger_id == from_ledger else 0
+            for first in self._index(info.ledger_id):
+                for index, target in self._markers_of(info.ledger_id, first):
+                    if first + index >= start:
+                        out.append(((info.ledger_id, first + index), target))
+        return out
+
+    def _markers_of(self, ledger_id: int, first: int) -> list[tuple[int, Position]]:
+        """(index in the object, target) of an object's cancel markers, decoded once."""
+        found = self._marker_index.get((ledger_id, first))
+        if found is None:
+            key = ledger_entries_key(self._topic, self._partition, ledger_id, first)
+            obj = decode_object(self._get(ledger_id, first), key)
+            found = self._marker_index[(ledger_id, first)] = sorted(obj.entries.cancels.items())
+        return found
+
     def read_positions(self, positions: list[Position]) -> list[bytes]:
         """The objects holding ``positions`` (each once); positions not in the log are skipped."""
         wanted: dict[tuple[int, int], None] = {}
@@ -460,6 +488,8 @@ class PartitionLog:
                 self._store.delete(key)
                 deleted += 1
             self._firsts.pop(ledger_id, None)
+            for k in [k for k in self._marker_index if k[0] == ledger_id]:
+                del self._marker_index[k]
             for k in [k for k in self._cache if k[0] == ledger_id]:
                 self._cached_bytes -= len(self._cache.pop(k))
         self._ledgers = [x for x in self._ledgers if x.ledger_id not in doomed]

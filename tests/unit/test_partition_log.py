@@ -235,3 +235,16 @@ def test_corrupt_objects_and_batches_raise_clear_errors():
         )
     with pytest.raises(InvalidArgument, match="bytes"):
         decode_batch("not bytes")
+
+
+def test_cancel_markers_are_listed_from_a_position_also_after_a_restart():
+    store = MemoryObjectStore()
+    log, ledgers = make_log(store, max_entries=10)
+    log.commit([batch(4)])
+    marker = Entries([b""], np.full(1, NO_DELAY, np.int64), cancels={0: (1, 2)})
+    [[(lg, first, _)]] = log.commit([AppendBatch("", 0, marker)])
+    log.commit([batch(3, start=5)])
+    assert log.cancel_markers((1, 0)) == [((lg, first), (1, 2))]
+    assert log.cancel_markers((lg, first + 1)) == []
+    again, _ = make_log(store, ledgers, max_entries=10)  # decoded from the store this time
+    assert again.cancel_markers((1, 0)) == [((lg, first), (1, 2))]

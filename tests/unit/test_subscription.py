@@ -249,3 +249,17 @@ def test_the_object_cache_finds_positions_by_object_and_forgets_the_oldest():
     assert len(cache) == 2 and cache.entries == 6
     groups, missing = cache.lookup(np.array(keys([(1, 0), (2, 2)])))
     assert [g[0].ledger_id for g in groups] == [2] and missing.tolist() == keys([(1, 0)])
+
+
+def test_cancels_learned_at_startup_keep_their_targets_from_ever_going_out():
+    sub, clock = make()
+    assert sub.learn_cancels([((1, 5), (1, 1)), ((1, 6), (1, 3))]) == 2
+    read(
+        sub,
+        obj(1, 0, [NO_DELAY, NO_DELAY, T0 + 10, T0 + 10]),
+        obj(1, 4, [NO_DELAY] * 3, cancels={1: (1, 1), 2: (1, 3)}),
+    )
+    clock.advance(10)
+    assert sorted(take(sub, clock)) == [(1, 0), (1, 2), (1, 4)]
+    assert sub.cancel(1, 1, marker=(1, 5)) is True  # the caller's retry agrees
+    assert all(sub.cursor.is_acked(1, e) for e in (1, 3, 5, 6))  # targets and markers
