@@ -218,28 +218,47 @@ class Cluster:
     # --- cancel and stats ---------------------------------------------------------------------
 
     def _cancel(
-        self, topic: str, partition: int, position: tuple[int, int], producer: str, seq: int
-    ) -> bool:
-        """Append a durable cancel marker, then apply it at every subscription at once."""
-        markers = self._call(
-            lambda: self._topic_handle(topic, partition).cancel.remote([position], producer, seq),
-            f"topic {topic}/{partition}",
+        self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
+    ) -> dict[int, list[bool]]:
+        """For each partition p, batches[p] = (target positions, sequence id): append durable
+        cancel markers (one call per partition), then have every subscription apply them at
+        once (one call per subscription partition). A target counts as cancelled (True) when
+        no subscription had it delivered."""
+        parts = list(batches)
+        markers = dict(
+            zip(
+                parts,
+                self._call(
+                    lambda: [
+                        self._topic_handle(topic, p).cancel.remote(
+                            batches[p][0], producer, batches[p][1]
+                        )
+                        for p in parts
+                    ],
+                    f"topic {topic}",
+                ),
+                strict=True,
+            )
         )
-        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
-        results = (
+        subs = list(
+            self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
+        )
+        pairs = [(p, s) for p in parts for s in subs]
+        answers = (
             self._call(
                 lambda: [
-                    self._subscription_handle(topic, partition, s).cancel.remote(
-                        [position], markers
-                    )
-                    for s in subs
+                    self._subscription_handle(topic, p, s).cancel.remote(batches[p][0], markers[p])
+                    for p, s in pairs
                 ],
                 "subscription",
             )
-            if subs
+            if pairs
             else []
         )
-        return all(r[0] for r in results)
+        out = {p: [True] * len(batches[p][0]) for p in parts}
+        for (p, _), answer in zip(pairs, answers, strict=True):
+            out[p] = [a and b for a, b in zip(out[p], answer, strict=True)]
+        return out
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
         """A subscription's numbers summed over partitions (``partitions`` has each one), or,

@@ -269,24 +269,39 @@ class Producer:
     def cancel(self, message_id: MessageId) -> bool:
         """Cancel a scheduled message. True when no subscription has had it delivered;
         False when it was delivered already (the cancel then has no effect there)."""
+        return self.cancel_many([message_id])[0]
+
+    def cancel_many(self, message_ids: Sequence[MessageId]) -> list[bool]:
+        """Cancel many messages in one call per partition (and per subscription partition);
+        one result per id, as :meth:`cancel` gives. Every id is checked before any is sent."""
         self._check_open()
-        if not isinstance(message_id, MessageId):
-            raise InvalidArgument(
-                f"message_id: expected a MessageId, got {type(message_id).__name__}"
-            )
-        if message_id.topic != self.topic:
-            raise InvalidArgument(
-                f"message_id: belongs to topic {message_id.topic!r}, not {self.topic!r}"
-            )
-        if not 0 <= message_id.partition < self.partitions:
-            raise InvalidArgument(f"message_id: partition {message_id.partition} does not exist")
-        p = message_id.partition
-        with self._seq_lock:  # the marker is deduplicated like any batch of this producer
-            self._seq[p] += 1
-            seq = self._seq[p]
-        return self._cluster._cancel(
-            self.topic, p, (message_id.ledger_id, message_id.entry_id), self.name, seq
-        )
+        if isinstance(message_ids, MessageId) or not isinstance(message_ids, Sequence):
+            raise InvalidArgument("message_ids: expected a sequence of MessageId")
+        by_partition: dict[int, list[int]] = {}
+        for i, mid in enumerate(message_ids):
+            if not isinstance(mid, MessageId):
+                raise InvalidArgument(
+                    f"message_ids[{i}]: expected a MessageId, got {type(mid).__name__}"
+                )
+            if mid.topic != self.topic:
+                raise InvalidArgument(
+                    f"message_ids[{i}]: belongs to topic {mid.topic!r}, not {self.topic!r}"
+                )
+            if not 0 <= mid.partition < self.partitions:
+                raise InvalidArgument(f"message_ids[{i}]: partition {mid.partition} does not exist")
+            by_partition.setdefault(mid.partition, []).append(i)
+        batches = {}
+        with self._seq_lock:  # the markers are deduplicated like any batch of this producer
+            for p, idx in by_partition.items():
+                self._seq[p] += 1
+                positions = [(message_ids[i].ledger_id, message_ids[i].entry_id) for i in idx]
+                batches[p] = (positions, self._seq[p])
+        results = self._cluster._cancel(self.topic, batches, self.name)
+        out = [False] * len(message_ids)
+        for p, idx in by_partition.items():
+            for i, ok in zip(idx, results[p], strict=True):
+                out[i] = ok
+        return out
 
     def flush(self) -> None:
         """Wait until every queued ``send`` is durable (or failed)."""

@@ -98,3 +98,19 @@ def test_closing_a_consumer_hands_its_unacked_messages_to_another(cluster, topic
     got = receive_all(staying, 10)
     assert sorted(m.message_id for m, _ in got) == sorted(mids)
     assert {m.redelivery_count for m, _ in got} == {1}
+
+
+def test_cancel_many_cancels_across_partitions_in_one_go(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=3)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    mids = producer.send_many(
+        [b"%d" % i for i in range(30)], deliver_after=1.0, keys=[f"k{i}" for i in range(30)]
+    )
+    assert len({m.partition for m in mids}) == 3
+    doomed = mids[::2]
+    assert producer.cancel_many(doomed) == [True] * len(doomed)
+    got = receive_all(consumer, 15)
+    assert sorted(m.message_id for m, _ in got) == sorted(mids[1::2])
+    assert quiet(consumer, 0.5) == []
+    assert producer.cancel_many(doomed[:2] + mids[1:2]) == [False, False, False]
