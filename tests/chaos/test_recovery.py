@@ -9,23 +9,7 @@ import ray
 
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
-from tests.integration.helpers import now_ms, quiet, receive_all
-
-
-def restart(name: str) -> ray.actor.ActorHandle:
-    """Kill the named actor (Ray restarts it) and wait until its new process answers."""
-    actor = ray.get_actor(name, namespace=NAMESPACE)
-    pid = ray.get(actor.pid.remote())
-    ray.kill(actor, no_restart=False)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if ray.get(actor.pid.remote(), timeout=5) != pid:
-                return actor
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.2)
+from tests.integration.helpers import now_ms, quiet, receive_all, restart
 
 
 def test_a_restarted_topic_fences_its_open_ledger_and_keeps_its_dedup_state(cluster, topic_name):

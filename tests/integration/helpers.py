@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import ray
+
 from raydelay import Consumer, Message
 
 
@@ -39,3 +41,20 @@ def quiet(consumer: Consumer, seconds: float) -> list[Message]:
     while time.monotonic() < deadline:
         out.extend(consumer.receive(max_messages=1_000, timeout_s=0.2))
     return out
+
+
+def restart(name: str):
+    """Kill the named raydelay actor (Ray restarts it) and wait until its new process
+    answers; returns its handle."""
+    actor = ray.get_actor(name, namespace="raydelay")
+    pid = ray.get(actor.pid.remote())
+    ray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if ray.get(actor.pid.remote(), timeout=5) != pid:
+                return actor
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)

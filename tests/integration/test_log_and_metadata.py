@@ -11,7 +11,7 @@ import ray
 from raydelay import InvalidArgument, NotFound
 from raydelay.cluster.names import topic_actor_name
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
-from tests.integration.helpers import receive_all
+from tests.integration.helpers import receive_all, restart
 
 
 def test_a_re_sent_batch_is_not_appended_twice(cluster, topic_name):
@@ -127,18 +127,8 @@ def test_the_coordinator_restarts_with_its_metadata_intact(cluster, topic_name):
         )
 
     before = metadata()
-    pid = ray.get(coordinator.pid.remote())
     # When the coordinator process dies, Ray restarts it and it replays its journal
-    ray.kill(coordinator, no_restart=False)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if ray.get(coordinator.pid.remote(), timeout=5) != pid:
-                break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.2)
+    coordinator = restart("coordinator")
     assert metadata() == before
     assert before[0] == 3
     # and the data path keeps working
