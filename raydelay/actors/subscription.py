@@ -34,8 +34,9 @@ from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryDelayedDeliveryTracker
 from raydelay.dispatch.cursor import Cursor, Position
+from raydelay.dispatch.keys import key_of, position_of
 from raydelay.dispatch.objects import Group, ObjectCache
-from raydelay.dispatch.subscription import Delivery, Subscription, key_of, position_of
+from raydelay.dispatch.subscription import Delivery, Subscription
 from raydelay.dispatch.wire import deliveries_to_wire
 from raydelay.errors import CodecError, NotFound
 from raydelay.log.entries import (

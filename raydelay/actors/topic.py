@@ -97,12 +97,12 @@ class TopicActor:
                 f"payload: message {too_big[0]} of the batch is over topic.max_message_bytes "
                 f"({limit} bytes)"
             )
-        return await self._enqueue(decoded, len(batch))
+        return await self._enqueue(decoded)
 
-    async def _enqueue(self, batch: AppendBatch, nbytes: int):
+    async def _enqueue(self, batch: AppendBatch):
         fut = asyncio.get_running_loop().create_future()
         self._queue.append((batch, fut))
-        self._queued_bytes += nbytes
+        self._queued_bytes += batch.entries.nbytes()
         self._work.set()
         if self._queued_bytes >= self._config.topic.group_commit_max_bytes:
             self._full.set()
@@ -132,7 +132,7 @@ class TopicActor:
             deliver_at_ms=np.full(n, NO_DELAY, dtype=np.int64),
             cancels=dict(enumerate(targets)),
         )
-        ranges = await self._enqueue(AppendBatch(producer, sequence_id, entries), 16 * n)
+        ranges = await self._enqueue(AppendBatch(producer, sequence_id, entries))
         return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
 
     async def _committer(self) -> None:
@@ -173,7 +173,7 @@ class TopicActor:
             if size >= limit:
                 break
         out, self._queue = self._queue[:taken], self._queue[taken:]
-        self._queued_bytes = sum(b.entries.nbytes() for b, _ in self._queue)
+        self._queued_bytes -= size
         return out
 
     # --- reading --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
 from raydelay.errors import CodecError, InvalidArgument, NotFound
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import journal_key, snapshot_key, validate_name
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 JOURNAL_PREFIX = "meta/journal/"
 SNAPSHOT_PREFIX = "meta/snapshot/"
-SUBSCRIPTION_TYPES = ("shared", "exclusive", "failover")
 MAX_PARTITIONS = 1024
 
 

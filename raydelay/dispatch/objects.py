@@ -12,10 +12,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from raydelay.dispatch.keys import split_keys
 from raydelay.log.entries import LedgerObject
-
-_SHIFT = 32
-_LOW = (1 << _SHIFT) - 1
 
 Group = tuple[LedgerObject, np.ndarray, np.ndarray]  # (object, indexes in it, position keys)
 
@@ -55,14 +53,15 @@ class ObjectCache:
         keys = np.asarray(keys, dtype=np.int64)
         groups: list[Group] = []
         missing: list[np.ndarray] = []
-        ledgers = keys >> _SHIFT
+        ledgers, all_entries = split_keys(keys)
         for ledger_id in np.unique(ledgers).tolist():
-            ks = keys[ledgers == ledger_id]
+            same = ledgers == ledger_id
+            ks = keys[same]
             firsts = self._firsts.get(ledger_id)
             if not firsts:
                 missing.append(ks)
                 continue
-            entries = ks & _LOW
+            entries = all_entries[same]
             starts = np.asarray(firsts, dtype=np.int64)
             slot = np.searchsorted(starts, entries, side="right") - 1
             for j in np.unique(slot).tolist():

@@ -26,7 +26,7 @@ import heapq
 import itertools
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,24 +35,15 @@ from pyroaring import BitMap, BitMap64
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
 from raydelay.dispatch.cursor import Cursor, Position
+from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of
 from raydelay.errors import InvalidArgument, RaydelayError
 from raydelay.log.entries import NO_DELAY, LedgerObject
 
 log = logging.getLogger(__name__)
 
 SUBSCRIPTION_TYPES = ("shared", "exclusive", "failover")
-_SHIFT = 32
 DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
-_LOW = (1 << _SHIFT) - 1
-
-
-def key_of(ledger_id: int, entry_id: int) -> int:
-    return (ledger_id << _SHIFT) | entry_id
-
-
-def position_of(key: int) -> Position:
-    return (key >> _SHIFT, key & _LOW)
 
 
 class ConsumerBusy(RaydelayError):
@@ -225,7 +216,7 @@ class Subscription:
                     )
                     now_due[np.flatnonzero(delayed)[tracked]] = False
             if now_due.any():
-                run_keys = (np.int64(obj.ledger_id) << _SHIFT) | entry_ids[now_due]
+                run_keys = (np.int64(obj.ledger_id) << SHIFT) | entry_ids[now_due]
                 before = key_of(*self._dispatched_before) if self._dispatched_before[1] >= 0 else -1
                 for k in run_keys[run_keys < before].tolist():  # only right after a restart
                     self._counts.setdefault(k, 1)  # an earlier life may have delivered it
@@ -259,7 +250,7 @@ class Subscription:
             both = BitMap(entry_ids.astype(np.uint32)) & bm
             keep &= ~np.isin(entry_ids, np.fromiter(both, dtype=np.int64, count=len(both)))
         if self._cancelled_ahead:
-            keys = (np.int64(ledger_id) << _SHIFT) | entry_ids
+            keys = (np.int64(ledger_id) << SHIFT) | entry_ids
             cancelled = np.fromiter(self._cancelled_ahead, dtype=np.uint64).astype(np.int64)
             keep &= ~np.isin(keys, cancelled)
         return keep
@@ -271,7 +262,7 @@ class Subscription:
         self.expire(now_ms)
         if len(self.redeliver) < max_messages and self.tracker.has_message_available():
             due = self.tracker.get_scheduled_messages(max_messages)
-            self.redeliver.update([(lg << _SHIFT) | e for lg, e in due])
+            self.redeliver.update([(lg << SHIFT) | e for lg, e in due])
 
     def keys_to_fetch(self, max_messages: int) -> list[int]:
         """The redelivery-set positions to hand out next (lowest first); the actor fetches
@@ -326,7 +317,7 @@ class Subscription:
             run.pos = end
             if run.pos >= len(run.keys):
                 self._ready.popleft()
-            keep = self._unseen(int(keys[0] >> _SHIFT), keys & _LOW)  # acked since (cancels)
+            keep = self._unseen(int(keys[0] >> SHIFT), keys & LOW)  # acked since (cancels)
             if not keep.all():
                 idx, keys = idx[keep], keys[keep]
             if len(keys):
@@ -401,7 +392,7 @@ class Subscription:
             gone = BitMap64(klist)
             self.redeliver -= gone
             self.dead -= gone
-        added = self.cursor.ack(ks >> _SHIFT, ks & _LOW)
+        added = self.cursor.ack(ks >> SHIFT, ks & LOW)
         self.counters["acked"] += added
         return added
 
@@ -533,6 +524,3 @@ class Subscription:
             "consumers": len(self._consumers),
             **self.counters,
         }
-
-
-TrackerFactory = Callable[[], DelayedDeliveryTracker]

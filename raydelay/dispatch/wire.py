@@ -6,10 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from raydelay.dispatch.keys import split_keys
 from raydelay.dispatch.subscription import Delivery
-
-_SHIFT = 32
-_LOW = (1 << _SHIFT) - 1
 
 
 def deliveries_to_wire(topic: str, partition: int, deliveries: list[Delivery]) -> dict[str, Any]:
@@ -42,11 +40,12 @@ def deliveries_to_wire(topic: str, partition: int, deliveries: list[Delivery]) -
         counts = np.concatenate([dv.counts for dv in deliveries])
     else:
         all_keys = ds = counts = np.zeros(0, dtype=np.int64)
+    ledgers, entries = split_keys(all_keys)
     return {
         "topic": topic,
         "partition": partition,
-        "l": (all_keys >> _SHIFT).tolist(),
-        "e": (all_keys & _LOW).tolist(),
+        "l": ledgers.tolist(),
+        "e": entries.tolist(),
         "p": payloads,
         "k": keys,
         "pr": props,

@@ -20,6 +20,7 @@ What it owns:
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -447,7 +448,7 @@ class PartitionLog:
             if not self.contains(ledger_id, entry_id):
                 continue
             firsts = self._index(ledger_id)
-            j = _floor_index(firsts, entry_id)
+            j = bisect.bisect_right(firsts, entry_id) - 1
             if j >= 0:
                 wanted[(ledger_id, firsts[j])] = None
         return [self._get(ledger_id, first) for ledger_id, first in wanted]
@@ -496,29 +497,11 @@ class PartitionLog:
         return deleted
 
 
-def _floor_index(values: list[int], x: int) -> int:
-    """Index of the last value <= x (-1 when none); ``values`` is sorted."""
-    lo, hi = 0, len(values)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if values[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
-
-
-def entries_of(objects: list[bytes]) -> list[LedgerObject]:
-    """Decode objects returned by :meth:`PartitionLog.read`."""
-    return [decode_object(data) for data in objects]
-
-
 __all__ = [
     "PartitionLog",
     "LedgerInfo",
     "ReadReply",
     "StaleSequence",
     "Entries",
-    "entries_of",
     "partition_prefix",
 ]
