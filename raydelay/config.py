@@ -135,11 +135,13 @@ class TopicConfig:
     group_commit_max_bytes: int = 4 * MIB  # a group commit is written early once this much gathers
     max_message_bytes: int = 5 * MIB
     tail_cache_bytes: int = 64 * MIB  # recent ledger objects kept in memory for readers
+    index_cache_bytes: int = 64 * MIB  # object indexes kept for reads of scattered positions
     retention_interval_ms: int = 5_000  # how often a partition deletes fully acknowledged ledgers
 
     def __post_init__(self) -> None:
         _positive("topic.max_entries_per_ledger", self.max_entries_per_ledger)
         _non_negative("topic.tail_cache_bytes", self.tail_cache_bytes)
+        _non_negative("topic.index_cache_bytes", self.index_cache_bytes)
         _positive("topic.retention_interval_ms", self.retention_interval_ms)
         _non_negative("topic.group_commit_ms", self.group_commit_ms)
         _positive("topic.group_commit_max_bytes", self.group_commit_max_bytes)

@@ -14,11 +14,20 @@ from raydelay.cluster import rpc
 
 
 class CoordinatorRegistry:
-    def __init__(self, coordinator: Any) -> None:
+    """Calls ride out a coordinator restart (they are idempotent: a put names its key, a
+    remove of a missing key does nothing), for up to ``deadline_s`` seconds."""
+
+    def __init__(self, coordinator: Any, deadline_s: float = 30.0) -> None:
         self._coordinator = coordinator
+        self._deadline_s = deadline_s
+
+    def _call(self, submit: Any) -> Any:
+        return rpc.call(
+            submit, what="coordinator", deadline_s=self._deadline_s, wait=rpc.get_blocking
+        )
 
     def list(self, name: str) -> dict[str, bytes]:
-        return rpc.get_blocking(self._coordinator.registry_list.remote(name), what="coordinator")
+        return self._call(lambda: self._coordinator.registry_list.remote(name))
 
     def put(self, name: str, bucket_key: str, record: bytes) -> None:
         self.apply([("put", name, bucket_key, record)])
@@ -28,4 +37,4 @@ class CoordinatorRegistry:
 
     def apply(self, ops: list[tuple[str, str, str, bytes | None]]) -> None:
         """Several puts and removes in one coordinator call (one journal write)."""
-        rpc.get_blocking(self._coordinator.registry_apply.remote(ops), what="coordinator")
+        self._call(lambda: self._coordinator.registry_apply.remote(ops))

@@ -46,7 +46,7 @@ from raydelay.log.entries import (
     decode_object,
     encode_batch,
 )
-from raydelay.storage import make_store
+from raydelay.storage import CountingObjectStore, make_store
 from raydelay.storage.keys import cursor_key, subscription_prefix
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.25  # the timer's longest sleep when nothing is scheduled
 _LONG_POLL_S = 5.0
 _READ_CHUNK = 5_000
+# Payloads fetched per receive: due delayed messages are scattered over the log, so a
+# fetch costs about one ranged read each; smaller fetches reach the consumer sooner.
+_FETCH_MAX = 2_000
 _PUMP_LINGER_S = 0.005
 _DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload fetches
 
@@ -72,7 +75,8 @@ class SubscriptionActor:
         self._options = rpc.get_blocking(
             self._coordinator.subscription.remote(topic, subscription), what="coordinator"
         )
-        self._store = make_store(self._config)
+        started = time.monotonic()
+        self._store = CountingObjectStore(make_store(self._config))
         self._prefix = subscription_prefix(topic, partition, subscription)
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
         self._cursor = cursor  # the tracker may ask for mark-delete while it recovers
@@ -92,7 +96,25 @@ class SubscriptionActor:
         self._reported: Position | None = None
         self._started = False
         self._closed = False
+        ledgers = rpc.get_blocking(self._topic_actor.ledgers.remote(), what="topic actor")
+        loose = self._sub.resume_after_buckets(ledgers)
         self._learn_cancels()
+        # Filled in until the first delivery after this start: what recovery cost.
+        self._recovery: dict[str, Any] = {
+            "started": started,
+            "init_s": round(time.monotonic() - started, 3),
+            "loose": loose,
+            "read_from": list(self._sub.read_position),
+            "delayed": self._sub.tracker.number_of_delayed_messages(),
+            "log_bytes": 0,
+        }
+        if loose or self._sub.read_position != self._sub.start_position:
+            log.info(
+                "%s: resuming the log at %s after the buckets, %d loose positions to re-read",
+                self._sub.name,
+                self._sub.read_position,
+                loose,
+            )
 
     # --- construction ----------------------------------------------------------------------
 
@@ -108,7 +130,9 @@ class SubscriptionActor:
             )
         return BucketDelayedDeliveryTracker(
             store=self._store,
-            registry=CoordinatorRegistry(self._coordinator),
+            registry=CoordinatorRegistry(
+                self._coordinator, deadline_s=self._config.client.retry_deadline_s
+            ),
             name=self._prefix,
             clock=self._clock,
             tick_time_ms=d.tick_time_ms,
@@ -178,6 +202,10 @@ class SubscriptionActor:
     async def receive(self, consumer_id: str, max_messages: int, timeout_s: float) -> dict:
         """Up to ``max_messages`` for ``consumer_id``; waits up to ``timeout_s`` (seconds)."""
         self._ensure_started()
+        if "first_receive_s" not in self._recovery:
+            self._recovery["first_receive_s"] = round(
+                time.monotonic() - self._recovery["started"], 3
+            )
         if consumer_id not in self._sub.consumers():
             self._sub.add_consumer(consumer_id)  # a restarted actor forgot its consumers
         deadline = time.monotonic() + max(0.0, float(timeout_s))
@@ -204,12 +232,20 @@ class SubscriptionActor:
         self._sub.collect_due(now, max_messages)
         if self._sub.dead:
             await self._flush_dead_letters()
-        fetched = await self._fetch(self._sub.keys_to_fetch(max_messages))
+        fetched = await self._fetch(self._sub.keys_to_fetch(min(max_messages, _FETCH_MAX)))
         out = self._sub.deliver(consumer_id, fetched, max_messages, self._clock.now_ms())
         if out:
             self._space.set()
             self._changed.set()
+            if "first_delivery_s" not in self._recovery:
+                self._close_recovery()
         return out
+
+    def _close_recovery(self) -> None:
+        r = self._recovery
+        r["first_delivery_s"] = round(time.monotonic() - r.pop("started"), 3)
+        r["first_delivery_at_ms"] = self._clock.now_ms()
+        r["store_bytes"] = self._store.bytes_read
 
     async def _fetch(self, keys: list[int]) -> list[Group]:
         """Payloads for positions, grouped by ledger object: from the decoded objects kept
@@ -222,13 +258,21 @@ class SubscriptionActor:
                 self._topic_actor.read_positions.remote([position_of(k) for k in need.tolist()]),
                 what="topic actor",
             )
+            self._count_log_bytes(blobs)
+            reply = ObjectCache(max_entries=1 << 62)
             for blob in blobs:
-                self._objects.add(decode_object(blob))
-            more, missing = self._objects.lookup(need)
+                obj = decode_object(blob)
+                reply.add(obj)  # the reply's runs never overlap: an exact lookup
+                self._objects.add(obj)
+            more, missing = reply.lookup(need)
             groups += more
             if len(missing):
                 self._sub.drop_missing(missing.tolist())
         return groups
+
+    def _count_log_bytes(self, blobs: list[bytes]) -> None:
+        if "first_delivery_s" not in self._recovery:
+            self._recovery["log_bytes"] += sum(len(b) for b in blobs)
 
     async def ack(self, consumer_id: str, positions: list[tuple[int, int]]) -> int:
         self._ensure_started()
@@ -264,8 +308,12 @@ class SubscriptionActor:
         return os.getpid()
 
     async def stats(self) -> dict:
+        """The subscription's counts, plus ``recovery``: what this actor's start cost until
+        its first delivery (init and first-delivery seconds, bytes read from the store by
+        this actor and from the log, loose positions re-read, where the log read resumed)."""
         self._ensure_started()
-        return self._sub.stats()
+        recovery = {k: v for k, v in self._recovery.items() if k != "started"}
+        return self._sub.stats() | {"recovery": recovery}
 
     async def flush(self) -> None:
         """Persist the cursor now (and report mark-delete)."""
@@ -322,12 +370,16 @@ class SubscriptionActor:
                     await self._space.wait()
                     continue
                 room = self._sub.read_ahead_entries - self._sub.ready_count()
+                if self._sub.unread:
+                    await self._reread(min(room, _READ_CHUNK))
+                    continue
                 reply = await rpc.wait(
                     self._topic_actor.read.remote(
                         self._sub.read_position, min(room, _READ_CHUNK), _LONG_POLL_S
                     ),
                     what="topic actor",
                 )
+                self._count_log_bytes(reply["objects"])
                 objects = [decode_object(b) for b in reply["objects"]]
                 for obj in objects:
                     self._objects.add(obj)
@@ -343,6 +395,21 @@ class SubscriptionActor:
             except Exception:  # noqa: BLE001 - logged; the log is re-read after a pause
                 log.exception("%s: reading the log failed; retrying", self._sub.name)
                 await asyncio.sleep(0.5)
+
+    async def _reread(self, max_positions: int) -> None:
+        """Re-read a chunk of the loose positions a restart found before the read position."""
+        keys = self._sub.next_unread(max_positions)
+        blobs = await rpc.wait(
+            self._topic_actor.read_positions.remote([position_of(k) for k in keys]),
+            what="topic actor",
+        )
+        self._count_log_bytes(blobs)
+        objects = [decode_object(b) for b in blobs]
+        for obj in objects:
+            self._objects.add(obj)
+        if self._sub.on_reread(objects, keys):
+            self._changed.set()
+            await self._notify()
 
     async def _timer(self) -> None:
         while not self._closed:

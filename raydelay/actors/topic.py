@@ -57,6 +57,7 @@ class TopicActor:
             clock=SystemClock(),
             max_entries_per_ledger=self._config.topic.max_entries_per_ledger,
             cache_bytes=self._config.topic.tail_cache_bytes,
+            index_cache_bytes=self._config.topic.index_cache_bytes,
         )
         self._queue: list[tuple[AppendBatch, asyncio.Future]] = []
         self._queued_bytes = 0
@@ -243,6 +244,16 @@ class TopicActor:
 
     async def tail(self):
         return self._log.tail()
+
+    async def close_ledger(self) -> bool:
+        """Close the open ledger at its size (graceful shutdown); appends go on in a new one."""
+        self._ensure_started()
+        return await self._run(self._log.close_ledger)
+
+    async def ledgers(self) -> list[tuple[int, int | None]]:
+        """The log's ledgers: (id, entry count, or None while open)."""
+        self._ensure_started()
+        return [(x.ledger_id, x.count) for x in self._log.ledgers]
 
     async def stats(self) -> dict:
         return {

@@ -292,7 +292,8 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Close this client's producers (flushing them) and consumers. If ``connect`` started
-        Ray, persist every subscription's cursor and stop Ray as well."""
+        Ray, also persist every subscription's cursor, close every partition's open ledger
+        (so a later start has nothing to fence), and stop Ray."""
         if self._closed:
             return
         self._closed = True
@@ -310,9 +311,16 @@ class Cluster:
                 ray.shutdown()
 
     def _flush_all(self) -> None:
+        """Persist every subscription's cursor, then close every partition's open ledger."""
         refs = []
         topics = self._call(self._coordinator.topics.remote, "coordinator")
+        closes = []
         for topic, n in topics.items():
+            for p in range(n):
+                try:
+                    closes.append(placement.lookup(topic_actor_name(topic, p)).close_ledger)
+                except ValueError:
+                    continue
             subs = self._call(
                 lambda t=topic: self._coordinator.subscriptions.remote(t), "coordinator"
             )
@@ -325,6 +333,8 @@ class Cluster:
                     refs.append(handle.flush.remote())
         if refs:
             rpc.get(refs, what="subscription")
+        if closes:
+            rpc.get([close.remote() for close in closes], what="topic")
 
     def _call(self, submit, what: str):
         """An idempotent call, retried while the actor restarts (client.retry_deadline_s)."""

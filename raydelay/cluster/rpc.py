@@ -68,15 +68,17 @@ def get_blocking(ref: Any, *, what: str = "", timeout_s: float | None = None) ->
         raise Unavailable(f"{what or 'actor call'} timed out") from None
 
 
-def call(submit: Any, *, what: str, deadline_s: float, sleep=time.sleep) -> Any:
+def call(submit: Any, *, what: str, deadline_s: float, sleep=time.sleep, wait: Any = None) -> Any:
     """Submit (``submit()`` returns an ObjectRef or a list of them) and wait; while the actor is
     dead or restarting, or the store fails retriably, submit again after a jittered backoff,
-    until ``deadline_s`` seconds have passed. Only for idempotent calls."""
+    until ``deadline_s`` seconds have passed. Only for idempotent calls. ``wait`` is how to
+    wait for the reply (default :func:`get`; :func:`get_blocking` on an async actor's thread)."""
+    wait = wait or get
     give_up = time.monotonic() + deadline_s
     delay = 0.05
     while True:
         try:
-            return get(submit(), what=what)
+            return wait(submit(), what=what)
         except (Unavailable, StorageError) as exc:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise

@@ -54,7 +54,7 @@ from raydelay.delayed.common import (
 from raydelay.delayed.index import Membership, RunQueue, sorted_positions
 from raydelay.delayed.jobs import JobRunner
 from raydelay.delayed.registry import BucketRegistry
-from raydelay.errors import InvalidArgument, RaydelayError, StorageError
+from raydelay.errors import InvalidArgument, NotFound, RaydelayError, StorageError
 from raydelay.storage.keys import bucket_prefix, validate_key
 
 log = logging.getLogger(__name__)
@@ -414,6 +414,13 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             self._pending_tombs.setdefault(ledger_id, BitMap()).add(entry_id)
         self._settle()
         return True
+
+    def persisted_through(self) -> int:
+        """Every delayed position of the ledgers up to this one was sealed into a bucket
+        (a restart finds it there), had fallen due, or was untracked. A restarted
+        subscription re-reads only the log after it, plus the positions of these ledgers
+        that are neither acknowledged nor tracked (see Subscription.resume_after_buckets)."""
+        return self._sealed_end
 
     def immutable_bucket_count(self) -> int:
         return len(self._buckets)
@@ -977,12 +984,16 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         recs = [
             codec.decode_record(raw, f"registry {self._name}/{key}") for key, raw in records.items()
         ]
-        metas = self._parallel(
-            lambda r: codec.decode_meta(
-                self._store.get(k := f"{bucket_prefix(self._name, r.key)}/meta"), k
-            ),
-            recs,
-        )
+        found = self._parallel(self._read_meta, recs)
+        for rec, meta in zip(recs, found):
+            if meta is None:  # a seal that failed after its registry put landed: nothing to load
+                log.warning("tracker %s: bucket %s has no meta; dropping it", self._name, rec.key)
+                self._registry.remove(self._name, rec.key)
+        metas = [m for m in found if m is not None]
+        if not metas:
+            self._apply_recovered_tombs()
+            self._sweep_orphans(set())
+            return
         # A crash between a merge's registry write and the removal of its sources leaves
         # both: the newer bucket whose range contains an older one supersedes it.
         live: list[codec.BucketMeta] = []
@@ -1022,6 +1033,13 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             self._install_segment(bucket, bucket.next_seg, cols)
         self._sweep_orphans({b.key for b in self._buckets})
         self._jobs.drain()
+
+    def _read_meta(self, rec: codec.RegistryRecord) -> codec.BucketMeta | None:
+        key = f"{bucket_prefix(self._name, rec.key)}/meta"
+        try:
+            return codec.decode_meta(self._store.get(key), key)
+        except NotFound:
+            return None
 
     def _apply_recovered_tombs(self) -> None:
         keys = self._store.list(f"{self._name}/tombs/")
@@ -1227,6 +1245,7 @@ class _BucketWriter:
         self._prefix = bucket_prefix(name, codec.bucket_key(start, end, bucket_id))
         self._metas: list[codec.SegmentMeta] = []
         self._written: list[str] = []
+        self._registering: str | None = None  # the key of a registry put under way
         self.nbytes = 0
 
     def add_segment(self, cols: Cols) -> None:
@@ -1246,11 +1265,13 @@ class _BucketWriter:
         record = codec.encode_record(
             codec.RegistryRecord(self._start, self._end, self._id, len(self._metas), meta.count)
         )
+        self._registering = meta.key
         _retrying(
             f"registry put {meta.key}",
             lambda: self._registry.put(self._name, meta.key, record),
             self._sleep_s,
         )
+        self._registering = None
         self._written = []
         return meta, self.nbytes
 
@@ -1260,7 +1281,12 @@ class _BucketWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             return
-        for key in self._written:
+        if self._registering is not None:  # the put may have landed and only its reply was lost
+            try:
+                self._registry.remove(self._name, self._registering)
+            except Exception:  # noqa: BLE001 - recovery drops an entry whose meta is gone
+                log.warning("registry entry %s may remain; recovery drops it", self._registering)
+        for key in reversed(self._written):  # meta first: a meta never outlives a segment
             try:
                 self._store.delete(key)
             except Exception:  # noqa: BLE001 - swept on recovery; the original error matters

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from pyroaring import BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.columns import check_deliver_at, check_position, superseded
@@ -62,6 +63,15 @@ class TrackerBase:
 
     def number_of_delayed_messages(self) -> int:
         return self._members.count
+
+    def persisted_through(self) -> int:
+        """The last ledger whose delayed positions are all in persisted buckets (-1: none).
+        Only a store-backed tracker has any; see BucketDelayedDeliveryTracker."""
+        return -1
+
+    def tracked_among(self, keys: BitMap64) -> BitMap64:
+        """The position keys (``ledger << 32 | entry``) of ``keys`` that are tracked."""
+        return self._members.members & keys
 
     def _split_due(
         self, ls: np.ndarray, es: np.ndarray, ds: np.ndarray, result: np.ndarray

@@ -1,8 +1,12 @@
 """Decoded ledger objects a subscription keeps, to find payloads by position (pure).
 
-Due delayed messages and redeliveries need their payloads back; most of them were
+Due delayed messages and redeliveries need their payloads back; many of them were
 read moments ago, so a bounded cache of decoded objects (by entry count) answers
 without another call to the topic actor. Lookups are vectorized over position keys.
+
+Cached objects may overlap: whole ledger objects from the sequential read, and runs
+cut out of them by the topic actor for scattered positions. A position is found in
+any cached object that holds it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from raydelay.dispatch.keys import split_keys
+from raydelay.dispatch.keys import LOW, split_keys
 from raydelay.log.entries import LedgerObject
 
 Group = tuple[LedgerObject, np.ndarray, np.ndarray]  # (object, indexes in it, position keys)
@@ -34,9 +38,14 @@ class ObjectCache:
 
     def add(self, obj: LedgerObject) -> None:
         key = (obj.ledger_id, obj.first_entry)
-        if key in self._objects:
+        old = self._objects.get(key)
+        if old is not None and old.count >= obj.count:
             self._objects.move_to_end(key)
             return
+        if old is not None:  # a longer run from the same first entry replaces it
+            del self._objects[key]
+            self._entries -= old.count
+            self._firsts[obj.ledger_id].remove(obj.first_entry)
         self._objects[key] = obj
         self._entries += obj.count
         bisect.insort(self._firsts.setdefault(obj.ledger_id, []), obj.first_entry)
@@ -72,9 +81,25 @@ class ObjectCache:
                 obj = self._objects[(ledger_id, firsts[j])]
                 idx = entries[sel] - obj.first_entry
                 inside = idx < obj.count
-                if not inside.all():
-                    missing.append(ks[sel][~inside])
                 if inside.any():
                     groups.append((obj, idx[inside], ks[sel][inside]))
+                for k in ks[sel][~inside].tolist():  # maybe in an earlier, longer object
+                    found = self._holder(ledger_id, firsts, j - 1, k & LOW)
+                    if found is None:
+                        missing.append(np.array([k], dtype=np.int64))
+                    else:
+                        groups.append(
+                            (found, np.array([(k & LOW) - found.first_entry]), np.array([k]))
+                        )
         gone = np.concatenate(missing) if missing else np.zeros(0, dtype=np.int64)
         return groups, gone
+
+    def _holder(self, ledger_id: int, firsts: list[int], j: int, entry: int) -> LedgerObject | None:
+        for first in reversed(firsts[max(0, j - _OVERLAP_SCAN) : j + 1]):
+            obj = self._objects[(ledger_id, first)]
+            if entry < obj.first_entry + obj.count:
+                return obj
+        return None
+
+
+_OVERLAP_SCAN = 64  # cached objects looked at backwards for a position a later one lacks

@@ -127,6 +127,10 @@ class Subscription:
         self._counts: dict[int, int] = {}  # key -> deliveries so far, once above zero
         self._consumers: dict[str, _Consumer] = {}
         self._cancelled_ahead = BitMap64()  # cancel targets not read from the log yet
+        # After a restart: positions before read_position still to be re-read one by one
+        # (see resume_after_buckets), and where the log is re-read from.
+        self.unread = BitMap64()
+        self.start_position: Position = self.read_position
         self._marker_results: OrderedDict[int, bool] = OrderedDict()  # marker -> outcome
         self.tail: Position | None = None
         self.counters = {"delivered": 0, "acked": 0, "redelivered": 0, "cancelled": 0}
@@ -180,48 +184,13 @@ class Subscription:
         self.cursor.learn_ledgers(ledgers)
         self.tail = tail
         taken = 0
-        cutoff_tracker = self.type == "shared"
         for obj in objects:
             first_key = key_of(obj.ledger_id, obj.first_entry)
             read_key = key_of(*self.read_position)
             start = max(0, read_key - first_key) if obj.ledger_id == self.read_position[0] else 0
             if obj.ledger_id < self.read_position[0] or start >= obj.count:
                 continue
-            ents = obj.entries
-            for i in sorted(c for c in ents.cancels if c >= start):  # markers first
-                self._apply_marker(
-                    key_of(obj.ledger_id, obj.first_entry + i), key_of(*ents.cancels[i])
-                )
-                self.cursor.ack(np.array([obj.ledger_id]), np.array([obj.first_entry + i]))
-            idx = np.arange(start, obj.count)
-            if ents.cancels:
-                idx = idx[~np.isin(idx, np.fromiter(ents.cancels, dtype=np.int64))]
-            entry_ids = obj.first_entry + idx
-            keep = self._unseen(obj.ledger_id, entry_ids)
-            for e in entry_ids[~keep]:  # cancelled before they were read: ack them now
-                k = key_of(obj.ledger_id, int(e))
-                if k in self._cancelled_ahead:
-                    self._cancelled_ahead.discard(k)
-                    self.cursor.ack(np.array([obj.ledger_id]), np.array([int(e)]))
-            idx, entry_ids = idx[keep], entry_ids[keep]
-            ds = ents.deliver_at_ms[idx]
-            now_due = np.ones(len(idx), dtype=bool)
-            if cutoff_tracker and len(idx):
-                delayed = ds != NO_DELAY
-                if delayed.any():
-                    tracked = self.tracker.add_messages(
-                        np.full(int(delayed.sum()), obj.ledger_id, dtype=np.int64),
-                        entry_ids[delayed],
-                        ds[delayed],
-                    )
-                    now_due[np.flatnonzero(delayed)[tracked]] = False
-            if now_due.any():
-                run_keys = (np.int64(obj.ledger_id) << SHIFT) | entry_ids[now_due]
-                before = key_of(*self._dispatched_before) if self._dispatched_before[1] >= 0 else -1
-                for k in run_keys[run_keys < before].tolist():  # only right after a restart
-                    self._counts.setdefault(k, 1)  # an earlier life may have delivered it
-                self._ready.append(_Run(obj, idx[now_due], run_keys))
-                self._ready_count += len(run_keys)
+            taken += self._take_in(obj, np.arange(start, obj.count))
             last = obj.first_entry + obj.count
             self.read_position = (obj.ledger_id, last)
             size = self.cursor.ledger_size(obj.ledger_id)
@@ -229,8 +198,117 @@ class Subscription:
                 nxt = next((i for i, _ in self.cursor.known_ledgers() if i > obj.ledger_id), None)
                 if nxt is not None:
                     self.read_position = (nxt, 0)
-            taken += len(idx)
         return taken
+
+    def resume_after_buckets(self, ledgers: Iterable[tuple[int, int | None]]) -> int:
+        """At startup, before any read: skip the part of the log the tracker's persisted
+        buckets cover, so recovery costs the log tail, not the backlog.
+
+        Every entry of a ledger up to ``tracker.persisted_through()`` is acknowledged, in
+        a bucket (the tracker brings it back when due), or *loose*: immediate, due when
+        it was read, delivered and unacknowledged, nacked. The loose ones are the
+        ledger's range minus the acknowledged and the tracked positions; they go to
+        :attr:`unread` (re-read one by one through :meth:`on_reread`) and the sequential
+        read starts after that ledger. ``ledgers`` is the log's (id, size or None while
+        open) list. Returns how many positions are loose."""
+        ledgers = list(ledgers)
+        self.cursor.learn_ledgers(ledgers)
+        through = self.tracker.persisted_through()
+        start_l, start_e = self.read_position
+        if through < start_l:
+            return 0
+        loose = BitMap64()
+        resume: Position = (through + 1, 0)
+        for ledger_id, size in ledgers:
+            if ledger_id < start_l or ledger_id > through:
+                continue
+            if size is None:  # still open (cannot be, once a later ledger exists): read it
+                resume = (ledger_id, start_e if ledger_id == start_l else 0)
+                break
+            lo = start_e if ledger_id == start_l else 0
+            if size <= lo:
+                continue
+            span = BitMap64()
+            span.add_range(key_of(ledger_id, lo), key_of(ledger_id, size))
+            acked = self.cursor.acked.get(ledger_id)
+            if acked:
+                entries = np.frombuffer(acked.to_array(), dtype=np.uint32).astype(np.uint64)
+                span -= BitMap64((np.uint64(ledger_id) << np.uint64(SHIFT)) | entries)
+            loose |= span
+        if loose:
+            loose -= self.tracker.tracked_among(loose)
+        self.unread = loose
+        self.read_position = max(resume, self.read_position)
+        return len(loose)
+
+    def next_unread(self, max_positions: int) -> list[int]:
+        """The lowest loose positions still to re-read (see resume_after_buckets)."""
+        return list(itertools.islice(self.unread, max_positions))
+
+    def on_reread(self, objects: Iterable[LedgerObject], keys: Iterable[int]) -> int:
+        """Take in the loose positions ``keys`` from the ledger objects holding them (a
+        position the log no longer has is dropped). Returns entries taken in."""
+        chunk = BitMap64(keys) & self.unread
+        self.unread -= chunk
+        taken = 0
+        for obj in objects:
+            lo = key_of(obj.ledger_id, obj.first_entry)
+            span = BitMap64()
+            span.add_range(lo, lo + obj.count)
+            inside = chunk & span
+            if not inside:
+                continue
+            chunk -= inside
+            idx = np.fromiter(inside, dtype=np.uint64, count=len(inside)).astype(np.int64) - lo
+            taken += self._take_in(obj, idx)
+        if chunk:
+            log.error(
+                "subscription %s: %d positions are gone from the log, first %s",
+                self.name,
+                len(chunk),
+                position_of(chunk.min()),
+            )
+        return taken
+
+    def _take_in(self, obj: LedgerObject, idx: np.ndarray) -> int:
+        """Entries ``idx`` (ascending indexes) of ``obj``, read from the log: apply cancel
+        markers, put not-yet-due delayed messages in the tracker, queue the rest."""
+        ents = obj.entries
+        if ents.cancels:
+            is_marker = np.isin(idx, np.fromiter(ents.cancels, dtype=np.int64))
+            for i in idx[is_marker].tolist():  # markers first
+                self._apply_marker(
+                    key_of(obj.ledger_id, obj.first_entry + i), key_of(*ents.cancels[i])
+                )
+                self.cursor.ack(np.array([obj.ledger_id]), np.array([obj.first_entry + i]))
+            idx = idx[~is_marker]
+        entry_ids = obj.first_entry + idx
+        keep = self._unseen(obj.ledger_id, entry_ids)
+        for e in entry_ids[~keep]:  # cancelled before they were read: ack them now
+            k = key_of(obj.ledger_id, int(e))
+            if k in self._cancelled_ahead:
+                self._cancelled_ahead.discard(k)
+                self.cursor.ack(np.array([obj.ledger_id]), np.array([int(e)]))
+        idx, entry_ids = idx[keep], entry_ids[keep]
+        ds = ents.deliver_at_ms[idx]
+        now_due = np.ones(len(idx), dtype=bool)
+        if self.type == "shared" and len(idx):
+            delayed = ds != NO_DELAY
+            if delayed.any():
+                tracked = self.tracker.add_messages(
+                    np.full(int(delayed.sum()), obj.ledger_id, dtype=np.int64),
+                    entry_ids[delayed],
+                    ds[delayed],
+                )
+                now_due[np.flatnonzero(delayed)[tracked]] = False
+        if now_due.any():
+            run_keys = (np.int64(obj.ledger_id) << SHIFT) | entry_ids[now_due]
+            before = key_of(*self._dispatched_before) if self._dispatched_before[1] >= 0 else -1
+            for k in run_keys[run_keys < before].tolist():  # only right after a restart
+                self._counts.setdefault(k, 1)  # an earlier life may have delivered it
+            self._ready.append(_Run(obj, idx[now_due], run_keys))
+            self._ready_count += len(run_keys)
+        return len(idx)
 
     def _unseen(self, ledger_id: int, entry_ids: np.ndarray) -> np.ndarray:
         """Which entries are neither acknowledged nor cancelled ahead of the read."""
@@ -457,11 +535,12 @@ class Subscription:
         return self._apply_marker(key_of(*marker), key_of(ledger_id, entry_id))
 
     def learn_cancels(self, pairs: Iterable[tuple[Position, Position]]) -> int:
-        """Take in the log's cancel markers ahead of the read position (at startup, before
-        anything is delivered): their targets will never be delivered. Returns how many."""
+        """Take in the log's cancel markers from the first unacknowledged position on (at
+        startup, before anything is delivered): their targets will never be delivered.
+        Returns how many."""
         n = 0
         for marker, target in pairs:
-            if tuple(marker) >= self.read_position:
+            if tuple(marker) >= self.start_position:
                 self._apply_marker(key_of(*marker), key_of(*target))
                 n += 1
         return n
@@ -520,6 +599,7 @@ class Subscription:
             "redelivery": len(self.redeliver),
             "dead_letter_pending": len(self.dead),
             "read_ahead": self._ready_count,
+            "unread": len(self.unread),
             "mark_delete": list(self.cursor.mark_delete),
             "consumers": len(self._consumers),
             **self.counters,

@@ -13,9 +13,12 @@ What it owns:
   twice. The records travel inside the ledger objects, and a snapshot of the whole
   table is written at each rollover, so a restarted log rebuilds the table from the
   latest snapshot plus the objects of the ledgers after it.
-- **Reads.** Ledger objects are served from a byte-bounded tail cache, else from
-  the store. Readers get whole objects (bytes) and pick their entries, so the log
-  never decodes on the read path.
+- **Reads.** A sequential reader gets whole ledger objects (bytes), from a
+  byte-bounded tail cache or else the store, and picks its entries: the log never
+  decodes on that path. A reader of scattered positions (due delayed messages,
+  redeliveries) gets only the entries it asked for: the log reads an object's index
+  (its offsets and header, kept in a byte-bounded cache) and then just the payload
+  bytes those entries need, with ranged reads.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ import msgpack
 from raydelay.clock import Clock
 from raydelay.errors import CodecError, InvalidArgument, NotFound, RaydelayError
 from raydelay.log.entries import (
+    INDEX_PROBE_BYTES,
     AppendBatch,
     Entries,
     LedgerObject,
+    ObjectIndex,
     concat_entries,
-    decode_object,
+    decode_index,
     encode_object,
+    index_length,
 )
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import ledger_entries_key, validate_name
@@ -123,6 +129,7 @@ class PartitionLog:
         clock: Clock,
         max_entries_per_ledger: int,
         cache_bytes: int,
+        index_cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._store = store
         self._topic = validate_name("topic", topic)
@@ -133,13 +140,22 @@ class PartitionLog:
         self._cache_bytes = cache_bytes
         self._cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._cached_bytes = 0
+        self._indexes: OrderedDict[tuple[int, int], ObjectIndex] = OrderedDict()
+        self._index_bytes = 0
+        self._index_cache_bytes = index_cache_bytes
         self._ledgers: list[LedgerInfo] = sorted(ledgers, key=lambda x: x.ledger_id)
         self._firsts: dict[int, list[int]] = {}  # ledger -> first entries of its objects
         # (ledger, first) -> the object's cancel markers as (index, target); small, and kept
         self._marker_index: dict[tuple[int, int], list[tuple[int, Position]]] = {}
         self._producers: dict[str, _Producer] = {}
         self._next_entry = 0
-        self.stats_counters = {"commits": 0, "objects": 0, "entries": 0, "duplicates": 0}
+        self.stats_counters = {
+            "commits": 0,
+            "objects": 0,
+            "entries": 0,
+            "duplicates": 0,
+            "point_reads": 0,
+        }
         self._recover()
 
     # --- state ------------------------------------------------------------------------
@@ -298,6 +314,14 @@ class PartitionLog:
             new_id,
         )
 
+    def close_ledger(self) -> bool:
+        """Close the open ledger at its size (a clean stop: a restart has nothing to fence).
+        An empty open ledger stays as it is. Returns whether one was closed."""
+        if self._next_entry == 0:
+            return False
+        self._roll()
+        return True
+
     def last_sequence(self, producer: str) -> int:
         """The largest sequence id this log holds for ``producer`` (0 when none), so that a
         producer re-created under the same name continues after it."""
@@ -353,12 +377,10 @@ class PartitionLog:
         for info in self._ledgers:
             if info.ledger_id <= snapshot_ledger and info.count is not None:
                 continue
-            objects = self._index(info.ledger_id)
-            for first in objects:
-                key = ledger_entries_key(self._topic, self._partition, info.ledger_id, first)
-                obj = decode_object(self._store.get(key), key)
-                for producer, (seq, ranges) in obj.dedup.items():
-                    self._record(producer, seq, ranges, obj.publish_time_ms)
+            for first in self._index(info.ledger_id):
+                index = self._object_index(info.ledger_id, first)[0]  # the dedup is in there
+                for producer, (seq, ranges) in index.dedup.items():
+                    self._record(producer, seq, ranges, index.publish_time_ms)
         if not self._ledgers:
             self._ledgers.append(LedgerInfo(self._roll_fn(None, 0), None))
             return
@@ -375,9 +397,8 @@ class PartitionLog:
         firsts = self._index(ledger_id)
         if not firsts:
             return 0
-        key = ledger_entries_key(self._topic, self._partition, ledger_id, firsts[-1])
-        obj = decode_object(self._store.get(key), key)
-        return obj.first_entry + obj.count
+        index = self._object_index(ledger_id, firsts[-1])[0]
+        return index.first_entry + index.count
 
     def _index(self, ledger_id: int) -> list[int]:
         """First entries of the ledger's objects (listed from the store once, then kept)."""
@@ -436,22 +457,70 @@ class PartitionLog:
         """(index in the object, target) of an object's cancel markers, decoded once."""
         found = self._marker_index.get((ledger_id, first))
         if found is None:
-            key = ledger_entries_key(self._topic, self._partition, ledger_id, first)
-            obj = decode_object(self._get(ledger_id, first), key)
-            found = self._marker_index[(ledger_id, first)] = sorted(obj.entries.cancels.items())
+            index = self._object_index(ledger_id, first)[0]
+            found = self._marker_index[(ledger_id, first)] = sorted(index.cancels.items())
         return found
 
     def read_positions(self, positions: list[Position]) -> list[bytes]:
-        """The objects holding ``positions`` (each once); positions not in the log are skipped."""
-        wanted: dict[tuple[int, int], None] = {}
+        """Encoded ledger objects holding ``positions`` (positions not in the log are skipped):
+        each a run of consecutive entries cut out of a stored object (close positions share
+        a run), or the whole stored object when most of it is wanted."""
+        wanted: dict[tuple[int, int], set[int]] = {}
         for ledger_id, entry_id in positions:
             if not self.contains(ledger_id, entry_id):
                 continue
             firsts = self._index(ledger_id)
             j = bisect.bisect_right(firsts, entry_id) - 1
             if j >= 0:
-                wanted[(ledger_id, firsts[j])] = None
-        return [self._get(ledger_id, first) for ledger_id, first in wanted]
+                wanted.setdefault((ledger_id, firsts[j]), set()).add(entry_id - firsts[j])
+        out: list[bytes] = []
+        for (ledger_id, first), indexes in wanted.items():
+            out.extend(self._cut(ledger_id, first, sorted(indexes)))
+        return out
+
+    def _cut(self, ledger_id: int, first: int, indexes: list[int]) -> list[bytes]:
+        data = self._cache.get((ledger_id, first))
+        index, head = self._object_index(ledger_id, first, data)
+        if len(indexes) * 2 >= index.count:
+            return [data if data is not None else self._get(ledger_id, first)]
+        runs = _runs(indexes, _RUN_GAP_ENTRIES)
+        out: list[bytes] = []
+        for span in _spans(index, runs):
+            lo, hi = index.byte_range(span[0][0], span[-1][1])
+            if data is not None:
+                body, at = data, 0
+            elif hi <= len(head):
+                body, at = head, 0
+            else:
+                key = ledger_entries_key(self._topic, self._partition, ledger_id, first)
+                body, at = self._store.get_range(key, lo, hi), lo
+            out.extend(encode_object(index.run(a, b, body, at)) for a, b in span)
+        self.stats_counters["point_reads"] += len(indexes)
+        return out
+
+    def _object_index(
+        self, ledger_id: int, first: int, data: bytes | None = None
+    ) -> tuple[ObjectIndex, bytes]:
+        """The object's index, and the leading bytes of it read along (b"" if none were)."""
+        key = (ledger_id, first)
+        index = self._indexes.get(key)
+        if index is not None:
+            self._indexes.move_to_end(key)
+            return index, data or b""
+        store_key = ledger_entries_key(self._topic, self._partition, ledger_id, first)
+        head = data
+        if head is None:
+            head = self._store.get_range(store_key, 0, INDEX_PROBE_BYTES)
+            need = index_length(head, store_key)
+            if len(head) < need:
+                head += self._store.get_range(store_key, len(head), need)
+        index = decode_index(head, store_key)
+        self._indexes[key] = index
+        self._index_bytes += index.nbytes
+        while self._index_bytes > self._index_cache_bytes and len(self._indexes) > 1:
+            _, old = self._indexes.popitem(last=False)
+            self._index_bytes -= old.nbytes
+        return index, head
 
     def _get(self, ledger_id: int, first: int) -> bytes:
         data = self._cache.get((ledger_id, first))
@@ -491,6 +560,8 @@ class PartitionLog:
             self._firsts.pop(ledger_id, None)
             for k in [k for k in self._marker_index if k[0] == ledger_id]:
                 del self._marker_index[k]
+            for k in [k for k in self._indexes if k[0] == ledger_id]:
+                self._index_bytes -= self._indexes.pop(k).nbytes
             for k in [k for k in self._cache if k[0] == ledger_id]:
                 self._cached_bytes -= len(self._cache.pop(k))
         self._ledgers = [x for x in self._ledgers if x.ledger_id not in doomed]
@@ -505,3 +576,32 @@ __all__ = [
     "Entries",
     "partition_prefix",
 ]
+
+
+_RUN_GAP_ENTRIES = 32  # wanted entries this close share one run (the ones between ride along)
+_SPAN_GAP_BYTES = 16 * 1024  # runs whose payloads are this close share one ranged read
+
+
+def _runs(indexes: list[int], gap: int) -> list[tuple[int, int]]:
+    """Sorted indexes as [lo, hi) runs, joining neighbours at most ``gap`` apart."""
+    runs: list[tuple[int, int]] = []
+    lo = prev = indexes[0]
+    for i in indexes[1:]:
+        if i - prev > gap:
+            runs.append((lo, prev + 1))
+            lo = i
+        prev = i
+    runs.append((lo, prev + 1))
+    return runs
+
+
+def _spans(index: ObjectIndex, runs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Runs grouped so that each group's payloads come with one ranged read."""
+    spans: list[list[tuple[int, int]]] = [[runs[0]]]
+    for run in runs[1:]:
+        gap = index.byte_range(spans[-1][-1][1], run[0])
+        if gap[1] - gap[0] <= _SPAN_GAP_BYTES:
+            spans[-1].append(run)
+        else:
+            spans.append([run])
+    return spans

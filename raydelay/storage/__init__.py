@@ -11,6 +11,7 @@ from typing import Any
 from raydelay.config import Config, StorageConfig
 from raydelay.errors import InvalidArgument
 from raydelay.storage.base import ObjectStore
+from raydelay.storage.counting import CountingObjectStore
 from raydelay.storage.faulty import FaultyObjectStore
 from raydelay.storage.keys import validate_key, validate_name, validate_prefix
 from raydelay.storage.local import LocalDirObjectStore
@@ -22,6 +23,7 @@ __all__ = [
     "LocalDirObjectStore",
     "S3ObjectStore",
     "FaultyObjectStore",
+    "CountingObjectStore",
     "make_store",
     "make_s3_client",
     "validate_key",

@@ -64,10 +64,16 @@ def test_a_restarted_subscription_comes_back_with_its_cursor_and_its_index(clust
     ):
         time.sleep(0.1)
     after = ray.get(sub.stats.remote())
-    # Then its cursor and delayed index are what they were
+    # Then its cursor and delayed index are what they were,
     assert after["mark_delete"] == before["mark_delete"]
     assert after["delayed"] == before["delayed"] == 6_000
     assert after["buckets"] == before["buckets"]
+    # and it did not re-read the log from mark-delete: the sequential read resumed after
+    # the ledgers its buckets cover; of those, only the 400 unacked immediate messages
+    # were re-read, one by one
+    md = tuple(before["mark_delete"])
+    assert tuple(after["recovery"]["read_from"]) > (md[0] + 1, 0)
+    assert after["recovery"]["loose"] == 400
     # and the rest arrives: the unacked immediate ones again (count raised), the delayed on time
     rest = receive_all(consumer, 400 + 6_000, timeout_s=30)
     ids = [m.message_id for m, _ in rest]
@@ -76,3 +82,38 @@ def test_a_restarted_subscription_comes_back_with_its_cursor_and_its_index(clust
     assert all(m.redelivery_count >= 1 for m, _ in rest if m.message_id in held_ids)
     assert all(t >= due for m, t in rest if m.deliver_at_ms is not None)
     assert not {m.message_id for m, _ in acked} & set(ids)  # acked ones never come back
+
+
+def test_a_graceful_shutdown_persists_cursors_and_closes_ledgers(cluster, topic_name, monkeypatch):
+    import raydelay
+    from raydelay.client import cluster as cluster_module
+    from raydelay.dispatch.cursor import Cursor
+    from raydelay.storage import make_store
+    from raydelay.storage.keys import subscription_prefix
+
+    cluster.create_topic(topic_name)
+    producer = cluster.create_producer(topic_name)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer.send_many([b"m"] * 500)
+    assert len(receive_all(consumer, 500)) == 500  # all acked
+    topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace=NAMESPACE)
+    before = ray.get(topic.stats.remote())
+    # A client that started Ray shuts down (Ray's own shutdown is stubbed: the session's
+    # Ray serves the other tests)
+    owner = raydelay.connect(config=cluster.config)
+    owner._started_ray = True
+    monkeypatch.setattr(cluster_module.ray, "shutdown", lambda: None)
+    owner.shutdown()
+    # Then the open ledger is closed at its size and an empty one follows,
+    after = ray.get(topic.stats.remote())
+    open_id = before["ledgers"][-1][0]
+    assert after["ledgers"][:-1] == before["ledgers"][:-1] + [(open_id, before["tail"][1] + 1)]
+    assert after["ledgers"][-1][1] is None and after["tail"] == before["tail"]
+    # the cursor in the store has every ack,
+    store = make_store(cluster.config)
+    key = store.list(f"{subscription_prefix(topic_name, 0, 's')}/cursor/")[-1]
+    cursor, _ = Cursor.decode(store.get(key))
+    assert cursor.mark_delete >= tuple(before["tail"])
+    # and a restart has nothing to fence: the ledger list stays as it was
+    topic = restart(topic_actor_name(topic_name, 0))
+    assert ray.get(topic.stats.remote())["ledgers"] == after["ledgers"]

@@ -335,6 +335,40 @@ def test_a_failed_registry_write_downgrades_and_leaves_no_objects():
     assert sorted(drain(t, env.clock, T0 + 100_000)) == sorted(sealed + [(2, 0)])
 
 
+def test_a_registry_put_whose_reply_is_lost_leaves_no_half_registered_bucket():
+    class LostReply(InMemoryBucketRegistry):
+        """The put lands, then the caller hears of a failure (a coordinator killed mid-call)."""
+
+        def put(self, name, key, record):
+            super().put(name, key, record)
+            raise StorageError("coordinator died before answering", retriable=False)
+
+    env = Env()
+    env.registry = LostReply()
+    t = env.tracker()
+    sealed = fill(t, 1, 10)
+    fill(t, 2, 1)
+    t.flush()
+    assert t.immutable_bucket_count() == 0  # downgraded: the positions stay in memory
+    assert env.registry.list(NAME) == {} and env.store.list("") == []
+    assert sorted(drain(t, env.clock, T0 + 100_000)) == sorted(sealed + [(2, 0)])
+
+
+def test_recovery_drops_a_registry_entry_whose_objects_are_gone():
+    env = Env()
+    t = env.tracker()
+    fill(t, 1, 10)
+    fill(t, 2, 1)
+    t.flush()
+    t.close()
+    (key,) = env.registry.list(NAME)
+    for k in env.store.list(f"{NAME}/buckets/{key}/"):
+        env.store.delete(k)  # a crash after the registry put, mid-cleanup
+    again = env.tracker()
+    assert again.immutable_bucket_count() == 0 and env.registry.list(NAME) == {}
+    assert again.number_of_delayed_messages() == 0  # the log re-read brings them back
+
+
 def test_positions_below_mark_delete_are_dropped_and_their_buckets_trimmed():
     md = [0, 0]
     env = Env()

@@ -14,9 +14,11 @@ from raydelay.log.entries import (
     Entries,
     LedgerObject,
     decode_batch,
+    decode_index,
     decode_object,
     encode_batch,
     encode_object,
+    index_length,
 )
 from raydelay.log.partition import LedgerInfo, PartitionLog, StaleSequence
 from raydelay.storage import FaultyObjectStore, MemoryObjectStore
@@ -166,6 +168,29 @@ def test_reads_cross_ledgers_start_mid_object_and_serve_redeliveries():
     assert sorted((o.ledger_id, o.first_entry) for o in got) == [(1, 2), (3, 0)]
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_scattered_positions_come_back_as_runs_cut_out_with_ranged_reads(cached):
+    store = FaultyObjectStore(MemoryObjectStore())
+    log, _ = make_log(store, max_entries=10_000, cache_bytes=(1 << 20) if cached else 0)
+    big = Entries([b"p%04d" % i + b"." * 400 for i in range(1_000)], np.full(1_000, NO_DELAY))
+    log.commit([AppendBatch("", 0, big)])
+    wanted = [(1, 5), (1, 7), (1, 900), (1, 39), (1, 2_000)]  # 2000: not in the log
+    got = [decode_object(d) for d in log.read_positions(wanted)]
+    # 5..7 share a run (6 rides along); 39 is near enough to join it; 900 is alone
+    assert [(o.first_entry, o.count) for o in got] == [(5, 35), (900, 1)]
+    by_entry = {o.first_entry + i: p for o in got for i, p in enumerate(o.entries.payloads)}
+    assert all(by_entry[e].startswith(b"p%04d" % e) for _, e in wanted[:4])
+    if not cached:
+        # one probe for the index (its 64 KiB hold entries 5..39 too), one for entry 900
+        assert store.calls["get"] == 0 and store.calls["get_range"] == 2
+        log.read_positions([(1, 300)])  # the index is kept: one more ranged read
+        assert store.calls["get_range"] == 3
+    assert log.stats_counters["point_reads"] == 5 if not cached else 4
+    # most of an object wanted: the object as stored
+    whole = log.read_positions([(1, i) for i in range(0, 1_000, 2)])
+    assert len(whole) == 1 and decode_object(whole[0]).count == 1_000
+
+
 def test_the_tail_cache_is_bounded_and_misses_read_the_store():
     store = FaultyObjectStore(MemoryObjectStore())
     log, _ = make_log(store, max_entries=1_000, cache_bytes=200)
@@ -205,19 +230,45 @@ def test_formats_round_trip_and_are_pinned_by_golden_bytes():
     assert (b.producer, b.sequence_id, b.entries.payloads) == ("p", 4, [b"a", b""])
 
 
-# v1: {v, l, f, t, dd, p, d (int64 LE bytes), k, pr, c}; changing the format must change v.
+# Format 2: prefix "RDL\x02" + n + header length + 0 (uint32 LE), n + 1 uint32 payload
+# offsets, msgpack header {l, f, t, dd, d (int64 LE bytes), k, pr, c}, payloads.
+# Changing the format must change the magic.
 GOLDEN_OBJECT = (
-    "8aa17601a16c03a1660aa174cd03e8a2646481a17092029193030a02a17092c40161c400a164c41005000000"
-    "00000000ffffffffffffffffa16b92a16bc0a270729281a178a179c0a1639193010708"
+    "52444c0202000000440000000000000000000000010000000100000088a16c03a1660aa174cd03e8a264648"
+    "1a17092029193030a02a164c4100500000000000000ffffffffffffffffa16b92a16bc0a270729281a178a1"
+    "79c0a163919301070861"
 )
 
 
+def test_an_object_index_cuts_out_single_entries_from_ranged_reads():
+    entries = Entries(
+        [b"zero", b"one", b"", b"three"],
+        np.array([5, 6, NO_DELAY, 8], np.int64),
+        cancels={2: (1, 0)},
+    )
+    data = encode_object(LedgerObject(4, 100, 7, entries, {}))
+    index = decode_index(data[: index_length(data)])
+    assert (index.ledger_id, index.first_entry, index.count) == (4, 100, 4)
+    lo, hi = index.byte_range(1, 3)
+    run = index.run(1, 3, data[lo:hi], lo)  # only those bytes were fetched
+    assert (run.ledger_id, run.first_entry, run.count) == (4, 101, 2)
+    assert run.entries.payloads == [b"one", b""] and run.entries.cancels == {1: (1, 0)}
+    assert list(run.entries.deliver_at_ms) == [6, NO_DELAY]
+    last = index.run(3, 4, data, 0)
+    assert last.entries.payloads == [b"three"] and last.first_entry == 103
+
+
 def test_corrupt_objects_and_batches_raise_clear_errors():
-    with pytest.raises(CodecError, match="cannot decode") as info:
+    good = encode_object(LedgerObject(1, 0, 0, Entries([b"x"], np.array([NO_DELAY])), {}))
+    with pytest.raises(CodecError, match="too short"):
         decode_object(b"\xc1garbage")
+    with pytest.raises(CodecError, match="unknown format"):
+        decode_object(b"RDL\x01" + good[4:])
+    with pytest.raises(CodecError, match="cannot decode its index") as info:
+        decode_object(good[:-12] + b"\xc1" * 11 + good[-1:])  # a broken header
     assert info.value.__cause__ is not None
-    with pytest.raises(CodecError, match="version"):
-        decode_object(msgpack.packb({"v": 99}))
+    with pytest.raises(CodecError, match="truncated"):
+        decode_object(good[:-1])
     with pytest.raises(InvalidArgument, match="payload"):
         decode_batch(
             msgpack.packb(

@@ -263,3 +263,78 @@ def test_cancels_learned_at_startup_keep_their_targets_from_ever_going_out():
     assert sorted(take(sub, clock)) == [(1, 0), (1, 2), (1, 4)]
     assert sub.cancel(1, 1, marker=(1, 5)) is True  # the caller's retry agrees
     assert all(sub.cursor.is_acked(1, e) for e in (1, 3, 5, 6))  # targets and markers
+
+
+def test_a_restart_skips_the_log_its_buckets_cover_and_rereads_only_loose_positions():
+    clock, store, registry = ManualClock(T0), MemoryObjectStore(), InMemoryBucketRegistry()
+
+    def life(cursor=None, dispatched_before=(-1, -1)):
+        tracker = BucketDelayedDeliveryTracker(
+            store=store,
+            registry=registry,
+            name="subs/t/0/s",
+            clock=clock,
+            tick_time_ms=10,
+            strict=True,
+            min_index_count_per_bucket=3,
+        )
+        return make(
+            clock=clock, tracker=tracker, cursor=cursor, dispatched_before=dispatched_before
+        )[0]
+
+    d1, d2, d3 = T0 + 1_000, T0 + 2_000, T0 + 3_000
+    l1 = obj(11, 0, [NO_DELAY, d1, d1, NO_DELAY, d1])
+    l2 = obj(12, 0, [d2, d2, d2, NO_DELAY, NO_DELAY], cancels={4: (11, 2)})  # 12:4 cancels 11:2
+    l3 = obj(13, 0, [d3, NO_DELAY])
+    ledgers = [(11, 5), (12, 5), (13, None)]
+    sub = life()
+    read(sub, l1, l2, l3, ledgers=ledgers)
+    assert sub.tracker.immutable_bucket_count() == 2  # ledgers 11 and 12 sealed
+    got = take(sub, clock) + take(sub, clock) + take(sub, clock)  # a mark step per ledger
+    assert sorted(got) == [(11, 0), (11, 3), (12, 3), (13, 1)]
+    sub.ack("c1", keys([(11, 0), (13, 1)]))
+    move_mark(sub)
+    saved, dispatched = Cursor.decode(sub.cursor.encode(sub.dispatch_mark))
+
+    sub = life(saved, dispatched)
+    assert sub.resume_after_buckets(ledgers) == 2
+    assert sub.read_position == (13, 0)  # ledgers 11 and 12 are not read again
+    assert sorted(position_of(k) for k in sub.unread) == [(11, 3), (12, 3)]
+    assert sub.next_unread(1) == keys([(11, 3)])
+    assert sub.on_reread([l1, l2], sub.next_unread(10)) == 2 and not sub.unread
+    read(sub, l1, l2, l3, ledgers=ledgers)  # the sequential read takes only ledger 13 in
+    assert sub.stats()["delayed"] == 6  # 11:1, 11:4, 12:0-2 from the buckets; 13:0 re-read
+    wire = deliveries_to_wire("t", 0, sub.deliver("c1", [], 10, clock.now_ms()))
+    assert list(zip(wire["l"], wire["e"], wire["r"], strict=True)) == [(11, 3, 1), (12, 3, 1)]
+    clock.advance(3_000)
+    got = take(sub, clock)
+    assert sorted(got) == [(11, 1), (11, 4), (12, 0), (12, 1), (12, 2), (13, 0)]  # never 11:2
+
+
+def test_a_loose_position_cancelled_before_its_reread_is_never_delivered():
+    sub, clock = make(
+        tracker=BucketDelayedDeliveryTracker(
+            store=MemoryObjectStore(),
+            registry=InMemoryBucketRegistry(),
+            name="subs/t/0/s",
+            clock=ManualClock(T0),
+            min_index_count_per_bucket=1,
+        )
+    )
+    sub.unread.update(keys([(1, 0), (1, 1)]))  # what resume_after_buckets would find
+    assert sub.cancel(1, 1, marker=(2, 0)) is True
+    assert sub.on_reread([obj(1, 0, [NO_DELAY, NO_DELAY])], keys([(1, 0), (1, 1)])) == 1
+    assert take(sub, clock) == [(1, 0)]
+
+
+def test_the_object_cache_finds_positions_in_overlapping_runs():
+    cache = ObjectCache(max_entries=100)
+    cache.add(obj(7, 0, [NO_DELAY] * 10))  # a whole object: entries 0..9
+    cache.add(obj(7, 4, [NO_DELAY]))  # a run cut out of it: entry 4 only
+    cache.add(obj(7, 6, [NO_DELAY]))
+    cache.add(obj(7, 6, [NO_DELAY] * 3))  # a longer run from the same entry replaces it
+    assert cache.entries == 14
+    groups, missing = cache.lookup(np.array(keys([(7, 5), (7, 8), (7, 9), (7, 10)])))
+    found = sorted((g[0].first_entry, g[0].count, int(i)) for g in groups for i in g[1])
+    assert found == [(0, 10, 5), (0, 10, 9), (6, 3, 2)]  # 5 and 9: from the whole object
+    assert missing.tolist() == keys([(7, 10)])

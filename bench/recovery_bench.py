@@ -1,0 +1,191 @@
+"""Recovery time of a subscription actor (issue: fault tolerance). Prints a table.
+
+For each pending count (default 1M and 10M): one topic with one partition (so one
+subscription actor holds every pending message), one shared subscription, 100-byte
+payloads on a local-dir store. Messages are published with deliver_at uniform over the
+next hour, so about pending/3600 fall due every second; a consumer thread receives and
+acks all along. Once everything is published and the tracker holds it, the bench kills
+the subscription actor (``ray.kill(no_restart=False)``: Ray restarts it) and measures:
+
+- **kill -> first delivery**: from the kill until the new actor process hands out its
+  first message (the actor reports that moment's wall-clock time);
+- **init -> first delivery**: the same inside the new actor, from its constructor's start;
+  it includes waiting for the consumer to come back (Ray fails the consumer's pending
+  call only once the actor is back), so the constructor's own time and the time from
+  the first receive to the first delivery are shown apart;
+- **bytes read during recovery**: what the new actor read from the store (cursor, bucket
+  metadata and first segments, tombstones), plus the ledger objects it took from the log
+  (tail and loose positions), until its first delivery; next to the log's size, which a
+  re-read from mark-delete would have read;
+- the delayed count the tracker holds before the kill and after the restart.
+
+Usage: python bench/recovery_bench.py [--pending 1000000 10000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ray  # noqa: E402
+
+import raydelay  # noqa: E402
+from raydelay.client.cluster import RAY_SYSTEM_CONFIG  # noqa: E402
+from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
+
+PAYLOAD = b"x" * 100
+BATCH = 5_000
+SPREAD_MS = 3_600_000
+RECEIVE = 10_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def ask(call, timeout_s: float = 120.0):
+    """ray.get that waits out an actor restart."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(call(), timeout=30)
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def run(cluster, root: Path, topic: str, pending: int) -> dict:
+    cluster.create_topic(topic, partitions=1)
+    consumer = cluster.subscribe(topic, "s")
+    producer = cluster.create_producer(topic)
+    sub = ray.get_actor(subscription_actor_name(topic, 0, "s"), namespace=NAMESPACE)
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            msgs = consumer.receive(max_messages=RECEIVE, timeout_s=0.5)
+            if msgs:
+                consumer.ack(msgs)
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    rng = np.random.default_rng(7)
+    t0 = time.perf_counter()
+    base = now_ms()
+    for lo in range(0, pending, BATCH):
+        n = min(BATCH, pending - lo)
+        ats = base + rng.integers(1_000, SPREAD_MS, n)
+        producer.send_many([PAYLOAD] * n, deliver_at=ats.tolist())
+        if lo // BATCH % 200 == 0:
+            print(
+                f"  {topic}: published {lo + n:,}/{pending:,} ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+    publish_s = time.perf_counter() - t0
+    before = ray.get(sub.stats.remote())
+    while before["read_ahead"] or before["delayed"] + before["acked"] < pending * 0.99:
+        time.sleep(0.5)  # until the subscription has read everything in
+        before = ray.get(sub.stats.remote())
+    time.sleep(1.0)  # let a cursor write and the last seals land
+    before = ray.get(sub.stats.remote())
+    pid = ray.get(sub.pid.remote())
+
+    killed_ms = now_ms()
+    ray.kill(sub, no_restart=False)
+    deadline = time.monotonic() + 120
+    while ask(sub.pid.remote) == pid:  # the old process may answer until it is gone
+        assert time.monotonic() < deadline, "the actor was not restarted"
+        time.sleep(0.005)
+    after = ask(sub.stats.remote)
+    while "first_delivery_s" not in after["recovery"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = ask(sub.stats.remote)
+    rec = after["recovery"]
+    first_at = rec.get("first_delivery_at_ms")
+    stop.set()
+    reader.join(timeout=5)
+    consumer.close()
+    producer.close()
+    log_bytes = dir_bytes(root / "topics" / topic)
+    return {
+        "pending": pending,
+        "publish_rate": pending / publish_s,
+        "delayed_before": before["delayed"],
+        "buckets": before["buckets"],
+        "delayed_after": after["delayed"],
+        "kill_to_first_s": None if first_at is None else (first_at - killed_ms) / 1000,
+        "init_to_first_s": rec.get("first_delivery_s"),
+        "receive_to_first_s": round(rec["first_delivery_s"] - rec["first_receive_s"], 3)
+        if "first_delivery_s" in rec and "first_receive_s" in rec
+        else None,
+        "init_s": rec["init_s"],
+        "store_bytes": rec.get("store_bytes", 0),
+        "log_read_bytes": rec["log_bytes"],
+        "loose": rec["loose"],
+        "log_size": log_bytes,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pending", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            logging_level="ERROR",
+            configure_logging=False,
+            log_to_driver=False,
+            _system_config=RAY_SYSTEM_CONFIG,
+        )
+        cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": tmp}}})
+        for pending in args.pending:
+            rows.append(run(cluster, root, f"rec{pending}", pending))
+        cluster.shutdown()
+        ray.shutdown()
+
+    def mb(n: int) -> str:
+        return f"{n / 1e6:,.1f}"
+
+    print("\n## Subscription actor recovery (1 partition, shared, 100 B, local dir)\n")
+    print(
+        "| pending | buckets | kill -> first delivery s | init -> first delivery s "
+        "| constructor s | first receive -> first delivery s | store MB read | log MB read "
+        "| loose re-read | log MB (a full re-read) | delayed before -> after |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        k2f = "none in 120 s" if r["kill_to_first_s"] is None else f"{r['kill_to_first_s']:.2f}"
+        print(
+            f"| {r['pending']:,} | {r['buckets']} | {k2f} | {r['init_to_first_s']} "
+            f"| {r['init_s']} | {r['receive_to_first_s']} "
+            f"| {mb(r['store_bytes'])} | {mb(r['log_read_bytes'])} "
+            f"| {r['loose']:,} | {mb(r['log_size'])} "
+            f"| {r['delayed_before']:,} -> {r['delayed_after']:,} |"
+        )
+    print(
+        "\nPublish rate while loading: "
+        + ", ".join(f"{r['pending']:,}: {r['publish_rate']:,.0f} msg/s" for r in rows)
+    )
+
+
+if __name__ == "__main__":
+    main()

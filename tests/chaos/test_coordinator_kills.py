@@ -1,0 +1,104 @@
+"""The coordinator killed in the middle of a topic creation and of bucket seals: afterwards
+nothing is half made (every registered thing is whole) and nothing is orphaned."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ray
+
+from raydelay.cluster.names import COORDINATOR, NAMESPACE, subscription_actor_name
+from raydelay.storage import make_store
+from raydelay.storage.keys import subscription_prefix
+from tests.integration.helpers import now_ms, quiet, receive_all, restart
+
+
+def test_topics_created_while_the_coordinator_dies_are_whole(cluster, topic_name):
+    coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+    names: list[str] = []
+    errors: list[BaseException] = []
+
+    def create(name: str) -> None:
+        try:
+            cluster.create_topic(name, partitions=2)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    for wave, pause_s in enumerate((0.0, 0.01, 0.05)):
+        batch = [f"{topic_name}-{wave}-{i}" for i in range(2)]
+        names += batch
+        threads = [threading.Thread(target=create, args=(n,)) for n in batch]
+        for t in threads:
+            t.start()
+        time.sleep(pause_s)
+        coordinator = restart(COORDINATOR)  # When the coordinator dies mid-creation
+        for t in threads:
+            t.join(timeout=60)
+        assert errors == []  # the callers' retries finish the job
+    # Then each topic is registered whole (both partitions) and works end to end
+    topics = ray.get(coordinator.topics.remote())
+    assert all(topics[n] == 2 for n in names)
+    for name in names[::3]:  # two of them
+        producer = cluster.create_producer(name)
+        consumer = cluster.subscribe(name, "s")
+        ids = producer.send_many([b"m"] * 10)
+        assert sorted(m.message_id for m, _ in receive_all(consumer, 10)) == sorted(ids)
+    # and no topic actor exists for a partition the coordinator does not know
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == NAMESPACE and actor["name"].startswith(f"topic/{topic_name}"):
+            _, topic, partition = actor["name"].split("/")
+            assert int(partition) < topics[topic]
+    # and the journal replays to the same state after one more restart
+    coordinator = restart(COORDINATOR)
+    assert ray.get(coordinator.topics.remote()) == topics
+
+
+def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket(
+    cluster, topic_name
+):
+    cluster.create_topic(topic_name)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    due = now_ms() + 15_000
+    sent: list = []
+
+    def produce() -> None:  # about 10 ledgers, so about 10 seals, while the kills go on
+        for _ in range(20):
+            sent.extend(producer.send_many([b"d"] * 1_000, deliver_at=due))
+
+    writer = threading.Thread(target=produce)
+    writer.start()
+    kills = 0
+    while writer.is_alive():  # When the coordinator dies again and again during the seals
+        time.sleep(0.3)
+        restart(COORDINATOR)
+        kills += 1
+    writer.join()
+    assert kills >= 2 and len(sent) == 20_000
+    sub = ray.get_actor(subscription_actor_name(topic_name, 0, "s"), namespace=NAMESPACE)
+    deadline = time.monotonic() + 20
+    while ray.get(sub.stats.remote())["delayed"] < 20_000 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stats = ray.get(sub.stats.remote())
+    assert stats["delayed"] == 20_000 and stats["buckets"] >= 3
+    # Then every registered bucket is whole in the store, and every bucket in the store is
+    # registered (none orphaned)
+    coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
+    prefix = subscription_prefix(topic_name, 0, "s")
+    registered = set(ray.get(coordinator.registry_list.remote(prefix)))
+    store = make_store(cluster.config)
+    stored: dict[str, set[str]] = {}
+    for key in store.list(f"{prefix}/buckets/"):
+        bucket, obj = key[len(prefix) + len("/buckets/") :].split("/")
+        stored.setdefault(bucket, set()).add(obj)
+    assert set(stored) == registered
+    for objects in stored.values():
+        segments = {o for o in objects if o.startswith("seg-")}
+        assert "meta" in objects and segments
+        assert segments == {f"seg-{i:06d}" for i in range(1, len(segments) + 1)}
+    # and every message arrives once it is due, none before
+    got = receive_all(consumer, 20_000, timeout_s=60, max_messages=5_000)
+    assert {m.message_id for m, _ in got} == set(sent)
+    assert all(t >= due for _, t in got)
+    assert quiet(consumer, 0.5) == []
