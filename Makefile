@@ -42,6 +42,7 @@ chaos: venv
 bench: venv
 	$(PY) bench/tracker_bench.py
 	$(PY) bench/e2e_bench.py
+	$(PY) bench/recovery_bench.py
 
 clean:
 	rm -rf $(VENV) .raydelay .pytest_cache .hypothesis
