@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 
 import raydelay  # noqa: E402
-from raydelay.client.cluster import RAY_SYSTEM_CONFIG  # noqa: E402
+from bench.common import start_local_ray  # noqa: E402
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
 
 PAYLOAD = b"x" * 100
@@ -148,14 +148,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            logging_level="ERROR",
-            configure_logging=False,
-            log_to_driver=False,
-            _system_config=RAY_SYSTEM_CONFIG,
-        )
+        start_local_ray()
         cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": tmp}}})
         for pending in args.pending:
             rows.append(run(cluster, root, f"rec{pending}", pending))

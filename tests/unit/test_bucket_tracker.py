@@ -49,6 +49,14 @@ def fill(t, ledger, n, first_delay_ms=1_000, step_ms=10, start_entry=0):
     return [(ledger, int(e)) for e in es]
 
 
+def seal_first_bucket(env):
+    """A tracker whose ledger 1 (10 positions) sealed into bucket 1_1_1 when ledger 2 came."""
+    t = env.tracker()
+    sealed = fill(t, 1, 10)
+    fill(t, 2, 1)
+    return t, sealed
+
+
 def drain(t, clock, until_ms):
     out = []
     clock.set(until_ms)
@@ -86,9 +94,7 @@ def test_below_the_minimum_no_seal_even_across_ledgers():
 
 def test_segments_are_cut_by_count_and_written_as_objects():
     env = Env()
-    t = env.tracker()
-    fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, _ = seal_first_bucket(env)
     assert env.objects("1_1_1") == ["meta", "seg-000001", "seg-000002", "seg-000003"]
     meta = codec.decode_meta(env.store.get(f"{NAME}/buckets/1_1_1/meta"), "meta")
     assert [s.count for s in meta.segments] == [4, 4, 2]
@@ -111,9 +117,7 @@ def test_segments_are_cut_by_time_step():
 
 def test_contains_follows_positions_through_buckets():
     env = Env()
-    t = env.tracker()
-    sealed = fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, sealed = seal_first_bucket(env)
     assert all(t.contains_message(*p) for p in sealed)
     assert not t.contains_message(1, 10)
     out = drain(t, env.clock, T0 + 10_000)
@@ -123,9 +127,7 @@ def test_contains_follows_positions_through_buckets():
 
 def test_a_covered_ledger_goes_straight_to_the_shared_queue():
     env = Env()
-    t = env.tracker()
-    fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, _ = seal_first_bucket(env)
     assert t.add_message(1, 50, T0 + 5_000)  # ledger 1 is already sealed
     assert t.immutable_bucket_count() == 1
     assert (1, 50) in drain(t, env.clock, T0 + 10_000)
@@ -133,9 +135,7 @@ def test_a_covered_ledger_goes_straight_to_the_shared_queue():
 
 def test_a_bucket_is_deleted_after_its_last_segment():
     env = Env()
-    t = env.tracker()
-    fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, _ = seal_first_bucket(env)
     assert env.bucket_keys() == ["1_1_1"]
     out = drain(t, env.clock, T0 + 10_000)
     assert len(out) == 11
@@ -200,9 +200,7 @@ def test_recovery_skips_segments_that_are_already_due():
 
 def test_a_cancel_inside_a_sealed_bucket_survives_a_restart():
     env = Env()
-    t = env.tracker()
-    fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, _ = seal_first_bucket(env)
     assert t.remove_message(1, 7) is True  # in segment 2, not loaded
     assert t.remove_message(1, 1) is True  # in the loaded segment 1
     t.flush()
@@ -319,35 +317,20 @@ def test_one_failed_write_is_retried_and_the_bucket_persists():
     assert env.objects("1_1_1") == ["meta", "seg-000001", "seg-000002", "seg-000003"]
 
 
-def test_a_failed_registry_write_downgrades_and_leaves_no_objects():
+@pytest.mark.parametrize("landed", [False, True], ids=["put-failed", "reply-lost"])
+def test_a_failed_registry_write_downgrades_and_leaves_nothing_half_registered(landed):
     class FlakyRegistry(InMemoryBucketRegistry):
+        """The put fails; with ``landed``, only after it was applied (a coordinator killed
+        before it could answer)."""
+
         def put(self, name, key, record):
+            if landed:
+                super().put(name, key, record)
             raise StorageError("coordinator unreachable", retriable=False)
 
     env = Env()
     env.registry = FlakyRegistry()
-    t = env.tracker()
-    sealed = fill(t, 1, 10)
-    fill(t, 2, 1)
-    t.flush()
-    assert t.immutable_bucket_count() == 0
-    assert env.store.list("") == []
-    assert sorted(drain(t, env.clock, T0 + 100_000)) == sorted(sealed + [(2, 0)])
-
-
-def test_a_registry_put_whose_reply_is_lost_leaves_no_half_registered_bucket():
-    class LostReply(InMemoryBucketRegistry):
-        """The put lands, then the caller hears of a failure (a coordinator killed mid-call)."""
-
-        def put(self, name, key, record):
-            super().put(name, key, record)
-            raise StorageError("coordinator died before answering", retriable=False)
-
-    env = Env()
-    env.registry = LostReply()
-    t = env.tracker()
-    sealed = fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, sealed = seal_first_bucket(env)
     t.flush()
     assert t.immutable_bucket_count() == 0  # downgraded: the positions stay in memory
     assert env.registry.list(NAME) == {} and env.store.list("") == []
@@ -356,9 +339,7 @@ def test_a_registry_put_whose_reply_is_lost_leaves_no_half_registered_bucket():
 
 def test_recovery_drops_a_registry_entry_whose_objects_are_gone():
     env = Env()
-    t = env.tracker()
-    fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, _ = seal_first_bucket(env)
     t.flush()
     t.close()
     (key,) = env.registry.list(NAME)
@@ -405,9 +386,7 @@ def test_clear_deletes_every_snapshot_and_registry_entry():
 
 def test_a_corrupt_meta_object_fails_recovery_naming_the_key():
     env = Env()
-    t = env.tracker()
-    fill(t, 1, 10)
-    fill(t, 2, 1)
+    t, _ = seal_first_bucket(env)
     t.flush()
     env.store.put(f"{NAME}/buckets/1_1_1/meta", b"\x00garbage")
     with pytest.raises(CodecError, match="1_1_1/meta"):
