@@ -67,6 +67,7 @@ class SubscriptionActor:
         in_thread(self._init, topic, partition, subscription, config)
 
     def _init(self, topic: str, partition: int, subscription: str, config: dict) -> None:
+        started = time.monotonic()
         self._topic, self._partition, self._name = topic, partition, subscription
         self._config: Config = config_from_dict(config)
         self._clock = SystemClock()
@@ -75,7 +76,6 @@ class SubscriptionActor:
         self._options = rpc.get_blocking(
             self._coordinator.subscription.remote(topic, subscription), what="coordinator"
         )
-        started = time.monotonic()
         self._store = CountingObjectStore(make_store(self._config))
         self._prefix = subscription_prefix(topic, partition, subscription)
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
