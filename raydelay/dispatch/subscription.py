@@ -128,7 +128,7 @@ class Subscription:
         self._consumers: dict[str, _Consumer] = {}
         self._cancelled_ahead = BitMap64()  # cancel targets not read from the log yet
         # After a restart: positions before read_position still to be re-read one by one
-        # (see resume_after_buckets), and where the log is re-read from.
+        # (see resume_after_buckets), and the first unacknowledged position at the start.
         self.unread = BitMap64()
         self.start_position: Position = self.read_position
         self._marker_results: OrderedDict[int, bool] = OrderedDict()  # marker -> outcome

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import msgpack
 import numpy as np
@@ -198,7 +199,7 @@ class ObjectIndex:
         """Memory held, roughly: the index bytes, offsets widened to int64."""
         return self.body_start + 4 * (self.count + 1)
 
-    @property
+    @cached_property  # parsed once, not once per run cut out of the object
     def cancels(self) -> dict[int, tuple[int, int]]:
         return {int(i): (int(tl), int(te)) for i, tl, te in self.columns["c"] or ()}
 
