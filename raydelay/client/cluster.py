@@ -297,9 +297,9 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
-        for producer in self._producers:
+        for producer in list(self._producers):
             producer.close()
-        for consumer in self._consumers:
+        for consumer in list(self._consumers):
             try:
                 consumer.close()
             except Exception as exc:  # noqa: BLE001 - shutting down: report and go on

@@ -219,6 +219,32 @@ class Producer:
                 out[i] = MessageId(self.topic, p, lg, e)
         return out  # type: ignore[return-value]
 
+    @property
+    def last_sequences(self) -> list[int]:
+        """Per partition, the largest sequence id this producer has used (for a named
+        producer, counting the ids its earlier incarnations got appended)."""
+        with self._seq_lock:
+            return list(self._seq)
+
+    def append_sequenced(self, batches: Sequence[tuple[int, int, Entries]]) -> list[list]:
+        """Append batches whose sequence ids the caller derives from its input, as
+        ``[(partition, sequence_id, entries)]``, all in parallel; returns each batch's
+        position ranges once all are durable. A partition that holds a batch with this
+        producer's name and id already does not append it again. The entries must be
+        checked by the caller (``raydelay.ingest.rows`` does); the partition re-checks
+        sizes. Used by bulk ingestion, whose ids come from (job, input split, chunk)."""
+        self._check_open()
+        submitted = []
+        for p, seq, entries in batches:
+            if not 0 <= p < self.partitions:
+                raise InvalidArgument(f"partition: {p} does not exist (0..{self.partitions - 1})")
+            data = encode_batch(AppendBatch(self.name, int(seq), entries))
+            submitted.append((p, data, self._handles[p].append.remote(data)))
+        with self._seq_lock:
+            for p, seq, _ in batches:
+                self._seq[p] = max(self._seq[p], int(seq))
+        return [self._await_append(p, data, ref) for p, data, ref in submitted]
+
     def _await_append(self, p: int, data: bytes, ref: Any) -> list:
         """The batch's position ranges. While the partition's actor restarts or the store
         fails retriably, the same bytes (same sequence id) are sent again: the partition
@@ -316,6 +342,8 @@ class Producer:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+        if self in self._cluster._producers:
+            self._cluster._producers.remove(self)
 
     def _check_open(self) -> None:
         if self._closed:

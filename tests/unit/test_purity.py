@@ -14,7 +14,10 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "raydelay"
 PURE = ("delayed", "dispatch", "log")
-PURE_MODULES = ("cluster/metadata.py",)  # pure modules in packages that also hold Ray code
+PURE_MODULES = (
+    "cluster/metadata.py",
+    "ingest/rows.py",
+)  # pure modules in packages that also hold Ray code
 FORBIDDEN = {"ray", "boto3", "botocore"}
 
 

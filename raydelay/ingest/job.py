@@ -1,0 +1,391 @@
+"""``ingest_dataframe``: load a Spark DataFrame into a topic, exactly once.
+
+How one ingest job runs:
+
+- Spark runs :func:`_write_split` on each input split (``mapInArrow``), in the executors'
+  Python workers. A worker attaches to the Ray cluster by address once, and keeps the
+  connection while Spark reuses it.
+- Each Arrow batch of a split (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, cut
+  to ``topic.max_entries_per_ledger``) is one *chunk*. Its rows are validated and routed (:mod:`raydelay.ingest.rows`), and its
+  good rows go to the topic as one append per partition it touches: never a call per row.
+- **Exactly once.** Split ``s`` writes as the producer ``ingest-<job>-<s>``, and chunk
+  ``c`` carries sequence id ``c + 1`` in every partition. A retried task (Spark retries
+  failed tasks) asks each partition for the producer's last sequence id first and skips
+  the chunks that landed; the partition's dedup covers the rest. Chunks are sent one at a
+  time, so every id at or below a partition's last one has landed. Running the same
+  ``job_id`` again after a failed run finishes the job without duplicates.
+- Rejected rows come back out of ``mapInArrow`` with a ``reject_reason`` column; Spark
+  writes them to ``reject_path`` as parquet, committing only when the job succeeds.
+- A small Ray actor keeps the tally: per split, the live attempt's progress (for the
+  progress line) and the final counts of the attempt that finished.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from raydelay.cluster.names import NAMESPACE
+from raydelay.console import ProgressLine, table
+from raydelay.errors import InvalidArgument, RaydelayError
+from raydelay.ingest.rows import RowSpec, prepare
+from raydelay.storage.keys import validate_name
+
+log = logging.getLogger(__name__)
+
+REJECT_REASON = "reject_reason"
+_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
+
+
+@dataclass
+class IngestReport:
+    """What one ingest job did. ``accepted`` rows are in the topic; ``already_written``
+    of them were there before this attempt of their chunk (a retried task, or a rerun of
+    the same job id) and were not appended again."""
+
+    job_id: str
+    topic: str
+    rows: int
+    accepted: int
+    rejected: int
+    already_written: int
+    splits: int
+    elapsed_s: float
+    reasons: dict[str, int] = field(default_factory=dict)
+    reject_path: str | None = None
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def table(self) -> str:
+        rows: list[list[object]] = [
+            ["job id", self.job_id],
+            ["topic", self.topic],
+            ["rows read", self.rows],
+            ["accepted", self.accepted],
+            ["  already written (not appended again)", self.already_written],
+            ["rejected", self.rejected],
+        ]
+        rows += [[f"  {reason}", n] for reason, n in sorted(self.reasons.items())]
+        rows += [
+            ["rejected rows in", self.reject_path or "(not kept)"],
+            ["input splits", self.splits],
+            ["elapsed s", round(self.elapsed_s, 2)],
+            ["rows/s", round(self.rows_per_s)],
+        ]
+        return table(["ingest", ""], [[k, _text(v)] for k, v in rows])
+
+
+def _text(v: object) -> str:
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _Tally:
+    """Per split: the newest attempt's running counts, and the counts of the attempt
+    that finished (one per split; a split that finished twice counted the same rows)."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, list[int]] = {}  # split -> [attempt, rows, accepted, rejected]
+        self.done: dict[int, dict] = {}
+
+    def add(self, split: int, attempt: int, rows: int, accepted: int, rejected: int) -> None:
+        cur = self.live.get(split)
+        if cur is None or cur[0] < attempt:
+            cur = self.live[split] = [attempt, 0, 0, 0]
+        elif cur[0] > attempt:
+            return  # a late report of an attempt that was replaced
+        cur[1] += rows
+        cur[2] += accepted
+        cur[3] += rejected
+
+    def finish(self, split: int, totals: dict) -> None:
+        self.done[split] = totals
+
+    def snapshot(self) -> dict:
+        live = list(self.live.values())
+        return {
+            "rows": sum(x[1] for x in live),
+            "accepted": sum(x[2] for x in live),
+            "rejected": sum(x[3] for x in live),
+            "splits_done": len(self.done),
+        }
+
+    def final(self) -> dict[int, dict]:
+        return self.done
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every task of one job needs (pickled into the Spark closure)."""
+
+    job_id: str
+    topic: str
+    spec: RowSpec
+    address: str
+    config: dict
+    tally: str
+    fail_after: tuple[int, int] | None  # test hook: (split, chunk) fails attempt 0 after it
+
+
+def ingest_dataframe(
+    df: Any,
+    topic: str,
+    *,
+    payload_col: str,
+    deliver_at_col: str | None = None,
+    delay_col: str | None = None,
+    key_col: str | None = None,
+    property_cols: Sequence[str] = (),
+    reject_path: str | None = None,
+    cluster: Any = None,
+    job_id: str | None = None,
+    progress: bool = True,
+    total_rows: int | None = None,
+    _fail_after: tuple[int, int] | None = None,
+) -> IngestReport:
+    """Load the rows of a Spark DataFrame into ``topic`` (which must exist), one message
+    per good row; see the module docstring for how.
+
+    - ``payload_col``: binary or string. ``deliver_at_col``: an aware timestamp, epoch
+      ms, or ISO-8601 text with an offset. ``delay_col``: seconds from ingestion. At most
+      one of the two; with neither, messages are immediate.
+    - ``key_col`` routes rows (one key stays in one partition); ``property_cols`` become
+      the messages' properties (as text; nulls are left out).
+    - ``reject_path``: where rejected rows go as parquet (with ``reject_reason``); it
+      must not exist yet. None: rejected rows are only counted.
+    - ``cluster``: a connected :class:`raydelay.Cluster` (default: ``raydelay.connect()``).
+    - ``job_id``: names the job; running the same job id again over the same input
+      skips what the earlier run wrote. Default: a new id.
+    - ``progress``: print a progress line and the final table to stderr.
+    - ``total_rows``: the row count for the ETA; default: ``df.count()`` when
+      ``progress`` is on.
+    """
+    from raydelay.client.cluster import connect
+    from raydelay.config import config_to_dict
+
+    if not hasattr(df, "mapInArrow") or not hasattr(df, "schema"):
+        raise InvalidArgument(f"df: expected a pyspark DataFrame, got {type(df).__name__}")
+    validate_name("topic", topic)
+    spec = RowSpec(payload_col, deliver_at_col, delay_col, key_col, tuple(property_cols))
+    spec.check_columns(df.columns)
+    _check_types(df.schema, spec)
+    if REJECT_REASON in df.columns:
+        raise InvalidArgument(f"df: has a column named {REJECT_REASON!r}; rename it first")
+    if reject_path is not None:
+        if not isinstance(reject_path, str) or not reject_path:
+            raise InvalidArgument(f"reject_path: expected a path, got {reject_path!r}")
+        if "://" not in reject_path and Path(reject_path).exists():
+            raise InvalidArgument(f"reject_path: {reject_path!r} exists already")
+    if job_id is None:
+        job_id = uuid.uuid4().hex[:12]
+    elif not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise InvalidArgument(f"job_id: expected 1-48 letters, digits, '-' or '_', got {job_id!r}")
+    if total_rows is not None and (
+        isinstance(total_rows, bool) or not isinstance(total_rows, int) or total_rows < 0
+    ):
+        raise InvalidArgument(f"total_rows: expected an int >= 0, got {total_rows!r}")
+    cluster = cluster if cluster is not None else connect()
+    cluster._partitions(topic)  # NotFound for a missing topic, before any work
+
+    tally_name = f"ingest/{job_id}"
+    try:
+        tally = _Tally.options(name=tally_name, namespace=NAMESPACE).remote()
+    except ValueError as exc:
+        raise InvalidArgument(f"job_id: ingest job {job_id!r} is running already") from exc
+    job = _Job(
+        job_id=job_id,
+        topic=topic,
+        spec=spec,
+        address=ray.get_runtime_context().gcs_address,
+        config=config_to_dict(cluster.config),
+        tally=tally_name,
+        fail_after=_fail_after,
+    )
+    try:
+        return _run(df, job, tally, reject_path, progress, total_rows)
+    finally:
+        ray.kill(tally, no_restart=True)
+
+
+def _run(df, job: _Job, tally, reject_path, progress: bool, total_rows) -> IngestReport:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    if total_rows is None and progress:
+        total_rows = df.count()
+    schema = StructType([*df.schema.fields, StructField(REJECT_REASON, StringType(), True)])
+    out = df.mapInArrow(functools.partial(_write_split, job), schema)
+    line = ProgressLine(f"ingest {job.topic}", total_rows) if progress else None
+    stop = threading.Event()
+    watcher = None
+    if line is not None:
+        watcher = threading.Thread(target=_watch, args=(tally, line, stop), daemon=True)
+        watcher.start()
+    start = time.monotonic()
+    try:
+        if reject_path is not None:
+            out.write.mode("errorifexists").parquet(reject_path)
+        else:
+            out.write.format("noop").mode("overwrite").save()
+    except Exception as exc:  # noqa: BLE001 - Spark's errors are long Java traces
+        raise RaydelayError(
+            f"ingest job {job.job_id} failed: {_cause(exc)}. Rows written so far stay in "
+            f"{job.topic}; run again with job_id={job.job_id!r} to finish without duplicates"
+        ) from exc
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join()
+    elapsed = time.monotonic() - start
+    done = ray.get(tally.final.remote())
+    reasons: Counter = Counter()
+    for totals in done.values():
+        reasons.update(totals["reasons"])
+    report = IngestReport(
+        job_id=job.job_id,
+        topic=job.topic,
+        rows=sum(t["rows"] for t in done.values()),
+        accepted=sum(t["accepted"] for t in done.values()),
+        rejected=sum(t["rejected"] for t in done.values()),
+        already_written=sum(t["already_written"] for t in done.values()),
+        splits=len(done),
+        elapsed_s=elapsed,
+        reasons=dict(reasons),
+        reject_path=reject_path,
+    )
+    if line is not None:
+        line.update(report.rows)
+        line.finish()
+        print(report.table(), file=line.out)
+    return report
+
+
+def _watch(tally, line: ProgressLine, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        try:
+            snap = ray.get(tally.snapshot.remote(), timeout=5)
+        except Exception:  # noqa: BLE001 - the display must not break the job
+            continue
+        line.update(snap["rows"], f"rejected {snap['rejected']:,}")
+
+
+def _cause(exc: BaseException) -> str:
+    """The most useful line of a Spark failure: the Python error of the failed task."""
+    text = str(exc)
+    for pattern in (
+        r"(RaydelayError|InvalidArgument|NotFound|Unavailable|StorageError)[:(].*",
+        r"RuntimeError: .*",
+        r"\w+Exception: .*",
+    ):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(0).strip()[:300]
+    return text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+
+
+def _check_types(schema: Any, spec: RowSpec) -> None:
+    """Reject column types that cannot mean what they are used for, before any work."""
+    from pyspark.sql import types as T
+
+    kinds = {f.name: f.dataType for f in schema.fields}
+
+    def check(col: str | None, allowed: tuple, what: str) -> None:
+        if col is not None and not isinstance(kinds[col], allowed):
+            raise InvalidArgument(f"{what}: column {col!r} is {kinds[col].simpleString()}")
+
+    check(spec.payload_col, (T.BinaryType, T.StringType), "payload_col")
+    check(
+        spec.deliver_at_col,
+        (T.TimestampType, T.TimestampNTZType, T.DateType, T.IntegralType, T.StringType),
+        "deliver_at_col",
+    )
+    check(spec.delay_col, (T.NumericType, T.StringType), "delay_col")
+    for col in [spec.key_col, *spec.property_cols]:
+        check(col, (T.AtomicType,), "key_col" if col == spec.key_col else "property_cols")
+
+
+# --- the executor side --------------------------------------------------------------------------
+
+_CLUSTERS: dict[str, Any] = {}
+
+
+def _worker_cluster(job: _Job) -> Any:
+    """This worker process's raydelay client (Spark reuses Python workers across tasks)."""
+    from raydelay.client.cluster import connect
+
+    cluster = _CLUSTERS.get(job.address)
+    if cluster is None:
+        cluster = _CLUSTERS[job.address] = connect(job.config, address=job.address)
+    return cluster
+
+
+def chunk_rows(config: Any) -> int:
+    """Rows per chunk: an Arrow batch, cut to what one append may hold."""
+    return min(10_000, config.topic.max_entries_per_ledger)
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """The split's batches cut into chunks of at most ``rows`` rows. The cut depends only
+    on the input, so a retried task numbers its chunks as the first attempt did."""
+    for batch in batches:
+        for offset in range(0, batch.num_rows, rows):
+            yield batch.slice(offset, rows)
+
+
+def _write_split(job: _Job, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    split, attempt = ctx.partitionId(), ctx.attemptNumber()
+    cluster = _worker_cluster(job)
+    tally = ray.get_actor(job.tally, namespace=NAMESPACE)
+    producer = cluster.create_producer(job.topic, name=f"ingest-{job.job_id}-{split}")
+    last = producer.last_sequences  # what earlier attempts of this split got appended
+    cfg = cluster.config
+    totals = {"rows": 0, "accepted": 0, "rejected": 0, "already_written": 0}
+    reasons: Counter = Counter()
+    try:
+        for chunk, batch in enumerate(_chunks(batches, chunk_rows(cfg))):
+            prepared = prepare(
+                batch,
+                job.spec,
+                now_ms=time.time_ns() // 1_000_000,
+                max_delay_ms=cfg.delayed.max_delay_ms,
+                max_bytes=cfg.topic.max_message_bytes,
+                partitions=producer.partitions,
+                keyless_partition=split + chunk,
+            )
+            seq = chunk + 1
+            todo = [(p, seq, e) for p, e in prepared.by_partition.items() if seq > last[p]]
+            if todo:
+                producer.append_sequenced(todo)
+            accepted = prepared.accepted
+            totals["rows"] += batch.num_rows
+            totals["accepted"] += accepted
+            totals["rejected"] += len(prepared.rejected)
+            totals["already_written"] += accepted - sum(len(e) for _, _, e in todo)
+            reasons.update(prepared.reasons)
+            tally.add.remote(split, attempt, batch.num_rows, accepted, len(prepared.rejected))
+            if job.fail_after == (split, chunk) and attempt == 0:
+                raise RuntimeError(f"injected failure after chunk {chunk} of split {split}")
+            if len(prepared.rejected):
+                rejected = batch.take(pa.array(prepared.rejected, type=pa.int64()))
+                yield rejected.append_column(
+                    REJECT_REASON, pa.array(prepared.reasons, type=pa.string())
+                )
+        ray.get(tally.finish.remote(split, {**totals, "reasons": dict(reasons)}))
+    finally:
+        producer.close()

@@ -1,0 +1,167 @@
+"""Bulk ingestion through Spark-on-Ray (RayDP): rejects, routing, and exactly once under a
+retried task or a rerun of the same job."""
+
+from __future__ import annotations
+
+import zlib
+from datetime import datetime, timedelta, timezone
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from raydelay.errors import InvalidArgument, NotFound
+from raydelay.ingest import ingest_dataframe, rows, start_spark, stop_spark
+from raydelay.ingest.job import chunk_rows
+from tests.integration.helpers import now_ms, receive_all
+
+
+@pytest.fixture(scope="module")
+def spark(ray_cluster):
+    session = start_spark("raydp", executors=2, executor_cores=1, executor_memory="768m")
+    try:
+        yield session
+    finally:
+        stop_spark(session)
+
+
+def iso(ms: int, tz=timezone.utc) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz).isoformat()
+
+
+def test_good_rows_load_routed_by_key_and_bad_rows_go_to_the_reject_file(
+    cluster, topic_name, spark, tmp_path
+):
+    # Given 300 good orders due in about a second, and one bad row of each kind
+    cluster.create_topic(topic_name, partitions=3)
+    base = now_ms() + 1_000
+    good = [
+        (f"order-{i}", f"timeout {i}", iso(base + i, timezone(timedelta(hours=i % 3))), "eu")
+        for i in range(300)
+    ]
+    big = "x" * (cluster.config.topic.max_message_bytes + 1)
+    bad = [
+        ("bad-1", None, iso(base), "eu"),
+        ("bad-2", big, iso(base), "eu"),
+        ("bad-3", "naive", "2030-01-01T10:00:00", "eu"),
+        ("bad-4", "garbage", "next tuesday", None),
+        ("bad-5", "no time", None, "us"),
+    ]
+    df = spark.createDataFrame(
+        good + bad, "order_id string, body string, due string, region string"
+    )
+    reject_path = str(tmp_path / "rejects")
+    consumer = cluster.subscribe(topic_name, "s")
+    # When it is ingested
+    report = ingest_dataframe(
+        df,
+        topic_name,
+        payload_col="body",
+        deliver_at_col="due",
+        key_col="order_id",
+        property_cols=["region"],
+        reject_path=reject_path,
+        cluster=cluster,
+        progress=False,
+    )
+    # Then the report counts both kinds
+    assert (report.rows, report.accepted, report.rejected) == (305, 300, 5)
+    assert report.reasons == {
+        rows.PAYLOAD_MISSING: 1,
+        rows.PAYLOAD_TOO_BIG: 1,
+        rows.AT_NAIVE: 1,
+        rows.AT_UNPARSEABLE: 1,
+        rows.AT_MISSING: 1,
+    }
+    # and the reject file holds the original columns and the reason of each bad row
+    rejects = pq.read_table(reject_path).to_pylist()
+    assert sorted((r["order_id"], r["reject_reason"]) for r in rejects) == [
+        ("bad-1", rows.PAYLOAD_MISSING),
+        ("bad-2", rows.PAYLOAD_TOO_BIG),
+        ("bad-3", rows.AT_NAIVE),
+        ("bad-4", rows.AT_UNPARSEABLE),
+        ("bad-5", rows.AT_MISSING),
+    ]
+    assert {r["due"] for r in rejects if r["order_id"] == "bad-4"} == {"next tuesday"}
+    # and every good row is delivered once, on time, in its key's partition, with properties
+    got = receive_all(consumer, 300, timeout_s=30)
+    assert sorted(m.payload for m, _ in got) == sorted(g[1].encode() for g in good)
+    due = {g[1].encode(): base + i for i, g in enumerate(good)}
+    for m, received in got:
+        assert m.deliver_at_ms == due[m.payload] <= received
+        assert m.message_id.partition == zlib.crc32(m.key.encode()) % 3
+        assert m.properties == {"region": "eu"}
+
+
+def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(cluster, topic_name, spark):
+    # Given 90,000 rows in three input splits of 30,000 rows
+    cluster.create_topic(topic_name, partitions=2)
+    chunk = chunk_rows(cluster.config)
+    assert 30_000 // chunk >= 3
+    df = spark.range(0, 90_000, numPartitions=3).selectExpr(
+        "cast(concat('m', cast(id as string)) as binary) as payload", "0.2 as delay_s"
+    )
+    # When the first attempt of split 1 fails after its second chunk was written
+    report = ingest_dataframe(
+        df,
+        topic_name,
+        payload_col="payload",
+        delay_col="delay_s",
+        cluster=cluster,
+        progress=False,
+        _fail_after=(1, 1),
+    )
+    # Then Spark's retry skipped the two chunks that had landed
+    assert (report.rows, report.accepted, report.rejected) == (90_000, 90_000, 0)
+    assert report.already_written == 2 * chunk
+    entries = sum(p["entries"] for p in cluster.stats(topic_name)["partitions"])
+    assert entries == 90_000
+    # When the same job runs again
+    again = ingest_dataframe(
+        df,
+        topic_name,
+        payload_col="payload",
+        delay_col="delay_s",
+        cluster=cluster,
+        progress=False,
+        job_id=report.job_id,
+    )
+    # Then everything was there already
+    assert again.already_written == again.accepted == 90_000
+    assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 90_000
+    # and a subscription gets each row exactly once
+    consumer = cluster.subscribe(topic_name, "s")
+    got = receive_all(consumer, 90_000, timeout_s=60, max_messages=2_000)
+    payloads = [m.payload for m, _ in got]
+    assert len(payloads) == 90_000 and len(set(payloads)) == 90_000
+    assert not consumer.receive(max_messages=10, timeout_s=0.5)
+
+
+def test_bad_arguments_fail_before_any_work(cluster, topic_name, spark, tmp_path):
+    cluster.create_topic(topic_name, partitions=1)
+    df = spark.createDataFrame([("a", 1, "k")], "body string, n int, k string")
+
+    def ingest(**kw):
+        args = {"payload_col": "body", "cluster": cluster, "progress": False, **kw}
+        topic = args.pop("topic", topic_name)
+        return ingest_dataframe(df, topic, **args)
+
+    with pytest.raises(NotFound):
+        ingest(topic="no-such-topic")
+    with pytest.raises(InvalidArgument, match="'when' not in the input"):
+        ingest(deliver_at_col="when")
+    with pytest.raises(InvalidArgument, match="^payload_col: column 'n' is int"):
+        ingest(payload_col="n")
+    with pytest.raises(InvalidArgument, match="^deliver_at_col: give deliver_at_col or delay"):
+        ingest(deliver_at_col="n", delay_col="n")
+    (tmp_path / "rejects").mkdir()
+    with pytest.raises(InvalidArgument, match="^reject_path: .* exists already"):
+        ingest(reject_path=str(tmp_path / "rejects"))
+    with pytest.raises(InvalidArgument, match="^job_id:"):
+        ingest(job_id="no spaces please")
+    with pytest.raises(InvalidArgument, match="^df: expected a pyspark DataFrame"):
+        ingest_dataframe([("a",)], topic_name, payload_col="body", cluster=cluster)
+    # nothing was written, and no job actor was left behind
+    assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 0
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in names if n.startswith("ingest/")]

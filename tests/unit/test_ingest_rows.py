@@ -1,0 +1,158 @@
+"""Rows to messages (raydelay.ingest.rows): validation, reject reasons and routing."""
+
+from __future__ import annotations
+
+import zlib
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from raydelay.errors import InvalidArgument
+from raydelay.ingest import rows as R
+from raydelay.log.entries import NO_DELAY
+
+NOW = 1_800_000_000_000
+HOUR = 3_600_000
+
+
+def prep(batch, spec, *, partitions=4, keyless=0, max_delay_ms=HOUR, max_bytes=100):
+    return R.prepare(
+        batch,
+        spec,
+        now_ms=NOW,
+        max_delay_ms=max_delay_ms,
+        max_bytes=max_bytes,
+        partitions=partitions,
+        keyless_partition=keyless,
+    )
+
+
+def reasons_by_row(batch, prepared) -> dict[int, str]:
+    return dict(zip(prepared.rejected.tolist(), prepared.reasons, strict=True))
+
+
+def all_entries(prepared):
+    return {p: e for p, e in sorted(prepared.by_partition.items())}
+
+
+def test_iso_strings_with_offsets_become_epoch_ms_and_bad_ones_are_rejected_with_a_reason():
+    # Given ISO-8601 times: good ones with offsets, a naive one, garbage and a null
+    batch = pa.record_batch(
+        {
+            "p": [b"a", b"b", b"c", b"d", b"e", b"f"],
+            "at": [
+                "2027-01-15T08:00:00+00:00",
+                "2027-01-15T09:00:00+01:00",
+                "2027-01-15T08:00:00",
+                "tomorrow",
+                None,
+                str(NOW + 5),
+            ],
+        }
+    )
+    # When it is prepared (no max delay)
+    out = prep(batch, R.RowSpec("p", deliver_at_col="at"), partitions=1, max_delay_ms=0)
+    # Then the aware times agree (same instant), the digits are epoch ms, and each bad row
+    # has its reason
+    expected = int(datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp() * 1000)
+    e = out.by_partition[0]
+    assert e.payloads == [b"a", b"b", b"f"]
+    assert e.deliver_at_ms.tolist() == [expected, expected, NOW + 5]
+    assert reasons_by_row(batch, out) == {2: R.AT_NAIVE, 3: R.AT_UNPARSEABLE, 4: R.AT_MISSING}
+
+
+def test_payload_problems_come_first_and_oversize_names_the_limit():
+    batch = pa.record_batch({"p": [None, "x" * 101, "ok", "text"], "d": ["-1", "1", "2.5", "bad"]})
+    # (a string payload column is sent as its UTF-8 bytes)
+    out = prep(batch, R.RowSpec("p", delay_col="d"), partitions=1)
+    assert reasons_by_row(batch, out) == {
+        0: R.PAYLOAD_MISSING,
+        1: R.PAYLOAD_TOO_BIG,
+        3: R.DELAY_UNPARSEABLE,
+    }
+    assert out.by_partition[0].deliver_at_ms.tolist() == [NOW + 2500]
+
+
+def test_delays_negative_missing_and_beyond_the_maximum_are_rejected():
+    batch = pa.record_batch({"p": [b"1", b"2", b"3", b"4", b"5"], "d": [0, -3, None, 3601, 3600]})
+    out = prep(batch, R.RowSpec("p", delay_col="d"), partitions=1)
+    assert reasons_by_row(batch, out) == {1: R.DELAY_NEGATIVE, 2: R.DELAY_MISSING, 3: R.BEYOND_MAX}
+    assert out.by_partition[0].deliver_at_ms.tolist() == [NOW, NOW + HOUR]
+
+
+def test_timestamp_columns_aware_are_used_and_naive_ones_are_rejected():
+    aware = pa.array([NOW * 1000, None], type=pa.timestamp("us", tz="UTC"))
+    naive = pa.array([NOW * 1000, NOW * 1000], type=pa.timestamp("us"))
+    out = prep(
+        pa.record_batch({"p": [b"a", b"b"], "at": aware}), R.RowSpec("p", deliver_at_col="at")
+    )
+    assert [e.deliver_at_ms.tolist() for e in out.by_partition.values()] == [[NOW]]
+    assert out.reasons == [R.AT_MISSING]
+    out = prep(
+        pa.record_batch({"p": [b"a", b"b"], "at": naive}), R.RowSpec("p", deliver_at_col="at")
+    )
+    assert out.accepted == 0 and out.reasons == [R.AT_NAIVE, R.AT_NAIVE]
+
+
+def test_keys_route_by_the_producer_hash_and_keyless_rows_go_to_the_chosen_partition():
+    keys = ["order-1", None, "order-2", "order-1", "order-9"]
+    batch = pa.record_batch({"p": [b"%d" % i for i in range(5)], "k": keys})
+    out = prep(batch, R.RowSpec("p", key_col="k"), partitions=3, keyless=7)
+    placed = {payload: p for p, e in out.by_partition.items() for payload in e.payloads}
+    for i, k in enumerate(keys):
+        want = 7 % 3 if k is None else zlib.crc32(k.encode()) % 3
+        assert placed[b"%d" % i] == want
+    # rows keep their input order inside a partition, with their keys
+    for e in out.by_partition.values():
+        assert e.payloads == sorted(e.payloads)
+        assert [keys[int(p)] for p in e.payloads] == e.keys
+    # immediate messages without a time column
+    assert all((e.deliver_at_ms == NO_DELAY).all() for e in out.by_partition.values())
+
+
+def test_property_columns_become_text_properties_without_nulls():
+    batch = pa.record_batch({"p": [b"a", b"b"], "region": ["eu", None], "amount": [12, None]})
+    out = prep(batch, R.RowSpec("p", property_cols=("region", "amount")), partitions=1)
+    assert out.by_partition[0].properties == [{"region": "eu", "amount": "12"}, None]
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"deliver_at_col": "a", "delay_col": "b"}, "deliver_at_col"),
+        ({"key_col": ""}, "key_col"),
+        ({"property_cols": "region"}, "property_cols"),
+        ({"property_cols": ("p",)}, "property_cols"),
+    ],
+)
+def test_a_bad_spec_names_its_field(kwargs, field):
+    with pytest.raises(InvalidArgument, match=f"^{field}:"):
+        R.RowSpec("p", **kwargs)
+
+
+def test_missing_columns_and_unusable_types_are_named():
+    spec = R.RowSpec("p", deliver_at_col="when", key_col="k")
+    with pytest.raises(InvalidArgument, match="'when', 'k' not in the input"):
+        spec.check_columns(["p", "x"])
+    batch = pa.record_batch({"p": [1, 2]})
+    with pytest.raises(InvalidArgument, match="^payload_col: expected binary or string"):
+        prep(batch, R.RowSpec("p"))
+    batch = pa.record_batch({"p": [b"a"], "at": [1.5]})
+    with pytest.raises(InvalidArgument, match="^deliver_at_col:"):
+        prep(batch, R.RowSpec("p", deliver_at_col="at"))
+
+
+def test_a_large_batch_splits_exactly_into_accepted_and_rejected():
+    rng = np.random.default_rng(3)
+    n = 20_000
+    delays = rng.integers(-100, 4_000, n)  # some negative, some beyond the hour
+    batch = pa.record_batch(
+        {"p": [b"m%d" % i for i in range(n)], "d": delays, "k": [f"k{i % 97}" for i in range(n)]}
+    )
+    out = prep(batch, R.RowSpec("p", delay_col="d", key_col="k"), partitions=5)
+    assert out.accepted + len(out.rejected) == n
+    assert out.accepted == int(((delays >= 0) & (delays <= 3600)).sum())
+    got = sorted(int(d) for e in out.by_partition.values() for d in e.deliver_at_ms)
+    assert got == sorted(NOW + int(d) * 1000 for d in delays if 0 <= d <= 3600)
