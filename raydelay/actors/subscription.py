@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from raydelay.actors.metrics import SubscriptionMetrics
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
 from raydelay.cluster import rpc
@@ -57,6 +58,7 @@ _READ_CHUNK = 5_000
 # Payloads fetched per receive: due delayed messages are scattered over the log, so a
 # fetch costs about one ranged read each; smaller fetches reach the consumer sooner.
 _FETCH_MAX = 2_000
+_REPORT_S = 1.0  # how often metrics are reported
 _PUMP_LINGER_S = 0.005
 _DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload fetches
 
@@ -70,6 +72,7 @@ class SubscriptionActor:
         started = time.monotonic()
         self._topic, self._partition, self._name = topic, partition, subscription
         self._config: Config = config_from_dict(config)
+        self._metrics = SubscriptionMetrics(topic, partition, subscription)
         self._clock = SystemClock()
         self._coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
         self._topic_actor = ray.get_actor(topic_actor_name(topic, partition), namespace=NAMESPACE)
@@ -179,7 +182,7 @@ class SubscriptionActor:
         self._available = asyncio.Condition()  # wakes receive calls
         self._persist_lock = asyncio.Lock()
         loop = asyncio.get_running_loop()
-        for loop_fn in (self._pump, self._timer, self._persister):
+        for loop_fn in (self._pump, self._timer, self._persister, self._reporter):
             loop.create_task(loop_fn())
 
     async def _notify(self) -> None:
@@ -233,8 +236,10 @@ class SubscriptionActor:
         if self._sub.dead:
             await self._flush_dead_letters()
         fetched = await self._fetch(self._sub.keys_to_fetch(min(max_messages, _FETCH_MAX)))
-        out = self._sub.deliver(consumer_id, fetched, max_messages, self._clock.now_ms())
+        delivered_at = self._clock.now_ms()
+        out = self._sub.deliver(consumer_id, fetched, max_messages, delivered_at)
         if out:
+            self._metrics.dispatched(sum(map(len, out)), _lateness(out, delivered_at))
             self._space.set()
             self._changed.set()
             if "first_delivery_s" not in self._recovery:
@@ -435,6 +440,25 @@ class SubscriptionActor:
                 log.exception("%s: timer step failed", self._sub.name)
                 await asyncio.sleep(0.5)
 
+    async def _reporter(self) -> None:
+        """Once a second: gauges, bucket operations and sampled lateness to Ray's metrics."""
+        while not self._closed:
+            await asyncio.sleep(_REPORT_S)
+            try:
+                tracker = self._sub.tracker
+                stats = self._sub.stats()
+                stats |= getattr(tracker, "stats", dict)()
+                times = getattr(tracker, "op_times", None)
+                ops = [times.popleft() for _ in range(len(times))] if times else []
+                self._metrics.report(stats, ops)
+            except Exception:  # noqa: BLE001 - metrics must never stop the subscription
+                log.exception("%s: reporting metrics failed", self._sub.name)
+
+    async def due_histogram(self, edges: list[int]) -> list[int]:
+        """Pending delayed messages per due window (see the trackers' ``due_histogram``)."""
+        self._ensure_started()
+        return self._sub.tracker.due_histogram(np.asarray(edges, dtype=np.int64))
+
     async def _persister(self) -> None:
         interval_s = self._config.subscription.cursor_persist_interval_ms / 1000
         while not self._closed:
@@ -476,6 +500,17 @@ class SubscriptionActor:
         for old in self._store.list(f"{self._prefix}/cursor/"):
             if old != key:
                 self._store.delete(old)
+
+
+def _lateness(out: list[Delivery], now_ms: int) -> np.ndarray:
+    """Dispatch lateness (ms) of the first deliveries of delayed messages in ``out``."""
+    parts = []
+    for dv in out:
+        d = dv.obj.entries.deliver_at_ms[dv.indexes]
+        first = (d != NO_DELAY) & (dv.counts == 0)
+        if first.any():
+            parts.append(now_ms - d[first])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _ms(seconds: float | None) -> int | None:

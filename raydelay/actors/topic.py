@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from raydelay.actors.metrics import TopicMetrics
 from raydelay.clock import SystemClock
 from raydelay.cluster import rpc
 from raydelay.cluster.names import COORDINATOR, NAMESPACE
@@ -43,6 +44,8 @@ class TopicActor:
     def _init(self, topic: str, partition: int, config: dict[str, Any]) -> None:
         self._topic, self._partition = topic, partition
         self._config = config_from_dict(config)
+        self._metrics = TopicMetrics(topic, partition)
+        self._published = 0  # the log's entry count last reported
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-log")
         self._coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
         ledgers = rpc.get_blocking(
@@ -161,6 +164,9 @@ class TopicActor:
                     fut.set_exception(result)
                 else:
                     fut.set_result(result)
+            entries = self._log.stats_counters["entries"]  # re-sent batches are not counted
+            self._metrics.published(entries - self._published)
+            self._published = entries
             async with self._tail_changed:
                 self._tail_changed.notify_all()
 

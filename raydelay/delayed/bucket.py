@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
@@ -50,6 +52,7 @@ from raydelay.delayed.common import (
     check_clock,
     check_max_messages,
     check_positive_int,
+    due_window_counts,
 )
 from raydelay.delayed.index import Membership, RunQueue, sorted_positions
 from raydelay.delayed.jobs import JobRunner
@@ -76,6 +79,7 @@ class _Bucket:
     bucket_id: int
     seg_min: list[int]
     seg_count: list[int]
+    seg_max: list[int]
     next_seg: int
     state: str  # "sealing" | "persisted" | "merging"
     holder: _Frozen | None = None  # while sealing: the unsorted columns, still served
@@ -96,6 +100,7 @@ class _Bucket:
             bucket_id=meta.bucket_id,
             seg_min=[s.min_deliver_at_ms for s in meta.segments],
             seg_count=[s.count for s in meta.segments],
+            seg_max=[s.max_deliver_at_ms for s in meta.segments],
             next_seg=next_seg,
             state="persisted",
             **kw,
@@ -151,9 +156,12 @@ class _Mutable:
         m = int(d.min())
         self.pending_min = m if self.pending_min is None else min(self.pending_min, m)
 
+    def parts(self) -> list[Cols]:
+        return [r.remaining() for r in self.runs] + list(self.pending)
+
     def columns(self) -> Cols:
         """Every position held, unsorted (for a seal or a trim)."""
-        return concat([r.remaining() for r in self.runs] + self.pending)
+        return concat(self.parts())
 
     def _sort_pending(self) -> None:
         if self.pending:
@@ -327,6 +335,9 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             "downgraded": 0,
             "snapshot_bytes": 0,
         }
+        # (operation, seconds) of finished bucket jobs, for metrics: appended by the I/O
+        # threads, drained by whoever reports them (deque appends are thread-safe)
+        self.op_times: deque[tuple[str, float]] = deque(maxlen=10_000)
         self._recover()
 
     # == public API =====================================================================
@@ -415,6 +426,31 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         self._settle()
         return True
 
+    def _timed(self, op: str, job: Callable[[], Any]) -> Callable[[], Any]:
+        """``job``, recording its duration under ``op`` in ``op_times`` (failed ones too)."""
+        times = self.op_times
+
+        def run() -> Any:
+            start = time.monotonic()
+            try:
+                return job()
+            finally:
+                times.append((op, time.monotonic() - start))
+
+        return run
+
+    def due_histogram(self, edges: np.ndarray) -> list[int]:
+        """Pending messages per due window (see :func:`due_window_counts`): exact for
+        what is in memory, spread over each unloaded segment's deliver_at range."""
+        exact = self._queue.columns() + self._mutable.parts()
+        exact += [b.holder.columns() for b in self._buckets if b.holder is not None]
+        spans = [
+            (b.seg_min[i], b.seg_max[i], b.seg_count[i])
+            for b in self._buckets
+            for i in range(b.next_seg, b.segments)
+        ]
+        return due_window_counts(np.asarray(edges, dtype=np.int64), exact, self._members, spans)
+
     def persisted_through(self) -> int:
         """Every delayed position of the ledgers up to this one was sealed into a bucket
         (a restart finds it there), had fallen due, or was untracked. A restarted
@@ -487,6 +523,9 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             "buckets": len(self._buckets),
             "mutable": self._mutable.count,
             "loaded_runs": len(self._queue.runs),
+            "loaded_indexes": sum(len(c[0]) for c in self._queue.columns())
+            + self._mutable.count
+            + sum(b.holder.count for b in self._buckets if b.holder is not None),
             "memory_bytes": self.buffer_memory_usage(),
             **self.counters,
         }
@@ -530,6 +569,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             bucket_id=self._take_id(),
             seg_min=[],
             seg_count=[],
+            seg_max=[],
             next_seg=0,
             state="sealing",
             holder=holder,
@@ -565,6 +605,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             meta, nbytes, first = written  # type: ignore[misc]
             described = _Bucket.from_meta(meta, 0)
             bucket.seg_min, bucket.seg_count = described.seg_min, described.seg_count
+            bucket.seg_max = described.seg_max
             bucket.state = "persisted"
             bucket.holder = None
             if bucket.taken:  # copies handed out while sealing must not come back from the store
@@ -576,7 +617,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             self.counters["snapshot_bytes"] += nbytes
             self._install_segment(bucket, 0, first)  # segment 1 goes straight to the shared queue
 
-        self._jobs.submit("write", job, done)
+        self._jobs.submit("write", self._timed("create", job), done)
 
     def _downgrade(self, bucket: _Bucket, error: BaseException) -> None:
         # The write failed after its retries: keep every position in memory, lose nothing.
@@ -693,7 +734,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
                 return
             self._install_segment(bucket, index, cols)  # type: ignore[arg-type]
 
-        self._jobs.submit("load", job, done)
+        self._jobs.submit("load", self._timed("load", job), done)
 
     def _install_segment(self, bucket: _Bucket, index: int, cols: Cols) -> None:
         d, l, e = _without(cols, bucket.exclude)  # noqa: E741
@@ -730,7 +771,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
                     error,
                 )
 
-        self._jobs.submit("write", job, done)
+        self._jobs.submit("write", self._timed("delete", job), done)
 
     # == merging ========================================================================
 
@@ -784,7 +825,11 @@ class BucketDelayedDeliveryTracker(TrackerBase):
                 meta, nbytes = writer.finish()
             return meta, nbytes, None
 
-        self._jobs.submit("write", job, lambda written, error: self._merged(ctx, written, error))
+        self._jobs.submit(
+            "write",
+            self._timed("merge", job),
+            lambda written, error: self._merged(ctx, written, error),
+        )
 
     def _pick_window(self) -> tuple[int, int] | None:
         n = len(self._buckets)

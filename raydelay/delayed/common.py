@@ -88,3 +88,32 @@ class TrackerBase:
         untracked = (ls[due][removed], es[due][removed], ds[due][removed])
         keep = ~due & ~superseded(ls, es, due)
         return (ls[keep], es[keep], ds[keep]), untracked
+
+
+def due_window_counts(
+    edges: np.ndarray, exact: list[Cols], members: Membership, spans: list[tuple[int, int, int]]
+) -> list[int]:
+    """Pending messages per due window: ``len(edges) + 1`` counts, window i holding the
+    deliver_at values below ``edges[i]`` (and at or above ``edges[i - 1]``), the last one
+    everything later. ``exact`` columns count their live copies; each (min, max, count)
+    of ``spans`` (a segment not loaded yet) is spread evenly over [min, max]."""
+    out = np.zeros(len(edges) + 1, dtype=np.int64)
+    for d, l, e in exact:  # noqa: E741
+        if len(d):
+            live = d[members.member_mask(d, l, e)]
+            out += np.bincount(np.searchsorted(edges, live, side="right"), minlength=len(out))
+    for lo, hi, count in spans:
+        if count <= 0:
+            continue
+        bounds = np.concatenate(([lo], np.clip(edges, lo, hi), [hi])).astype(np.float64)
+        width = max(hi - lo, 0)
+        if width == 0:
+            out[int(np.searchsorted(edges, lo, side="right"))] += count
+            continue
+        shares = np.diff(bounds) / width * count
+        whole = np.floor(shares).astype(np.int64)
+        rest = count - int(whole.sum())  # hand out what rounding left to the largest shares
+        for i in np.argsort(-(shares - whole))[:rest]:
+            whole[i] += 1
+        out += whole
+    return [int(x) for x in out]

@@ -239,6 +239,10 @@ class RunQueue:
     def runs(self) -> list[Run]:
         return [r for r in self._live.values() if len(r)]
 
+    def columns(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """What is queued, as column blocks (runs from their heads, then loose chunks)."""
+        return [r.remaining() for r in self.runs] + list(self._loose)
+
     def add_loose(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> None:  # noqa: E741
         if len(d) == 0:
             return

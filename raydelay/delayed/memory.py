@@ -19,6 +19,7 @@ from raydelay.delayed.common import (
     check_clock,
     check_max_messages,
     check_positive_int,
+    due_window_counts,
 )
 from raydelay.delayed.index import Membership, RunQueue, sorted_positions
 
@@ -68,6 +69,12 @@ class InMemoryDelayedDeliveryTracker(TrackerBase):
         if (ds < running[:-1] - self._tick_time_ms).any():
             self._fixed_delay = False
         self._highest_deliver_at = int(running[-1])
+
+    def due_histogram(self, edges: np.ndarray) -> list[int]:
+        """Pending messages per due window (see :func:`due_window_counts`)."""
+        return due_window_counts(
+            np.asarray(edges, dtype=np.int64), self._queue.columns(), self._members, []
+        )
 
     # -- popping ---------------------------------------------------------------------
 

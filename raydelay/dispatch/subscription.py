@@ -133,7 +133,13 @@ class Subscription:
         self.start_position: Position = self.read_position
         self._marker_results: OrderedDict[int, bool] = OrderedDict()  # marker -> outcome
         self.tail: Position | None = None
-        self.counters = {"delivered": 0, "acked": 0, "redelivered": 0, "cancelled": 0}
+        self.counters = {
+            "delivered": 0,
+            "acked": 0,
+            "redelivered": 0,
+            "cancelled": 0,
+            "dead_lettered": 0,
+        }
 
     # --- consumers -----------------------------------------------------------------------
 
@@ -523,6 +529,8 @@ class Subscription:
 
     def dead_lettered(self, keys: Iterable[int]) -> int:
         """The actor published these to the dead-letter topic: ack them."""
+        keys = list(keys)
+        self.counters["dead_lettered"] += len(keys)
         return self._ack_keys(keys)
 
     # --- cancel -----------------------------------------------------------------------------

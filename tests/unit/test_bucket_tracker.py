@@ -497,3 +497,42 @@ def pop_all_background(t):
             return sorted(out)
         out += got
     raise AssertionError("never settled")
+
+
+# -- due windows --------------------------------------------------------------------------------
+
+
+def test_due_histogram_counts_sealed_segments_and_the_mutable_bucket_by_window():
+    # Given a sealed bucket of ledger 1 (segments due at +1000..1030, +1040..1070 and
+    # +1080..1090) and one message of ledger 2 due at +1000
+    env = Env()
+    t, _ = seal_first_bucket(env)
+    edges = np.array([T0 + 1_035, T0 + 1_075])
+    # Then each window holds what is due in it; nothing is lost or counted twice
+    assert t.due_histogram(edges) == [5, 4, 2]
+    # and a cancel is counted out
+    assert t.remove_message(2, 0)
+    assert t.due_histogram(edges) == [4, 4, 2]
+    assert sum(t.due_histogram(edges)) == t.number_of_delayed_messages()
+
+
+def test_due_histogram_of_the_in_memory_tracker_is_exact():
+    from raydelay.delayed import InMemoryDelayedDeliveryTracker
+
+    clock = ManualClock(T0)
+    t = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
+    ds = T0 + np.array([10, 70_000, 4_000_000, 90_000_000, 200_000_000])
+    t.add_messages(np.ones(5, dtype=np.int64), np.arange(5), ds)
+    t.remove_message(1, 2)
+    edges = T0 + np.array([60_000, 3_600_000, 86_400_000])
+    assert t.due_histogram(edges) == [1, 1, 0, 2]
+
+
+def test_a_segment_not_loaded_is_spread_evenly_over_its_due_range():
+    from raydelay.delayed.common import due_window_counts
+    from raydelay.delayed.index import Membership
+
+    assert due_window_counts(np.array([50]), [], Membership(), [(0, 100, 10)]) == [5, 5]
+    counts = due_window_counts(np.array([33, 66]), [], Membership(), [(0, 99, 10)])
+    assert sum(counts) == 10 and max(counts) - min(counts) <= 1
+    assert due_window_counts(np.array([50]), [], Membership(), [(70, 70, 3)]) == [0, 3]
