@@ -1,41 +1,183 @@
-"""The ``raydelay`` command. More commands arrive with the Ray data path (see README)."""
+"""The ``raydelay`` command: run a local raydelay, manage topics, produce, consume,
+cancel, look at stats, ingest from files through Spark, and run the demo.
+
+Every command but ``up`` and ``demo`` attaches to a running Ray: ``--address`` (or
+``RAYDELAY_ADDRESS``), else the local one that ``raydelay up`` started. A mistake prints
+one line (``raydelay: error: ...``) and exits with status 2; no traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
 from raydelay import __version__
-from raydelay.errors import RaydelayError
+from raydelay.console import table
+from raydelay.errors import InvalidArgument, NotFound, RaydelayError, Unavailable
+
+_UP_MARKER = Path(tempfile.gettempdir()) / f"raydelay-up-{os.getuid()}.json"
+_BATCH = 10_000  # lines per send_many in ``produce``
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="raydelay", description="raydelay: delayed and scheduled messages, durably."
+        prog="raydelay", description="raydelay: delayed and scheduled messages, durably, on Ray."
     )
     parser.add_argument("--version", action="version", version=f"raydelay {__version__}")
     parser.add_argument("--config", help="a config TOML (default: the embedded default)")
+    parser.add_argument(
+        "--address",
+        help="the Ray cluster to attach to (default: $RAYDELAY_ADDRESS, else the local one)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    up = sub.add_parser(
+        "up",
+        help="start raydelay on a local Ray (or on --address)",
+        description="Start a local Ray (unless one runs, or --address is given) and raydelay's "
+        "coordinator on it. Its actors outlive this command; `raydelay down` stops them.",
+    )
+    up.add_argument("--num-cpus", type=int, default=None, help="CPUs of a new local Ray")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser(
+        "down",
+        help="stop raydelay (and the local Ray that `up` started)",
+        description="Persist every subscription's cursor, close every open ledger, stop "
+        "raydelay's actors, and stop the local Ray if `raydelay up` started it. "
+        "The data stays in the store; `raydelay up` brings it back.",
+    )
+    down.add_argument("--keep-ray", action="store_true", help="leave the Ray cluster running")
+    down.set_defaults(func=cmd_down)
+
+    topics = sub.add_parser("topics", help="list, create or delete topics")
+    tsub = topics.add_subparsers(dest="action", metavar="ACTION")
+    tl = tsub.add_parser("list", help="the topics, their partitions and subscriptions")
+    tl.set_defaults(func=cmd_topics_list)
+    tc = tsub.add_parser("create", help="create a topic")
+    tc.add_argument("topic")
+    tc.add_argument("-p", "--partitions", type=int, default=1, help="partitions (default 1)")
+    tc.set_defaults(func=cmd_topics_create)
+    td = tsub.add_parser("delete", help="delete a topic, its log and its subscriptions")
+    td.add_argument("topic")
+    td.add_argument("--force", action="store_true", help="delete it even with subscriptions")
+    td.set_defaults(func=cmd_topics_delete)
+    topics.set_defaults(func=lambda args: _usage(topics))
+
+    produce = sub.add_parser(
+        "produce",
+        help="publish one message per input line",
+        description="Publish each line of FILE (or stdin) as one message (UTF-8, without its "
+        "newline), in batches.",
+    )
+    produce.add_argument("topic")
+    produce.add_argument("file", nargs="?", default="-", help="input file (default: stdin)")
+    when = produce.add_mutually_exclusive_group()
+    when.add_argument("--deliver-after", type=float, metavar="SECONDS", help="delay in seconds")
+    when.add_argument(
+        "--deliver-at", metavar="TIME", help="ISO-8601 time with an offset, or epoch ms"
+    )
+    produce.add_argument("--key", help="the messages' key")
+    produce.add_argument(
+        "--property", action="append", default=[], metavar="K=V", help="a property (repeatable)"
+    )
+    produce.add_argument("--ids", action="store_true", help="print each message id")
+    produce.set_defaults(func=cmd_produce)
+
+    consume = sub.add_parser(
+        "consume",
+        help="print messages of a subscription (and ack them with --ack)",
+        description="Receive messages and print one line each: message id, deliver_at, "
+        "payload. Without --ack they stay unacknowledged and are redelivered later.",
+    )
+    consume.add_argument("topic")
+    consume.add_argument("subscription")
+    consume.add_argument(
+        "--type", default="shared", help="subscription type (default shared; see README)"
+    )
+    consume.add_argument("--ack", action="store_true", help="acknowledge what is printed")
+    consume.add_argument("-n", "--max", type=int, default=10, help="stop after N (default 10)")
+    consume.add_argument(
+        "--timeout", type=float, default=5.0, help="stop after this many idle seconds (default 5)"
+    )
+    consume.set_defaults(func=cmd_consume)
+
+    cancel = sub.add_parser(
+        "cancel",
+        help="cancel scheduled messages by id",
+        description="Cancel messages by id (topic/partition/ledger:entry, as produce --ids "
+        "prints them).",
+    )
+    cancel.add_argument("message_ids", nargs="+", metavar="MESSAGE_ID")
+    cancel.set_defaults(func=cmd_cancel)
+
+    stats = sub.add_parser(
+        "stats",
+        help="a topic's or a subscription's numbers, with pending messages by due window",
+    )
+    stats.add_argument("topic")
+    stats.add_argument("subscription", nargs="?")
+    stats.set_defaults(func=cmd_stats)
+
     demo = sub.add_parser(
         "demo",
-        help="run the order-timeout demo on the embedded local-dir store",
-        description="Order timeouts through the delayed index in real time, with cancels and a restart.",
+        help="the main job: order timeouts ingested with Spark-on-Ray, cancelled and delivered",
+        description="Generate order-timeout events, ingest them with Spark on Ray (RayDP), "
+        "cancel the timeouts of orders that get paid, deliver the rest to shared consumers, "
+        "and report timing. Runs on its own local Ray and a local-dir store.",
     )
     demo.add_argument(
-        "--messages", type=int, default=200_000, help="order timeouts to schedule (default 200000)"
+        "--messages", type=int, default=200_000, help="order timeouts (default 200000)"
     )
     demo.add_argument(
-        "--seconds", type=float, default=20.0, help="spread of the timeouts in seconds (default 20)"
+        "--seconds", type=float, default=45.0, help="spread of the due times (default 45)"
     )
     demo.add_argument(
-        "--paid-share",
-        type=float,
-        default=0.2,
-        help="share of orders paid, i.e. cancelled (default 0.2)",
+        "--paid-share", type=float, default=0.2, help="share of orders paid (default 0.2)"
     )
-    demo.add_argument("--quick", action="store_true", help="20k messages over 5 s")
+    demo.add_argument("--quick", action="store_true", help="20k messages over 15 s")
+    demo.add_argument("--consumers", type=int, default=2, help="consumers (default 2)")
+    demo.set_defaults(func=cmd_demo)
+
+    ingest = sub.add_parser(
+        "ingest",
+        help="load a parquet, CSV or JSON file into a topic through Spark",
+        description="One message per row. Bad rows are counted (and written to --reject-path "
+        "with a reject_reason). Rerunning with the same --job-id writes nothing twice.",
+    )
+    ingest.add_argument("input", help="a file or directory (parquet, CSV with header, JSON lines)")
+    ingest.add_argument("--topic", required=True)
+    ingest.add_argument("--format", choices=("parquet", "csv", "json"), help="default: by name")
+    ingest.add_argument("--payload-col", required=True)
+    at = ingest.add_mutually_exclusive_group()
+    at.add_argument("--deliver-at-col", help="epoch ms, aware timestamp or ISO-8601 with offset")
+    at.add_argument("--delay-col", help="seconds from ingestion")
+    ingest.add_argument("--key-col")
+    ingest.add_argument("--property-col", action="append", default=[], help="(repeatable)")
+    ingest.add_argument("--reject-path", help="where rejected rows go (parquet; must not exist)")
+    ingest.add_argument("--job-id", help="rerun a job by its id to finish it without duplicates")
+    ingest.add_argument(
+        "--spark-master",
+        default="raydp",
+        help="raydp (Spark on this Ray, the default) or a Spark master URL such as local[2]",
+    )
+    ingest.add_argument("--executors", type=int, default=2, help="RayDP executors (default 2)")
+    ingest.add_argument("--executor-memory", default="1g", help="per executor (default 1g)")
+    ingest.add_argument(
+        "--create-topic", type=int, metavar="PARTITIONS", help="create the topic first"
+    )
+    ingest.set_defaults(func=cmd_ingest)
     return parser
 
 
@@ -46,26 +188,402 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    try:
-        from raydelay.config import load_config
-
-        config = load_config(args.config)
-        if args.command == "demo":
-            from raydelay.demo import run_demo
-
-            messages, seconds = (20_000, 5.0) if args.quick else (args.messages, args.seconds)
-            report = run_demo(
-                messages=messages, spread_s=seconds, paid_share=args.paid_share, config=config
-            )
-            return 0 if report.ok else 1
+    if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
+    try:
+        return int(args.func(args) or 0)
     except RaydelayError as exc:
         print(f"raydelay: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("raydelay: interrupted", file=sys.stderr)
         return 130
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+# --- attaching ---------------------------------------------------------------------------------
+
+
+def _address(args: argparse.Namespace) -> str:
+    return args.address or os.environ.get("RAYDELAY_ADDRESS") or "auto"
+
+
+def _attach(args: argparse.Namespace) -> Any:
+    """A client of the running raydelay (its coordinator is created if missing)."""
+    from raydelay.client.cluster import connect
+
+    address = _address(args)
+    try:
+        return connect(args.config, address=address)
+    except ConnectionError as exc:
+        where = "here" if address == "auto" else f"at {address}"
+        raise Unavailable(
+            f"no Ray cluster is running {where}; start one with `raydelay up` (or pass --address)"
+        ) from exc
+
+
+def _ray_binary() -> str:
+    local = Path(sys.executable).parent / "ray"
+    found = str(local) if local.exists() else shutil.which("ray")
+    if found is None:
+        raise Unavailable("ray: the `ray` command is not installed next to this Python")
+    return found
+
+
+def _local_ray_running() -> bool:
+    result = subprocess.run(
+        [_ray_binary(), "status"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return result.returncode == 0
+
+
+# --- up / down ---------------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from raydelay.client.cluster import RAY_SYSTEM_CONFIG
+
+    started = False
+    local = args.address is None and not os.environ.get("RAYDELAY_ADDRESS")
+    if local and not _local_ray_running():
+        cmd = [
+            _ray_binary(),
+            "start",
+            "--head",
+            "--disable-usage-stats",
+            "--include-dashboard=false",
+            f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
+        ]
+        if args.num_cpus is not None:
+            if args.num_cpus < 1:
+                raise InvalidArgument(f"num_cpus: expected >= 1, got {args.num_cpus}")
+            cmd.append(f"--num-cpus={args.num_cpus}")
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            last = (result.stderr or result.stdout).strip().splitlines()[-1:]
+            raise Unavailable(f"ray start failed: {' '.join(last)}")
+        started = True
+        _UP_MARKER.write_text(json.dumps({"started_at": time.time()}))
+    cluster = _attach(args)
+    import ray
+
+    storage = cluster.config.storage
+    where = storage.local.root if storage.kind == "local" else f"s3://{storage.s3.bucket}"
+    rows = [
+        ["Ray", ray.get_runtime_context().gcs_address],
+        ["Ray started by this command", started],
+        ["store", f"{storage.kind}: {where}"],
+        ["topics", len(cluster.topics())],
+    ]
+    print(table(["raydelay is up", ""], rows))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    import ray
+
+    from raydelay.cluster.names import NAMESPACE
+
+    cluster = _attach(args)
+    cluster._flush_all()
+    stopped = 0
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == NAMESPACE:
+            try:
+                ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
+                stopped += 1
+            except ValueError:
+                continue
+    ray.shutdown()
+    print(f"raydelay: stopped {stopped} actors (cursors persisted, ledgers closed)")
+    if _UP_MARKER.exists() and not args.keep_ray and args.address is None:
+        subprocess.run([_ray_binary(), "stop"], capture_output=True, check=False)
+        _UP_MARKER.unlink(missing_ok=True)
+        print("raydelay: stopped the local Ray that `raydelay up` started")
+    return 0
+
+
+# --- topics ------------------------------------------------------------------------------------
+
+
+def cmd_topics_list(args: argparse.Namespace) -> int:
+    cluster = _attach(args)
+    rows = []
+    for topic, n in sorted(cluster.topics().items()):
+        subs = cluster.stats(topic)["subscriptions"]
+        rows.append([topic, n, ", ".join(subs) or "-"])
+    print(table(["topic", "partitions", "subscriptions"], rows) if rows else "no topics")
+    return 0
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    cluster = _attach(args)
+    cluster.create_topic(args.topic, args.partitions)
+    print(f"topic {args.topic}: {args.partitions} partition(s)")
+    return 0
+
+
+def cmd_topics_delete(args: argparse.Namespace) -> int:
+    cluster = _attach(args)
+    objects = cluster.delete_topic(args.topic, force=args.force)
+    print(f"topic {args.topic}: deleted ({objects:,} store objects)")
+    return 0
+
+
+# --- produce / consume / cancel ----------------------------------------------------------------
+
+
+def _deliver_at_arg(text: str) -> int:
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(
+            f"deliver_at: {text!r} is not an ISO-8601 time or epoch milliseconds"
+        ) from None
+    if when.tzinfo is None:
+        raise InvalidArgument(f"deliver_at: {text!r} has no time zone (add e.g. +00:00)")
+    return int(round(when.timestamp() * 1000))
+
+
+def _properties_arg(items: list[str]) -> dict[str, str] | None:
+    props = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"property: expected K=V, got {item!r}")
+        props[key] = value
+    return props or None
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    deliver_at = _deliver_at_arg(args.deliver_at) if args.deliver_at is not None else None
+    props = _properties_arg(args.property)
+    if args.file == "-":
+        stream = sys.stdin.buffer
+    else:
+        try:
+            stream = open(args.file, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise InvalidArgument(f"file: cannot read {args.file!r}: {exc.strerror}") from None
+    cluster = _attach(args)
+    producer = cluster.create_producer(args.topic)
+    sent = 0
+    try:
+        batch: list[bytes] = []
+        for line in stream:
+            batch.append(line.rstrip(b"\r\n"))
+            if len(batch) >= _BATCH:
+                sent += _send(producer, batch, args, deliver_at, props)
+                batch = []
+        if batch:
+            sent += _send(producer, batch, args, deliver_at, props)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+        producer.close()
+    print(f"produced {sent:,} messages to {args.topic}", file=sys.stderr)
+    return 0
+
+
+def _send(producer, payloads, args, deliver_at, props) -> int:
+    n = len(payloads)
+    ids = producer.send_many(
+        payloads,
+        deliver_after=args.deliver_after,
+        deliver_at=deliver_at,
+        keys=[args.key] * n if args.key is not None else None,
+        properties=props,
+    )
+    if args.ids:
+        print("\n".join(str(mid) for mid in ids))
+    return n
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    if args.max < 1:
+        raise InvalidArgument(f"max: expected >= 1, got {args.max}")
+    if args.timeout <= 0:
+        raise InvalidArgument(f"timeout: expected > 0 seconds, got {args.timeout}")
+    cluster = _attach(args)
+    consumer = cluster.subscribe(args.topic, args.subscription, args.type)
+    got = 0
+    idle_until = time.monotonic() + args.timeout
+    try:
+        while got < args.max and time.monotonic() < idle_until:
+            msgs = consumer.receive(max_messages=args.max - got, timeout_s=0.5)
+            if not msgs:
+                continue
+            idle_until = time.monotonic() + args.timeout
+            for m in msgs:
+                due = (
+                    datetime.fromtimestamp(m.deliver_at_ms / 1000, timezone.utc).isoformat(
+                        timespec="milliseconds"
+                    )
+                    if m.deliver_at_ms is not None
+                    else "-"
+                )
+                print(f"{m.message_id}\t{due}\t{m.payload.decode('utf-8', 'replace')}")
+            if args.ack:
+                consumer.ack(msgs)
+            got += len(msgs)
+    finally:
+        consumer.close()
+    print(f"{got} message(s){', acknowledged' if args.ack else ''}", file=sys.stderr)
+    return 0
+
+
+def parse_message_id(text: str) -> Any:
+    from raydelay.client.message import MessageId
+
+    try:
+        topic, partition, rest = text.rsplit("/", 2)
+        ledger, entry = rest.split(":")
+        return MessageId(topic, int(partition), int(ledger), int(entry))
+    except ValueError:
+        raise InvalidArgument(f"message_id: {text!r} is not topic/partition/ledger:entry") from None
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    ids = [parse_message_id(t) for t in args.message_ids]
+    cluster = _attach(args)
+    by_topic: dict[str, list] = {}
+    for mid in ids:
+        by_topic.setdefault(mid.topic, []).append(mid)
+    outcome = {}
+    for topic, mids in by_topic.items():
+        producer = cluster.create_producer(topic)
+        try:
+            for mid, ok in zip(mids, producer.cancel_many(mids), strict=True):
+                outcome[mid] = ok
+        finally:
+            producer.close()
+    for mid in ids:
+        print(f"{mid}\t{'cancelled' if outcome[mid] else 'delivered already: not cancelled'}")
+    return 0 if all(outcome.values()) else 1
+
+
+# --- stats -------------------------------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    cluster = _attach(args)
+    if args.subscription is None:
+        info = cluster.stats(args.topic)
+        rows = [
+            [
+                p,
+                len(s["ledgers"]),
+                s["entries"],
+                f"{s['tail'][0]}:{s['tail'][1]}" if s["tail"] else "-",
+            ]
+            for p, s in enumerate(info["partitions"])
+        ]
+        print(table(["partition", "ledgers", "entries appended (this run)", "tail"], rows))
+        subs = []
+        for name in info["subscriptions"]:
+            s = cluster.stats(args.topic, name)
+            subs.append(
+                [name, s["type"], s["delayed"], s["backlog"], s["pending_ack"], s["buckets"]]
+            )
+        if subs:
+            print()
+            print(
+                table(
+                    ["subscription", "type", "delayed", "backlog", "pending ack", "buckets"], subs
+                )
+            )
+        return 0
+    s = cluster.stats(args.topic, args.subscription)
+    rows = [
+        ["type", s["type"]],
+        ["delayed", s["delayed"]],
+        ["backlog", s["backlog"]],
+        ["pending ack", s["pending_ack"]],
+        ["buckets", s["buckets"]],
+        ["redelivery queue", s["redelivery"]],
+        ["delivered", s["delivered"]],
+        ["acked", s["acked"]],
+        ["cancelled", s["cancelled"]],
+    ]
+    print(table([f"{args.topic}/{args.subscription}", ""], [[k, _num(v)] for k, v in rows]))
+    print()
+    hist = cluster.due_histogram(args.topic, args.subscription)
+    total = sum(n for _, n in hist) or 1
+    print(
+        table(
+            ["due", "pending", ""],
+            [[label, n, "#" * round(30 * n / total)] for label, n in hist],
+        )
+    )
+    return 0
+
+
+def _num(v: object) -> str:
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+# --- demo / ingest -----------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from raydelay.demo import run_demo
+
+    messages, seconds = (20_000, 15.0) if args.quick else (args.messages, args.seconds)
+    report = run_demo(
+        messages=messages,
+        spread_s=seconds,
+        paid_share=args.paid_share,
+        consumers=args.consumers,
+        config=args.config,
+    )
+    return 0 if report.ok else 1
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from raydelay.ingest import ingest_dataframe, read_input, start_spark, stop_spark
+
+    if args.executors < 1:
+        raise InvalidArgument(f"executors: expected >= 1, got {args.executors}")
+    if not Path(args.input).exists() and "://" not in args.input:
+        raise InvalidArgument(f"input: {args.input!r} does not exist")
+    cluster = _attach(args)
+    if args.create_topic is not None:
+        cluster.create_topic(args.topic, args.create_topic)
+    else:
+        try:
+            cluster.topics()[args.topic]
+        except KeyError:
+            raise NotFound(
+                f"topic {args.topic!r} does not exist (create it, or pass --create-topic N)"
+            ) from None
+    spark = start_spark(
+        args.spark_master, executors=args.executors, executor_memory=args.executor_memory
+    )
+    try:
+        df = read_input(spark, args.input, args.format)
+        ingest_dataframe(
+            df,
+            args.topic,
+            payload_col=args.payload_col,
+            deliver_at_col=args.deliver_at_col,
+            delay_col=args.delay_col,
+            key_col=args.key_col,
+            property_cols=args.property_col,
+            reject_path=args.reject_path,
+            cluster=cluster,
+            job_id=args.job_id,
+        )
+    finally:
+        stop_spark(spark, args.spark_master)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,42 +1,51 @@
-"""The demo job: order timeouts through the delayed index, in real time, on the embedded store.
+"""The main job (``raydelay demo``, what ``make demo`` runs): order timeouts, end to end.
 
-It generates orders whose 'cancel if unpaid' timeout falls over the next few seconds,
-loads them into a BucketDelayedDeliveryTracker on the local-dir store (batches in log
-order, as a subscription would), cancels the timeouts of the orders that get paid,
-restarts the tracker half-way (a new instance recovers from the store and the log is
-replayed from the start, as after a crash), and delivers everything as it falls due.
-It reports delivered, cancels honoured, early deliveries (must be 0), lateness and
-the bucket work done. Until the Ray data path lands this is the most complete
-real path through raydelay.
+1. Start a local Ray with raydelay on it (a local-dir store) and Spark on that Ray (RayDP).
+2. Generate orders: each gets an "unpaid order timeout" due over the next ``spread_s``
+   seconds (after a lead time that covers the ingestion), written to parquet.
+3. Ingest the file with the Spark-on-Ray job (keys route each order to one partition);
+   the job also writes each row's message id, which the payment service needs.
+4. Meanwhile a share of the orders get paid, some time before their timeout: the payment
+   service cancels those timeouts (in batches).
+5. Shared-subscription consumers receive the timeouts as they fall due, and ack them.
+   A live line shows delivered / pending / cancelled / late and a lateness histogram.
+6. The report: delivered, cancels honoured, early (must be 0), lateness p50/p99/max,
+   buckets sealed and loaded, and the peak RSS of the subscription actors.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import shutil
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
-from raydelay.clock import SystemClock
-from raydelay.config import Config
-from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryBucketRegistry
+from raydelay.console import table
 from raydelay.errors import InvalidArgument
-from raydelay.storage import LocalDirObjectStore
 
 log = logging.getLogger(__name__)
 
-BATCH = 10_000
+LATE_MS = 100  # a delivery later than this after its due time counts as late
+_HIST = [(10, "<=10ms"), (50, "<=50ms"), (100, "<=100ms"), (1_000, "<=1s"), (None, ">1s")]
+_PARTITIONS = 2
+_PAY_MARGIN_MS = 2_000  # an order is paid at least this long before its timeout
 
 
 @dataclass
 class DemoReport:
     messages: int
-    cancelled: int
+    paid: int = 0
+    ingest_rows_per_s: float = 0.0
+    ingest_s: float = 0.0
     delivered: int = 0
     duplicates: int = 0
     early: int = 0
@@ -44,11 +53,9 @@ class DemoReport:
     cancelled_delivered: int = 0
     lost: int = 0
     lateness_ms: list[int] = field(default_factory=list)
-    recovered_pending: int = 0
-    recovery_s: float = 0.0
-    stats: dict = field(default_factory=dict)
-    sealed_before: int = 0
-    merged_before: int = 0
+    buckets_sealed: int = 0
+    buckets_loaded: int = 0
+    peak_rss_mb: float = 0.0
     elapsed_s: float = 0.0
 
     def percentile(self, q: float) -> float:
@@ -58,181 +65,350 @@ class DemoReport:
     def ok(self) -> bool:
         return self.early == 0 and self.lost == 0 and self.cancelled_delivered == 0
 
+    def table(self) -> str:
+        late = self.lateness_ms
+        rows = [
+            ["order timeouts scheduled", f"{self.messages:,}"],
+            [
+                "ingested (Spark on Ray)",
+                f"{self.ingest_rows_per_s:,.0f} rows/s ({self.ingest_s:.1f} s)",
+            ],
+            ["delivered", f"{self.delivered:,}"],
+            ["orders paid (timeouts cancelled)", f"{self.paid:,}"],
+            ["cancels honoured", f"{self.cancels_honoured:,}"],
+            ["cancelled but delivered", f"{self.cancelled_delivered:,}"],
+            ["early (must be 0)", f"{self.early:,}"],
+            ["lost", f"{self.lost:,}"],
+            ["duplicates", f"{self.duplicates:,}"],
+            [
+                "lateness p50 / p99 / max",
+                f"{self.percentile(50):.0f} / {self.percentile(99):.0f} / {max(late, default=0):,} ms",
+            ],
+            ["buckets sealed / loaded", f"{self.buckets_sealed} / {self.buckets_loaded}"],
+            ["peak RSS of subscription actors", f"{self.peak_rss_mb:,.0f} MB"],
+            ["elapsed", f"{self.elapsed_s:.1f} s"],
+        ]
+        return table(["raydelay demo", ""], rows)
+
 
 def run_demo(
-    *,
     messages: int = 200_000,
-    spread_s: float = 20.0,
+    spread_s: float = 45.0,
     paid_share: float = 0.2,
-    config: Config | None = None,
-    out: TextIO = sys.stdout,
-    seed: int = 17,
+    consumers: int = 2,
+    config: Any = None,
+    out: TextIO | None = None,
 ) -> DemoReport:
-    if messages < 1:
-        raise InvalidArgument(f"messages: must be >= 1, got {messages}")
-    if spread_s <= 0:
-        raise InvalidArgument(f"spread_s: must be > 0, got {spread_s}")
-    if not 0 <= paid_share < 1:
-        raise InvalidArgument(f"paid_share: must be in [0, 1), got {paid_share}")
-    cfg = config or Config()
-    dcfg = cfg.delayed
-    root = Path(cfg.storage.local.root) / "demo"
-    shutil.rmtree(root, ignore_errors=True)
-    store = LocalDirObjectStore(root)
-    registry = (
-        InMemoryBucketRegistry()
-    )  # the coordinator-backed registry arrives with the Ray data path
-    clock = SystemClock()
-    rng = np.random.default_rng(seed)
+    """Run the demo (see the module docstring); prints progress and the report to ``out``."""
+    if isinstance(messages, bool) or not isinstance(messages, int) or messages < 1:
+        raise InvalidArgument(f"messages: expected an int >= 1, got {messages!r}")
+    if not 1 <= spread_s <= 3600:
+        raise InvalidArgument(f"seconds: expected 1..3600, got {spread_s!r}")
+    if not 0 <= paid_share <= 1:
+        raise InvalidArgument(f"paid_share: expected 0..1, got {paid_share!r}")
+    if isinstance(consumers, bool) or not isinstance(consumers, int) or not 1 <= consumers <= 16:
+        raise InvalidArgument(f"consumers: expected 1..16, got {consumers!r}")
+    out = out or sys.stdout
+    import raydelay
+    from raydelay.ingest import ingest_dataframe, start_spark, stop_spark
 
-    def tracker() -> BucketDelayedDeliveryTracker:
-        return BucketDelayedDeliveryTracker(
-            store=store,
-            registry=registry,
-            name="subs/orders/0/timeouts",
-            clock=clock,
-            tick_time_ms=dcfg.tick_time_ms,
-            strict=dcfg.strict,
-            min_index_count_per_bucket=min(
-                dcfg.min_index_count_per_bucket, max(1_000, messages // 20)
-            ),
-            max_num_buckets=min(dcfg.max_num_buckets, 8),
-            max_time_step_per_segment_ms=dcfg.max_time_step_per_segment_ms,
-            max_indexes_per_segment=dcfg.max_indexes_per_segment,
-        )
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="raydelay-demo-"))
+    topic = f"demo-orders-{int(time.time())}"
+    report = DemoReport(messages=messages)
+    say = _printer(out)
+    cfg = _demo_config(config)
+    say(
+        f"starting Ray and raydelay (store: {_where(cfg)}; ledgers of "
+        f"{cfg.topic.max_entries_per_ledger:,} entries, buckets from "
+        f"{cfg.delayed.min_index_count_per_bucket:,} messages)"
+    )
+    cluster = raydelay.connect(cfg)
+    run = None
+    try:
+        cluster.create_topic(topic, _PARTITIONS)
+        subscribers = [cluster.subscribe(topic, "billing", "shared") for _ in range(consumers)]
+        say("starting Spark on Ray (RayDP: 2 executors)")
+        spark = start_spark("raydp", executors=2, executor_cores=1, executor_memory="768m")
+        try:
+            lead_s = 12.0 + messages / 25_000  # time for the ingestion, with room to spare
+            orders = _orders(messages, spread_s, lead_s)
+            path = work / "orders"
+            _write_parquet(orders, path, files=4)
+            run = _Run(cluster, topic, subscribers, orders, report, say)
+            run.start_consumers()  # they wait for what falls due while the rest loads
+            say(f"ingesting {messages:,} order timeouts due over {spread_s:.0f} s from {path}")
+            ing = ingest_dataframe(
+                spark.read.parquet(str(path)),
+                topic,
+                payload_col="payload",
+                deliver_at_col="timeout_at",
+                key_col="order_id",
+                property_cols=["region"],
+                ids_path=str(work / "ids"),
+                cluster=cluster,
+                total_rows=messages,
+            )
+        finally:
+            stop_spark(spark)
+        report.ingest_rows_per_s, report.ingest_s = ing.rows_per_s, ing.elapsed_s
+        run.pay(_read_ids(work / "ids"), paid_share)
+        run.watch(deadline_s=spread_s + lead_s + 60)
+        report.elapsed_s = time.monotonic() - started
+        print(report.table(), file=out)
+        return report
+    finally:
+        if run is not None:
+            run.halt()
+        try:
+            cluster.delete_topic(topic, force=True)
+        except Exception as exc:  # noqa: BLE001 - cleanup: say it and go on
+            log.warning("deleting the demo topic failed: %s", exc)
+        cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
 
-    # The "log": order i is entry i % ledger_size of ledger i // ledger_size + 1. Ledgers
-    # roll over often enough that buckets seal, load, merge and recover during the run.
-    ledger_size = min(cfg.topic.max_entries_per_ledger, max(500, messages // 40))
-    idx = np.arange(messages, dtype=np.int64)
-    ledgers, entries = idx // ledger_size + 1, idx % ledger_size
-    start_ms = clock.now_ms() + 1_500
-    deliver_at = start_ms + rng.integers(0, int(spread_s * 1000), messages)
-    paid = rng.random(messages) < paid_share
-    report = DemoReport(messages=messages, cancelled=int(paid.sum()))
-    out.write(
-        f"raydelay demo: {messages:,} order timeouts due over {spread_s:.0f} s, "
-        f"{report.cancelled:,} orders paid (their timeouts cancelled); store {root}\n"
+
+def _demo_config(config: Any) -> Any:
+    """The config, with ledgers and buckets small enough that a demo of this size shows
+    buckets being sealed, loaded and deleted."""
+    from raydelay.client.cluster import _load
+
+    cfg = _load(config)
+    return dataclasses.replace(
+        cfg,
+        topic=dataclasses.replace(cfg.topic, max_entries_per_ledger=10_000),
+        delayed=dataclasses.replace(
+            cfg.delayed, min_index_count_per_bucket=10_000, max_indexes_per_segment=2_000
+        ),
     )
 
-    t = tracker()
-    run_began = began = time.perf_counter()
-    for s in range(0, messages, BATCH):
-        t.add_messages(ledgers[s : s + BATCH], entries[s : s + BATCH], deliver_at[s : s + BATCH])
-    for i in np.flatnonzero(paid).tolist():
-        t.remove_message(int(ledgers[i]), int(entries[i]))
-    out.write(
-        f"loaded {messages:,} in {time.perf_counter() - began:.2f} s; "
-        f"{t.immutable_bucket_count()} buckets sealed, {t.number_of_delayed_messages():,} pending\n"
-    )
 
-    delivered = np.zeros(messages, dtype=np.int8)
-    restart_at = start_ms + int(spread_s * 500)
-    restarted = False
-    end_ms = int(deliver_at.max())
-    last_print = 0.0
-    hist_edges = [0, 5, 10, 20, 50, 100, 10**9]
-    while True:
-        now = clock.now_ms()
-        if not restarted and now >= restart_at:
-            restarted = True
-            report.sealed_before = t.stats()["sealed"]
-            report.merged_before = t.stats()["merged"]
-            t.close()
-            began = time.perf_counter()
-            t = tracker()
-            # replay the log from the start: the acknowledged and cancelled ones are skipped,
-            # as a subscription's cursor would; bitmaps recognise what buckets already hold
-            replay = (delivered == 0) & ~paid
-            got = np.ones(int(replay.sum()), dtype=bool)
-            r_idx = np.flatnonzero(replay)
-            for s in range(0, len(r_idx), BATCH):
-                sl = r_idx[s : s + BATCH]
-                got[s : s + BATCH] = t.add_messages(ledgers[sl], entries[sl], deliver_at[sl])
-            for i in r_idx[~got].tolist():  # due by now: delivered straight away
-                _deliver(i, clock.now_ms(), deliver_at, paid, delivered, report)
-            report.recovery_s = time.perf_counter() - began
-            report.recovered_pending = t.number_of_delayed_messages()
-            out.write(
-                f"restarted: a new tracker recovered from the store in {report.recovery_s:.2f} s "
-                f"({report.recovered_pending:,} pending)\n"
-            )
-        got = t.get_scheduled_messages(100_000)
-        pop_ms = clock.now_ms()
-        for ledger, entry in got:
-            _deliver(
-                (ledger - 1) * ledger_size + entry, pop_ms, deliver_at, paid, delivered, report
-            )
-        if time.perf_counter() - last_print >= 1.0:
-            last_print = time.perf_counter()
-            late = np.array(report.lateness_ms[-50_000:]) if report.lateness_ms else np.array([0])
-            hist = np.histogram(late, bins=hist_edges)[0]
-            out.write(
-                f"  delivered {report.delivered:>8,}  pending {t.number_of_delayed_messages():>8,}  "
-                f"early {report.early}  late p99 {np.percentile(late, 99):5.1f} ms  "
-                f"[<5:{hist[0]} <10:{hist[1]} <20:{hist[2]} <50:{hist[3]} <100:{hist[4]} more:{hist[5]}]\n"
-            )
-            out.flush()
-        if now > end_ms + 500 and t.number_of_delayed_messages() == 0:
-            break
-        if not got:
-            nxt = t.next_delivery_time()
-            wait_ms = 5 if nxt is None else max(0, min(5, nxt - clock.now_ms()))
-            time.sleep(wait_ms / 1000)
-    report.stats = t.stats()
-    t.close()
-    report.lost = int(((delivered == 0) & ~paid).sum())
-    report.cancels_honoured = int(((delivered == 0) & paid).sum())
-    report.elapsed_s = time.perf_counter() - run_began
-    _print_report(report, out)
-    return report
+def _where(cfg: Any) -> str:
+    return cfg.storage.local.root if cfg.storage.kind == "local" else cfg.storage.kind
 
 
-def _deliver(i: int, now_ms: int, deliver_at, paid, delivered, report: DemoReport) -> None:
-    if delivered[i]:
-        # Acknowledged before the restart and resurrected from a partly consumed segment:
-        # a subscription's cursor drops it as acked. Counted, never delivered twice.
-        report.duplicates += 1
-        return
-    delivered[i] = 1
-    if paid[i]:
-        report.cancelled_delivered += 1
-        return
-    report.delivered += 1
-    lateness = now_ms - int(deliver_at[i])
-    if lateness < 0:
-        report.early += 1
-    report.lateness_ms.append(lateness)
+def _printer(out: TextIO):
+    def say(text: str) -> None:
+        print(f"[demo] {text}", file=out, flush=True)
+
+    return say
 
 
-def _print_report(r: DemoReport, out: TextIO) -> None:
-    s = r.stats
-    rows = [
-        ("messages", f"{r.messages:,}"),
-        ("delivered", f"{r.delivered:,}"),
-        ("cancels honoured", f"{r.cancels_honoured:,} of {r.cancelled:,}"),
-        ("cancelled but delivered", f"{r.cancelled_delivered}"),
-        ("lost", f"{r.lost}"),
-        ("early (must be 0)", f"{r.early}"),
-        (
-            "re-surfaced after the restart",
-            f"{r.duplicates:,} (already acked: dropped, as a cursor would)",
-        ),
-        (
-            "lateness p50 / p99 / max",
-            f"{r.percentile(50):.0f} / {r.percentile(99):.0f} / {max(r.lateness_ms, default=0)} ms",
-        ),
-        ("recovery", f"{r.recovery_s:.2f} s, {r.recovered_pending:,} pending"),
-        (
-            "buckets sealed / merged / deleted",
-            f"{r.sealed_before} + {s.get('sealed', 0)} / {r.merged_before} + {s.get('merged', 0)} / {s.get('deleted', 0)} (before + after the restart)",
-        ),
-        ("elapsed", f"{r.elapsed_s:.1f} s"),
-        ("segments loaded", f"{s.get('loaded', 0)}"),
-        ("result", "OK" if r.ok else "FAILED"),
+@dataclass
+class _Orders:
+    order_id: list[str]
+    timeout_at: np.ndarray  # epoch ms
+    region: list[str]
+
+
+def _orders(n: int, spread_s: float, lead_s: float) -> _Orders:
+    rng = np.random.default_rng()
+    base = time.time_ns() // 1_000_000 + int(lead_s * 1000)
+    due = base + rng.integers(0, int(spread_s * 1000), n)
+    regions = np.array(["eu-west", "us-east", "ap-south"])[rng.integers(0, 3, n)]
+    return _Orders([f"order-{i:08d}" for i in range(n)], due, regions.tolist())
+
+
+def _write_parquet(orders: _Orders, path: Path, files: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    payloads = [
+        json.dumps(
+            {"event": "order_timeout", "order_id": oid, "action": "cancel_if_unpaid"}
+        ).encode()
+        for oid in orders.order_id
     ]
-    width = max(len(k) for k, _ in rows)
-    out.write("\n" + "-" * (width + 30) + "\n")
-    for k, v in rows:
-        out.write(f"{k:<{width}}  {v}\n")
-    out.write("-" * (width + 30) + "\n")
+    table_ = pa.table(
+        {
+            "order_id": orders.order_id,
+            "payload": pa.array(payloads, pa.binary()),
+            "timeout_at": pa.array(orders.timeout_at, pa.timestamp("ms", tz="UTC")),
+            "region": orders.region,
+        }
+    )
+    path.mkdir(parents=True)
+    step = -(-len(orders.order_id) // files)
+    for i in range(files):  # several files: several input splits, one per Spark task
+        part = table_.slice(i * step, step)
+        if part.num_rows:
+            pq.write_table(part, path / f"part-{i:05d}.parquet", row_group_size=25_000)
+
+
+def _read_ids(path: Path) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    from raydelay.cli import parse_message_id
+
+    t = pq.read_table(path)
+    return {
+        oid: parse_message_id(mid)
+        for oid, mid in zip(
+            t.column("order_id").to_pylist(), t.column("message_id").to_pylist(), strict=True
+        )
+    }
+
+
+class _Run:
+    """Consume the timeouts, pay some orders (cancel their timeouts), show it live."""
+
+    def __init__(self, cluster, topic, consumers, orders: _Orders, report, say):
+        self.cluster, self.topic, self.consumers = cluster, topic, consumers
+        self.report, self.say = report, say
+        self.due = {oid: int(d) for oid, d in zip(orders.order_id, orders.timeout_at, strict=True)}
+        self.ids: dict[str, Any] = {}
+        self.pay_at: list[tuple[int, str]] = []
+        self.paid: set[str] = set()
+        self.cancelled_ok: set[str] = set()
+        self.seen: set[str] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.peak_rss = 0
+
+    def start_consumers(self) -> None:
+        for c in self.consumers:
+            t = threading.Thread(target=self._consume, args=(c,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def pay(self, ids: dict[str, Any], paid_share: float) -> None:
+        """Pick the orders that get paid, each at a random time at least _PAY_MARGIN_MS
+        before its timeout, and start the payment service."""
+        if len(ids) != len(self.due):
+            raise RuntimeError(f"ingestion wrote {len(ids)} ids for {len(self.due)} orders")
+        self.ids = ids
+        now = time.time_ns() // 1_000_000
+        rng = np.random.default_rng()
+        eligible = [o for o, d in self.due.items() if d - now > 2 * _PAY_MARGIN_MS]
+        k = int(round(paid_share * len(self.due)))
+        chosen = rng.choice(len(eligible), size=min(k, len(eligible)), replace=False)
+        self.pay_at = sorted(
+            (int(rng.integers(now, self.due[eligible[i]] - _PAY_MARGIN_MS)), eligible[i])
+            for i in chosen
+        )
+        self.report.paid = len(self.pay_at)
+        t = threading.Thread(target=self._pay, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def watch(self, deadline_s: float) -> None:
+        pids = self._actor_pids()
+        end = time.monotonic() + deadline_s
+        expected = len(self.due) - len(self.pay_at)
+        while time.monotonic() < end:
+            time.sleep(1.0)
+            self._sample_rss(pids)
+            with self.lock:
+                delivered = len(self.seen)
+                late = sum(1 for x in self.report.lateness_ms if x > LATE_MS)
+                hist = _histogram(self.report.lateness_ms)
+                cancelled = len(self.cancelled_ok)
+            self.say(
+                f"delivered {delivered:,}  pending {len(self.due) - delivered - cancelled:,}  "
+                f"cancelled {cancelled:,}  late(>{LATE_MS}ms) {late:,}  | {hist}"
+            )
+            if delivered >= expected and len(self.paid) == len(self.pay_at):
+                time.sleep(1.0)  # anything cancelled that still arrives would show now
+                break
+        self.halt()
+        self._finish()
+
+    def halt(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        self.threads = []
+
+    def _pay(self) -> None:
+        """The payment service: cancel each paid order's timeout at its payment time."""
+        producer = self.cluster.create_producer(self.topic)
+        i = 0
+        try:
+            while i < len(self.pay_at) and not self.stop.is_set():
+                now = time.time_ns() // 1_000_000
+                batch = []
+                while i < len(self.pay_at) and self.pay_at[i][0] <= now:
+                    batch.append(self.pay_at[i][1])
+                    i += 1
+                if batch:
+                    mids = [self.ids[o] for o in batch]
+                    results = producer.cancel_many(mids)
+                    with self.lock:
+                        self.paid.update(batch)
+                        self.cancelled_ok.update(
+                            o for o, ok in zip(batch, results, strict=True) if ok
+                        )
+                else:
+                    time.sleep(0.05)
+        finally:
+            producer.close()
+
+    def _consume(self, consumer) -> None:
+        while not self.stop.is_set():
+            msgs = consumer.receive(max_messages=2_000, timeout_s=0.2)
+            if not msgs:
+                continue
+            now = time.time_ns() // 1_000_000
+            with self.lock:
+                for m in msgs:
+                    oid = m.key  # the order id
+                    if oid in self.seen:
+                        self.report.duplicates += 1
+                        continue
+                    self.seen.add(oid)
+                    lateness = now - self.due[oid]
+                    if lateness < 0:
+                        self.report.early += 1
+                    self.report.lateness_ms.append(lateness)
+            consumer.ack(msgs)
+
+    def _actor_pids(self) -> list[int]:
+        import ray
+
+        from raydelay.cluster import placement
+        from raydelay.cluster.names import subscription_actor_name
+
+        handles = [
+            placement.lookup(subscription_actor_name(self.topic, p, "billing"))
+            for p in range(_PARTITIONS)
+        ]
+        return ray.get([h.pid.remote() for h in handles])
+
+    def _sample_rss(self, pids: list[int]) -> None:
+        import psutil
+
+        total = 0
+        for pid in pids:
+            try:
+                total += psutil.Process(pid).memory_info().rss
+            except psutil.Error:
+                continue
+        self.peak_rss = max(self.peak_rss, total)
+
+    def _finish(self) -> None:
+        r = self.report
+        stats = self.cluster.stats(self.topic, "billing")
+        r.buckets_sealed = sum(p["tracker"].get("sealed", 0) for p in stats["partitions"])
+        r.buckets_loaded = sum(p["tracker"].get("loaded", 0) for p in stats["partitions"])
+        r.peak_rss_mb = self.peak_rss / 1e6
+        r.delivered = len(self.seen)
+        r.cancels_honoured = len(self.cancelled_ok - self.seen)
+        r.cancelled_delivered = len(self.cancelled_ok & self.seen)
+        unpaid = set(self.due) - self.paid
+        # a paid order whose cancel came too late was delivered: that is not lost
+        r.lost = len(unpaid - self.seen) + len((self.paid - self.cancelled_ok) - self.seen)
+
+
+def _histogram(lateness: list[int]) -> str:
+    if not lateness:
+        return "lateness: -"
+    arr = np.asarray(lateness)
+    parts, lo = [], None
+    for hi, label in _HIST:
+        sel = arr > lo if lo is not None else np.ones(len(arr), dtype=bool)
+        if hi is not None:
+            sel &= arr <= hi
+        parts.append(f"{label} {int(sel.sum()):,}")
+        lo = hi
+    return "lateness " + "  ".join(parts)

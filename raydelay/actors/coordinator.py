@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 class CoordinatorActor:
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config_from_dict(config)
-        self._meta = Metadata(make_store(self._config))
+        self._store = make_store(self._config)
+        self._meta = Metadata(self._store)
 
     def config(self) -> dict[str, Any]:
         return config_to_dict(self._config)
@@ -34,6 +35,19 @@ class CoordinatorActor:
 
     def create_topic(self, topic: str, partitions: int) -> int:
         return self._meta.create_topic(topic, partitions)
+
+    def delete_topic(self, topic: str) -> int:
+        """Delete a topic's objects (its log, and its subscriptions' cursors and buckets),
+        then its metadata; returns how many objects went. Its actors must be stopped
+        first. Retrying after a failure finishes the job."""
+        self._meta.partitions(topic)  # NotFound before touching anything
+        deleted = 0
+        for prefix in (f"topics/{topic}/", f"subs/{topic}/"):
+            for key in self._store.list(prefix):
+                self._store.delete(key)
+                deleted += 1
+        self._meta.delete_topic(topic)
+        return deleted
 
     def partitions(self, topic: str) -> int:
         return self._meta.partitions(topic)

@@ -318,7 +318,8 @@ class SubscriptionActor:
         this actor and from the log, loose positions re-read, where the log read resumed)."""
         self._ensure_started()
         recovery = {k: v for k, v in self._recovery.items() if k != "started"}
-        return self._sub.stats() | {"recovery": recovery}
+        tracker = getattr(self._sub.tracker, "stats", dict)()
+        return self._sub.stats() | {"recovery": recovery, "tracker": tracker}
 
     async def flush(self) -> None:
         """Persist the cursor now (and report mark-delete)."""

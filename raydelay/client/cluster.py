@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,30 @@ class Cluster:
             lambda: [self._topic_handle(topic, p).tail.remote() for p in range(partitions)],
             f"topic {topic}",
         )
+
+    def topics(self) -> dict[str, int]:
+        """Every topic and its partition count."""
+        self._check_open()
+        return dict(self._call(self._coordinator.topics.remote, "coordinator"))
+
+    def delete_topic(self, topic: str, *, force: bool = False) -> int:
+        """Delete a topic with its log and its subscriptions' state; returns the number of
+        store objects deleted. A topic with subscriptions is deleted only with ``force``.
+        Its actors are stopped first; if the store fails midway, deleting again finishes."""
+        self._check_open()
+        n = self._partitions(topic)
+        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
+        if subs and not force:
+            raise InvalidArgument(
+                f"topic: {topic!r} has subscriptions ({', '.join(sorted(subs))}); "
+                "delete it with force=True (CLI: --force)"
+            )
+        for consumer in [c for c in self._consumers if c.topic == topic]:
+            consumer.close()
+        # subscriptions first (they read from the topic's actors), and wait until they are gone
+        _stop_actors([subscription_actor_name(topic, p, s) for s in subs for p in range(n)])
+        _stop_actors([topic_actor_name(topic, p) for p in range(n)])
+        return int(self._call(lambda: self._coordinator.delete_topic.remote(topic), "coordinator"))
 
     def _partitions(self, topic: str) -> int:
         validate_name("topic", topic)
@@ -288,6 +313,38 @@ class Cluster:
         out["partitions"] = parts
         return out
 
+    def due_histogram(
+        self, topic: str, subscription: str, windows_s: tuple[float, ...] = (60, 3600, 86400)
+    ) -> list[tuple[str, int]]:
+        """Pending delayed messages of a subscription by due window, summed over partitions:
+        [("<= 1m", n), ("<= 1h", n), ("<= 1d", n), ("later", n)] for the default windows
+        (seconds from now, increasing). Counts of bucket segments not loaded yet are spread
+        evenly over each segment's due range."""
+        self._check_open()
+        if not windows_s or any(
+            isinstance(w, bool) or not isinstance(w, (int, float)) or w <= 0 for w in windows_s
+        ):
+            raise InvalidArgument(f"windows_s: expected positive seconds, got {windows_s!r}")
+        if list(windows_s) != sorted(windows_s):
+            raise InvalidArgument(f"windows_s: must increase, got {windows_s!r}")
+        n = self._partitions(topic)
+        validate_name("subscription", subscription)
+        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
+        if subscription not in subs:
+            raise NotFound(f"subscription {topic}/{subscription} does not exist")
+        now = time.time_ns() // 1_000_000
+        edges = [now + int(w * 1000) + 1 for w in windows_s]  # window i: due <= now + w
+        parts = self._call(
+            lambda: [
+                self._subscription_handle(topic, p, subscription).due_histogram.remote(edges)
+                for p in range(n)
+            ],
+            "subscription",
+        )
+        totals = [sum(col) for col in zip(*parts, strict=True)]
+        labels = [f"<= {_span(w)}" for w in windows_s] + ["later"]
+        return list(zip(labels, totals, strict=True))
+
     # --- lifecycle -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -349,3 +406,30 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _stop_actors(names: list[str]) -> None:
+    """Kill the named actors for good and wait (up to 10 s) until they are gone."""
+    handles = []
+    for name in names:
+        try:
+            handle = placement.lookup(name)
+        except ValueError:
+            continue  # not running
+        ray.kill(handle, no_restart=True)
+        handles.append(handle)
+    deadline = time.monotonic() + 10
+    for handle in handles:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(handle.pid.remote(), timeout=1)
+            except Exception:  # noqa: BLE001 - dead (RayActorError), the wanted outcome
+                break
+            time.sleep(0.05)

@@ -111,6 +111,16 @@ class Metadata:
             for p in range(a["partitions"]):
                 s["ledgers"].setdefault(_pk(a["topic"], p), [])
             s["subs"].setdefault(a["topic"], {})
+        elif op == "delete_topic":
+            t = a["topic"]
+            n = s["topics"].pop(t, {"partitions": 0})["partitions"]
+            for p in range(n):
+                s["ledgers"].pop(_pk(t, p), None)
+            s["subs"].pop(t, None)
+            for key in [k for k in s["mark_delete"] if k.startswith(f"{t}/")]:
+                del s["mark_delete"][key]
+            for name in [k for k in s["registry"] if k.startswith(f"subs/{t}/")]:
+                del s["registry"][name]
         elif op == "create_subscription":
             s["subs"].setdefault(a["topic"], {})[a["subscription"]] = a["options"]
         elif op == "roll":
@@ -160,6 +170,11 @@ class Metadata:
             return partitions
         self._change("create_topic", topic=topic, partitions=partitions)
         return partitions
+
+    def delete_topic(self, topic: str) -> None:
+        """Forget a topic, its ledgers, subscriptions, cursors' marks and bucket registry."""
+        self.partitions(topic)
+        self._change("delete_topic", topic=topic)
 
     def partitions(self, topic: str) -> int:
         validate_name("topic", topic)

@@ -139,6 +139,8 @@ class _Job:
     config: dict
     tally: str
     fail_after: tuple[int, int] | None  # test hook: (split, chunk) fails attempt 0 after it
+    ids_path: str | None = None
+    id_col: str | None = None
 
 
 def ingest_dataframe(
@@ -151,6 +153,8 @@ def ingest_dataframe(
     key_col: str | None = None,
     property_cols: Sequence[str] = (),
     reject_path: str | None = None,
+    ids_path: str | None = None,
+    id_col: str | None = None,
     cluster: Any = None,
     job_id: str | None = None,
     progress: bool = True,
@@ -167,6 +171,10 @@ def ingest_dataframe(
       the messages' properties (as text; nulls are left out).
     - ``reject_path``: where rejected rows go as parquet (with ``reject_reason``); it
       must not exist yet. None: rejected rows are only counted.
+    - ``ids_path``: a local directory (it must not exist yet; executors must see it)
+      that gets, per chunk, a parquet file of the accepted rows' ``id_col`` value (default
+      ``key_col``) and ``message_id`` (``topic/partition/ledger:entry``), for cancels.
+      Retried tasks and reruns complete it without duplicates.
     - ``cluster``: a connected :class:`raydelay.Cluster` (default: ``raydelay.connect()``).
     - ``job_id``: names the job; running the same job id again over the same input
       skips what the earlier run wrote. Default: a new id.
@@ -190,6 +198,17 @@ def ingest_dataframe(
             raise InvalidArgument(f"reject_path: expected a path, got {reject_path!r}")
         if "://" not in reject_path and Path(reject_path).exists():
             raise InvalidArgument(f"reject_path: {reject_path!r} exists already")
+    if ids_path is not None:
+        if not isinstance(ids_path, str) or not ids_path or "://" in ids_path:
+            raise InvalidArgument(f"ids_path: expected a local directory, got {ids_path!r}")
+        id_col = id_col if id_col is not None else key_col
+        if id_col is None:
+            raise InvalidArgument("id_col: ids_path needs id_col (or key_col) to name rows")
+        if id_col not in df.columns:
+            raise InvalidArgument(f"id_col: {id_col!r} not in the input")
+        ids_path = str(Path(ids_path).resolve())
+        if Path(ids_path).exists() and job_id is None:
+            raise InvalidArgument(f"ids_path: {ids_path!r} exists already")
     if job_id is None:
         job_id = uuid.uuid4().hex[:12]
     elif not isinstance(job_id, str) or not _JOB_ID.match(job_id):
@@ -214,6 +233,8 @@ def ingest_dataframe(
         config=config_to_dict(cluster.config),
         tally=tally_name,
         fail_after=_fail_after,
+        ids_path=ids_path,
+        id_col=id_col,
     )
     try:
         return _run(df, job, tally, reject_path, progress, total_rows)
@@ -345,6 +366,35 @@ def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordB
             yield batch.slice(offset, rows)
 
 
+def _id_file(job: _Job, split: int, chunk: int) -> Path | None:
+    if job.ids_path is None:
+        return None
+    return Path(job.ids_path) / f"split-{split:05d}-chunk-{chunk:06d}.parquet"
+
+
+def _write_ids(path: Path, job: _Job, batch, prepared, todo, ranges) -> None:
+    """The chunk's accepted rows: their ``id_col`` value and message id, written to a
+    temporary name and renamed, so a file that exists is whole."""
+    import pyarrow.parquet as pq
+
+    ids = batch.column(job.id_col).to_pylist()
+    out_ids, out_mids = [], []
+    routed = prepared.rows
+    for (p, _, _), rs in zip(todo, ranges, strict=True):
+        positions = [(lg, first + j) for lg, first, count in rs for j in range(count)]
+        rows = routed[p]
+        if len(positions) != len(rows):
+            raise RaydelayError(
+                f"partition {p} returned {len(positions)} positions for {len(rows)} rows"
+            )
+        out_ids += [ids[i] for i in rows]
+        out_mids += [f"{job.topic}/{p}/{lg}:{e}" for lg, e in positions]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    pq.write_table(pa.table({job.id_col: out_ids, "message_id": out_mids}), tmp)
+    tmp.rename(path)
+
+
 def _write_split(job: _Job, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
@@ -369,9 +419,17 @@ def _write_split(job: _Job, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
                 keyless_partition=split + chunk,
             )
             seq = chunk + 1
-            todo = [(p, seq, e) for p, e in prepared.by_partition.items() if seq > last[p]]
-            if todo:
-                producer.append_sequenced(todo)
+            id_file = _id_file(job, split, chunk)
+            if id_file is not None and not id_file.exists():
+                # every partition's batch: the ones that landed already give their
+                # positions back from the partition's dedup
+                todo = [(p, seq, e) for p, e in prepared.by_partition.items()]
+            else:
+                todo = [(p, seq, e) for p, e in prepared.by_partition.items() if seq > last[p]]
+            ranges = producer.append_sequenced(todo) if todo else []
+            if id_file is not None and not id_file.exists():
+                _write_ids(id_file, job, batch, prepared, todo, ranges)
+            todo = [(p, q, e) for p, q, e in todo if q > last[p]]
             accepted = prepared.accepted
             totals["rows"] += batch.num_rows
             totals["accepted"] += accepted

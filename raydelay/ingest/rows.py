@@ -90,6 +90,9 @@ class Prepared:
     rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     reasons: list[str] = field(default_factory=list)  # one per rejected row
 
+    # partition -> the batch rows its Entries hold, in the same order
+    rows: dict[int, np.ndarray] = field(default_factory=dict)
+
     @property
     def accepted(self) -> int:
         return sum(len(e) for e in self.by_partition.values())
@@ -141,6 +144,7 @@ def prepare(
     out = Prepared(rejected=np.flatnonzero(bad), reasons=[r for r in reason if r is not None])
     for p in np.unique(parts):
         idx = good[parts == p]
+        out.rows[int(p)] = idx
         out.by_partition[int(p)] = Entries(
             payloads=[payloads[i] for i in idx],
             deliver_at_ms=due[idx],

@@ -134,8 +134,12 @@ def read_input(spark: Any, path: str, fmt: str | None = None) -> Any:
         raise InvalidArgument(f"input: {path!r} does not exist")
     fmt = format_of(path, fmt)
     reader = spark.read
-    if fmt == "csv":
-        return reader.option("header", "true").csv(path)
-    if fmt == "json":
-        return reader.json(path)
-    return reader.parquet(path)
+    try:
+        if fmt == "csv":
+            return reader.option("header", "true").csv(path)
+        if fmt == "json":
+            return reader.json(path)
+        return reader.parquet(path)
+    except Exception as exc:  # noqa: BLE001 - Spark's analysis errors carry a JVM trace
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidArgument(f"input: cannot read {path!r} as {fmt}: {first[:300]}") from exc
