@@ -89,6 +89,8 @@ def ray_cluster(tmp_path_factory):
         include_dashboard=False,
         logging_level="WARNING",
         configure_logging=False,
+        # metrics reach the Prometheus endpoint within a second (tests/integration/test_metrics.py)
+        _system_config={"metrics_report_interval_ms": 1000},
     )
     # Creating the OUTAGE file makes every store call of every actor fail (tests/chaos).
     outage = root.parent / f"{root.name}-OUTAGE"

@@ -75,7 +75,8 @@ def connect(
         rpc.call(coordinator.config.remote, what="coordinator", deadline_s=deadline_s)
     )
     if running.storage != cfg.storage:
-        log.warning(
+        # a warning only when the caller chose a config: the default just attaches
+        (log.warning if config is not None else log.info)(
             "the coordinator runs with storage %s; using it instead of %s",
             running.storage,
             cfg.storage,

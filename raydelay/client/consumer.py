@@ -178,6 +178,8 @@ class Consumer:
             rpc.get(refs, what="subscription")
             if self._inflight:  # woken by the removal; what they carry is redelivered
                 ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=10)
+        except Unavailable as exc:  # its topic was deleted: nothing is left to hand back
+            log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         finally:
             self._inflight.clear()
             self._buffer.clear()

@@ -1,0 +1,150 @@
+"""The ``raydelay`` command against the session's Ray: topics, produce, stats, cancel,
+consume, delete; one-line errors; and ``ingest`` from CSV through a plain local Spark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+
+from raydelay.cli import main
+
+RAYDELAY = [sys.executable, "-m", "raydelay.cli"]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
+    # Given a topic made with the CLI
+    assert run(capsys, "topics", "create", topic_name, "-p", "2")[0] == 0
+    code, out, _ = run(capsys, "topics", "list")
+    assert code == 0 and topic_name in out
+    cluster.subscribe(topic_name, "audit")  # exists before anything is produced
+    # When lines are produced: 3 due in a minute or so, 2 due tomorrow, 1 now
+    soon = tmp_path / "soon.txt"
+    soon.write_text("a\nb\nc\n")
+    code, out, err = run(capsys, "produce", topic_name, str(soon), "--deliver-after", "45", "--ids")
+    assert code == 0 and "produced 3 messages" in err
+    ids = out.split()
+    assert len(ids) == 3 and all(i.startswith(f"{topic_name}/") for i in ids)
+    later = tmp_path / "later.txt"
+    later.write_text("x\ny\n")
+    assert run(capsys, "produce", topic_name, str(later), "--deliver-after", "86000")[0] == 0
+    now = tmp_path / "now.txt"
+    now.write_text("hello\n")
+    assert run(capsys, "produce", topic_name, str(now), "--key", "k1", "--property", "a=b")[0] == 0
+    # Then stats shows the pending messages by due window
+    code, out, _ = run(capsys, "stats", topic_name, "audit")
+    assert code == 0
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if line.startswith("<= "):
+            counts[f"<={parts[1]}"] = int(parts[2])
+        elif line.startswith("later"):
+            counts["later"] = int(parts[1])
+    assert counts == {"<=1m": 3, "<=1h": 0, "<=1d": 2, "later": 0}
+    # When one of the soon ones is cancelled
+    code, out, _ = run(capsys, "cancel", ids[0])
+    assert code == 0 and out.strip() == f"{ids[0]}\tcancelled"
+    # Then consuming gets the immediate message only, and acks it
+    code, out, err = run(capsys, "consume", topic_name, "audit", "--ack", "--timeout", "1")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("\t-\thello")
+    assert "1 message(s), acknowledged" in err
+    # and the topic's table lists the subscription
+    code, out, _ = run(capsys, "stats", topic_name)
+    assert code == 0 and "audit" in out
+    # When it is deleted: only with --force, since it has a subscription
+    code, _, err = run(capsys, "topics", "delete", topic_name)
+    assert code == 2 and "--force" in err
+    code, out, _ = run(capsys, "topics", "delete", topic_name, "--force")
+    assert code == 0 and "deleted" in out
+    assert topic_name not in cluster.topics()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["cancel", "not-an-id"], "message_id: 'not-an-id' is not topic/partition/ledger:entry"),
+        (["produce", "t", "/no/such/file"], "file: cannot read '/no/such/file'"),
+        (["produce", "t", "--deliver-at", "2030-01-01T10:00:00"], "has no time zone"),
+        (["ingest", "/no/such.parquet", "--topic", "t", "--payload-col", "p"], "does not exist"),
+    ],
+)
+def test_user_mistakes_print_one_line_and_exit_2(argv, message):
+    result = subprocess.run([*RAYDELAY, *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydelay: error: ")
+    assert message in lines[0]
+
+
+def test_an_unknown_topic_is_one_line(cluster, capsys):
+    code, _, err = run(capsys, "stats", "no-such-topic")
+    assert code == 2 and err.strip() == "raydelay: error: topic 'no-such-topic' does not exist"
+
+
+def test_every_command_has_help():
+    for argv in (
+        ["--help"],
+        ["ingest", "--help"],
+        ["stats", "--help"],
+        ["topics", "create", "--help"],
+    ):
+        result = subprocess.run([*RAYDELAY, *argv], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and result.stdout.startswith("usage: raydelay")
+
+
+def test_ingest_a_csv_through_a_plain_local_spark(cluster, topic_name, tmp_path):
+    # Given a CSV with a bad row, and a topic
+    cluster.create_topic(topic_name, partitions=2)
+    csv = tmp_path / "orders.csv"
+    rows = ["order_id,body,delay"] + [f"o{i},timeout {i},{i % 5}" for i in range(500)]
+    rows.append("o-bad,negative,-3")
+    csv.write_text("\n".join(rows) + "\n")
+    rejects = tmp_path / "rejects"
+    # When the CLI ingests it with Spark local[2], its workers attaching to this Ray
+    address = ray.get_runtime_context().gcs_address
+    result = subprocess.run(
+        [
+            *RAYDELAY,
+            "--address",
+            address,
+            "ingest",
+            str(csv),
+            "--topic",
+            topic_name,
+            "--payload-col",
+            "body",
+            "--delay-col",
+            "delay",
+            "--key-col",
+            "order_id",
+            "--reject-path",
+            str(rejects),
+            "--spark-master",
+            "local[2]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    # Then it loaded the good rows, counted the bad one and wrote it out
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "accepted" in result.stderr and "delay: negative" in result.stderr
+    entries = sum(p["entries"] for p in cluster.stats(topic_name)["partitions"])
+    assert entries == 500
+    import pyarrow.parquet as pq
+
+    bad = pq.read_table(rejects).to_pylist()
+    assert [(r["order_id"], r["reject_reason"]) for r in bad] == [("o-bad", "delay: negative")]
