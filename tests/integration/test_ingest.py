@@ -165,3 +165,17 @@ def test_bad_arguments_fail_before_any_work(cluster, topic_name, spark, tmp_path
     assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 0
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
     assert not [n for n in names if n.startswith("ingest/")]
+
+
+def test_the_readme_ingestion_example_runs(ray_cluster, spark, tmp_path, monkeypatch):
+    from tests.unit.test_readme import ALL_BLOCKS
+
+    blocks = [b for b in ALL_BLOCKS if b.startswith("# needs: spark")]
+    assert len(blocks) == 1
+    import raydelay.ingest.spark
+
+    # the module's Spark is the example's: RayDP runs one Spark session per driver
+    monkeypatch.setattr(raydelay.ingest.spark, "start_spark", lambda *a, **k: spark)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme"})
+    assert (tmp_path / "rejected.parquet").exists()

@@ -138,3 +138,35 @@ def test_missing_or_broken_file_is_a_clear_error(tmp_path):
 def test_configs_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Config().delayed.tick_time_ms = 5  # type: ignore[misc]
+
+
+def test_every_config_key_is_in_the_readme_table():
+    from raydelay.config import config_to_dict
+
+    def keys(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from keys(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Configuration") : readme.index("## Tests and benchmarks")]
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
+    documented = set()
+    for row in rows:  # "storage.s3.bucket / prefix" documents two keys
+        head, *more = [part.strip() for part in row.split("/")]
+        documented.add(head)
+        documented.update(head.rsplit(".", 1)[0] + "." + m for m in more)
+    missing = sorted(set(keys(config_to_dict(Config()))) - documented)
+    assert not missing, f"keys missing from README's configuration table: {missing}"
+
+
+def test_shipped_cluster_yaml_is_a_ray_up_config_with_java_and_raydelay():
+    yaml = pytest.importorskip("yaml")
+    cluster = yaml.safe_load((ROOT / "configs" / "cluster.yaml").read_text())
+    assert cluster["head_node_type"] in cluster["available_node_types"]
+    setup = " ".join(cluster["setup_commands"])
+    assert "openjdk-17" in setup and "pip install" in setup
+    assert "configs/s3.toml" in " ".join(cluster["head_start_ray_commands"])
+    assert "secret" not in (ROOT / "configs" / "cluster.yaml").read_text().lower()

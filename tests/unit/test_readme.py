@@ -7,8 +7,9 @@ import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ALL_BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-# Examples that start Ray are run by tests/integration/test_readme_client.py instead.
-BLOCKS = [b for b in ALL_BLOCKS if not b.startswith("# needs: ray")]
+# Examples that start Ray (or Spark) are run by tests/integration/test_readme_client.py
+# (and tests/integration/test_ingest.py) instead.
+BLOCKS = [b for b in ALL_BLOCKS if not b.startswith("# needs:")]
 
 
 def test_the_readme_has_examples():
