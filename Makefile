@@ -43,6 +43,7 @@ bench: venv
 	$(PY) bench/tracker_bench.py
 	$(PY) bench/e2e_bench.py
 	$(PY) bench/recovery_bench.py
+	$(PY) bench/ingest_bench.py
 
 clean:
 	rm -rf $(VENV) .raydelay .pytest_cache .hypothesis

@@ -1,0 +1,161 @@
+"""Bulk ingestion throughput (issue: Spark-on-Ray ingestion). Prints a table.
+
+Writes a parquet input of N rows (default 2M): a key, a 100-byte payload and a deliver_at
+uniform over the next hour, in 8 files of row groups of 50k rows. Starts a local Ray with
+raydelay on a local-dir store (one topic, 2 partitions) and Spark on that Ray (RayDP, 2
+executors of 1 core), then ingests the file three ways, each into a fresh topic:
+
+- **cold**: the first job; it includes each Spark Python worker attaching to Ray;
+- **warm**: the same input again (a new job id), with workers that are attached already;
+- **peer, driver send_many**: no Spark; the driver reads the parquet with pyarrow and calls
+  ``Producer.send_many`` in batches of 10,000 (what a hand-written loader does).
+
+Rows/s is rows over the time from the job's start until every row is durable (the ingest
+returns only then). Spark's own start-up (the JVM and executors) is shown apart.
+
+Usage: python bench/ingest_bench.py [--rows 2000000] [--out bench/results/<date>-ingest.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import raydelay  # noqa: E402
+from bench.common import start_local_ray  # noqa: E402
+from raydelay.console import table  # noqa: E402
+from raydelay.ingest import ingest_dataframe, start_spark, stop_spark  # noqa: E402
+
+PARTITIONS = 2
+
+
+def write_input(path: Path, rows: int) -> int:
+    rng = np.random.default_rng(7)
+    now = int(time.time() * 1000)
+    path.mkdir(parents=True)
+    files = 8
+    per = -(-rows // files)
+    size = 0
+    for f in range(files):
+        lo, hi = f * per, min(rows, (f + 1) * per)
+        if lo >= hi:
+            break
+        n = hi - lo
+        body = rng.integers(0, 256, (n, 100), dtype=np.uint8)
+        payloads = pa.array([bytes(r) for r in body], pa.binary())  # incompressible
+        t = pa.table(
+            {
+                "order_id": [f"order-{i:09d}" for i in range(lo, hi)],
+                "payload": payloads,
+                "deliver_at": pa.array(now + 600_000 + rng.integers(0, 3_600_000, n), pa.int64()),
+            }
+        )
+        target = path / f"part-{f:05d}.parquet"
+        pq.write_table(t, target, row_group_size=50_000)
+        size += target.stat().st_size
+    return size
+
+
+def driver_send_many(cluster, topic: str, path: Path) -> float:
+    producer = cluster.create_producer(topic)
+    start = time.perf_counter()
+    for file in sorted(path.glob("*.parquet")):
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=10_000):
+            producer.send_many(
+                batch.column("payload").to_pylist(),
+                deliver_at=batch.column("deliver_at").to_pylist(),
+                keys=batch.column("order_id").to_pylist(),
+            )
+    elapsed = time.perf_counter() - start
+    producer.close()
+    return elapsed
+
+
+def entries(cluster, topic: str) -> int:
+    return sum(p["entries"] for p in cluster.stats(topic)["partitions"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--out", default=None, help="write the table to this markdown file too")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    work = Path(tempfile.mkdtemp(prefix="raydelay-ingest-bench-"))
+    size = write_input(work / "input", args.rows)
+    print(f"input: {args.rows:,} rows, {size / 1e6:,.0f} MB of parquet in 8 files", flush=True)
+    start_local_ray()
+    cluster = raydelay.connect(
+        {"storage": {"kind": "local", "local": {"root": str(work / "store")}}}
+    )
+    t = time.perf_counter()
+    spark = start_spark("raydp", executors=2, executor_cores=1, executor_memory="1g")
+    spark_s = time.perf_counter() - t
+    results = []
+    try:
+        for label in ("cold", "warm"):
+            topic = f"bench-{label}"
+            cluster.create_topic(topic, PARTITIONS)
+            df = spark.read.parquet(str(work / "input"))
+            report = ingest_dataframe(
+                df,
+                topic,
+                payload_col="payload",
+                deliver_at_col="deliver_at",
+                key_col="order_id",
+                cluster=cluster,
+                total_rows=args.rows,
+            )
+            assert report.accepted == args.rows == entries(cluster, topic), "rows went missing"
+            results.append((f"Spark on Ray (RayDP), {label}", report.elapsed_s, report.splits))
+    finally:
+        stop_spark(spark)
+    cluster.create_topic("bench-driver", PARTITIONS)
+    driver_s = driver_send_many(cluster, "bench-driver", work / "input")
+    assert entries(cluster, "bench-driver") == args.rows
+    results.append(("peer: driver send_many, no Spark", driver_s, 1))
+    cluster.shutdown()
+
+    base = args.rows / driver_s
+    rows = [
+        [
+            what,
+            args.rows,
+            round(secs, 2),
+            round(args.rows / secs),
+            f"{args.rows / secs / base:.2f}x",
+            splits,
+        ]
+        for what, secs, splits in results
+    ]
+    text = table(["path", "rows", "seconds", "rows/s", "vs driver send_many", "input splits"], rows)
+    notes = (
+        f"Spark start-up (JVM, 2 RayDP executors of 1 core): {spark_s:.1f} s, not included. "
+        f"{PARTITIONS} partitions, 100-byte payloads, keyed, deliver_at over the next hour, "
+        "local-dir store, 2-core machine."
+    )
+    print(text)
+    print(notes)
+    if args.out:
+        out = Path(args.out)
+        out.write_text(
+            f"# Ingestion benchmark, {dt.date.today()}\n\n`python bench/ingest_bench.py "
+            f"--rows {args.rows}`\n\n```text\n{text}\n```\n\n{notes}\n"
+        )
+        print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
