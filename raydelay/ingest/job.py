@@ -196,8 +196,10 @@ def ingest_dataframe(
     if reject_path is not None:
         if not isinstance(reject_path, str) or not reject_path:
             raise InvalidArgument(f"reject_path: expected a path, got {reject_path!r}")
-        if "://" not in reject_path and Path(reject_path).exists():
-            raise InvalidArgument(f"reject_path: {reject_path!r} exists already")
+        if "://" not in reject_path:  # Spark's JVM may run in another directory
+            reject_path = str(Path(reject_path).resolve())
+            if Path(reject_path).exists():
+                raise InvalidArgument(f"reject_path: {reject_path!r} exists already")
     if ids_path is not None:
         if not isinstance(ids_path, str) or not ids_path or "://" in ids_path:
             raise InvalidArgument(f"ids_path: expected a local directory, got {ids_path!r}")

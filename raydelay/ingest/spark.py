@@ -130,8 +130,10 @@ def format_of(path: str, fmt: str | None = None) -> str:
 
 def read_input(spark: Any, path: str, fmt: str | None = None) -> Any:
     """A DataFrame of a parquet, CSV (with a header row) or JSON-lines input."""
-    if "://" not in path and not Path(path).exists():
-        raise InvalidArgument(f"input: {path!r} does not exist")
+    if "://" not in path:
+        if not Path(path).exists():
+            raise InvalidArgument(f"input: {path!r} does not exist")
+        path = str(Path(path).resolve())  # Spark's JVM may run in another directory
     fmt = format_of(path, fmt)
     reader = spark.read
     try:
