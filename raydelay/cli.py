@@ -339,18 +339,14 @@ def cmd_topics_delete(args: argparse.Namespace) -> int:
 
 
 def _deliver_at_arg(text: str) -> int:
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidArgument(
-            f"deliver_at: {text!r} is not an ISO-8601 time or epoch milliseconds"
-        ) from None
-    if when.tzinfo is None:
+    from raydelay.ingest.rows import AT_NAIVE, parse_time
+
+    ms = parse_time(text)
+    if ms == AT_NAIVE:
         raise InvalidArgument(f"deliver_at: {text!r} has no time zone (add e.g. +00:00)")
-    return int(round(when.timestamp() * 1000))
+    if isinstance(ms, str):
+        raise InvalidArgument(f"deliver_at: {text!r} is not an ISO-8601 time or epoch milliseconds")
+    return ms
 
 
 def _properties_arg(items: list[str]) -> dict[str, str] | None:

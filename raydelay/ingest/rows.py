@@ -186,7 +186,7 @@ def _deliver_at(col: pa.Array, reason: list) -> np.ndarray:
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
         for i, text in enumerate(col.to_pylist()):
             if text is not None:
-                ms = _parse_time(text)
+                ms = parse_time(text)
                 if isinstance(ms, str):
                     reason[i] = reason[i] or ms
                 else:
@@ -203,7 +203,7 @@ def _deliver_at(col: pa.Array, reason: list) -> np.ndarray:
     return out
 
 
-def _parse_time(text: str) -> int | str:
+def parse_time(text: str) -> int | str:
     """Epoch ms of an ISO-8601 time with an offset (or of a string of digits: epoch ms);
     else the reject reason."""
     text = text.strip()

@@ -3,6 +3,7 @@ retried task or a rerun of the same job."""
 
 from __future__ import annotations
 
+import functools
 import zlib
 from datetime import datetime, timedelta, timezone
 
@@ -93,7 +94,9 @@ def test_good_rows_load_routed_by_key_and_bad_rows_go_to_the_reject_file(
         assert m.properties == {"region": "eu"}
 
 
-def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(cluster, topic_name, spark):
+def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(
+    cluster, topic_name, spark, tmp_path
+):
     # Given 90,000 rows in three input splits of 30,000 rows
     cluster.create_topic(topic_name, partitions=2)
     chunk = chunk_rows(cluster.config)
@@ -101,31 +104,26 @@ def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(cluster, t
     df = spark.range(0, 90_000, numPartitions=3).selectExpr(
         "cast(concat('m', cast(id as string)) as binary) as payload", "0.2 as delay_s"
     )
-    # When the first attempt of split 1 fails after its second chunk was written
-    report = ingest_dataframe(
+    ingest = functools.partial(
+        ingest_dataframe,
         df,
         topic_name,
         payload_col="payload",
         delay_col="delay_s",
         cluster=cluster,
         progress=False,
-        _fail_after=(1, 1),
+        ids_path=str(tmp_path / "ids"),
+        id_col="payload",
     )
+    # When the first attempt of split 1 fails after its second chunk was written
+    report = ingest(_fail_after=(1, 1))
     # Then Spark's retry skipped the two chunks that had landed
     assert (report.rows, report.accepted, report.rejected) == (90_000, 90_000, 0)
     assert report.already_written == 2 * chunk
     entries = sum(p["entries"] for p in cluster.stats(topic_name)["partitions"])
     assert entries == 90_000
     # When the same job runs again
-    again = ingest_dataframe(
-        df,
-        topic_name,
-        payload_col="payload",
-        delay_col="delay_s",
-        cluster=cluster,
-        progress=False,
-        job_id=report.job_id,
-    )
+    again = ingest(job_id=report.job_id)
     # Then everything was there already
     assert again.already_written == again.accepted == 90_000
     assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 90_000
@@ -134,6 +132,12 @@ def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(cluster, t
     got = receive_all(consumer, 90_000, timeout_s=60, max_messages=2_000)
     payloads = [m.payload for m, _ in got]
     assert len(payloads) == 90_000 and len(set(payloads)) == 90_000
+    # and the ids written for cancels name each row's message exactly once
+    ids = pq.read_table(tmp_path / "ids").to_pylist()
+    assert len(ids) == 90_000
+    assert {r["payload"]: r["message_id"] for r in ids} == {
+        m.payload: str(m.message_id) for m, _ in got
+    }
     assert not consumer.receive(max_messages=10, timeout_s=0.5)
 
 
