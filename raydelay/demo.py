@@ -35,7 +35,9 @@ from raydelay.errors import InvalidArgument
 log = logging.getLogger(__name__)
 
 LATE_MS = 100  # a delivery later than this after its due time counts as late
-_HIST = [(10, "<=10ms"), (50, "<=50ms"), (100, "<=100ms"), (1_000, "<=1s"), (None, ">1s")]
+# the live line's lateness windows: up to each edge (ms), and past the last one
+_EDGES_MS = np.array([10, 50, LATE_MS, 1_000])
+_LABELS = ["<=10ms", "<=50ms", f"<={LATE_MS}ms", "<=1s", ">1s"]
 _PARTITIONS = 2
 _PAY_MARGIN_MS = 2_000  # an order is paid at least this long before its timeout
 
@@ -301,12 +303,16 @@ class _Run:
             self._sample_rss(pids)
             with self.lock:
                 delivered = len(self.seen)
-                late = sum(1 for x in self.report.lateness_ms if x > LATE_MS)
-                hist = _histogram(self.report.lateness_ms)
+                bins = np.bincount(
+                    np.searchsorted(_EDGES_MS, np.asarray(self.report.lateness_ms, dtype=np.int64)),
+                    minlength=len(_LABELS),
+                )
                 cancelled = len(self.cancelled_ok)
+            late = int(bins[np.searchsorted(_EDGES_MS, LATE_MS) + 1 :].sum())
+            hist = "  ".join(f"{label} {int(n):,}" for label, n in zip(_LABELS, bins, strict=True))
             self.say(
                 f"delivered {delivered:,}  pending {len(self.due) - delivered - cancelled:,}  "
-                f"cancelled {cancelled:,}  late(>{LATE_MS}ms) {late:,}  | {hist}"
+                f"cancelled {cancelled:,}  late(>{LATE_MS}ms) {late:,}  | lateness {hist}"
             )
             if delivered >= expected and len(self.paid) == len(self.pay_at):
                 time.sleep(1.0)  # anything cancelled that still arrives would show now
@@ -398,17 +404,3 @@ class _Run:
         unpaid = set(self.due) - self.paid
         # a paid order whose cancel came too late was delivered: that is not lost
         r.lost = len(unpaid - self.seen) + len((self.paid - self.cancelled_ok) - self.seen)
-
-
-def _histogram(lateness: list[int]) -> str:
-    if not lateness:
-        return "lateness: -"
-    arr = np.asarray(lateness)
-    parts, lo = [], None
-    for hi, label in _HIST:
-        sel = arr > lo if lo is not None else np.ones(len(arr), dtype=bool)
-        if hi is not None:
-            sel &= arr <= hi
-        parts.append(f"{label} {int(sel.sum()):,}")
-        lo = hi
-    return "lateness " + "  ".join(parts)

@@ -318,8 +318,11 @@ class SubscriptionActor:
         this actor and from the log, loose positions re-read, where the log read resumed)."""
         self._ensure_started()
         recovery = {k: v for k, v in self._recovery.items() if k != "started"}
-        tracker = getattr(self._sub.tracker, "stats", dict)()
-        return self._sub.stats() | {"recovery": recovery, "tracker": tracker}
+        return self._sub.stats() | {"recovery": recovery, "tracker": self._tracker_stats()}
+
+    def _tracker_stats(self) -> dict:
+        """The bucket tracker's counters ({} for the in-memory tracker, which has none)."""
+        return getattr(self._sub.tracker, "stats", dict)()
 
     async def flush(self) -> None:
         """Persist the cursor now (and report mark-delete)."""
@@ -446,10 +449,8 @@ class SubscriptionActor:
         while not self._closed:
             await asyncio.sleep(_REPORT_S)
             try:
-                tracker = self._sub.tracker
-                stats = self._sub.stats()
-                stats |= getattr(tracker, "stats", dict)()
-                times = getattr(tracker, "op_times", None)
+                stats = self._sub.stats() | self._tracker_stats()
+                times = getattr(self._sub.tracker, "op_times", None)
                 ops = [times.popleft() for _ in range(len(times))] if times else []
                 self._metrics.report(stats, ops)
             except Exception:  # noqa: BLE001 - metrics must never stop the subscription

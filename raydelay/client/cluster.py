@@ -18,7 +18,7 @@ from raydelay.cluster import placement, rpc
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
 from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
 from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
-from raydelay.errors import InvalidArgument, NotFound
+from raydelay.errors import InvalidArgument
 from raydelay.storage.keys import validate_name
 
 log = logging.getLogger(__name__)
@@ -298,10 +298,7 @@ class Cluster:
             )
             subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
             return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
-        validate_name("subscription", subscription)
-        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
-        if subscription not in subs:
-            raise NotFound(f"subscription {topic}/{subscription} does not exist")
+        options = self._subscription_options(topic, subscription)
         parts = self._call(
             lambda: [
                 self._subscription_handle(topic, p, subscription).stats.remote() for p in range(n)
@@ -310,9 +307,16 @@ class Cluster:
         )
         out: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in parts) for k in _SUMMED}
         out["mark_delete"] = [s["mark_delete"] for s in parts]
-        out["type"] = subs[subscription]["type"]
+        out["type"] = options["type"]
         out["partitions"] = parts
         return out
+
+    def _subscription_options(self, topic: str, subscription: str) -> dict:
+        """A subscription's options; NotFound when it does not exist."""
+        validate_name("subscription", subscription)
+        return self._call(
+            lambda: self._coordinator.subscription.remote(topic, subscription), "coordinator"
+        )
 
     def due_histogram(
         self, topic: str, subscription: str, windows_s: tuple[float, ...] = (60, 3600, 86400)
@@ -329,10 +333,7 @@ class Cluster:
         if list(windows_s) != sorted(windows_s):
             raise InvalidArgument(f"windows_s: must increase, got {windows_s!r}")
         n = self._partitions(topic)
-        validate_name("subscription", subscription)
-        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
-        if subscription not in subs:
-            raise NotFound(f"subscription {topic}/{subscription} does not exist")
+        self._subscription_options(topic, subscription)
         now = time.time_ns() // 1_000_000
         edges = [now + int(w * 1000) + 1 for w in windows_s]  # window i: due <= now + w
         parts = self._call(
