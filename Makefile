@@ -5,7 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv java demo test lint bench chaos clean
+BENCH_STAMP := $(VENV)/.bench-installed
+
+.PHONY: venv java demo test lint bench bench-full bench-parts chaos clean
 
 venv: $(STAMP)
 
@@ -39,7 +41,22 @@ lint: venv
 chaos: venv
 	CHAOS_MESSAGES=500000 CHAOS_SECONDS=300 $(PY) -m pytest -q -s --timeout 3600 tests/chaos -p no:cacheprovider
 
-bench: venv
+# The side-by-side suites (bench/compare.py) also need the Redis client and matplotlib;
+# the bench script installs Debian's redis-server itself when it is missing.
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+# A few minutes: raydelay against Redis and heapq -> bench/results/<date>-quick.md + plots.
+bench: $(BENCH_STAMP)
+	$(PY) bench/compare.py --suite quick
+
+# About an hour: adds 10M / 50M pending, recovery at 10M and 100M in one subscription.
+bench-full: $(BENCH_STAMP)
+	$(PY) bench/compare.py --suite full
+
+# raydelay's own component benchmarks (each prints its table).
+bench-parts: venv
 	$(PY) bench/tracker_bench.py
 	$(PY) bench/e2e_bench.py
 	$(PY) bench/recovery_bench.py

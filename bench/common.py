@@ -1,7 +1,9 @@
-"""What the Ray benchmarks share: one way to start the local Ray they measure on."""
+"""What the Ray benchmarks share: one way to start the local Ray they measure on, and the
+CPU seconds each of its processes spent."""
 
 from __future__ import annotations
 
+import psutil
 import ray
 
 from raydelay.client.cluster import RAY_SYSTEM_CONFIG
@@ -17,3 +19,33 @@ def start_local_ray() -> None:
         log_to_driver=False,
         _system_config=RAY_SYSTEM_CONFIG,
     )
+
+
+def ray_processes() -> dict[int, str]:
+    """pid -> a role for the driver and every process of the local Ray (workers name
+    themselves ``ray::<ActorClass>`` in their command line)."""
+    me = psutil.Process().pid
+    roles: dict[int, str] = {me: "driver (producer + consumer)"}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] == me:
+            continue
+        if cmd.startswith("ray::"):
+            roles[proc.info["pid"]] = cmd.split()[0][5:].split(".")[0]
+        elif "gcs_server" in cmd:
+            roles[proc.info["pid"]] = "ray gcs"
+        elif "raylet" in cmd:
+            roles[proc.info["pid"]] = "ray raylet"
+    return roles
+
+
+def cpu_times(roles: dict[int, str]) -> dict[str, float]:
+    """CPU seconds (user + system) so far, summed per role."""
+    out: dict[str, float] = {}
+    for pid, role in roles.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out

@@ -28,14 +28,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ray  # noqa: E402
 
 import raydelay  # noqa: E402
-from bench.common import start_local_ray  # noqa: E402
+from bench.common import cpu_times, ray_processes, start_local_ray  # noqa: E402
 
 PAYLOAD = b"x" * 100
 BATCH = 1_000
@@ -46,35 +45,6 @@ KINDS = (("immediate", None), ("delayed 1 s", 1.0))  # (label, deliver_after sec
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def ray_processes() -> dict[int, str]:
-    """pid -> a role for the driver and every process of the local Ray (workers name
-    themselves ``ray::<ActorClass>`` in their command line)."""
-    me = psutil.Process().pid
-    roles: dict[int, str] = {me: "driver (producer + consumer)"}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if proc.info["pid"] == me:
-            continue
-        if cmd.startswith("ray::"):
-            roles[proc.info["pid"]] = cmd.split()[0][5:].split(".")[0]
-        elif "gcs_server" in cmd:
-            roles[proc.info["pid"]] = "ray gcs"
-        elif "raylet" in cmd:
-            roles[proc.info["pid"]] = "ray raylet"
-    return roles
-
-
-def cpu_times(roles: dict[int, str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for pid, role in roles.items():
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        out[role] = out.get(role, 0.0) + t.user + t.system
-    return out
 
 
 def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:

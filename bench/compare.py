@@ -1,0 +1,190 @@
+"""raydelay side by side with what its users would pick instead, in one run on this machine.
+
+Peers: a Redis sorted-set delay queue (``bench/peer_redis.py``) and an in-process heapq
+(``bench/peer_heapq.py``). The peers run one after another, so none shares the CPU with
+another; Ray is started only for raydelay's turn. Every peer gets the same work
+(``bench/workload.py``): distinct 100-byte payloads carrying their own sequence and due
+time, producers in batches of 5,000, and one driver thread that consumes and acks.
+
+Scenarios:
+1. ingest: N messages due uniformly over the next hour -> messages/s until durable.
+2. memory per pending message at each load point, and disk / store bytes.
+3. burst: N messages due at the same instant -> seconds from that instant until the last
+   is delivered and acked, and the delivery curve.
+4. lateness: messages falling due at a steady rate -> p50 / p99 / max, and how many early.
+5. recovery: the state holder killed at the chosen load points -> time to first delivery.
+6. scale (full suite): 100M pending in one raydelay subscription -> RSS over time, store
+   size, drain rate.
+
+Writes ``bench/results/<date>-<suite>.md`` and its PNG plots.
+
+Usage: python bench/compare.py [--suite quick|full] [--peers raydelay redis heapq]
+       [--scenarios ingest memory burst lateness scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import peer_heapq, report  # noqa: E402
+from bench.workload import now_ms, progress  # noqa: E402
+
+M = 1_000_000
+SUITES = {
+    "quick": {
+        "ingest": M,
+        "memory": [M],
+        "kill_at": [M],
+        "burst": M,
+        "lateness_rate": 20_000,
+        "lateness_s": 20,
+        "scale": 0,
+        "scale_drain_s": 0,
+    },
+    "full": {
+        "ingest": M,
+        "memory": [M, 10 * M, 50 * M],
+        "kill_at": [M, 10 * M],
+        "burst": M,
+        "lateness_rate": 20_000,
+        "lateness_s": 60,
+        "scale": 100 * M,
+        "scale_drain_s": 120,
+    },
+}
+PEERS = ("heapq", "redis", "raydelay")  # the order they run in
+SCENARIOS = ("ingest", "memory", "burst", "lateness", "scale")
+THREADS = 4  # producer threads of raydelay and Redis (the heap takes one: it holds a lock)
+
+
+def lead_ms(n: int) -> int:
+    """How far ahead the first due time is set so that loading ``n`` messages finishes
+    first (5 s, plus 1 s per 100k messages)."""
+    return 5_000 + n // 100
+
+
+def shrink(plan: dict, by: int) -> dict:
+    """The plan with every message count divided by ``by`` (rates and seconds kept)."""
+    if by == 1:
+        return plan
+    out = dict(plan)
+    for k in ("ingest", "burst", "scale"):
+        out[k] = plan[k] // by
+    out["memory"] = [p // by for p in plan["memory"]]
+    out["kill_at"] = [p // by for p in plan["kill_at"]]
+    out["lateness_s"] = max(plan["lateness_s"] // by, 5)
+    out["scale_drain_s"] = plan["scale_drain_s"] // by and max(plan["scale_drain_s"] // by, 10)
+    return out
+
+
+def run_peer(name: str, plan: dict, scenarios: list[str], root: str) -> dict:
+    out: dict = {}
+    if name == "heapq":
+        if "ingest" in scenarios:
+            out["ingest"] = peer_heapq.run("ingest", plan["ingest"])
+        if "memory" in scenarios:
+            out["memory"] = peer_heapq.run("memory", plan["memory"])
+        if "burst" in scenarios:
+            out["burst"] = peer_heapq.run("burst", plan["burst"], now_ms() + lead_ms(plan["burst"]))
+        if "lateness" in scenarios:
+            n = plan["lateness_rate"] * plan["lateness_s"]
+            out["lateness"] = peer_heapq.run(
+                "lateness", plan["lateness_rate"], plan["lateness_s"], now_ms() + lead_ms(n)
+            )
+        return out
+    if name == "redis":
+        from bench.peer_redis import RedisPeer
+
+        peer = RedisPeer(root)
+        out["version"] = peer.version
+    else:
+        from bench.peer_raydelay import RaydelayPeer
+
+        peer = RaydelayPeer(root)
+    try:
+        if "ingest" in scenarios:
+            out["ingest"] = peer.ingest(plan["ingest"], THREADS)
+        if "memory" in scenarios:
+            out["memory"] = peer.memory(plan["memory"], set(plan["kill_at"]), THREADS)
+        if "burst" in scenarios:
+            n = plan["burst"]
+            out["burst"] = peer.burst(n, now_ms() + lead_ms(n), THREADS)
+        if "lateness" in scenarios:
+            rate, secs = plan["lateness_rate"], plan["lateness_s"]
+            out["lateness"] = peer.lateness(rate, secs, now_ms() + lead_ms(rate * secs), THREADS)
+        if "scale" in scenarios and name == "raydelay" and plan["scale"]:
+            out["scale"] = peer.scale(plan["scale"], plan["scale_drain_s"], 2)
+    finally:
+        peer.close()
+    return out
+
+
+def machine() -> dict:
+    import psutil
+    import ray
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {
+        "cpus": os.cpu_count(),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "kernel": platform.release(),
+        "commit": commit,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    ap.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    ap.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--tmp", default=None, help="where stores and AOFs go (default: $TMPDIR)")
+    ap.add_argument(
+        "--shrink", type=int, default=1, help="divide every count by this (a smoke run)"
+    )
+    args = ap.parse_args()
+    if args.shrink < 1:
+        ap.error("--shrink: must be >= 1")
+    logging.basicConfig(level=logging.WARNING)
+    plan = shrink(SUITES[args.suite], args.shrink)
+    started = time.monotonic()
+    results: dict = {"suite": args.suite, "plan": plan, "machine": machine(), "peers": {}}
+    for name in [p for p in PEERS if p in args.peers]:
+        progress(f"--- {name} ---")
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=args.tmp) as root:
+            results["peers"][name] = run_peer(name, plan, args.scenarios, root)
+        progress(f"{name} done in {time.monotonic() - t0:.0f} s")
+    results["elapsed_s"] = time.monotonic() - started
+    date = datetime.date.today().isoformat()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{date}-{args.suite}" if args.shrink == 1 else out / f"{date}-{args.suite}-smoke"
+    text = report.write(results, stem)
+    raw = stem.with_suffix(".json")
+    raw.write_text(json.dumps(report.without_samples(results), indent=1, default=float))
+    print(text)
+    progress(f"wrote {stem}.md, its plots and {raw.name} in {results['elapsed_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

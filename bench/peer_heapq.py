@@ -1,0 +1,140 @@
+"""The heapq peer: an in-process heap of (deliver_at_ms, sequence, payload) tuples, the floor
+for Python with no durability. Each scenario runs in a fresh spawned interpreter, so its
+RSS is the heap's alone and is returned to the OS afterwards.
+
+The consumer is the dispatcher: ``receive()`` pops up to 1,000 due tuples under a lock, or
+sleeps until the next due time (at most 10 ms) when none is due.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import multiprocessing
+import threading
+import time
+
+import numpy as np
+import psutil
+
+from bench.workload import (
+    Drain,
+    lateness_summary,
+    now_ms,
+    produce,
+    progress,
+    sleep_until,
+    spread_schedule,
+)
+
+POP_BATCH = 1_000
+BATCH = 5_000
+
+
+class Heap:
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, bytes]] = []
+        self.lock = threading.Lock()
+
+    def send(self, items: list[bytes], ats: np.ndarray) -> None:
+        with self.lock:
+            push = heapq.heappush
+            for at, item in zip(ats.tolist(), items, strict=True):
+                push(self.heap, (at, int.from_bytes(item[:8], "little"), item))
+
+    def receive(self) -> list[bytes]:
+        out: list[bytes] = []
+        with self.lock:
+            now = now_ms()
+            heap = self.heap
+            while heap and heap[0][0] <= now and len(out) < POP_BATCH:
+                out.append(heapq.heappop(heap)[2])
+            nxt = heap[0][0] if heap else None
+        if not out:
+            time.sleep(0.01 if nxt is None else min(max(nxt - now, 0), 10) / 1000)
+        return out
+
+
+def _rss() -> int:
+    gc.collect()
+    return psutil.Process().memory_info().rss
+
+
+def _spread(lo: int, count: int) -> np.ndarray:
+    return spread_schedule(np.random.default_rng(), count, now_ms())
+
+
+def ingest(n: int) -> dict:
+    h = Heap()
+    seconds = produce(h.send, n, _spread, threads=1, batch=BATCH, label="heapq ingest")
+    return {"seconds": seconds, "acked_rate": n / seconds}
+
+
+def memory(points: list[int]) -> list[dict]:
+    h = Heap()
+    base = _rss()
+    rows, sent = [], 0
+    for p in points:
+        avail = psutil.virtual_memory().available
+        if rows and (p - sent) * rows[-1]["per_msg_growth"] > avail * 0.7:
+            progress(f"heapq: {p:,} would not fit in {avail / 2**30:.1f} GiB available; skipped")
+            rows.append({"sent": p, "skipped": True})
+            break
+        produce(h.send, p - sent, _spread, threads=1, batch=BATCH, label=f"heapq memory {p:,}")
+        sent = p
+        with h.lock:
+            pending = len(h.heap)
+        rss = _rss()
+        rows.append(
+            {
+                "sent": p,
+                "pending": pending,
+                "memory_bytes": rss,
+                "rss": rss,
+                "disk_bytes": 0,
+                "baseline_bytes": base,
+                "per_msg_growth": (rss - base) / pending,
+            }
+        )
+    return rows
+
+
+def burst(n: int, due_ms: int) -> dict:
+    h = Heap()
+    load_s = produce(h.send, n, lambda lo, c: np.full(c, due_ms), threads=1, batch=BATCH)
+    late_load = now_ms() > due_ms
+    drain = Drain(h.receive).start()
+    cpu0 = psutil.Process().cpu_times()
+    sleep_until(due_ms)
+    drain.wait_for(n, timeout_s=600)
+    cpu1 = psutil.Process().cpu_times()
+    drain.stop()
+    return {
+        "load_s": load_s,
+        "late_load": late_load,
+        "delivered": drain.received,
+        "drain_s": (drain.times_ms[-1] - due_ms) / 1000 if drain.times_ms else None,
+        "curve": drain.curve(due_ms),
+        "early": int((drain.lateness() < 0).sum()),
+        "cpu": {"python (heap + consumer)": cpu1.user + cpu1.system - cpu0.user - cpu0.system},
+    }
+
+
+def lateness(rate: int, seconds: int, start_ms: int) -> dict:
+    h = Heap()
+    n = rate * seconds
+    produce(h.send, n, lambda lo, c: start_ms + np.arange(lo, lo + c) * 1000 // rate,
+            threads=1, batch=BATCH)  # fmt: skip
+    late_load = now_ms() > start_ms
+    drain = Drain(h.receive).start()
+    drain.wait_for(n, timeout_s=(start_ms - now_ms()) / 1000 + seconds + 120)
+    drain.stop()
+    lates = drain.lateness()
+    return lateness_summary(lates) | {"lates": lates, "late_load": late_load}
+
+
+def run(fn_name: str, *args):
+    """Run one scenario of this module in a fresh interpreter and return its result."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(globals()[fn_name], args)

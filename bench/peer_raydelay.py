@@ -1,0 +1,276 @@
+"""raydelay as a peer of ``bench/compare.py``: one local Ray on the machine's 2 cores, the
+default config (strict mode, bucket tracker) over a local-dir store that fsyncs every
+write. Each scenario uses a fresh topic with one shared subscription and deletes it after.
+
+- Producers: ``send_many`` with 5,000 messages per call from several threads; it returns
+  once the messages are durable in the partition log.
+- Consumers: ``receive(max_messages=10,000)`` then ``ack`` of the batch, from the driver.
+- Memory: RSS of the topic actor(s) and the subscription actor(s) (psutil), after the
+  subscription has read the whole log in; store bytes are the store directory's size.
+- Recovery: ``ray.kill(no_restart=False)`` of the subscription actor (Ray restarts it);
+  time from the kill until the consumer receives its first message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import ray
+
+import raydelay
+from bench.common import cpu_times, ray_processes, start_local_ray
+from bench.workload import (
+    Drain,
+    dir_bytes,
+    lateness_summary,
+    now_ms,
+    produce,
+    progress,
+    sleep_until,
+    spread_schedule,
+)
+from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
+
+BATCH = 5_000
+RECEIVE = 10_000
+SUB = "bench"
+
+
+def _spread(lo: int, count: int) -> np.ndarray:
+    return spread_schedule(np.random.default_rng(), count, now_ms())
+
+
+class RaydelayPeer:
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+        start_local_ray()
+        self.cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": root}}})
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _open(self, topic: str, partitions: int):
+        self.cluster.create_topic(topic, partitions=partitions)
+        consumer = self.cluster.subscribe(topic, SUB)
+        producer = self.cluster.create_producer(topic)
+
+        def send(items: list[bytes], ats: np.ndarray) -> None:
+            producer.send_many(items, deliver_at=ats.tolist())
+
+        return producer, consumer, send, receive_from(consumer)
+
+    def _close(self, topic: str, producer, consumer) -> None:
+        consumer.close()
+        producer.close()
+        self.cluster.delete_topic(topic, force=True)
+
+    def _actors(self, topic: str, partitions: int) -> list:
+        names = [topic_actor_name(topic, p) for p in range(partitions)]
+        names += [subscription_actor_name(topic, p, SUB) for p in range(partitions)]
+        return [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+
+    def _rss(self, topic: str, partitions: int) -> dict[str, int]:
+        actors = self._actors(topic, partitions)
+        pids = ray.get([a.pid.remote() for a in actors])
+        out = {"topic": 0, "subscription": 0}
+        for i, pid in enumerate(pids):
+            out["topic" if i < partitions else "subscription"] += (
+                psutil.Process(pid).memory_info().rss
+            )
+        return out
+
+    def _settle(self, topic: str, sent: int, timeout_s: float = 900) -> dict:
+        """Wait until the subscription has read every message in and its count holds still."""
+        deadline = time.monotonic() + timeout_s
+        last = -1
+        while time.monotonic() < deadline:
+            s = self.cluster.stats(topic, SUB)
+            seen = s["delayed"] + s["acked"]
+            if s["read_ahead"] == 0 and seen >= sent * 0.99 and seen == last:
+                return s
+            last = seen
+            time.sleep(1.0)
+        raise RuntimeError(f"{topic}: the subscription did not read {sent:,} messages in")
+
+    # --- scenarios --------------------------------------------------------------------------
+
+    def ingest(self, n: int, threads: int) -> dict:
+        topic = "ingest"
+        producer, consumer, send, receive = self._open(topic, 4)
+        drain = Drain(receive).start()
+        seconds = produce(send, n, _spread, threads=threads, batch=BATCH, label="raydelay ingest")
+        drain.stop()
+        out = {"seconds": seconds, "acked_rate": n / seconds, "durable_rate": n / seconds}
+        out["disk_bytes"] = dir_bytes(self.root)
+        self._close(topic, producer, consumer)
+        return out
+
+    def memory(self, points: list[int], kill_at: set[int], threads: int) -> list[dict]:
+        """One partition (one subscription actor holds everything); load to each point,
+        measure, and kill the subscription actor at the points in ``kill_at``."""
+        topic = "memory"
+        producer, consumer, send, receive = self._open(topic, 1)
+        time.sleep(1.0)
+        idle = self._rss(topic, 1)
+        drain = Drain(receive).start()
+        rows, sent = [], 0
+        for p in points:
+            produce(send, p - sent, _spread, threads=threads, batch=BATCH, seq0=sent,
+                    label=f"raydelay memory {p:,}")  # fmt: skip
+            sent = p
+            stats = self._settle(topic, sent)
+            time.sleep(2.0)  # a cursor write and the last seals land
+            rss = self._rss(topic, 1)
+            row = {
+                "sent": p,
+                "pending": sent - drain.received,
+                "memory_bytes": rss["topic"] + rss["subscription"],
+                "rss_topic": rss["topic"],
+                "rss_subscription": rss["subscription"],
+                "baseline_bytes": idle["topic"] + idle["subscription"],
+                "tracker_bytes": stats["partitions"][0]["tracker"].get("memory_bytes"),
+                "buckets": stats["buckets"],
+                "disk_bytes": dir_bytes(self.root),
+            }
+            progress(f"raydelay {p:,}: {row['memory_bytes'] / 2**20:,.0f} MiB RSS")
+            if p in kill_at:
+                row |= self._kill(topic, drain)
+            rows.append(row)
+        drain.stop()
+        self._close(topic, producer, consumer)
+        return rows
+
+    def _kill(self, topic: str, drain: Drain) -> dict:
+        sub = ray.get_actor(subscription_actor_name(topic, 0, SUB), namespace=NAMESPACE)
+        killed = now_ms()
+        ray.kill(sub, no_restart=False)
+        deadline = time.monotonic() + 300
+        while (first := drain.first_after(killed)) is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        rec = ray.get(sub.stats.remote(), timeout=60)["recovery"]
+        return {
+            "recovery_s": None if first is None else (first - killed) / 1000,
+            "recovery_detail": {
+                k: rec.get(k) for k in ("init_s", "first_receive_s", "first_delivery_s")
+            },
+        }
+
+    def burst(self, n: int, due_ms: int, threads: int) -> dict:
+        topic = "burst"
+        producer, consumer, send, receive = self._open(topic, 4)
+        load_s = produce(send, n, lambda lo, c: np.full(c, due_ms), threads=threads, batch=BATCH,
+                         label="raydelay burst load")  # fmt: skip
+        late_load = now_ms() > due_ms
+        drain = Drain(receive).start()
+        roles = ray_processes()
+        sleep_until(due_ms)
+        cpu0 = cpu_times(roles)
+        drain.wait_for(n, timeout_s=600)
+        cpu1 = cpu_times(roles)
+        drain.stop()
+        self._close(topic, producer, consumer)
+        return {
+            "load_s": load_s,
+            "late_load": late_load,
+            "delivered": drain.received,
+            "drain_s": (drain.times_ms[-1] - due_ms) / 1000 if drain.times_ms else None,
+            "curve": drain.curve(due_ms),
+            "early": int((drain.lateness() < 0).sum()),
+            "cpu": {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1},
+        }
+
+    def lateness(self, rate: int, seconds: int, start_ms: int, threads: int) -> dict:
+        topic = "lateness"
+        producer, consumer, send, receive = self._open(topic, 4)
+        n = rate * seconds
+        produce(send, n, lambda lo, c: start_ms + np.arange(lo, lo + c) * 1000 // rate,
+                threads=threads, batch=BATCH, label="raydelay lateness load")  # fmt: skip
+        late_load = now_ms() > start_ms
+        drain = Drain(receive).start()
+        drain.wait_for(n, timeout_s=(start_ms - now_ms()) / 1000 + seconds + 120)
+        drain.stop()
+        self._close(topic, producer, consumer)
+        lates = drain.lateness()
+        return lateness_summary(lates) | {"lates": lates, "late_load": late_load}
+
+    def scale(self, n: int, drain_s: float, threads: int) -> dict:
+        """``n`` pending in one partition's subscription with no consumer while loading (due
+        uniform over the hour starting a minute after the load starts), RSS sampled every
+        5 s; then a consumer drains the overdue backlog for ``drain_s`` seconds."""
+        topic = "scale"
+        producer, consumer, send, receive = self._open(topic, 1)
+        consumer.close()  # nobody consumes while loading
+        t0 = now_ms()
+        first_due = t0 + 60_000
+
+        def schedule(lo: int, c: int) -> np.ndarray:
+            return first_due + np.random.default_rng(lo).integers(0, 3_600_000, c)
+
+        samples: list[dict] = []
+        sent = [0]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(5.0):
+                try:
+                    rss = self._rss(topic, 1)
+                    s = self.cluster.stats(topic, SUB)
+                except Exception as e:  # a sample is lost, the run goes on
+                    progress(f"scale: sample failed: {e!r}")
+                    continue
+                samples.append({"t_s": (now_ms() - t0) / 1000, "sent": sent[0],
+                                "delayed": s["delayed"], "acked": s["acked"], **rss})  # fmt: skip
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+
+        def counted(items: list[bytes], ats: np.ndarray) -> None:
+            send(items, ats)
+            sent[0] += len(items)
+
+        load_s = produce(counted, n, schedule, threads=threads, batch=BATCH,
+                         label="raydelay scale load")  # fmt: skip
+        stats = self._settle(topic, n, timeout_s=1800)
+        overdue = int(np.clip((now_ms() - first_due) / 3_600_000, 0, 1) * n)
+        consumer = self.cluster.subscribe(topic, SUB)
+        drain = Drain(receive_from(consumer)).start()
+        drain_t0 = now_ms()
+        time.sleep(drain_s)
+        drain.stop()
+        drained_s = (now_ms() - drain_t0) / 1000
+        stop.set()
+        sampler.join()
+        store = dir_bytes(self.root)
+        out = {
+            "n": n,
+            "load_s": load_s,
+            "load_rate": n / load_s,
+            "buckets": stats["buckets"],
+            "store_bytes": store,
+            "overdue_at_drain": overdue,
+            "drained": drain.received,
+            "drain_rate": drain.received / drained_s,
+            "drain_lateness": lateness_summary(drain.lateness()),
+            "samples": samples,
+        }
+        self._close(topic, producer, consumer)
+        return out
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+        ray.shutdown()
+
+
+def receive_from(consumer):
+    """A ``Drain`` receive: up to 10,000 messages, acked as one batch."""
+
+    def receive() -> list[bytes]:
+        msgs = consumer.receive(max_messages=RECEIVE, timeout_s=0.2)
+        if msgs:
+            consumer.ack(msgs)
+        return [m.payload for m in msgs]
+
+    return receive

@@ -1,0 +1,205 @@
+"""The work every peer of ``bench/compare.py`` is given, and the one way it is measured.
+
+A message is 100 bytes: a little-endian (sequence, deliver_at_ms) header and 84 random
+bytes. Every peer carries the same bytes, and every consumer reads lateness from the
+header, so no peer's own bookkeeping is trusted for timing. ``Drain`` is the single
+consumption loop: a peer hands it a ``receive()`` that returns delivered (and acked)
+payloads, and it records when each batch arrived.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PAYLOAD_BYTES = 100
+HEADER = np.dtype([("seq", "<i8"), ("at", "<i8"), ("pad", "V84")])
+assert HEADER.itemsize == PAYLOAD_BYTES
+HOUR_MS = 3_600_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def payloads(seq0: int, deliver_at_ms: np.ndarray) -> list[bytes]:
+    """Distinct 100-byte payloads for sequences seq0.. with their due times in the header."""
+    n = len(deliver_at_ms)
+    rec = np.empty(n, dtype=HEADER)
+    rec["seq"] = np.arange(seq0, seq0 + n)
+    rec["at"] = deliver_at_ms
+    rec["pad"] = np.frombuffer(os.urandom(84 * n), dtype="V84")
+    buf = rec.tobytes()
+    return [buf[i : i + PAYLOAD_BYTES] for i in range(0, len(buf), PAYLOAD_BYTES)]
+
+
+def header_at(items: list[bytes]) -> np.ndarray:
+    """deliver_at_ms of each payload, from its header."""
+    return np.frombuffer(b"".join(p[8:16] for p in items), dtype="<i8")
+
+
+def spread_schedule(rng: np.random.Generator, n: int, base_ms: int) -> np.ndarray:
+    """Due times uniform over the hour after ``base_ms`` (at least 1 s ahead)."""
+    return base_ms + rng.integers(1_000, HOUR_MS, n)
+
+
+def batches(n: int, size: int):
+    """(first index, count) of each batch of ``size`` covering range(n)."""
+    for lo in range(0, n, size):
+        yield lo, min(size, n - lo)
+
+
+@dataclass
+class Drain:
+    """Runs ``receive`` in a thread and records each batch: (wall ms, count) and the
+    lateness (receive time - deliver_at, ms) of every message. ``receive()`` waits a
+    little for messages and returns the payloads it delivered, already acknowledged; it
+    may raise while its peer is restarting, which counts as an empty poll."""
+
+    receive: Callable[[], list[bytes]]
+    times_ms: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    lates: list[np.ndarray] = field(default_factory=list)
+    errors: int = 0
+    received: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Drain:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                items = self.receive()
+            except Exception:  # the peer is down or restarting; keep polling
+                self.errors += 1
+                time.sleep(0.002)
+                continue
+            if not items:
+                continue
+            t = now_ms()
+            self.times_ms.append(t)
+            self.counts.append(len(items))
+            self.lates.append(t - header_at(items))
+            self.received += len(items)
+
+    def wait_for(self, total: int, timeout_s: float) -> bool:
+        """True once ``total`` messages arrived; False after ``timeout_s`` seconds."""
+        deadline = time.monotonic() + timeout_s
+        while self.received < total:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def lateness(self) -> np.ndarray:
+        return np.concatenate(self.lates) if self.lates else np.zeros(0, dtype=np.int64)
+
+    def first_after(self, t_ms: int) -> int | None:
+        """Wall ms of the first batch received at or after ``t_ms``."""
+        for t in self.times_ms:
+            if t >= t_ms:
+                return t
+        return None
+
+    def curve(self, t0_ms: int) -> list[tuple[float, int]]:
+        """(seconds since t0_ms, messages received so far) after each batch."""
+        total, out = 0, []
+        for t, c in zip(list(self.times_ms), list(self.counts), strict=False):
+            total += c
+            out.append(((t - t0_ms) / 1000, total))
+        return out
+
+
+def lateness_summary(lates: np.ndarray) -> dict:
+    if len(lates) == 0:
+        return {"p50": None, "p99": None, "max": None, "early": 0, "n": 0}
+    return {
+        "p50": float(np.percentile(lates, 50)),
+        "p99": float(np.percentile(lates, 99)),
+        "max": int(lates.max()),
+        "early": int((lates < 0).sum()),
+        "n": len(lates),
+    }
+
+
+def dir_bytes(path: str | os.PathLike) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass  # a file removed while we walk (a ledger being retired)
+    return total
+
+
+def sleep_until(t_ms: int) -> None:
+    while (left := t_ms - now_ms()) > 0:
+        time.sleep(min(left / 1000, 0.5))
+
+
+def progress(msg: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def produce(
+    send: Callable[[list[bytes], np.ndarray], None],
+    n: int,
+    schedule: Callable[[int, int], np.ndarray],
+    *,
+    threads: int,
+    batch: int,
+    seq0: int = 0,
+    label: str = "",
+) -> float:
+    """Send messages seq0 .. seq0+n-1 in batches of ``batch`` from ``threads`` threads;
+    ``schedule(first, count)`` gives each batch's deliver_at_ms (called as the batch is
+    made). Returns the seconds from the first send until the last ``send`` returned."""
+    todo = iter(list(batches(n, batch)))
+    lock = threading.Lock()
+    done = [0]
+    failures: list[BaseException] = []
+    step = max(n // 10, batch)
+
+    def work() -> None:
+        while not failures:
+            with lock:
+                job = next(todo, None)
+            if job is None:
+                return
+            lo, cnt = job
+            try:
+                ats = schedule(seq0 + lo, cnt)
+                send(payloads(seq0 + lo, ats), ats)
+            except BaseException as e:  # surfaced below, after the other threads stop
+                failures.append(e)
+                return
+            with lock:
+                before = done[0]
+                done[0] += cnt
+                if label and before // step != done[0] // step:
+                    progress(f"{label}: sent {done[0]:,}/{n:,}")
+
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if failures:
+        raise failures[0]
+    return time.perf_counter() - t0
