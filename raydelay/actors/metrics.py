@@ -19,7 +19,10 @@ Ray prefixes every name with ``ray_``. Tags: ``topic`` and ``partition``, and
 
 The lateness histogram observes at most ``LATENESS_SAMPLES_PER_S`` dispatches a second per
 subscription partition (a uniform sample beyond that): one observation costs about 1.4 us
-here, too much for every message of a burst. ``raydelay_dispatched_messages`` is exact.
+here, plus the work of Ray's metrics agent to aggregate it. At 20k a second, a burst spent
+17% of the subscription actor's time and a core's fifth in the agent on it; a thousand
+samples a second keep the percentiles and cost neither. ``raydelay_dispatched_messages``
+is exact.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ray.util import metrics
 
 LATENESS_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000]
 OP_BOUNDARIES_S = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
-LATENESS_SAMPLES_PER_S = 20_000
+LATENESS_SAMPLES_PER_S = 1_000
 _PART = ("topic", "partition")
 _SUB = ("topic", "partition", "subscription")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from functools import partial
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from raydelay.errors import InvalidArgument
@@ -42,23 +44,29 @@ class Message(NamedTuple):
 
 
 def messages_from_wire(cols: dict[str, Any]) -> list[Message]:
-    topic, partition = cols["topic"], cols["partition"]
-    props = cols["pr"] or [None] * len(cols["l"])
-    keys = cols["k"] or [None] * len(cols["l"])
-    return [
-        Message(MessageId(topic, partition, lg, e), p, k, pr or {}, t, None if d < 0 else d, r)
-        for lg, e, p, k, pr, t, d, r in zip(
-            cols["l"],
-            cols["e"],
-            cols["p"],
-            keys,
-            props,
-            cols["t"],
-            cols["d"],
-            cols["r"],
-            strict=True,
+    # tuple.__new__ through map builds the tuples without a Python-level call per message
+    n = len(cols["l"])
+    ids = map(
+        partial(tuple.__new__, MessageId),
+        zip(repeat(cols["topic"], n), repeat(cols["partition"], n), cols["l"], cols["e"]),
+    )
+    props = [pr or {} for pr in cols["pr"]] if cols["pr"] else [{} for _ in range(n)]
+    due = [None if d < 0 else d for d in cols["d"]]
+    return list(
+        map(
+            partial(tuple.__new__, Message),
+            zip(
+                ids,
+                cols["p"],
+                cols["k"] or repeat(None, n),
+                props,
+                cols["t"],
+                due,
+                cols["r"],
+                strict=True,
+            ),
         )
-    ]
+    )
 
 
 # --- input checks -------------------------------------------------------------------------

@@ -73,6 +73,9 @@ class ObjectCache:
             entries = all_entries[same]
             starts = np.asarray(firsts, dtype=np.int64)
             slot = np.searchsorted(starts, entries, side="right") - 1
+            # reach[i]: the end of the longest of objects 0..i, so that a position past it
+            # is known missing without scanning the earlier objects one by one
+            reach = np.maximum.accumulate([f + self._objects[(ledger_id, f)].count for f in firsts])
             for j in np.unique(slot).tolist():
                 sel = slot == j
                 if j < 0:
@@ -83,7 +86,12 @@ class ObjectCache:
                 inside = idx < obj.count
                 if inside.any():
                     groups.append((obj, idx[inside], ks[sel][inside]))
-                for k in ks[sel][~inside].tolist():  # maybe in an earlier, longer object
+                outside = ks[sel][~inside]
+                if not len(outside):
+                    continue
+                maybe = entries[sel][~inside] < (reach[j - 1] if j > 0 else 0)
+                missing.append(outside[~maybe])
+                for k in outside[maybe].tolist():  # maybe in an earlier, longer object
                     found = self._holder(ledger_id, firsts, j - 1, k & LOW)
                     if found is None:
                         missing.append(np.array([k], dtype=np.int64))
