@@ -150,7 +150,7 @@ class RaydelayPeer:
         deadline = time.monotonic() + 300
         while (first := drain.first_after(killed)) is None and time.monotonic() < deadline:
             time.sleep(0.005)
-        rec = ray.get(sub.stats.remote(), timeout=60)["recovery"]
+        rec = _ask(sub.stats.remote)["recovery"]
         return {
             "recovery_s": None if first is None else (first - killed) / 1000,
             "recovery_detail": {
@@ -274,3 +274,15 @@ def receive_from(consumer):
         return [m.payload for m in msgs]
 
     return receive
+
+
+def _ask(call, timeout_s: float = 120.0):
+    """ray.get that waits out an actor restart."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(call(), timeout=30)
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
