@@ -19,7 +19,7 @@ Scenarios:
 Writes ``bench/results/<date>-<suite>.md`` and its PNG plots.
 
 Usage: python bench/compare.py [--suite quick|full] [--peers raydelay redis heapq]
-       [--scenarios ingest memory burst lateness scale]
+       [--scenarios ingest memory burst lateness scale] [--resume]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import datetime
 import json
 import logging
 import os
+import pickle
 import platform
 import subprocess
 import sys
@@ -159,6 +160,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--tmp", default=None, help="where stores and AOFs go (default: $TMPDIR)")
     ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the peers an interrupted run of the same suite already measured",
+    )
+    ap.add_argument(
         "--shrink", type=int, default=1, help="divide every count by this (a smoke run)"
     )
     args = ap.parse_args()
@@ -166,20 +172,34 @@ def main() -> None:
         ap.error("--shrink: must be >= 1")
     logging.basicConfig(level=logging.WARNING)
     plan = shrink(SUITES[args.suite], args.shrink)
-    started = time.monotonic()
     results: dict = {"suite": args.suite, "plan": plan, "machine": machine(), "peers": {}}
-    for name in [p for p in PEERS if p in args.peers]:
-        progress(f"--- {name} ---")
-        t0 = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=args.tmp) as root:
-            results["peers"][name] = run_peer(name, plan, args.scenarios, root)
-        progress(f"{name} done in {time.monotonic() - t0:.0f} s")
-    results["elapsed_s"] = time.monotonic() - started
     date = datetime.date.today().isoformat()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"{date}-{args.suite}" if args.shrink == 1 else out / f"{date}-{args.suite}-smoke"
+    # each peer's results are kept as it finishes, so a failure later loses only that peer
+    partial = stem.with_name(f".{stem.name}.partial.pkl")
+    done: dict = {}
+    if args.resume and partial.exists():
+        saved = pickle.loads(partial.read_bytes())
+        if saved["plan"] == plan and saved["scenarios"] == args.scenarios:
+            done = saved["peers"]
+            progress(f"resuming: {', '.join(done)} already measured ({partial.name})")
+    for name in [p for p in PEERS if p in args.peers]:
+        if name in done:
+            results["peers"][name] = done[name]
+            continue
+        progress(f"--- {name} ---")
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=args.tmp) as root:
+            results["peers"][name] = run_peer(name, plan, args.scenarios, root)
+        results["peers"][name]["elapsed_s"] = time.monotonic() - t0
+        progress(f"{name} done in {time.monotonic() - t0:.0f} s")
+        saved = {"plan": plan, "scenarios": args.scenarios, "peers": results["peers"]}
+        partial.write_bytes(pickle.dumps(saved))
+    results["elapsed_s"] = sum(p.get("elapsed_s", 0) for p in results["peers"].values())
     text = report.write(results, stem)
+    partial.unlink(missing_ok=True)
     raw = stem.with_suffix(".json")
     raw.write_text(json.dumps(report.without_samples(results), indent=1, default=float))
     print(text)
