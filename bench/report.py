@@ -304,6 +304,19 @@ def _warnings(results: dict) -> list[str]:
         n = results["plan"]["lateness_rate"] * results["plan"]["lateness_s"]
         if late and late["n"] != n:
             out.append(f"- {NAMES[peer]}: lateness received {late['n']:,} of {n:,}")
+    for row in _get(results, "raydelay", "memory") or []:
+        if row.get("not_settled"):
+            out.append(
+                f"- raydelay at {row['sent']:,}: measured after 600 s with {row['indexed']:,} "
+                "read into the subscription (indexing lagged the load); bytes per pending use "
+                "the delayed count the actors held"
+            )
+    s = _get(results, "raydelay", "scale")
+    if s and s["indexed_at_drain"] < s["n"] * 0.99:
+        out.append(
+            f"- raydelay scale: the subscription had indexed {s['indexed_at_drain']:,} of "
+            f"{s['n']:,} when the drain started (600 s after the load)"
+        )
     return ["", "## Warnings", "", *out] if out else []
 
 
