@@ -3,6 +3,8 @@ CPU seconds each of its processes spent."""
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import ray
 
@@ -49,3 +51,15 @@ def cpu_times(roles: dict[int, str]) -> dict[str, float]:
             continue
         out[role] = out.get(role, 0.0) + t.user + t.system
     return out
+
+
+def ask(call, timeout_s: float = 120.0):
+    """ray.get that waits out an actor restart."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(call(), timeout=30)
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

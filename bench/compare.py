@@ -160,6 +160,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--tmp", default=None, help="where stores and AOFs go (default: $TMPDIR)")
     ap.add_argument(
+        "--points",
+        type=int,
+        nargs="+",
+        help="memory / recovery load points instead of the suite's (kills at the suite's)",
+    )
+    ap.add_argument("--tag", default="", help="appended to the report's name")
+    ap.add_argument(
         "--resume",
         action="store_true",
         help="keep the peers an interrupted run of the same suite already measured",
@@ -172,11 +179,15 @@ def main() -> None:
         ap.error("--shrink: must be >= 1")
     logging.basicConfig(level=logging.WARNING)
     plan = shrink(SUITES[args.suite], args.shrink)
+    if args.points:
+        plan = plan | {"memory": sorted(args.points)}
+        plan["kill_at"] = [p for p in plan["kill_at"] if p in args.points]
     results: dict = {"suite": args.suite, "plan": plan, "machine": machine(), "peers": {}}
     date = datetime.date.today().isoformat()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{date}-{args.suite}" if args.shrink == 1 else out / f"{date}-{args.suite}-smoke"
+    name = f"{date}-{args.suite}" + (f"-{args.tag}" if args.tag else "")
+    stem = out / (name if args.shrink == 1 else f"{name}-smoke")
     # each peer's results are kept as it finishes, so a failure later loses only that peer
     partial = stem.with_name(f".{stem.name}.partial.pkl")
     done: dict = {}

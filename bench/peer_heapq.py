@@ -18,12 +18,11 @@ import numpy as np
 import psutil
 
 from bench.workload import (
-    Drain,
-    lateness_summary,
     now_ms,
     produce,
     progress,
-    sleep_until,
+    run_burst,
+    run_lateness,
     spread_schedule,
 )
 
@@ -101,36 +100,14 @@ def memory(points: list[int]) -> list[dict]:
 
 def burst(n: int, due_ms: int) -> dict:
     h = Heap()
-    load_s = produce(h.send, n, lambda lo, c: np.full(c, due_ms), threads=1, batch=BATCH)
-    late_load = now_ms() > due_ms
-    drain = Drain(h.receive).start()
-    cpu0 = psutil.Process().cpu_times()
-    sleep_until(due_ms)
-    drain.wait_for(n, timeout_s=600)
-    cpu1 = psutil.Process().cpu_times()
-    drain.stop()
-    return {
-        "load_s": load_s,
-        "late_load": late_load,
-        "delivered": drain.received,
-        "drain_s": (drain.times_ms[-1] - due_ms) / 1000 if drain.times_ms else None,
-        "curve": drain.curve(due_ms),
-        "early": int((drain.lateness() < 0).sum()),
-        "cpu": {"python (heap + consumer)": cpu1.user + cpu1.system - cpu0.user - cpu0.system},
-    }
+    me = psutil.Process()
+    return run_burst(h.send, h.receive, n, due_ms, threads=1, batch=BATCH,
+                     cpu=lambda: {"python (heap + consumer)": sum(me.cpu_times()[:2])})  # fmt: skip
 
 
 def lateness(rate: int, seconds: int, start_ms: int) -> dict:
     h = Heap()
-    n = rate * seconds
-    produce(h.send, n, lambda lo, c: start_ms + np.arange(lo, lo + c) * 1000 // rate,
-            threads=1, batch=BATCH)  # fmt: skip
-    late_load = now_ms() > start_ms
-    drain = Drain(h.receive).start()
-    drain.wait_for(n, timeout_s=(start_ms - now_ms()) / 1000 + seconds + 120)
-    drain.stop()
-    lates = drain.lateness()
-    return lateness_summary(lates) | {"lates": lates, "late_load": late_load}
+    return run_lateness(h.send, h.receive, rate, seconds, start_ms, threads=1, batch=BATCH)
 
 
 def run(fn_name: str, *args):

@@ -22,7 +22,7 @@ import psutil
 import ray
 
 import raydelay
-from bench.common import cpu_times, ray_processes, start_local_ray
+from bench.common import ask, cpu_times, ray_processes, start_local_ray
 from bench.workload import (
     Drain,
     dir_bytes,
@@ -30,7 +30,8 @@ from bench.workload import (
     now_ms,
     produce,
     progress,
-    sleep_until,
+    run_burst,
+    run_lateness,
     spread_schedule,
 )
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
@@ -134,6 +135,7 @@ class RaydelayPeer:
                 # not read in yet: count only what the subscription holds, not the log's rest
                 "pending": stats["delayed"] if stats.get("not_settled") else sent - drain.received,
                 "indexed": stats["delayed"] + stats["acked"],
+                "stored": sent - drain.received,  # what the log holds for this subscription
                 "not_settled": bool(stats.get("not_settled")),
                 "memory_bytes": rss["topic"] + rss["subscription"],
                 "rss_topic": rss["topic"],
@@ -158,7 +160,7 @@ class RaydelayPeer:
         deadline = time.monotonic() + 300
         while (first := drain.first_after(killed)) is None and time.monotonic() < deadline:
             time.sleep(0.005)
-        rec = _ask(sub.stats.remote)["recovery"]
+        rec = ask(sub.stats.remote)["recovery"]
         return {
             "recovery_s": None if first is None else (first - killed) / 1000,
             "recovery_detail": {
@@ -169,40 +171,19 @@ class RaydelayPeer:
     def burst(self, n: int, due_ms: int, threads: int) -> dict:
         topic = "burst"
         producer, consumer, send, receive = self._open(topic, 4)
-        load_s = produce(send, n, lambda lo, c: np.full(c, due_ms), threads=threads, batch=BATCH,
-                         label="raydelay burst load")  # fmt: skip
-        late_load = now_ms() > due_ms
-        drain = Drain(receive).start()
         roles = ray_processes()
-        sleep_until(due_ms)
-        cpu0 = cpu_times(roles)
-        drain.wait_for(n, timeout_s=600)
-        cpu1 = cpu_times(roles)
-        drain.stop()
+        out = run_burst(send, receive, n, due_ms, threads=threads, batch=BATCH,
+                        cpu=lambda: cpu_times(roles), label="raydelay burst load")  # fmt: skip
         self._close(topic, producer, consumer)
-        return {
-            "load_s": load_s,
-            "late_load": late_load,
-            "delivered": drain.received,
-            "drain_s": (drain.times_ms[-1] - due_ms) / 1000 if drain.times_ms else None,
-            "curve": drain.curve(due_ms),
-            "early": int((drain.lateness() < 0).sum()),
-            "cpu": {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1},
-        }
+        return out
 
     def lateness(self, rate: int, seconds: int, start_ms: int, threads: int) -> dict:
         topic = "lateness"
         producer, consumer, send, receive = self._open(topic, 4)
-        n = rate * seconds
-        produce(send, n, lambda lo, c: start_ms + np.arange(lo, lo + c) * 1000 // rate,
-                threads=threads, batch=BATCH, label="raydelay lateness load")  # fmt: skip
-        late_load = now_ms() > start_ms
-        drain = Drain(receive).start()
-        drain.wait_for(n, timeout_s=(start_ms - now_ms()) / 1000 + seconds + 120)
-        drain.stop()
+        out = run_lateness(send, receive, rate, seconds, start_ms, threads=threads, batch=BATCH,
+                           label="raydelay lateness load")  # fmt: skip
         self._close(topic, producer, consumer)
-        lates = drain.lateness()
-        return lateness_summary(lates) | {"lates": lates, "late_load": late_load}
+        return out
 
     def scale(self, n: int, drain_s: float, threads: int) -> dict:
         """``n`` pending in one partition's subscription with no consumer while loading (due
@@ -283,15 +264,3 @@ def receive_from(consumer):
         return [m.payload for m in msgs]
 
     return receive
-
-
-def _ask(call, timeout_s: float = 120.0):
-    """ray.get that waits out an actor restart."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return ray.get(call(), timeout=30)
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)

@@ -35,11 +35,11 @@ from redis.retry import Retry
 from bench.workload import (
     Drain,
     dir_bytes,
-    lateness_summary,
     now_ms,
     produce,
     progress,
-    sleep_until,
+    run_burst,
+    run_lateness,
     spread_schedule,
 )
 
@@ -320,42 +320,26 @@ class RedisPeer:
 
     def burst(self, n: int, due_ms: int, threads: int) -> dict:
         q = RedisQueue(self.binary, self.root)
-        try:
-            load_s = produce(q.send, n, lambda lo, c: np.full(c, due_ms), threads=threads,
-                             batch=BATCH, label="redis burst load")  # fmt: skip
-            late_load = now_ms() > due_ms
-            drain = Drain(q.receive).start()
-            me = psutil.Process()
-            sleep_until(due_ms)
-            cpu0 = (q.server.cpu_s(), q.mover_cpu_s(), sum(me.cpu_times()[:2]))
-            drain.wait_for(n, timeout_s=600)
-            cpu1 = (q.server.cpu_s(), q.mover_cpu_s(), sum(me.cpu_times()[:2]))
-            drain.stop()
-            roles = ("redis-server", "mover (Lua pop-due loop)", "driver (consumer)")
+        me = psutil.Process()
+
+        def cpu() -> dict[str, float]:
             return {
-                "load_s": load_s,
-                "late_load": late_load,
-                "delivered": drain.received,
-                "drain_s": (drain.times_ms[-1] - due_ms) / 1000 if drain.times_ms else None,
-                "curve": drain.curve(due_ms),
-                "early": int((drain.lateness() < 0).sum()),
-                "cpu": {r: b - a for r, a, b in zip(roles, cpu0, cpu1, strict=True)},
+                "redis-server": q.server.cpu_s(),
+                "mover (Lua pop-due loop)": q.mover_cpu_s(),
+                "driver (consumer)": sum(me.cpu_times()[:2]),
             }
+
+        try:
+            return run_burst(q.send, q.receive, n, due_ms, threads=threads, batch=BATCH, cpu=cpu,
+                             label="redis burst load")  # fmt: skip
         finally:
             q.close()
 
     def lateness(self, rate: int, seconds: int, start_ms: int, threads: int) -> dict:
         q = RedisQueue(self.binary, self.root)
         try:
-            n = rate * seconds
-            produce(q.send, n, lambda lo, c: start_ms + np.arange(lo, lo + c) * 1000 // rate,
-                    threads=threads, batch=BATCH, label="redis lateness load")  # fmt: skip
-            late_load = now_ms() > start_ms
-            drain = Drain(q.receive).start()
-            drain.wait_for(n, timeout_s=(start_ms - now_ms()) / 1000 + seconds + 120)
-            drain.stop()
-            lates = drain.lateness()
-            return lateness_summary(lates) | {"lates": lates, "late_load": late_load}
+            return run_lateness(q.send, q.receive, rate, seconds, start_ms, threads=threads,
+                                batch=BATCH, label="redis lateness load")  # fmt: skip
         finally:
             q.close()
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 
 import raydelay  # noqa: E402
-from bench.common import start_local_ray  # noqa: E402
+from bench.common import ask, start_local_ray  # noqa: E402
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
 
 PAYLOAD = b"x" * 100
@@ -54,18 +54,6 @@ def now_ms() -> int:
 
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def ask(call, timeout_s: float = 120.0):
-    """ray.get that waits out an actor restart."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return ray.get(call(), timeout=30)
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def run(cluster, root: Path, topic: str, pending: int) -> dict:

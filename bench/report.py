@@ -160,7 +160,7 @@ def rows(results: dict) -> list[tuple]:
                 "2 memory",
                 f"disk bytes per pending message at {sent / 1e6:g}M",
                 "raydelay: store directory; Redis: AOF",
-                _num(_per(rd and rd["disk_bytes"], rd and rd["pending"]), ",.1f"),
+                _num(_per(rd and rd["disk_bytes"], rd and rd.get("stored", rd["pending"])), ",.1f"),
                 _num(_per(rs and rs["disk_bytes"], rs and rs["pending"]), ",.1f"),
                 "0",
                 _ratio(rd and rd["disk_bytes"], rs and rs["disk_bytes"]),

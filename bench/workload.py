@@ -63,6 +63,7 @@ class Drain:
 
     receive: Callable[[], list[bytes]]
     times_ms: list[int] = field(default_factory=list)
+    starts_ms: list[int] = field(default_factory=list)  # when each batch's receive was called
     counts: list[int] = field(default_factory=list)
     lates: list[np.ndarray] = field(default_factory=list)
     errors: int = 0
@@ -78,6 +79,7 @@ class Drain:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            asked = now_ms()
             try:
                 items = self.receive()
             except Exception:  # the peer is down or restarting; keep polling
@@ -87,6 +89,7 @@ class Drain:
             if not items:
                 continue
             t = now_ms()
+            self.starts_ms.append(asked)
             self.times_ms.append(t)
             self.counts.append(len(items))
             self.lates.append(t - header_at(items))
@@ -109,9 +112,10 @@ class Drain:
         return np.concatenate(self.lates) if self.lates else np.zeros(0, dtype=np.int64)
 
     def first_after(self, t_ms: int) -> int | None:
-        """Wall ms of the first batch received at or after ``t_ms``."""
-        for t in self.times_ms:
-            if t >= t_ms:
+        """Wall ms of the first batch whose receive was called after ``t_ms``: a call made
+        before (a reply on its way, or one a client had buffered) does not count."""
+        for asked, t in zip(list(self.starts_ms), list(self.times_ms), strict=False):
+            if asked > t_ms:
                 return t
         return None
 
@@ -203,3 +207,46 @@ def produce(
     if failures:
         raise failures[0]
     return time.perf_counter() - t0
+
+
+def run_burst(
+    send, receive, n: int, due_ms: int, *, threads: int, batch: int, cpu, label: str = ""
+) -> dict:
+    """The burst scenario for any peer: load ``n`` messages all due at ``due_ms``, then
+    consume from that instant until the last arrives. ``cpu()`` returns CPU seconds so far
+    per process role; the result holds what each role spent during the drain."""
+    load_s = produce(send, n, lambda lo, c: np.full(c, due_ms), threads=threads, batch=batch,
+                     label=label)  # fmt: skip
+    late_load = now_ms() > due_ms
+    drain = Drain(receive).start()
+    sleep_until(due_ms)
+    cpu0 = cpu()
+    drain.wait_for(n, timeout_s=600)
+    cpu1 = cpu()
+    drain.stop()
+    return {
+        "load_s": load_s,
+        "late_load": late_load,
+        "delivered": drain.received,
+        "drain_s": (drain.times_ms[-1] - due_ms) / 1000 if drain.times_ms else None,
+        "curve": drain.curve(due_ms),
+        "early": int((drain.lateness() < 0).sum()),
+        "cpu": {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()},
+    }
+
+
+def run_lateness(
+    send, receive, rate: int, seconds: int, start_ms: int, *, threads: int, batch: int,
+    label: str = "",
+) -> dict:  # fmt: skip
+    """The lateness scenario for any peer: ``rate`` messages a second falling due for
+    ``seconds`` from ``start_ms`` (loaded ahead), consumed as they come due."""
+    n = rate * seconds
+    produce(send, n, lambda lo, c: start_ms + np.arange(lo, lo + c) * 1000 // rate,
+            threads=threads, batch=batch, label=label)  # fmt: skip
+    late_load = now_ms() > start_ms
+    drain = Drain(receive).start()
+    drain.wait_for(n, timeout_s=(start_ms - now_ms()) / 1000 + seconds + 120)
+    drain.stop()
+    lates = drain.lateness()
+    return lateness_summary(lates) | {"lates": lates, "late_load": late_load}
