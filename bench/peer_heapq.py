@@ -23,7 +23,7 @@ from bench.workload import (
     progress,
     run_burst,
     run_lateness,
-    spread_schedule,
+    spread_now,
 )
 
 POP_BATCH = 1_000
@@ -59,13 +59,9 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def _spread(lo: int, count: int) -> np.ndarray:
-    return spread_schedule(np.random.default_rng(), count, now_ms())
-
-
 def ingest(n: int) -> dict:
     h = Heap()
-    seconds = produce(h.send, n, _spread, threads=1, batch=BATCH, label="heapq ingest")
+    seconds = produce(h.send, n, spread_now, threads=1, batch=BATCH, label="heapq ingest")
     return {"seconds": seconds, "acked_rate": n / seconds}
 
 
@@ -79,7 +75,7 @@ def memory(points: list[int]) -> list[dict]:
             progress(f"heapq: {p:,} would not fit in {avail / 2**30:.1f} GiB available; skipped")
             rows.append({"sent": p, "skipped": True})
             break
-        produce(h.send, p - sent, _spread, threads=1, batch=BATCH, label=f"heapq memory {p:,}")
+        produce(h.send, p - sent, spread_now, threads=1, batch=BATCH, label=f"heapq memory {p:,}")
         sent = p
         with h.lock:
             pending = len(h.heap)

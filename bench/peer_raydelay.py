@@ -32,17 +32,13 @@ from bench.workload import (
     progress,
     run_burst,
     run_lateness,
-    spread_schedule,
+    spread_now,
 )
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
 
 BATCH = 5_000
 RECEIVE = 10_000
 SUB = "bench"
-
-
-def _spread(lo: int, count: int) -> np.ndarray:
-    return spread_schedule(np.random.default_rng(), count, now_ms())
 
 
 class RaydelayPeer:
@@ -107,7 +103,9 @@ class RaydelayPeer:
         topic = "ingest"
         producer, consumer, send, receive = self._open(topic, 4)
         drain = Drain(receive).start()
-        seconds = produce(send, n, _spread, threads=threads, batch=BATCH, label="raydelay ingest")
+        seconds = produce(
+            send, n, spread_now, threads=threads, batch=BATCH, label="raydelay ingest"
+        )
         drain.stop()
         out = {"seconds": seconds, "acked_rate": n / seconds, "durable_rate": n / seconds}
         out["disk_bytes"] = dir_bytes(self.root)
@@ -124,7 +122,7 @@ class RaydelayPeer:
         drain = Drain(receive).start()
         rows, sent = [], 0
         for p in points:
-            produce(send, p - sent, _spread, threads=threads, batch=BATCH, seq0=sent,
+            produce(send, p - sent, spread_now, threads=threads, batch=BATCH, seq0=sent,
                     label=f"raydelay memory {p:,}")  # fmt: skip
             sent = p
             stats = self._settle(topic, sent)

@@ -40,7 +40,7 @@ from bench.workload import (
     progress,
     run_burst,
     run_lateness,
-    spread_schedule,
+    spread_now,
 )
 
 MOVE_BATCH = 1_000
@@ -244,10 +244,6 @@ class RedisQueue:
         self.server.close()
 
 
-def _spread(lo: int, count: int) -> np.ndarray:
-    return spread_schedule(np.random.default_rng(), count, now_ms())
-
-
 def _wait_fsync() -> None:
     """appendfsync everysec: what was written is on disk within about a second."""
     time.sleep(1.0)
@@ -265,7 +261,7 @@ class RedisPeer:
         q = RedisQueue(self.binary, self.root)
         try:
             drain = Drain(q.receive).start()
-            seconds = produce(q.send, n, _spread, threads=threads, batch=BATCH,
+            seconds = produce(q.send, n, spread_now, threads=threads, batch=BATCH,
                               label="redis ingest")  # fmt: skip
             drain.stop()
             _wait_fsync()
@@ -286,7 +282,7 @@ class RedisPeer:
             drain = Drain(q.receive).start()
             rows, sent = [], 0
             for p in points:
-                produce(q.send, p - sent, _spread, threads=threads, batch=BATCH, seq0=sent,
+                produce(q.send, p - sent, spread_now, threads=threads, batch=BATCH, seq0=sent,
                         label=f"redis memory {p:,}")  # fmt: skip
                 sent = p
                 _wait_fsync()

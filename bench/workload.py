@@ -48,6 +48,11 @@ def spread_schedule(rng: np.random.Generator, n: int, base_ms: int) -> np.ndarra
     return base_ms + rng.integers(1_000, HOUR_MS, n)
 
 
+def spread_now(first: int, count: int) -> np.ndarray:
+    """A ``produce`` schedule: each batch due uniformly over the hour after it is made."""
+    return spread_schedule(np.random.default_rng(), count, now_ms())
+
+
 def batches(n: int, size: int):
     """(first index, count) of each batch of ``size`` covering range(n)."""
     for lo in range(0, n, size):
