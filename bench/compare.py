@@ -93,19 +93,8 @@ def shrink(plan: dict, by: int) -> dict:
 def run_peer(name: str, plan: dict, scenarios: list[str], root: str) -> dict:
     out: dict = {}
     if name == "heapq":
-        if "ingest" in scenarios:
-            out["ingest"] = peer_heapq.run("ingest", plan["ingest"])
-        if "memory" in scenarios:
-            out["memory"] = peer_heapq.run("memory", plan["memory"])
-        if "burst" in scenarios:
-            out["burst"] = peer_heapq.run("burst", plan["burst"], now_ms() + lead_ms(plan["burst"]))
-        if "lateness" in scenarios:
-            n = plan["lateness_rate"] * plan["lateness_s"]
-            out["lateness"] = peer_heapq.run(
-                "lateness", plan["lateness_rate"], plan["lateness_s"], now_ms() + lead_ms(n)
-            )
-        return out
-    if name == "redis":
+        peer = peer_heapq.HeapqPeer()
+    elif name == "redis":
         from bench.peer_redis import RedisPeer
 
         peer = RedisPeer(root)

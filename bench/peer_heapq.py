@@ -106,8 +106,27 @@ def lateness(rate: int, seconds: int, start_ms: int) -> dict:
     return run_lateness(h.send, h.receive, rate, seconds, start_ms, threads=1, batch=BATCH)
 
 
-def run(fn_name: str, *args):
+def _in_child(fn, *args):
     """Run one scenario of this module in a fresh interpreter and return its result."""
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply(globals()[fn_name], args)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+class HeapqPeer:
+    """The scenarios above behind the interface of the other peers; the heap takes one
+    producer thread (it holds a lock) and keeps nothing, so there is no recovery."""
+
+    def ingest(self, n: int, threads: int) -> dict:
+        return _in_child(ingest, n)
+
+    def memory(self, points: list[int], kill_at: set[int], threads: int) -> list[dict]:
+        return _in_child(memory, points)
+
+    def burst(self, n: int, due_ms: int, threads: int) -> dict:
+        return _in_child(burst, n, due_ms)
+
+    def lateness(self, rate: int, seconds: int, start_ms: int, threads: int) -> dict:
+        return _in_child(lateness, rate, seconds, start_ms)
+
+    def close(self) -> None:
+        pass

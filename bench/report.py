@@ -58,196 +58,94 @@ def without_samples(results: dict) -> dict:
     return out
 
 
+PEERS = ("raydelay", "redis", "heapq")
+
+
+def _line(scenario, figure, conditions, vals, fmt=",.0f", target="", ratios=True, text=None):
+    """One table row from each peer's value (missing: n/a): the values, then raydelay's
+    ratio to Redis and to heapq. ``text`` puts words in a peer's cell (and no ratio)."""
+    text = text or {}
+    cells = [text.get(p, _num(vals.get(p), fmt)) for p in PEERS]
+    rat = [
+        _ratio(vals.get("raydelay"), vals.get(p)) if ratios and p not in text else ""
+        for p in PEERS[1:]
+    ]
+    return (scenario, figure, conditions, *cells, *rat, target)
+
+
 def rows(results: dict) -> list[tuple]:
-    """(scenario, metric, conditions, raydelay, redis, heapq, vs redis, vs heapq, target)."""
+    """(scenario, figure, conditions, raydelay, redis, heapq, vs redis, vs heapq, target)."""
     plan = results["plan"]
-    out: list[tuple] = []
     n = plan["ingest"]
 
-    def ing(peer, key):
-        return _get(results, peer, "ingest", key)
+    def each(*path) -> dict:
+        return {p: _get(results, p, *path) for p in PEERS}
 
-    out.append(
-        (
-            "1 ingest",
-            "msg/s until durable",
-            f"{n:,} msgs, 100 B, due uniform over 1 h; raydelay: send_many x5000, 4 threads, "
-            "4 partitions, fsync per write; Redis: ZADD pipelined, 4 threads, AOF everysec "
-            "(+1 s for the last fsync); heapq: in memory, never durable",
-            _num(ing("raydelay", "durable_rate")),
-            _num(ing("redis", "durable_rate")),
-            _num(ing("heapq", "acked_rate")),
-            _ratio(ing("raydelay", "durable_rate"), ing("redis", "durable_rate")),
-            _ratio(ing("raydelay", "durable_rate"), ing("heapq", "acked_rate")),
-            ">= 1.0x Redis",
-        )
-    )
-    out.append(
-        (
-            "1 ingest",
-            "msg/s acknowledged",
-            "as above; Redis replies before its fsync",
-            _num(ing("raydelay", "acked_rate")),
-            _num(ing("redis", "acked_rate")),
-            _num(ing("heapq", "acked_rate")),
-            _ratio(ing("raydelay", "acked_rate"), ing("redis", "acked_rate")),
-            _ratio(ing("raydelay", "acked_rate"), ing("heapq", "acked_rate")),
-            "",
-        )
-    )
-    out.append(
-        (
-            "1 ingest",
-            "disk bytes per message",
-            "raydelay: store directory; Redis: appendonlydir",
-            _num(_per(ing("raydelay", "disk_bytes"), n), ",.1f"),
-            _num(_per(ing("redis", "disk_bytes"), n), ",.1f"),
-            "0 (nothing kept)",
-            _ratio(ing("raydelay", "disk_bytes"), ing("redis", "disk_bytes")),
-            "",
-            "",
-        )
-    )
+    durable = each("ingest", "durable_rate") | {
+        "heapq": _get(results, "heapq", "ingest", "acked_rate")
+    }
+    disk = {p: _per(v, n) for p, v in each("ingest", "disk_bytes").items()}
+    out = [
+        _line("1 ingest", "msg/s until durable",
+              f"{n:,} msgs, 100 B, due uniform over 1 h; raydelay: send_many x5000, 4 threads, "
+              "4 partitions, fsync per write; Redis: ZADD pipelined, 4 threads, AOF everysec "
+              "(+1 s for the last fsync); heapq: in memory, never durable",
+              durable, target=">= 1.0x Redis"),
+        _line("1 ingest", "msg/s acknowledged", "as above; Redis replies before its fsync",
+              each("ingest", "acked_rate")),
+        _line("1 ingest", "disk bytes per message", "raydelay: store directory; Redis: appendonlydir",
+              disk, ",.1f", text={"heapq": "0 (nothing kept)"}),
+    ]  # fmt: skip
     for sent in plan["memory"]:
-        rd, rs, hq = (_memory_row(results, p, sent) for p in ("raydelay", "redis", "heapq"))
-        per = {k: _per(r["memory_bytes"], r["pending"]) if r else None
-               for k, r in (("raydelay", rd), ("redis", rs), ("heapq", hq))}  # fmt: skip
-        target = "<= 0.1x Redis" if sent == 10_000_000 else ""
-        out.append(
-            (
-                "2 memory",
-                f"bytes per pending message at {sent / 1e6:g}M",
-                "raydelay: RSS of the topic + subscription actor (1 partition), after the "
-                "log is read in; Redis: used_memory; heapq: process RSS",
-                _num(per["raydelay"], ",.1f"),
-                _num(per["redis"], ",.1f"),
-                _num(per["heapq"], ",.1f"),
-                _ratio(per["raydelay"], per["redis"]),
-                _ratio(per["raydelay"], per["heapq"]),
-                target,
-            )
-        )
-        growth = {k: _per(r["memory_bytes"] - r["baseline_bytes"], r["pending"]) if r else None
-                  for k, r in (("raydelay", rd), ("redis", rs), ("heapq", hq))}  # fmt: skip
-        out.append(
-            (
-                "2 memory",
-                f"bytes per pending message above the idle baseline at {sent / 1e6:g}M",
-                "the same, less what the empty actors / server / interpreter held",
-                _num(growth["raydelay"], ",.1f"),
-                _num(growth["redis"], ",.1f"),
-                _num(growth["heapq"], ",.1f"),
-                _ratio(growth["raydelay"], growth["redis"]),
-                _ratio(growth["raydelay"], growth["heapq"]),
-                "",
-            )
-        )
-        out.append(
-            (
-                "2 memory",
-                f"MiB in memory at {sent / 1e6:g}M",
-                "pending = sent - consumed at the moment of measuring",
-                _mib(rd),
-                _mib(rs),
-                _mib(hq),
-                "",
-                "",
-                "",
-            )
-        )
-        out.append(
-            (
-                "2 memory",
-                f"disk bytes per pending message at {sent / 1e6:g}M",
-                "raydelay: store directory; Redis: AOF",
-                _num(_per(rd and rd["disk_bytes"], rd and rd.get("stored", rd["pending"])), ",.1f"),
-                _num(_per(rs and rs["disk_bytes"], rs and rs["pending"]), ",.1f"),
-                "0",
-                _ratio(rd and rd["disk_bytes"], rs and rs["disk_bytes"]),
-                "",
-                "",
-            )
-        )
+        at = f"at {sent / 1e6:g}M"
+        mem = {p: _memory_row(results, p, sent) for p in PEERS}
+        held = {p: r and r["memory_bytes"] for p, r in mem.items()}
+        out += [
+            _line("2 memory", f"bytes per pending message {at}",
+                  "raydelay: RSS of the topic + subscription actor (1 partition), after the "
+                  "log is read in; Redis: used_memory; heapq: process RSS",
+                  {p: r and _per(r["memory_bytes"], r["pending"]) for p, r in mem.items()},
+                  ",.1f", target="<= 0.1x Redis" if sent == 10_000_000 else ""),
+            _line("2 memory", f"bytes per pending message above the idle baseline {at}",
+                  "the same, less what the empty actors / server / interpreter held",
+                  {p: r and _per(r["memory_bytes"] - r["baseline_bytes"], r["pending"])
+                   for p, r in mem.items()}, ",.1f"),
+            _line("2 memory", f"MiB in memory {at}",
+                  "pending = sent - consumed at the moment of measuring",
+                  {p: v and v / MIB for p, v in held.items()}, ratios=False),
+            _line("2 memory", f"disk bytes per pending message {at}",
+                  "raydelay: store directory; Redis: AOF",
+                  {p: r and _per(r["disk_bytes"], r.get("stored", r["pending"]))
+                   for p, r in mem.items()}, ",.1f", text={"heapq": "0"}),
+        ]  # fmt: skip
     b = plan["burst"]
-
-    def rate(peer):
-        s = _get(results, peer, "burst", "drain_s")
-        d = _get(results, peer, "burst", "delivered")
-        return None if not s or d != b else b / s
-
-    out.append(
-        (
-            "3 burst",
-            "seconds from the due instant to the last ack",
-            f"{b:,} msgs due at one instant; one consumer thread (raydelay receive x10000 + "
-            "ack, 4 partitions; Redis BLMPOP x1000)",
-            _num(_get(results, "raydelay", "burst", "drain_s"), ".2f"),
-            _num(_get(results, "redis", "burst", "drain_s"), ".2f"),
-            _num(_get(results, "heapq", "burst", "drain_s"), ".2f"),
-            "",
-            "",
-            "",
-        )
-    )
-    out.append(
-        (
-            "3 burst",
-            "drain msg/s",
-            "messages / the seconds above",
-            _num(rate("raydelay")),
-            _num(rate("redis")),
-            _num(rate("heapq")),
-            _ratio(rate("raydelay"), rate("redis")),
-            _ratio(rate("raydelay"), rate("heapq")),
-            ">= 1.0x Redis",
-        )
-    )
+    drain_s = each("burst", "drain_s")
+    delivered = each("burst", "delivered")
+    rate = {p: b / s if s and delivered[p] == b else None for p, s in drain_s.items()}
     lr, ls = plan["lateness_rate"], plan["lateness_s"]
-    for key, label, fmt in (("p50", "p50", ".0f"), ("p99", "p99", ".0f"), ("max", "max", ",")):
-        vals = {p: _get(results, p, "lateness", key) for p in ("raydelay", "redis", "heapq")}
-        out.append(
-            (
-                "4 lateness",
-                f"{label} ms",
-                f"{lr:,} msg/s due for {ls} s, loaded ahead; receive time - deliver_at",
-                _num(vals["raydelay"], fmt),
-                _num(vals["redis"], fmt),
-                _num(vals["heapq"], fmt),
-                _ratio(vals["raydelay"], vals["redis"]),
-                _ratio(vals["raydelay"], vals["heapq"]),
-                "<= 50 ms" if key == "p99" else "",
-            )
-        )
-    early = {p: _get(results, p, "lateness", "early") for p in ("raydelay", "redis", "heapq")}
-    out.append(
-        (
-            "4 lateness",
-            "delivered early",
-            "strict mode for raydelay",
-            _num(early["raydelay"], ","),
-            _num(early["redis"], ","),
-            _num(early["heapq"], ","),
-            "",
-            "",
-            "0",
-        )
-    )
+    late_cond = f"{lr:,} msg/s due for {ls} s, loaded ahead; receive time - deliver_at"
+    out += [
+        _line("3 burst", "seconds from the due instant to the last ack",
+              f"{b:,} msgs due at one instant; one consumer thread (raydelay receive x10000 + "
+              "ack, 4 partitions; Redis BLMPOP x1000)", drain_s, ".2f", ratios=False),
+        _line("3 burst", "drain msg/s", "messages / the seconds above", rate,
+              target=">= 1.0x Redis"),
+        _line("4 lateness", "p50 ms", late_cond, each("lateness", "p50"), ".0f"),
+        _line("4 lateness", "p99 ms", late_cond, each("lateness", "p99"), ".0f",
+              target="<= 50 ms"),
+        _line("4 lateness", "max ms", late_cond, each("lateness", "max"), ","),
+        _line("4 lateness", "delivered early", "strict mode for raydelay",
+              each("lateness", "early"), ",", target="0", ratios=False),
+    ]  # fmt: skip
     for sent in plan["kill_at"]:
-        rd, rs = _memory_row(results, "raydelay", sent), _memory_row(results, "redis", sent)
+        rec = {p: (_memory_row(results, p, sent) or {}).get("recovery_s") for p in PEERS}
         out.append(
-            (
-                "5 recovery",
-                f"s from kill to first delivery at {sent / 1e6:g}M",
-                "raydelay: subscription actor SIGKILLed, Ray restarts it; Redis: redis-server "
-                "SIGKILLed and restarted at once over its AOF; heapq: no durability",
-                _num(rd and rd.get("recovery_s"), ".2f"),
-                _num(rs and rs.get("recovery_s"), ".2f"),
-                "all lost",
-                _ratio(rd and rd.get("recovery_s"), rs and rs.get("recovery_s")),
-                "",
-                "<= 2 s" if sent == 10_000_000 else "",
-            )
-        )
+            _line("5 recovery", f"s from kill to first delivery at {sent / 1e6:g}M",
+                  "raydelay: subscription actor SIGKILLed, Ray restarts it; Redis: "
+                  "redis-server SIGKILLed and restarted at once over its AOF; heapq: no "
+                  "durability", rec, ".2f", target="<= 2 s" if sent == 10_000_000 else "",
+                  text={"heapq": "all lost"})
+        )  # fmt: skip
     return out
 
 
@@ -255,13 +153,8 @@ def _per(total, n):
     return None if total is None or not n else total / n
 
 
-def _mib(row) -> str:
-    return "n/a" if row is None else f"{row['memory_bytes'] / MIB:,.0f}"
-
-
 def markdown(results: dict, stem: Path) -> str:
     m = results["machine"]
-    plan = results["plan"]
     lines = [
         f"# raydelay side by side: {results['suite']} suite, {stem.name[:10]}",
         "",
@@ -283,7 +176,7 @@ def markdown(results: dict, stem: Path) -> str:
         lines.append("| " + " | ".join(str(c) for c in r) + " |")
     lines += _warnings(results)
     lines += _cpu(results)
-    lines += _recovery_detail(results, plan)
+    lines += _recovery_detail(results)
     lines += _scale(results)
     lines += ["", "## Plots", ""]
     for kind in _plots(results, stem):
@@ -334,7 +227,7 @@ def _cpu(results: dict) -> list[str]:
     return out
 
 
-def _recovery_detail(results: dict, plan: dict) -> list[str]:
+def _recovery_detail(results: dict) -> list[str]:
     out = []
     for peer in ("raydelay", "redis"):
         for row in _get(results, peer, "memory") or []:
