@@ -1,7 +1,7 @@
 """raydelay: a durable dispatcher for delayed and scheduled messages, on Ray.
 
 The client API (``connect``, ``Cluster``, ``Producer``, ``Consumer``, ``Message``,
-``MessageId``) is loaded on first use, so that importing the pure core never
+``MessageBatch``, ``MessageId``) is loaded on first use, so that importing the pure core never
 imports Ray.
 """
 
@@ -19,7 +19,7 @@ from raydelay.errors import (
 
 __version__ = "0.1.0"
 
-_CLIENT = ("connect", "Cluster", "Producer", "Consumer", "Message", "MessageId")
+_CLIENT = ("connect", "Cluster", "Producer", "Consumer", "Message", "MessageBatch", "MessageId")
 
 __all__ = [
     *_CLIENT,

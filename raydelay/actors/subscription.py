@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import ray
 
 from raydelay.actors.metrics import SubscriptionMetrics
@@ -35,15 +36,17 @@ from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryDelayedDeliveryTracker
 from raydelay.dispatch.cursor import Cursor, Position
-from raydelay.dispatch.keys import key_of, position_of
+from raydelay.dispatch.keys import position_of
 from raydelay.dispatch.objects import Group, ObjectCache
 from raydelay.dispatch.subscription import Delivery, Subscription
-from raydelay.dispatch.wire import deliveries_to_wire
-from raydelay.errors import CodecError, NotFound
+from raydelay.dispatch.wire import delivery_batch
+from raydelay.errors import CodecError, InvalidArgument, NotFound
 from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
     Entries,
+    Rows,
+    concat_entries,
     decode_object,
     encode_batch,
 )
@@ -202,8 +205,11 @@ class SubscriptionActor:
         await self._notify()
         return n
 
-    async def receive(self, consumer_id: str, max_messages: int, timeout_s: float) -> dict:
-        """Up to ``max_messages`` for ``consumer_id``; waits up to ``timeout_s`` (seconds)."""
+    async def receive(
+        self, consumer_id: str, max_messages: int, timeout_s: float
+    ) -> pa.RecordBatch:
+        """Up to ``max_messages`` for ``consumer_id`` as one record batch (see
+        :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`); waits up to ``timeout_s`` (seconds)."""
         self._ensure_started()
         if "first_receive_s" not in self._recovery:
             self._recovery["first_receive_s"] = round(
@@ -215,10 +221,10 @@ class SubscriptionActor:
         while True:
             out = await self._deliver(consumer_id, int(max_messages))
             if out or consumer_id not in self._sub.consumers():
-                return deliveries_to_wire(self._topic, self._partition, out)
+                return delivery_batch(out)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return deliveries_to_wire(self._topic, self._partition, [])
+                return delivery_batch([])
             async with self._available:
                 try:
                     await asyncio.wait_for(self._available.wait(), timeout=remaining)
@@ -252,45 +258,43 @@ class SubscriptionActor:
         r["first_delivery_at_ms"] = self._clock.now_ms()
         r["store_bytes"] = self._store.bytes_read
 
-    async def _fetch(self, keys: list[int]) -> list[Group]:
-        """Payloads for positions, grouped by ledger object: from the decoded objects kept
-        here, else from the topic actor (positions it no longer has are dropped)."""
-        if not keys:
+    async def _fetch(self, keys: np.ndarray) -> list[Group]:
+        """Payloads for positions (int64 keys), grouped by source: the decoded objects kept
+        here, else rows read from the topic actor (positions it no longer has are dropped)."""
+        if not len(keys):
             return []
         groups, need = self._objects.lookup(np.asarray(keys, dtype=np.int64))
         if len(need):
-            blobs = await rpc.wait(
-                self._topic_actor.read_positions.remote([position_of(k) for k in need.tolist()]),
-                what="topic actor",
-            )
-            self._count_log_bytes(blobs)
-            reply = ObjectCache(max_entries=1 << 62)
-            for blob in blobs:
-                obj = decode_object(blob)
-                reply.add(obj)  # the reply's runs never overlap: an exact lookup
-                self._objects.add(obj)
-            more, missing = reply.lookup(need)
-            groups += more
-            if len(missing):
-                self._sub.drop_missing(missing.tolist())
+            rows = await self._read_rows(need)
+            found = np.isin(need, rows.positions)
+            if found.any():
+                got = need[found]
+                groups.append((rows, np.searchsorted(rows.positions, got), got))
+            if not found.all():
+                self._sub.drop_missing(need[~found])
         return groups
+
+    async def _read_rows(self, keys: np.ndarray) -> Rows:
+        batch = await rpc.wait(
+            self._topic_actor.read_positions.remote(keys.astype(np.int64)), what="topic actor"
+        )
+        if "first_delivery_s" not in self._recovery:
+            self._recovery["log_bytes"] += int(batch.nbytes)
+        return Rows.from_batch(batch)
 
     def _count_log_bytes(self, blobs: list[bytes]) -> None:
         if "first_delivery_s" not in self._recovery:
             self._recovery["log_bytes"] += sum(len(b) for b in blobs)
 
-    async def ack(self, consumer_id: str, positions: list[tuple[int, int]]) -> int:
+    async def ack(self, consumer_id: str, keys) -> int:
+        """Acknowledge positions: one int64 array of keys ``ledger << 32 | entry``."""
         self._ensure_started()
-        return self._sub.ack(consumer_id, (key_of(lg, e) for lg, e in positions))
+        return self._sub.ack(consumer_id, _keys(keys))
 
-    async def nack(self, consumer_id: str, positions: list[tuple[int, int]], delay_s: float) -> int:
+    async def nack(self, consumer_id: str, keys, delay_s: float) -> int:
+        """Give positions (int64 keys) back for redelivery after ``delay_s`` seconds."""
         self._ensure_started()
-        n = self._sub.nack(
-            consumer_id,
-            [key_of(lg, e) for lg, e in positions],
-            _ms(delay_s) or 0,
-            self._clock.now_ms(),
-        )
+        n = self._sub.nack(consumer_id, _keys(keys), _ms(delay_s) or 0, self._clock.now_ms())
         if self._sub.dead:
             await self._flush_dead_letters()
         self._changed.set()
@@ -339,29 +343,31 @@ class SubscriptionActor:
         keys = self._sub.dead_letters(1_000)
         if not keys:
             return
-        fetched = {
-            int(k): (obj, int(i))
-            for obj, idx, ks in await self._fetch(keys)
-            for i, k in zip(idx, ks, strict=True)
-        }
-        keys = [k for k in keys if k in fetched]
-        if not keys:
+        groups = await self._fetch(np.asarray(keys, dtype=np.int64))
+        if not groups:
             return
         dlq = self._options.get("dead_letter_topic") or f"{self._topic}-{self._name}-DLQ"
-        payloads, msg_keys, props = [], [], []
-        for k in keys:
-            obj, i = fetched[k]
-            payloads.append(obj.entries.payloads[i])
-            msg_keys.append(obj.entries.key(i))
-            lg, e = position_of(k)
-            props.append(
-                dict(obj.entries.props(i) or {})
-                | {
-                    "raydelay.original_message_id": f"{self._topic}/{self._partition}/{lg}:{e}",
-                    "raydelay.subscription": self._name,
-                }
+        taken = concat_entries([src.entries.take(idx) for src, idx, _ in groups])
+        found = np.concatenate([ks for _, _, ks in groups])
+        props = [
+            dict(p or {})
+            | {
+                "raydelay.original_message_id": f"{self._topic}/{self._partition}/{lg}:{e}",
+                "raydelay.subscription": self._name,
+            }
+            for p, (lg, e) in zip(
+                taken.properties or [None] * len(taken),
+                map(position_of, found.tolist()),
+                strict=True,
             )
-        entries = Entries(payloads, np.full(len(keys), NO_DELAY, dtype=np.int64), msg_keys, props)
+        ]
+        entries = Entries.build(
+            taken.batch.column(0),
+            np.full(len(taken), NO_DELAY, dtype=np.int64),
+            taken.batch.column(2),
+            props,
+        )
+        keys = found.tolist()
         target = ray.get_actor(topic_actor_name(dlq, 0), namespace=NAMESPACE)
         await rpc.wait(
             target.append.remote(encode_batch(AppendBatch("", 0, entries))), what="DLQ topic"
@@ -407,16 +413,9 @@ class SubscriptionActor:
 
     async def _reread(self, max_positions: int) -> None:
         """Re-read a chunk of the loose positions a restart found before the read position."""
-        keys = self._sub.next_unread(max_positions)
-        blobs = await rpc.wait(
-            self._topic_actor.read_positions.remote([position_of(k) for k in keys]),
-            what="topic actor",
-        )
-        self._count_log_bytes(blobs)
-        objects = [decode_object(b) for b in blobs]
-        for obj in objects:
-            self._objects.add(obj)
-        if self._sub.on_reread(objects, keys):
+        keys = np.asarray(self._sub.next_unread(max_positions), dtype=np.int64)
+        rows = await self._read_rows(keys)
+        if self._sub.on_reread(rows, keys):
             self._changed.set()
             await self._notify()
 
@@ -508,11 +507,19 @@ def _lateness(out: list[Delivery], now_ms: int) -> np.ndarray:
     """Dispatch lateness (ms) of the first deliveries of delayed messages in ``out``."""
     parts = []
     for dv in out:
-        d = dv.obj.entries.deliver_at_ms[dv.indexes]
+        d = dv.source.entries.deliver_at_ms[dv.indexes]
         first = (d != NO_DELAY) & (dv.counts == 0)
         if first.any():
             parts.append(now_ms - d[first])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _keys(keys) -> np.ndarray:
+    """Position keys from a consumer: an int64 array (or a list of ints)."""
+    arr = np.asarray(keys)
+    if arr.ndim != 1 or (len(arr) and arr.dtype.kind not in "iu"):
+        raise InvalidArgument("positions: expected a 1-d array of int64 position keys")
+    return arr.astype(np.int64, copy=False)
 
 
 def _ms(seconds: float | None) -> int | None:

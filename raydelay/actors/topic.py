@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import ray
 
 from raydelay.actors.metrics import TopicMetrics
@@ -95,11 +96,11 @@ class TopicActor:
         self._ensure_started()
         decoded = decode_batch(batch)
         limit = self._config.topic.max_message_bytes
-        too_big = [i for i, p in enumerate(decoded.entries.payloads) if len(p) > limit]
-        if too_big:
+        too_big = np.flatnonzero(decoded.entries.payload_lengths() > limit)
+        if len(too_big):
             raise InvalidArgument(
-                f"payload: message {too_big[0]} of the batch is over topic.max_message_bytes "
-                f"({limit} bytes)"
+                f"payload: message {int(too_big[0])} of the batch is over "
+                f"topic.max_message_bytes ({limit} bytes)"
             )
         return await self._enqueue(decoded)
 
@@ -131,10 +132,8 @@ class TopicActor:
                 "is not in the log"
             )
         n = len(targets)
-        entries = Entries(
-            payloads=[b""] * n,
-            deliver_at_ms=np.full(n, NO_DELAY, dtype=np.int64),
-            cancels=dict(enumerate(targets)),
+        entries = Entries.build(
+            [b""] * n, np.full(n, NO_DELAY, dtype=np.int64), cancels=dict(enumerate(targets))
         )
         ranges = await self._enqueue(AppendBatch(producer, sequence_id, entries))
         return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
@@ -212,9 +211,14 @@ class TopicActor:
     def _before(position: tuple[int, int]) -> tuple[int, int]:
         return (position[0], position[1] - 1)
 
-    async def read_positions(self, positions: list[tuple[int, int]]) -> list[bytes]:
+    async def read_positions(self, keys) -> pa.RecordBatch:
+        """The entries at ``keys`` (int64 position keys ``ledger << 32 | entry``, one array) as
+        one record batch of rows (:data:`raydelay.log.entries.ROWS_SCHEMA`), sorted by
+        position; positions not in the log are left out."""
         self._ensure_started()
-        return await self._run(self._log.read_positions, [(int(a), int(b)) for a, b in positions])
+        keys = np.asarray(keys, dtype=np.int64)
+        rows = await self._run(self._log.read_positions, keys)
+        return rows.to_batch()
 
     async def wait_for_entries(self, after_position, timeout_s: float):
         """Return the tail position once it is past ``after_position`` (or None was given

@@ -1,8 +1,9 @@
-"""The client API (DESIGN.md §5.4): connect, Cluster, Producer, Consumer, Message, MessageId."""
+"""The client API (DESIGN.md §5.4): connect, Cluster, Producer, Consumer, Message, MessageBatch,
+MessageId."""
 
 from raydelay.client.cluster import Cluster, connect
 from raydelay.client.consumer import Consumer
-from raydelay.client.message import Message, MessageId
+from raydelay.client.message import Message, MessageBatch, MessageId
 from raydelay.client.producer import Producer
 
-__all__ = ["connect", "Cluster", "Producer", "Consumer", "Message", "MessageId"]
+__all__ = ["connect", "Cluster", "Producer", "Consumer", "Message", "MessageBatch", "MessageId"]

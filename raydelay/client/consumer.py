@@ -1,9 +1,14 @@
 """Consumer: receives across every partition of a topic for one subscription.
 
-``receive`` keeps one long-poll call outstanding per partition; whatever those
-calls return is buffered here and handed out in order of arrival. Messages in the
-buffer are already assigned to this consumer (unacknowledged); closing the
-consumer hands them back to the subscription for redelivery.
+``receive_batch`` and ``receive`` keep one long-poll call outstanding per partition;
+whatever those calls return (one Arrow record batch each) is buffered here as it
+came and handed out in order of arrival: ``receive_batch`` as a :class:`MessageBatch`
+of columns, ``receive`` as a list of :class:`Message`. Messages in the buffer are
+already assigned to this consumer (unacknowledged); closing the consumer hands them
+back to the subscription for redelivery.
+
+``ack`` and ``nack`` send one call per partition with the positions as one int64
+array, whether they are given a MessageBatch, a list of messages or message ids.
 """
 
 from __future__ import annotations
@@ -15,9 +20,17 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
 import ray
 
-from raydelay.client.message import Message, MessageId, check_number, messages_from_wire
+from raydelay.client.message import (
+    Message,
+    MessageBatch,
+    MessageId,
+    check_number,
+    messages_from_batch,
+)
 from raydelay.cluster import rpc
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
 
@@ -39,7 +52,7 @@ class Consumer:
         self.partitions = partitions
         self._handles = handles
         self.consumer_id = uuid.uuid4().hex
-        self._buffer: deque[Message] = deque()
+        self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
         self._inflight: dict[Any, int] = {}  # receive ref -> partition
         self._closed = False
         added = []
@@ -55,6 +68,18 @@ class Consumer:
     def receive(self, max_messages: int = 100, timeout_s: float = 1.0) -> list[Message]:
         """Up to ``max_messages`` messages; waits up to ``timeout_s`` seconds for the first.
         Returns an empty list when none arrived in time."""
+        out: list[Message] = []
+        for p, rb in self._take(max_messages, timeout_s):
+            out.extend(messages_from_batch(self.topic, p, rb))
+        return out
+
+    def receive_batch(self, max_messages: int = 10_000, timeout_s: float = 1.0) -> MessageBatch:
+        """Up to ``max_messages`` messages as one :class:`MessageBatch` of Arrow columns (one
+        record batch per partition they came from); waits up to ``timeout_s`` seconds for
+        the first. The batch is empty (``len() == 0``) when none arrived in time."""
+        return MessageBatch(self.topic, self._take(max_messages, timeout_s))
+
+    def _take(self, max_messages: int, timeout_s: float) -> list[tuple[int, pa.RecordBatch]]:
         self._check_open()
         if isinstance(max_messages, bool) or not isinstance(max_messages, int):
             raise InvalidArgument(
@@ -69,8 +94,19 @@ class Consumer:
             self._poll(max_messages, max(remaining, 0.0))
             if self._buffer or remaining <= 0:
                 break
-        n = min(max_messages, len(self._buffer))
-        return [self._buffer.popleft() for _ in range(n)]
+        out: list[tuple[int, pa.RecordBatch]] = []
+        room = max_messages
+        while self._buffer and room > 0:
+            p, rb = self._buffer[0]
+            if rb.num_rows <= room:
+                self._buffer.popleft()
+                out.append((p, rb))
+                room -= rb.num_rows
+            else:
+                out.append((p, rb.slice(0, room)))
+                self._buffer[0] = (p, rb.slice(room))
+                room = 0
+        return out
 
     def _poll(self, max_messages: int, timeout_s: float) -> None:
         busy = set(self._inflight.values())
@@ -89,7 +125,9 @@ class Consumer:
         for ref in ready:
             p = self._inflight.pop(ref)
             try:
-                self._buffer.extend(messages_from_wire(rpc.get(ref, what=f"subscription {p}")))
+                rb = rpc.get(ref, what=f"subscription {p}")
+                if rb.num_rows:
+                    self._buffer.append((p, rb))
             except StorageError as exc:
                 if not exc.retriable:
                     raise
@@ -111,61 +149,77 @@ class Consumer:
 
         self._cluster._call(submit, f"subscription {self.subscription} partition {p}")
 
-    def ack(self, messages: Message | MessageId | Iterable[Message | MessageId]) -> None:
-        """Acknowledge messages (one, or many in one call per partition)."""
+    def ack(
+        self, messages: MessageBatch | Message | MessageId | Iterable[Message | MessageId]
+    ) -> None:
+        """Acknowledge messages: a MessageBatch, a Message or MessageId, or an iterable of
+        them (one call per partition)."""
         self._check_open()
         by_partition = self._group(messages, "messages")
         self._cluster._call(
             lambda: [
-                self._handles[p].ack.remote(self.consumer_id, pos)
-                for p, pos in by_partition.items()
+                self._handles[p].ack.remote(self.consumer_id, keys)
+                for p, keys in by_partition.items()
             ],
             "subscription",
         )
 
     def nack(
-        self, messages: Message | MessageId | Iterable[Message | MessageId], delay_s: float = 0.0
+        self,
+        messages: MessageBatch | Message | MessageId | Iterable[Message | MessageId],
+        delay_s: float = 0.0,
     ) -> None:
-        """Give messages back for redelivery after ``delay_s`` seconds (0: as soon as possible)."""
+        """Give messages back for redelivery after ``delay_s`` seconds (0: as soon as
+        possible). Takes what :meth:`ack` takes."""
         self._check_open()
         delay_s = check_number("delay_s", delay_s)
         by_partition = self._group(messages, "messages")
         self._cluster._call(
             lambda: [
-                self._handles[p].nack.remote(self.consumer_id, pos, delay_s)
-                for p, pos in by_partition.items()
+                self._handles[p].nack.remote(self.consumer_id, keys, delay_s)
+                for p, keys in by_partition.items()
             ],
             "subscription",
         )
 
-    def _group(self, messages: Any, field: str) -> dict[int, list[tuple[int, int]]]:
+    def _group(self, messages: Any, field: str) -> dict[int, np.ndarray]:
+        """partition -> int64 position keys of ``messages``."""
+        if isinstance(messages, MessageBatch):
+            if messages.topic != self.topic:
+                raise InvalidArgument(
+                    f"{field}: a batch of topic {messages.topic!r}, not {self.topic!r}"
+                )
+            return messages.position_keys()
         if isinstance(messages, (Message, MessageId)):
             messages = [messages]
-        if isinstance(messages, list) and messages and all(type(m) is Message for m in messages):
-            ids = [m[0] for m in messages]  # fast path: what receive() returned
-            if all(mid[0] == self.topic for mid in ids):
-                out: dict[int, list[tuple[int, int]]] = {}
-                for mid in ids:
-                    out.setdefault(mid[1], []).append((mid[2], mid[3]))
-                if all(0 <= p < self.partitions for p in out):
-                    return out
         try:
             items = list(messages)
         except TypeError:
             raise InvalidArgument(
-                f"{field}: expected a Message, a MessageId or an iterable of them"
+                f"{field}: expected a MessageBatch, a Message, a MessageId or an iterable of them"
             ) from None
-        out: dict[int, list[tuple[int, int]]] = {}
-        for m in items:
-            mid = m.message_id if isinstance(m, Message) else m
-            if not isinstance(mid, MessageId):
-                raise InvalidArgument(
-                    f"{field}: expected Message or MessageId, got {type(m).__name__}"
-                )
-            if mid.topic != self.topic or not 0 <= mid.partition < self.partitions:
-                raise InvalidArgument(f"{field}: {mid} is not a message of topic {self.topic!r}")
-            out.setdefault(mid.partition, []).append((mid.ledger_id, mid.entry_id))
-        return out
+        if items and all(type(m) is Message for m in items):
+            ids = [m[0] for m in items]  # fast path: what receive() returned
+        else:
+            ids = []
+            for m in items:
+                mid = m.message_id if isinstance(m, Message) else m
+                if not isinstance(mid, MessageId):
+                    raise InvalidArgument(
+                        f"{field}: expected Message or MessageId, got {type(m).__name__}"
+                    )
+                ids.append(mid)
+        n = len(ids)
+        parts = np.fromiter((i[1] for i in ids), dtype=np.int64, count=n)
+        if any(i[0] != self.topic for i in ids) or (
+            n and (parts.min() < 0 or parts.max() >= self.partitions)
+        ):
+            bad = next(i for i in ids if i[0] != self.topic or not 0 <= i[1] < self.partitions)
+            raise InvalidArgument(f"{field}: {bad} is not a message of topic {self.topic!r}")
+        keys = (np.fromiter((i[2] for i in ids), dtype=np.int64, count=n) << 32) | np.fromiter(
+            (i[3] for i in ids), dtype=np.int64, count=n
+        )
+        return {int(p): keys[parts == p] for p in np.unique(parts)}
 
     def close(self) -> None:
         """Leave the subscription: unacknowledged messages (buffered ones too) are redelivered

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from datetime import datetime
 from functools import partial
 from itertools import repeat
 from typing import Any, NamedTuple
 
+import numpy as np
+import pyarrow as pa
+
+from raydelay.dispatch.wire import DELIVERY_SCHEMA
 from raydelay.errors import InvalidArgument
 from raydelay.log.entries import NO_DELAY
 
@@ -43,30 +48,148 @@ class Message(NamedTuple):
     redelivery_count: int
 
 
-def messages_from_wire(cols: dict[str, Any]) -> list[Message]:
+def messages_from_batch(topic: str, partition: int, rb: pa.RecordBatch) -> list[Message]:
+    """The rows of one delivered record batch (DELIVERY_SCHEMA) as Message tuples."""
+    n = rb.num_rows
+    if n == 0:
+        return []
+    ledger, entry, publish, due, count, payload, key, props = rb.columns
     # tuple.__new__ through map builds the tuples without a Python-level call per message
-    n = len(cols["l"])
     ids = map(
         partial(tuple.__new__, MessageId),
-        zip(repeat(cols["topic"], n), repeat(cols["partition"], n), cols["l"], cols["e"]),
+        zip(repeat(topic, n), repeat(partition, n), ledger.to_pylist(), entry.to_pylist()),
     )
-    props = [pr or {} for pr in cols["pr"]] if cols["pr"] else [{} for _ in range(n)]
-    due = [None if d < 0 else d for d in cols["d"]]
+    if props.null_count == n:
+        prop_list: Any = [{} for _ in range(n)]
+    else:
+        prop_list = [dict(p) if p else {} for p in props.to_pylist()]
+    due_np = due.to_numpy()
+    due_list = due.to_pylist()
+    if (due_np < 0).any():
+        due_list = [None if d < 0 else d for d in due_list]
     return list(
         map(
             partial(tuple.__new__, Message),
             zip(
                 ids,
-                cols["p"],
-                cols["k"] or repeat(None, n),
-                props,
-                cols["t"],
-                due,
-                cols["r"],
+                payload.to_pylist(),
+                repeat(None, n) if key.null_count == n else key.to_pylist(),
+                prop_list,
+                publish.to_pylist(),
+                due_list,
+                count.to_pylist(),
                 strict=True,
             ),
         )
     )
+
+
+class MessageBatch:
+    """The messages of one :meth:`Consumer.receive_batch`, kept as columns.
+
+    It holds one Arrow record batch per partition the messages came from
+    (:attr:`batches`, as ``(partition, record batch)``; the schema is
+    :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`). ``len()`` counts messages;
+    iterating yields :class:`Message` tuples, built lazily one partition at a time.
+    Pass the whole batch to ``consumer.ack`` or ``consumer.nack``: that is one call per
+    partition, with the positions as one integer array.
+
+    Columns (across partitions, in the order of iteration):
+
+    - ``payloads``, ``keys``: Arrow chunked arrays (``.to_pylist()`` for Python objects);
+    - ``deliver_at_ms`` (-1 for an immediate message), ``redelivery_count``,
+      ``publish_time_ms``, ``partitions``: int64 numpy arrays;
+    - ``message_ids``: a list of :class:`MessageId`;
+    - ``to_arrow()``: one ``pyarrow.Table`` with a ``partition`` column first.
+    """
+
+    __slots__ = ("topic", "batches")
+
+    def __init__(self, topic: str, batches: list[tuple[int, pa.RecordBatch]]) -> None:
+        self.topic = topic
+        self.batches = [(int(p), rb) for p, rb in batches if rb.num_rows]
+
+    def __len__(self) -> int:
+        return sum(rb.num_rows for _, rb in self.batches)
+
+    def __bool__(self) -> bool:
+        return bool(self.batches)
+
+    def __iter__(self) -> Iterator[Message]:
+        for p, rb in self.batches:
+            yield from messages_from_batch(self.topic, p, rb)
+
+    def __repr__(self) -> str:
+        return (
+            f"MessageBatch(topic={self.topic!r}, messages={len(self)}, "
+            f"partitions={[p for p, _ in self.batches]})"
+        )
+
+    def _column(self, name: str) -> pa.ChunkedArray:
+        return pa.chunked_array(
+            [rb.column(name) for _, rb in self.batches], type=DELIVERY_SCHEMA.field(name).type
+        )
+
+    def _ints(self, name: str) -> np.ndarray:
+        if not self.batches:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([rb.column(name).to_numpy() for _, rb in self.batches])
+
+    @property
+    def payloads(self) -> pa.ChunkedArray:
+        return self._column("payload")
+
+    @property
+    def keys(self) -> pa.ChunkedArray:
+        return self._column("key")
+
+    @property
+    def deliver_at_ms(self) -> np.ndarray:
+        return self._ints("deliver_at_ms")
+
+    @property
+    def redelivery_count(self) -> np.ndarray:
+        return self._ints("redelivery_count")
+
+    @property
+    def publish_time_ms(self) -> np.ndarray:
+        return self._ints("publish_time_ms")
+
+    @property
+    def partitions(self) -> np.ndarray:
+        if not self.batches:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.full(rb.num_rows, p, dtype=np.int64) for p, rb in self.batches])
+
+    @property
+    def message_ids(self) -> list[MessageId]:
+        return [
+            MessageId(self.topic, p, lg, e)
+            for p, rb in self.batches
+            for lg, e in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True)
+        ]
+
+    def position_keys(self) -> dict[int, np.ndarray]:
+        """partition -> int64 position keys ``ledger << 32 | entry`` of its messages."""
+        out: dict[int, list[np.ndarray]] = {}
+        for p, rb in self.batches:
+            keys = (rb.column(0).to_numpy() << 32) | rb.column(1).to_numpy()
+            out.setdefault(p, []).append(keys)
+        return {p: np.concatenate(ks) for p, ks in out.items()}
+
+    def to_arrow(self) -> pa.Table:
+        schema = pa.schema([("partition", pa.int32()), *DELIVERY_SCHEMA]).with_metadata(
+            {b"topic": self.topic.encode("utf-8")}
+        )
+        tables = [
+            pa.Table.from_batches([rb]).add_column(
+                0, "partition", pa.array(np.full(rb.num_rows, p, dtype=np.int32))
+            )
+            for p, rb in self.batches
+        ]
+        if not tables:
+            return schema.empty_table()
+        return pa.concat_tables(tables).replace_schema_metadata(schema.metadata)
 
 
 # --- input checks -------------------------------------------------------------------------

@@ -188,25 +188,26 @@ class Producer:
     ) -> list[MessageId]:
         """Send one batch per partition chunk in parallel; MessageIds in input order."""
         out: list[MessageId | None] = [None] * len(payloads)
-        calls: list[tuple[int, np.ndarray, bytes]] = []
+        calls: list[tuple[int, np.ndarray, Entries]] = []
         any_keys = any(k is not None for k in keys)
         any_props = any(p is not None for p in props)
+        # The columns are built once for the whole call; each append is a slice of them
+        # (keyless messages go to partitions in contiguous runs) or a take.
+        block = Entries.build(payloads, d, keys if any_keys else None, props if any_props else None)
         for p in range(self.partitions):
             idx_all = np.flatnonzero(parts == p)
             for lo in range(0, len(idx_all), self._chunk):
                 idx = idx_all[lo : lo + self._chunk]
-                entries = Entries(
-                    payloads=[payloads[i] for i in idx],
-                    deliver_at_ms=d[idx],
-                    keys=[keys[i] for i in idx] if any_keys else None,
-                    properties=[props[i] for i in idx] if any_props else None,
-                )
-                calls.append((p, idx, entries))  # type: ignore[arg-type]
+                if idx[-1] - idx[0] + 1 == len(idx):
+                    entries = block.slice(int(idx[0]), int(idx[-1]) + 1)
+                else:
+                    entries = block.take(idx)
+                calls.append((p, idx, entries))
         with self._seq_lock:  # sequence ids in submission order, per partition
             submitted = []
             for p, idx, entries in calls:
                 self._seq[p] += 1
-                data = encode_batch(AppendBatch(self.name, self._seq[p], entries))  # type: ignore[arg-type]
+                data = encode_batch(AppendBatch(self.name, self._seq[p], entries))
                 submitted.append((p, idx, data, self._handles[p].append.remote(data)))
         for p, idx, data, ref in submitted:
             ranges = self._await_append(p, data, ref)

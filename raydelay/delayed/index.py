@@ -403,4 +403,12 @@ def sorted_positions(ls: list[np.ndarray], es: list[np.ndarray]) -> list[tuple[i
     return list(zip(l.tolist(), e.tolist()))
 
 
-__all__ = ["Membership", "RunQueue", "sorted_positions", "EMPTY"]
+def sorted_keys(ls: list[np.ndarray], es: list[np.ndarray]) -> np.ndarray:
+    """Positions as one sorted int64 column of keys ``ledger << 32 | entry``."""
+    if not ls:
+        return np.zeros(0, dtype=np.int64)
+    keys = position_keys(np.concatenate(ls), np.concatenate(es)).astype(np.int64)
+    return keys if len(ls) == 1 else np.sort(keys)
+
+
+__all__ = ["Membership", "RunQueue", "sorted_keys", "sorted_positions", "EMPTY"]

@@ -21,7 +21,7 @@ from raydelay.delayed.common import (
     check_positive_int,
     due_window_counts,
 )
-from raydelay.delayed.index import Membership, RunQueue, sorted_positions
+from raydelay.delayed.index import Membership, RunQueue, sorted_keys, sorted_positions
 
 
 class InMemoryDelayedDeliveryTracker(TrackerBase):
@@ -79,6 +79,14 @@ class InMemoryDelayedDeliveryTracker(TrackerBase):
     # -- popping ---------------------------------------------------------------------
 
     def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
+        return sorted_positions(*self._take_due(max_messages))
+
+    def get_scheduled_keys(self, max_messages: int) -> np.ndarray:
+        """:meth:`get_scheduled_messages` as one sorted int64 column of position keys
+        (``ledger << 32 | entry``), for callers that work on columns."""
+        return sorted_keys(*self._take_due(max_messages))
+
+    def _take_due(self, max_messages: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         n = check_max_messages(max_messages)
         cutoff = self._cutoff()
         out_l, out_e = [], []
@@ -95,7 +103,7 @@ class InMemoryDelayedDeliveryTracker(TrackerBase):
             self._queue.clear()  # only stale copies can remain
             self._highest_deliver_at = -1
             self._fixed_delay = True
-        return sorted_positions(out_l, out_e)
+        return out_l, out_e
 
     def has_message_available(self) -> bool:
         return self._queue.has_live_due(self._cutoff(), self._members)

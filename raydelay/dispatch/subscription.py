@@ -12,6 +12,10 @@ moves bytes (reads the log, fetches payloads, answers consumers) and runs timers
 - **redelivery set**: positions the tracker popped, positions whose ack timed out,
   nacked positions whose delay elapsed, and the pending positions of consumers that
   left. A position stays there until a consumer has it, so none is lost.
+- **in flight**: what each consumer holds unacknowledged is one 64-bit roaring bitmap
+  per consumer (the one record of who holds what); ack deadlines are bitmaps of the
+  positions handed out together, in deadline order. Hand-out, ack, nack and expiry
+  are bitmap and numpy operations over whole batches, never a loop per message.
 - **delivery order**: redeliveries (which include due delayed messages), then the
   read-ahead queue.
 - **dead letters**: a position due for its ``max_redeliveries + 1``-th redelivery goes
@@ -22,22 +26,25 @@ Positions are ints: ``ledger_id << 32 | entry_id``.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import itertools
 import logging
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
+from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of
 from raydelay.errors import InvalidArgument, RaydelayError
-from raydelay.log.entries import NO_DELAY, LedgerObject
+from raydelay.log.entries import NO_CANCEL, NO_DELAY, Entries, LedgerObject, Rows
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +57,21 @@ class ConsumerBusy(RaydelayError):
     """An exclusive subscription already has a consumer."""
 
 
+class Source(Protocol):
+    """Where delivered rows come from: a ledger object read in order, or rows read at
+    scattered positions (:class:`~raydelay.log.entries.Rows`)."""
+
+    entries: Entries
+
+    def publish_times(self, idx: np.ndarray) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class Delivery:
-    """Messages handed to a consumer from one ledger object: their indexes in it, their
+    """Messages handed to a consumer from one source: their row indexes in it, their
     position keys, and how many times each was delivered before."""
 
-    obj: LedgerObject
+    source: Source
     indexes: np.ndarray  # int64
     keys: np.ndarray  # int64 position keys
     counts: np.ndarray  # int64 redelivery counts
@@ -65,12 +81,12 @@ class Delivery:
 
 
 class _Run:
-    """Entries of one ledger object waiting in the read-ahead queue (from ``pos`` on)."""
+    """Entries of one source waiting in the read-ahead queue (from ``pos`` on)."""
 
-    __slots__ = ("obj", "indexes", "keys", "pos")
+    __slots__ = ("source", "indexes", "keys", "pos")
 
-    def __init__(self, obj: LedgerObject, indexes: np.ndarray, keys: np.ndarray) -> None:
-        self.obj, self.indexes, self.keys, self.pos = obj, indexes, keys, 0
+    def __init__(self, source: Source, indexes: np.ndarray, keys: np.ndarray) -> None:
+        self.source, self.indexes, self.keys, self.pos = source, indexes, keys, 0
 
     def __len__(self) -> int:
         return len(self.keys) - self.pos
@@ -79,7 +95,17 @@ class _Run:
 @dataclass
 class _Consumer:
     consumer_id: str
-    pending: set[int]
+    pending: BitMap64  # positions handed to it and not yet acked, nacked or expired
+
+
+def _keys_of(keys: Iterable[int] | np.ndarray) -> np.ndarray:
+    if isinstance(keys, np.ndarray):
+        return keys.astype(np.int64, copy=False)
+    return np.fromiter(keys, dtype=np.int64)
+
+
+def _values(bm: BitMap64) -> np.ndarray:
+    return bitmap64_values(bm).astype(np.int64)
 
 
 class Subscription:
@@ -121,10 +147,11 @@ class Subscription:
         self._ready_count = 0
         self.redeliver = BitMap64()
         self.dead = BitMap64()
-        self._pending: dict[int, tuple[str, int]] = {}  # key -> (consumer, deadline_ms or 0)
-        self._deadlines: list[tuple[int, int, list[int]]] = []  # heap: (deadline_ms, n, keys)
-        self._deadline_seq = 0
+        # ack deadlines: [deadline_ms, positions handed out with it], ascending; a position
+        # is in at most one (it leaves when it stops being in flight other than by an ack)
+        self._deadlines: list[list] = []
         self._counts: dict[int, int] = {}  # key -> deliveries so far, once above zero
+        self._counted = BitMap64()  # the keys of _counts, for batch lookups
         self._consumers: dict[str, _Consumer] = {}
         self._cancelled_ahead = BitMap64()  # cancel targets not read from the log yet
         # After a restart: positions before read_position still to be re-read one by one
@@ -150,18 +177,16 @@ class Subscription:
             raise ConsumerBusy(
                 f"subscription {self.name!r} is exclusive and already has a consumer"
             )
-        self._consumers[consumer_id] = _Consumer(consumer_id, set())
+        self._consumers[consumer_id] = _Consumer(consumer_id, BitMap64())
 
     def remove_consumer(self, consumer_id: str) -> int:
         """Forget a consumer; its unacked messages go to the redelivery set."""
         c = self._consumers.pop(consumer_id, None)
-        if c is None:
+        if c is None or not c.pending:
             return 0
-        keys = [k for k in c.pending if self._pending.get(k, ("",))[0] == consumer_id]
-        for k in keys:
-            del self._pending[k]
-            self._schedule_redelivery(k)
-        return len(keys)
+        self._forget_deadlines(c.pending)
+        self._schedule_redelivery(c.pending)
+        return len(c.pending)
 
     def consumers(self) -> list[str]:
         return list(self._consumers)
@@ -196,7 +221,8 @@ class Subscription:
             start = max(0, read_key - first_key) if obj.ledger_id == self.read_position[0] else 0
             if obj.ledger_id < self.read_position[0] or start >= obj.count:
                 continue
-            taken += self._take_in(obj, np.arange(start, obj.count))
+            idx = np.arange(start, obj.count, dtype=np.int64)
+            taken += self._take_in(obj, idx, first_key + idx)
             last = obj.first_entry + obj.count
             self.read_position = (obj.ledger_id, last)
             size = self.cursor.ledger_size(obj.ledger_id)
@@ -251,92 +277,87 @@ class Subscription:
         """The lowest loose positions still to re-read (see resume_after_buckets)."""
         return list(itertools.islice(self.unread, max_positions))
 
-    def on_reread(self, objects: Iterable[LedgerObject], keys: Iterable[int]) -> int:
-        """Take in the loose positions ``keys`` from the ledger objects holding them (a
+    def on_reread(self, rows: Rows, keys: Iterable[int] | np.ndarray) -> int:
+        """Take in the loose positions ``keys`` from the rows the log returned for them (a
         position the log no longer has is dropped). Returns entries taken in."""
-        chunk = BitMap64(keys) & self.unread
+        chunk = bitmap64_of(_keys_of(keys)) & self.unread
         self.unread -= chunk
-        taken = 0
-        for obj in objects:
-            lo = key_of(obj.ledger_id, obj.first_entry)
-            span = BitMap64()
-            span.add_range(lo, lo + obj.count)
-            inside = chunk & span
-            if not inside:
-                continue
-            chunk -= inside
-            idx = np.fromiter(inside, dtype=np.uint64, count=len(inside)).astype(np.int64) - lo
-            taken += self._take_in(obj, idx)
-        if chunk:
+        wanted = _values(chunk)
+        idx = np.flatnonzero(np.isin(rows.positions, wanted))
+        taken = self._take_in(rows, idx, rows.positions[idx]) if len(idx) else 0
+        gone = np.setdiff1d(wanted, rows.positions)
+        if len(gone):
             log.error(
                 "subscription %s: %d positions are gone from the log, first %s",
                 self.name,
-                len(chunk),
-                position_of(chunk.min()),
+                len(gone),
+                position_of(int(gone[0])),
             )
         return taken
 
-    def _take_in(self, obj: LedgerObject, idx: np.ndarray) -> int:
-        """Entries ``idx`` (ascending indexes) of ``obj``, read from the log: apply cancel
-        markers, put not-yet-due delayed messages in the tracker, queue the rest."""
-        ents = obj.entries
-        if ents.cancels:
-            is_marker = np.isin(idx, np.fromiter(ents.cancels, dtype=np.int64))
-            for i in idx[is_marker].tolist():  # markers first
-                self._apply_marker(
-                    key_of(obj.ledger_id, obj.first_entry + i), key_of(*ents.cancels[i])
-                )
-                self.cursor.ack(np.array([obj.ledger_id]), np.array([obj.first_entry + i]))
-            idx = idx[~is_marker]
-        entry_ids = obj.first_entry + idx
-        keep = self._unseen(obj.ledger_id, entry_ids)
-        for e in entry_ids[~keep]:  # cancelled before they were read: ack them now
-            k = key_of(obj.ledger_id, int(e))
-            if k in self._cancelled_ahead:
-                self._cancelled_ahead.discard(k)
-                self.cursor.ack(np.array([obj.ledger_id]), np.array([int(e)]))
-        idx, entry_ids = idx[keep], entry_ids[keep]
+    def _take_in(self, source: Source, idx: np.ndarray, keys: np.ndarray) -> int:
+        """Rows ``idx`` of ``source`` at positions ``keys`` (both ascending), read from the
+        log: apply cancel markers, put not-yet-due delayed messages in the tracker, queue
+        the rest."""
+        ents = source.entries
+        targets = ents.cancel_targets[idx]
+        is_marker = targets != NO_CANCEL
+        if is_marker.any():
+            for marker, target in zip(keys[is_marker].tolist(), targets[is_marker].tolist()):
+                self._apply_marker(marker, target)  # markers first
+            self.cursor.ack(keys[is_marker] >> SHIFT, keys[is_marker] & LOW)
+            idx, keys = idx[~is_marker], keys[~is_marker]
+        keep = self._unseen(keys)
+        if not keep.all() and self._cancelled_ahead:
+            # cancelled before they were read: ack them now
+            ahead = bitmap64_of(keys[~keep]) & self._cancelled_ahead
+            if ahead:
+                self._cancelled_ahead -= ahead
+                done = _values(ahead)
+                self.cursor.ack(done >> SHIFT, done & LOW)
+        idx, keys = idx[keep], keys[keep]
         ds = ents.deliver_at_ms[idx]
         now_due = np.ones(len(idx), dtype=bool)
         if self.type == "shared" and len(idx):
             delayed = ds != NO_DELAY
             if delayed.any():
                 tracked = self.tracker.add_messages(
-                    np.full(int(delayed.sum()), obj.ledger_id, dtype=np.int64),
-                    entry_ids[delayed],
-                    ds[delayed],
+                    keys[delayed] >> SHIFT, keys[delayed] & LOW, ds[delayed]
                 )
                 now_due[np.flatnonzero(delayed)[tracked]] = False
         if now_due.any():
-            run_keys = (np.int64(obj.ledger_id) << SHIFT) | entry_ids[now_due]
+            run_keys = keys[now_due]
             before = key_of(*self._dispatched_before) if self._dispatched_before[1] >= 0 else -1
-            for k in run_keys[run_keys < before].tolist():  # only right after a restart
-                self._counts.setdefault(k, 1)  # an earlier life may have delivered it
-            self._ready.append(_Run(obj, idx[now_due], run_keys))
+            if run_keys[0] < before:  # only right after a restart
+                self._bump_counts(run_keys[run_keys < before], floor=1)
+            self._ready.append(_Run(source, idx[now_due], run_keys))
             self._ready_count += len(run_keys)
         return len(idx)
 
-    def _unseen(self, ledger_id: int, entry_ids: np.ndarray) -> np.ndarray:
-        """Which entries are neither acknowledged nor cancelled ahead of the read."""
-        keep = np.ones(len(entry_ids), dtype=bool)
-        md_l, md_e = self.cursor.mark_delete
-        if ledger_id < md_l:
-            keep[:] = False
+    def _unseen(self, keys: np.ndarray) -> np.ndarray:
+        """Which positions are neither acknowledged nor cancelled ahead of the read."""
+        keep = np.ones(len(keys), dtype=bool)
+        if not len(keys):
             return keep
-        if ledger_id == md_l:
-            keep &= entry_ids > md_e
-        bm = self.cursor.acked.get(ledger_id)
-        if (
-            bm
-            and len(entry_ids)
-            and bm.range_cardinality(int(entry_ids[0]), int(entry_ids[-1]) + 1)
-        ):
-            both = BitMap(entry_ids.astype(np.uint32)) & bm
-            keep &= ~np.isin(entry_ids, np.fromiter(both, dtype=np.int64, count=len(both)))
+        md_key = key_of(*self.cursor.mark_delete) if self.cursor.mark_delete[1] >= 0 else None
+        md_l = self.cursor.mark_delete[0]
+        ledgers = keys >> SHIFT
+        keep &= ledgers >= md_l
+        if md_key is not None:
+            keep &= keys > md_key
+        for ledger_id in np.unique(ledgers).tolist():
+            bm = self.cursor.acked.get(ledger_id)
+            if not bm:
+                continue
+            same = ledgers == ledger_id
+            es = keys[same] & LOW
+            if bm.range_cardinality(int(es.min()), int(es.max()) + 1):
+                both = BitMap(array("I", es.astype(np.uint32).tobytes())) & bm
+                keep[same] &= ~np.isin(es, np.frombuffer(both.to_array(), dtype=np.uint32))
         if self._cancelled_ahead:
-            keys = (np.int64(ledger_id) << SHIFT) | entry_ids
-            cancelled = np.fromiter(self._cancelled_ahead, dtype=np.uint64).astype(np.int64)
-            keep &= ~np.isin(keys, cancelled)
+            hit = bitmap64_of(keys) & self._cancelled_ahead
+            if hit:
+                keep &= ~np.isin(keys, _values(hit))
         return keep
 
     # --- delivering -------------------------------------------------------------------------
@@ -345,48 +366,49 @@ class Subscription:
         """Move due delayed positions and expired ack deadlines into the redelivery set."""
         self.expire(now_ms)
         if len(self.redeliver) < max_messages and self.tracker.has_message_available():
-            due = self.tracker.get_scheduled_messages(max_messages)
-            self.redeliver.update([(lg << SHIFT) | e for lg, e in due])
+            take = getattr(self.tracker, "get_scheduled_keys", None)
+            if take is not None:
+                due = take(max_messages)
+                if len(due):
+                    self.redeliver |= bitmap64_of(due)
+            else:
+                due_pairs = self.tracker.get_scheduled_messages(max_messages)
+                self.redeliver.update([(lg << SHIFT) | e for lg, e in due_pairs])
 
-    def keys_to_fetch(self, max_messages: int) -> list[int]:
+    def keys_to_fetch(self, max_messages: int) -> np.ndarray:
         """The redelivery-set positions to hand out next (lowest first); the actor fetches
         their payloads, then calls :meth:`deliver`."""
-        return list(itertools.islice(self.redeliver, max_messages))
+        return _first(self.redeliver, max_messages)
 
     def dead_letters(self, max_messages: int) -> list[int]:
-        out: list[int] = []
-        for k in self.dead:
-            out.append(k)
-            if len(out) >= max_messages:
-                break
-        return out
+        return _first(self.dead, max_messages).tolist()
 
     def deliver(
         self,
         consumer_id: str,
-        fetched: list[tuple[LedgerObject, np.ndarray, np.ndarray]],
+        fetched: list[tuple[Source, np.ndarray, np.ndarray]],
         max_messages: int,
         now_ms: int,
     ) -> list[Delivery]:
         """Hand up to ``max_messages`` to ``consumer_id``: fetched redeliveries first (groups
-        of (object, indexes, position keys)), then the read-ahead queue. Returns nothing for
-        a FIFO subscription's standby consumer."""
+        of (source, row indexes, position keys)), then the read-ahead queue. Returns
+        nothing for a FIFO subscription's standby consumer."""
         if not self.can_receive(consumer_id):
             return []
         out: list[Delivery] = []
         room = max_messages
-        for obj, idx, keys in sorted(fetched, key=lambda g: int(g[2][0]) if len(g[2]) else 0):
+        for source, idx, keys in sorted(fetched, key=lambda g: int(g[2][0]) if len(g[2]) else 0):
             if room <= 0:
                 break
             # only what is still waiting: another receive, an ack or a cancel may have won
-            waiting = BitMap64(keys.astype(np.uint64)) & self.redeliver
+            waiting = bitmap64_of(keys) & self.redeliver
             if len(waiting) < len(keys):
-                keep = np.isin(keys, np.fromiter(waiting, dtype=np.uint64).astype(np.int64))
+                keep = np.isin(keys, _values(waiting))
                 idx, keys = idx[keep], keys[keep]
             idx, keys = idx[:room], keys[:room]
             if len(keys):
-                self.redeliver -= BitMap64(keys.astype(np.uint64))
-                out.append(self._hand_out(consumer_id, obj, idx, keys, now_ms))
+                self.redeliver -= bitmap64_of(keys)
+                out.append(self._hand_out(consumer_id, source, idx, keys, now_ms))
                 room -= len(keys)
         mark = key_of(*self.dispatch_mark)
         while self._ready and room > 0:
@@ -401,11 +423,11 @@ class Subscription:
             run.pos = end
             if run.pos >= len(run.keys):
                 self._ready.popleft()
-            keep = self._unseen(int(keys[0] >> SHIFT), keys & LOW)  # acked since (cancels)
+            keep = self._unseen(keys)  # acked since (cancels)
             if not keep.all():
                 idx, keys = idx[keep], keys[keep]
             if len(keys):
-                out.append(self._hand_out(consumer_id, run.obj, idx, keys, now_ms))
+                out.append(self._hand_out(consumer_id, run.source, idx, keys, now_ms))
                 room -= len(keys)
         return out
 
@@ -422,116 +444,153 @@ class Subscription:
         return (ledger_id, entry_id + DISPATCH_MARK_STEP)
 
     def _hand_out(
-        self, consumer_id: str, obj: LedgerObject, idx: np.ndarray, keys: np.ndarray, now_ms: int
+        self, consumer_id: str, source: Source, idx: np.ndarray, keys: np.ndarray, now_ms: int
     ) -> Delivery:
-        deadline = now_ms + self.ack_timeout_ms if self.ack_timeout_ms else 0
-        klist = keys.tolist()
-        self._pending.update(dict.fromkeys(klist, (consumer_id, deadline)))
-        self._consumers[consumer_id].pending.update(klist)
-        if deadline:
-            self._deadline_seq += 1
-            heapq.heappush(self._deadlines, (deadline, self._deadline_seq, klist))
-        self.counters["delivered"] += len(klist)
-        if self._counts:
-            counts = np.array([self._counts.get(k, 0) for k in klist], dtype=np.int64)
-        else:
-            counts = np.zeros(len(klist), dtype=np.int64)
-        return Delivery(obj, idx, keys, counts)
+        bm = bitmap64_of(keys)
+        self._consumers[consumer_id].pending |= bm
+        if self.ack_timeout_ms:
+            deadline = now_ms + self.ack_timeout_ms
+            if self._deadlines and self._deadlines[-1][0] == deadline:
+                self._deadlines[-1][1] |= bm
+            elif not self._deadlines or self._deadlines[-1][0] < deadline:
+                self._deadlines.append([deadline, bm])
+            else:  # the clock stepped back: keep the list in deadline order
+                bisect.insort(self._deadlines, [deadline, bm], key=lambda x: x[0])
+        self.counters["delivered"] += len(keys)
+        return Delivery(source, idx, keys, self._counts_of(keys, bm))
 
-    def drop_missing(self, keys: Iterable[int]) -> int:
+    def _counts_of(self, keys: np.ndarray, bm: BitMap64 | None = None) -> np.ndarray:
+        """How many times each position was delivered before (0 for most)."""
+        counts = np.zeros(len(keys), dtype=np.int64)
+        if self._counted:
+            hit = (bm if bm is not None else bitmap64_of(keys)) & self._counted
+            if hit:
+                where = np.flatnonzero(np.isin(keys, _values(hit)))
+                counts[where] = [self._counts[k] for k in keys[where].tolist()]
+        return counts
+
+    def _bump_counts(self, keys: np.ndarray, floor: int | None = None) -> np.ndarray:
+        """Raise the delivery counts of ``keys`` by one (or, with ``floor``, to at least
+        that); returns the new counts."""
+        new = self._counts_of(keys)
+        new = np.maximum(new, floor) if floor is not None else new + 1
+        self._counts.update(zip(keys.tolist(), new.tolist()))
+        self._counted |= bitmap64_of(keys)
+        return new
+
+    def drop_missing(self, keys: Iterable[int] | np.ndarray) -> int:
         """Positions the log no longer has (deleted): nothing can deliver them; ack them."""
-        n = 0
-        for k in keys:
-            if k in self.redeliver or k in self.dead:
-                log.error(
-                    "subscription %s: position %s is gone from the log", self.name, position_of(k)
-                )
-                self.redeliver.discard(k)
-                self.dead.discard(k)
-                self._ack_keys([k])
-                n += 1
-        return n
+        bm = bitmap64_of(_keys_of(keys))
+        gone = (bm & self.redeliver) | (bm & self.dead)
+        if not gone:
+            return 0
+        log.error(
+            "subscription %s: %d positions are gone from the log, first %s",
+            self.name,
+            len(gone),
+            position_of(gone.min()),
+        )
+        self._ack_keys(_values(gone))
+        return len(gone)
 
     # --- acks, nacks, timeouts ------------------------------------------------------------------
 
-    def ack(self, consumer_id: str, keys: Iterable[int]) -> int:
-        """Acknowledge positions; returns how many were newly acknowledged."""
-        return self._ack_keys(keys)
+    def ack(self, consumer_id: str, keys: Iterable[int] | np.ndarray) -> int:
+        """Acknowledge positions (int64 keys); returns how many were newly acknowledged."""
+        return self._ack_keys(_keys_of(keys))
 
-    def _ack_keys(self, keys: Iterable[int]) -> int:
-        ks = np.fromiter(keys, dtype=np.int64)
+    def _ack_keys(self, ks: np.ndarray) -> int:
         if len(ks) == 0:
             return 0
-        klist = ks.tolist()
-        pop = self._pending.pop
-        owners = {o[0] for o in (pop(k, None) for k in klist) if o is not None}
-        for owner in owners:
-            c = self._consumers.get(owner)
-            if c is not None:
-                c.pending.difference_update(klist)
-        if self._counts:
-            for k in klist:
-                self._counts.pop(k, None)
-        if self.redeliver or self.dead:
-            gone = BitMap64(klist)
-            self.redeliver -= gone
-            self.dead -= gone
+        bm = bitmap64_of(ks)
+        for c in self._consumers.values():
+            if c.pending:
+                c.pending -= bm
+        if self._counted:
+            done = self._counted & bm
+            if done:
+                for k in done:
+                    del self._counts[k]
+                self._counted -= done
+        if self.redeliver:
+            self.redeliver -= bm
+        if self.dead:
+            self.dead -= bm
         added = self.cursor.ack(ks >> SHIFT, ks & LOW)
         self.counters["acked"] += added
         return added
 
-    def nack(self, consumer_id: str, keys: Iterable[int], delay_ms: int, now_ms: int) -> int:
-        """Give positions back: redeliver after ``delay_ms`` (milliseconds), through the tracker."""
-        n = 0
-        for k in keys:
-            owner = self._pending.get(k)
-            if owner is None or owner[0] != consumer_id:
-                continue
-            del self._pending[k]
-            self._consumers[consumer_id].pending.discard(k)
-            n += 1
-            if delay_ms > 0 and not self._over_limit(k):
-                self._counts[k] = self._counts.get(k, 0) + 1
-                if self.tracker.add_message(*position_of(k), now_ms + delay_ms):
-                    continue
-                self.redeliver.add(k)
-                continue
-            self._schedule_redelivery(k)
-        return n
+    def nack(
+        self, consumer_id: str, keys: Iterable[int] | np.ndarray, delay_ms: int, now_ms: int
+    ) -> int:
+        """Give positions back: redeliver after ``delay_ms`` (milliseconds), through the tracker.
+        Only positions ``consumer_id`` holds are taken back."""
+        c = self._consumers.get(consumer_id)
+        if c is None:
+            return 0
+        held = bitmap64_of(_keys_of(keys)) & c.pending
+        if not held:
+            return 0
+        c.pending -= held
+        self._forget_deadlines(held)
+        if delay_ms <= 0:
+            self._schedule_redelivery(held)
+            return len(held)
+        ks = _values(held)
+        over = self._over_limit(ks)
+        if over.any():
+            self.dead |= bitmap64_of(ks[over])
+        later = ks[~over]
+        if len(later):
+            self._bump_counts(later)
+            tracked = self.tracker.add_messages(
+                later >> SHIFT, later & LOW, np.full(len(later), now_ms + delay_ms, np.int64)
+            )
+            if not tracked.all():
+                self.redeliver |= bitmap64_of(later[~tracked])
+        return len(held)
 
     def expire(self, now_ms: int) -> int:
         """Ack timeouts: unacked deliveries past their deadline go back for redelivery."""
         n = 0
         while self._deadlines and self._deadlines[0][0] <= now_ms:
-            deadline, _, keys = heapq.heappop(self._deadlines)
-            for k in keys:
-                owner = self._pending.get(k)
-                if owner is None or owner[1] != deadline:
-                    continue  # acked, nacked or delivered again since
-                del self._pending[k]
-                c = self._consumers.get(owner[0])
-                if c is not None:
-                    c.pending.discard(k)
-                self._schedule_redelivery(k)
-                n += 1
+            _, bm = self._deadlines.pop(0)
+            for c in self._consumers.values():
+                hit = bm & c.pending
+                if hit:
+                    c.pending -= hit
+                    self._schedule_redelivery(hit)
+                    n += len(hit)
         return n
 
-    def _over_limit(self, k: int) -> bool:
-        return self.max_redeliveries is not None and self._counts.get(k, 0) >= self.max_redeliveries
+    def _forget_deadlines(self, bm: BitMap64) -> None:
+        """``bm`` is no longer in flight (nacked, consumer gone): drop it from the deadlines,
+        so that an expiry cannot take back a later delivery of the same positions."""
+        for entry in self._deadlines:
+            entry[1] -= bm
+        self._deadlines = [e for e in self._deadlines if e[1]]
 
-    def _schedule_redelivery(self, k: int) -> None:
-        if self._over_limit(k):
-            self.dead.add(k)
-            return
-        self._counts[k] = self._counts.get(k, 0) + 1
-        self.counters["redelivered"] += 1
-        self.redeliver.add(k)
+    def _over_limit(self, keys: np.ndarray) -> np.ndarray:
+        if self.max_redeliveries is None:
+            return np.zeros(len(keys), dtype=bool)
+        return self._counts_of(keys) >= self.max_redeliveries
 
-    def dead_lettered(self, keys: Iterable[int]) -> int:
+    def _schedule_redelivery(self, bm: BitMap64) -> None:
+        ks = _values(bm)
+        over = self._over_limit(ks)
+        if over.any():
+            self.dead |= bitmap64_of(ks[over])
+            ks = ks[~over]
+        if len(ks):
+            self._bump_counts(ks)
+            self.counters["redelivered"] += len(ks)
+            self.redeliver |= bitmap64_of(ks)
+
+    def dead_lettered(self, keys: Iterable[int] | np.ndarray) -> int:
         """The actor published these to the dead-letter topic: ack them."""
-        keys = list(keys)
-        self.counters["dead_lettered"] += len(keys)
-        return self._ack_keys(keys)
+        ks = _keys_of(keys)
+        self.counters["dead_lettered"] += len(ks)
+        return self._ack_keys(ks)
 
     # --- cancel -----------------------------------------------------------------------------
 
@@ -563,9 +622,12 @@ class Subscription:
             self._marker_results.popitem(last=False)
         return result
 
+    def _in_flight(self, k: int) -> bool:
+        return any(k in c.pending for c in self._consumers.values())
+
     def _apply_cancel(self, k: int) -> bool:
         lg, e = position_of(k)
-        if self.cursor.is_acked(lg, e) or k in self._pending or k in self.dead:
+        if self.cursor.is_acked(lg, e) or self._in_flight(k) or k in self.dead:
             return False
         if self._counts.get(k, 0) > 0:
             return False  # delivered before and waiting for a redelivery
@@ -574,7 +636,7 @@ class Subscription:
             self.counters["cancelled"] += 1
             return True
         self.tracker.remove_message(lg, e)
-        self._ack_keys([k])  # drops it from the redelivery set and the read-ahead queue
+        self._ack_keys(np.array([k], dtype=np.int64))  # out of the redelivery set, read-ahead
         self.counters["cancelled"] += 1
         return True
 
@@ -591,7 +653,7 @@ class Subscription:
         return min(times) if times else None
 
     def pending_count(self) -> int:
-        return len(self._pending)
+        return sum(len(c.pending) for c in self._consumers.values())
 
     def ready_count(self) -> int:
         return self._ready_count
@@ -602,7 +664,7 @@ class Subscription:
             "type": self.type,
             "delayed": self.tracker.number_of_delayed_messages(),
             "backlog": self.cursor.unacked_between(self.tail),
-            "pending_ack": len(self._pending),
+            "pending_ack": self.pending_count(),
             "buckets": buckets,
             "redelivery": len(self.redeliver),
             "dead_letter_pending": len(self.dead),
@@ -612,3 +674,10 @@ class Subscription:
             "consumers": len(self._consumers),
             **self.counters,
         }
+
+
+def _first(bm: BitMap64, n: int) -> np.ndarray:
+    """The ``n`` lowest values of ``bm`` as int64."""
+    if len(bm) <= n:
+        return _values(bm)
+    return np.fromiter(itertools.islice(bm, n), dtype=np.uint64, count=n).astype(np.int64)

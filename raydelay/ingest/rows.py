@@ -145,7 +145,7 @@ def prepare(
     for p in np.unique(parts):
         idx = good[parts == p]
         out.rows[int(p)] = idx
-        out.by_partition[int(p)] = Entries(
+        out.by_partition[int(p)] = Entries.build(
             payloads=[payloads[i] for i in idx],
             deliver_at_ms=due[idx],
             keys=[keys[i] for i in idx] if keys is not None else None,

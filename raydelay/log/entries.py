@@ -1,77 +1,226 @@
-"""The partition log's two wire formats: an append batch and a ledger object.
+"""The partition log's formats, all columnar (Arrow): an append batch, a ledger object, rows.
 
-- An **append batch** is what a producer sends to a partition in one call: its
-  name, a ``sequence_id`` (for dedup), and columns of messages. Cancel markers
-  travel in the same shape with ``cancels`` set.
+- **Entries** are a block of log entries as one Arrow record batch of
+  :data:`ENTRY_SCHEMA`: payload (binary), deliver_at_ms (int64; -1 = immediate),
+  key (string), properties (map<string, string>) and cancel_target (int64 position
+  key ``ledger << 32 | entry`` of the message a cancel marker cancels; -1 = not a
+  marker). Taking a set of entries is one Arrow ``take``, never a Python loop.
+- An **append batch** is what a producer sends to a partition in one call: an Arrow
+  IPC stream of one entries batch whose schema metadata carries the format version,
+  the producer's name and its ``sequence_id`` (for dedup).
 - A **ledger object** (``topics/<t>/<p>/ledgers/<ledger>/<first_entry>.entries``)
   holds the entries of one group commit: ``n`` consecutive entries of one ledger,
-  the publish time, the columns, and the dedup records of the batches it ends.
+  their publish time, and the dedup records of the batches it ends (format 3, see
+  :func:`encode_object`). Entry ids and the publish time are the decoded rows'
+  columns, stored as (first entry, count) and one time per object.
+- **Rows** are entries taken out of the log at scattered positions, with their
+  position keys and publish times: what a point read returns.
 
-An append batch is a versioned msgpack map. A ledger object has a binary prefix and
-an offset table before its msgpack header, so that a reader can fetch single entries
-with ranged reads (see encode_object). ``deliver_at`` is an int64 column stored as
-raw little-endian bytes; -1 marks an immediate message or a cancel marker. A decode
-failure raises CodecError naming what was decoded, with the cause chained.
+Format 2 ledger objects (msgpack header, written before format 3) are still read.
+A decode failure raises CodecError naming what was decoded, with the cause chained.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import msgpack
 import numpy as np
+import pyarrow as pa
 
 from raydelay.errors import CodecError, InvalidArgument
 
-FORMAT_VERSION = 1
+BATCH_FORMAT_VERSION = b"2"  # append batches: Arrow IPC (1 was msgpack)
 NO_DELAY = -1  # deliver_at of an immediate message or a cancel marker
+NO_CANCEL = -1  # cancel_target of an entry that is not a cancel marker
 I64 = np.dtype("<i8")
-OBJECT_MAGIC = b"RDL\x02"  # ledger object format 2
+OBJECT_MAGIC = b"RDL\x03"  # ledger object format 3 (Arrow)
+LEGACY_MAGIC = b"RDL\x02"  # format 2 (msgpack header), read only
 _PREFIX = struct.Struct("<4sIII")
 _U32 = np.dtype("<u4")
-_MAX_BODY = 2**32 - 1
+_I32 = np.dtype("<i4")
+MAX_BODY_BYTES = 2**31 - 1  # Arrow binary offsets are int32
 INDEX_PROBE_BYTES = 64 * 1024  # a first ranged read that holds most objects' whole index
+_SHIFT = 32
+
+PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
+ENTRY_SCHEMA = pa.schema(
+    [
+        ("payload", pa.binary()),
+        ("deliver_at_ms", pa.int64()),
+        ("key", pa.string()),
+        ("properties", PROPERTIES_TYPE),
+        ("cancel_target", pa.int64()),
+    ]
+)
+META_SCHEMA = pa.schema(list(ENTRY_SCHEMA)[1:])  # every column but the payload
+# Rows taken at scattered positions: the position key and publish time, then the entry.
+ROWS_SCHEMA = pa.schema([("position", pa.int64()), ("publish_time_ms", pa.int64()), *ENTRY_SCHEMA])
 
 
-@dataclass
+def binary_column(payloads: list[bytes]) -> pa.Array:
+    """An Arrow binary array of ``payloads`` (bytes), built from one join and one length
+    column: much cheaper than converting element by element."""
+    n = len(payloads)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    if n:
+        np.cumsum(np.fromiter(map(len, payloads), dtype=np.int64, count=n), out=offsets[1:])
+    if offsets[-1] > MAX_BODY_BYTES:
+        raise InvalidArgument(f"payloads: {int(offsets[-1])} bytes in one batch, over 2 GiB")
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(offsets.astype(_I32)), pa.py_buffer(b"".join(payloads))],
+    )
+
+
+def _int64_column(values: np.ndarray) -> pa.Array:
+    return pa.array(np.ascontiguousarray(values, dtype=np.int64), type=pa.int64())
+
+
 class Entries:
-    """A column block of log entries (an append batch, or a decoded ledger object).
+    """A column block of log entries: one Arrow record batch of :data:`ENTRY_SCHEMA`."""
 
-    ``cancels`` maps an index within the block to the (ledger, entry) it cancels;
-    those entries are control markers with an empty payload, never delivered.
-    """
+    __slots__ = ("batch", "__dict__")
 
-    payloads: list[bytes]
-    deliver_at_ms: np.ndarray  # int64, NO_DELAY for immediate
-    keys: list[str | None] | None = None
-    properties: list[dict[str, str] | None] | None = None
-    cancels: dict[int, tuple[int, int]] = field(default_factory=dict)
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        if batch.schema != ENTRY_SCHEMA:
+            batch = conform(batch, "entries")
+        self.batch = batch
+
+    @classmethod
+    def build(
+        cls,
+        payloads: list[bytes] | pa.Array,
+        deliver_at_ms: np.ndarray,
+        keys: list[str | None] | pa.Array | None = None,
+        properties: list[dict[str, str] | None] | pa.Array | None = None,
+        cancels: dict[int, tuple[int, int]] | None = None,
+    ) -> Entries:
+        """Entries from Python columns (checked by the caller). ``cancels`` maps an index
+        to the (ledger, entry) its marker cancels."""
+        pay = payloads if isinstance(payloads, pa.Array) else binary_column(list(payloads))
+        if pay.type != pa.binary():
+            pay = pay.cast(pa.binary())
+        n = len(pay)
+        d = np.asarray(deliver_at_ms, dtype=np.int64)
+        if len(d) != n:
+            raise InvalidArgument(f"entries: {n} payloads but {len(d)} deliver_at values")
+        if keys is None:
+            k = pa.nulls(n, pa.string())
+        else:
+            k = keys if isinstance(keys, pa.Array) else pa.array(keys, type=pa.string())
+        if properties is None:
+            pr = pa.nulls(n, PROPERTIES_TYPE)
+        elif isinstance(properties, pa.Array):
+            pr = properties
+        else:
+            pr = pa.array([p or None for p in properties], type=PROPERTIES_TYPE)
+        c = np.full(n, NO_CANCEL, dtype=np.int64)
+        for i, (tl, te) in (cancels or {}).items():
+            c[i] = (int(tl) << _SHIFT) | int(te)
+        return cls(
+            pa.RecordBatch.from_arrays(
+                [pay, _int64_column(d), k, pr, _int64_column(c)], schema=ENTRY_SCHEMA
+            )
+        )
 
     def __len__(self) -> int:
-        return len(self.payloads)
+        return self.batch.num_rows
 
     def nbytes(self) -> int:
-        return sum(map(len, self.payloads)) + 8 * len(self.payloads)
+        return int(self.batch.nbytes)
+
+    # --- columns (numpy views, or Python lists where the caller wants objects) ---------
+
+    @cached_property
+    def deliver_at_ms(self) -> np.ndarray:
+        return _numpy(self.batch.column(1))
+
+    @cached_property
+    def cancel_targets(self) -> np.ndarray:
+        return _numpy(self.batch.column(4))
+
+    @cached_property
+    def cancels(self) -> dict[int, tuple[int, int]]:
+        """index -> (ledger, entry) cancelled, for the cancel markers of this block."""
+        c = self.cancel_targets
+        idx = np.flatnonzero(c != NO_CANCEL)
+        return {int(i): (int(c[i]) >> _SHIFT, int(c[i]) & 0xFFFFFFFF) for i in idx}
+
+    def payload_lengths(self) -> np.ndarray:
+        offsets = _offsets(self.batch.column(0))
+        return np.diff(offsets)
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return self.batch.column(0).to_pylist()
+
+    @property
+    def keys(self) -> list[str | None] | None:
+        col = self.batch.column(2)
+        return None if col.null_count == len(col) else col.to_pylist()
+
+    @property
+    def properties(self) -> list[dict[str, str] | None] | None:
+        col = self.batch.column(3)
+        if col.null_count == len(col):
+            return None
+        return [None if p is None else dict(p) for p in col.to_pylist()]
 
     def key(self, i: int) -> str | None:
-        return None if self.keys is None else self.keys[i]
+        return self.batch.column(2)[i].as_py()
 
     def props(self, i: int) -> dict[str, str] | None:
-        return None if self.properties is None else self.properties[i]
+        p = self.batch.column(3)[i].as_py()
+        return None if p is None else dict(p)
 
     def take(self, index: np.ndarray | list[int]) -> Entries:
         """The sub-block at ``index`` (positions within this block), in that order."""
-        idx = [int(i) for i in index]
-        where = {old: new for new, old in enumerate(idx)}
-        return Entries(
-            payloads=[self.payloads[i] for i in idx],
-            deliver_at_ms=self.deliver_at_ms[np.asarray(idx, dtype=np.int64)],
-            keys=None if self.keys is None else [self.keys[i] for i in idx],
-            properties=None if self.properties is None else [self.properties[i] for i in idx],
-            cancels={where[i]: t for i, t in self.cancels.items() if i in where},
-        )
+        return Entries(self.batch.take(pa.array(np.asarray(index, dtype=np.int64))))
+
+    def slice(self, lo: int, hi: int) -> Entries:
+        return Entries(self.batch.slice(lo, hi - lo))
+
+
+def _numpy(col: pa.Array) -> np.ndarray:
+    """An int64 column without nulls as a numpy view (no copy)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return col.to_numpy(zero_copy_only=True)
+
+
+def _offsets(col: pa.Array) -> np.ndarray:
+    """A binary column's n + 1 offsets (int64, relative to its data buffer)."""
+    buf = col.buffers()[1]
+    return np.frombuffer(buf, dtype=_I32, count=len(col) + 1, offset=4 * col.offset).astype(
+        np.int64
+    )
+
+
+def conform(batch: pa.RecordBatch, what: str, schema: pa.Schema = ENTRY_SCHEMA) -> pa.RecordBatch:
+    """``batch`` in ``schema``: columns in order, absent optional ones as nulls (-1 for
+    cancel_target). Raises CodecError for a missing payload/deliver_at or a wrong type."""
+    n = batch.num_rows
+    names = batch.schema.names
+    arrays = []
+    for field in schema:
+        if field.name in names:
+            col = batch.column(names.index(field.name))
+            if col.type != field.type:
+                raise CodecError(f"{what}: column {field.name!r} is {col.type}, not {field.type}")
+            if field.name in ("deliver_at_ms", "cancel_target", "payload") and col.null_count:
+                raise CodecError(f"{what}: column {field.name!r} has nulls")
+            arrays.append(col)
+        elif field.name == "cancel_target":
+            arrays.append(_int64_column(np.full(n, NO_CANCEL, dtype=np.int64)))
+        elif field.name in ("key", "properties"):
+            arrays.append(pa.nulls(n, field.type))
+        else:
+            raise CodecError(f"{what}: column {field.name!r} is missing")
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 @dataclass(frozen=True)
@@ -97,34 +246,97 @@ class LedgerObject:
     def count(self) -> int:
         return len(self.entries)
 
-
-def _columns(entries: Entries) -> dict:
-    return {
-        "p": entries.payloads,
-        "d": np.ascontiguousarray(entries.deliver_at_ms, dtype=I64).tobytes(),
-        "k": entries.keys,
-        "pr": entries.properties,
-        "c": [[i, t[0], t[1]] for i, t in sorted(entries.cancels.items())] or None,
-    }
+    def publish_times(self, idx: np.ndarray) -> np.ndarray:
+        return np.full(len(idx), self.publish_time_ms, dtype=np.int64)
 
 
-def _entries_from(raw: dict, what: str) -> Entries:
-    payloads = raw["p"]
-    d = np.frombuffer(raw["d"], dtype=I64)
-    if len(d) != len(payloads):
-        raise CodecError(f"{what}: {len(payloads)} payloads but {len(d)} deliver_at values")
-    for name in ("k", "pr"):
-        if raw[name] is not None and len(raw[name]) != len(payloads):
-            raise CodecError(f"{what}: column {name!r} has the wrong length")
-    cancels = {int(i): (int(tl), int(te)) for i, tl, te in raw["c"] or ()}
-    return Entries(payloads, d, raw["k"], raw["pr"], cancels)
+@dataclass(frozen=True)
+class Rows:
+    """Entries taken at scattered positions: ``positions`` (int64 keys, ascending) and
+    their publish times, row for row with ``entries``."""
+
+    positions: np.ndarray
+    publish_time_ms: np.ndarray
+    entries: Entries
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def publish_times(self, idx: np.ndarray) -> np.ndarray:
+        return self.publish_time_ms[idx]
+
+    def to_batch(self) -> pa.RecordBatch:
+        """One record batch of ROWS_SCHEMA (what travels between actors)."""
+        b = self.entries.batch
+        return pa.RecordBatch.from_arrays(
+            [_int64_column(self.positions), _int64_column(self.publish_time_ms), *b.columns],
+            schema=ROWS_SCHEMA,
+        )
+
+    @classmethod
+    def from_batch(cls, batch: pa.RecordBatch) -> Rows:
+        if batch.schema != ROWS_SCHEMA:
+            raise CodecError(f"rows: unexpected schema {batch.schema}")
+        return cls(
+            _numpy(batch.column(0)),
+            _numpy(batch.column(1)),
+            Entries(pa.RecordBatch.from_arrays(batch.columns[2:], schema=ENTRY_SCHEMA)),
+        )
+
+    @classmethod
+    def concat(cls, parts: list[Rows]) -> Rows:
+        """One block of ``parts``, sorted by position."""
+        if not parts:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), empty_entries())
+        if len(parts) == 1:
+            rows = parts[0]
+        else:
+            rows = cls(
+                np.concatenate([p.positions for p in parts]),
+                np.concatenate([p.publish_time_ms for p in parts]),
+                Entries(pa.concat_batches([p.entries.batch for p in parts])),
+            )
+        order = np.argsort(rows.positions, kind="stable")
+        if len(order) and np.any(order != np.arange(len(order))):
+            rows = cls(rows.positions[order], rows.publish_time_ms[order], rows.entries.take(order))
+        return rows
+
+
+def empty_entries() -> Entries:
+    return Entries(
+        pa.RecordBatch.from_arrays(
+            [pa.array([], type=f.type) for f in ENTRY_SCHEMA], schema=ENTRY_SCHEMA
+        )
+    )
+
+
+# --- append batches ---------------------------------------------------------------------
+
+
+def _ipc(batch: pa.RecordBatch, metadata: dict[bytes, bytes]) -> bytes:
+    batch = batch.replace_schema_metadata(metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _read_ipc(data, what: str) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    batches = list(reader)
+    if len(batches) != 1:
+        raise CodecError(f"{what}: holds {len(batches)} record batches, expected 1")
+    return batches[0]
 
 
 def encode_batch(batch: AppendBatch) -> bytes:
-    return msgpack.packb(
-        {"v": FORMAT_VERSION, "producer": batch.producer, "seq": batch.sequence_id}
-        | _columns(batch.entries),
-        use_bin_type=True,
+    return _ipc(
+        batch.entries.batch,
+        {
+            b"raydelay.v": BATCH_FORMAT_VERSION,
+            b"producer": batch.producer.encode("utf-8"),
+            b"seq": str(int(batch.sequence_id)).encode(),
+        },
     )
 
 
@@ -133,50 +345,74 @@ def decode_batch(data: bytes) -> AppendBatch:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidArgument(f"batch: expected bytes, got {type(data).__name__}")
     try:
-        raw = msgpack.unpackb(data, raw=False)
-        if raw.get("v") != FORMAT_VERSION:
-            raise CodecError(f"append batch: unknown format version {raw.get('v')!r}")
-        entries = _entries_from(raw, "append batch")
-        producer, seq = raw["producer"], raw["seq"]
-    except (CodecError, InvalidArgument):
+        rb = _read_ipc(data, "append batch")
+        meta = rb.schema.metadata or {}
+        if meta.get(b"raydelay.v") != BATCH_FORMAT_VERSION:
+            raise InvalidArgument(f"batch: unknown append batch format {meta.get(b'raydelay.v')!r}")
+        producer = meta[b"producer"].decode("utf-8")
+        seq = int(meta[b"seq"])
+        entries = Entries(conform(rb.replace_schema_metadata(None), "batch"))
+    except InvalidArgument:
         raise
     except Exception as exc:
         raise InvalidArgument(f"batch: not a valid append batch ({exc})") from exc
-    if not isinstance(producer, str) or not isinstance(seq, int):
-        raise InvalidArgument("batch: producer must be a str and seq an int")
-    if not all(isinstance(p, bytes) for p in entries.payloads):
-        raise InvalidArgument("batch: every payload must be bytes")
     return AppendBatch(producer, seq, entries)
 
 
+# --- ledger objects -----------------------------------------------------------------------
+
+
 def encode_object(obj: LedgerObject) -> bytes:
-    """Layout (all little-endian): the 16-byte prefix (magic ``RDL\\x02``, entry count n,
-    header length, reserved 0), n + 1 uint32 payload offsets into the body, the msgpack
-    header (ledger, first entry, publish time, dedup, and every column but payloads),
-    then the body: the payloads back to back. A reader of a few entries fetches the
-    prefix, offsets and header, then only the payload bytes it needs (see ObjectIndex)."""
-    ents = obj.entries
-    n = len(ents)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, ents.payloads), dtype=np.int64, count=n), out=offsets[1:])
-    if offsets[-1] > _MAX_BODY:
-        raise InvalidArgument(f"ledger object: {int(offsets[-1])} payload bytes, over {_MAX_BODY}")
-    header = msgpack.packb(
+    """Format 3, all little-endian:
+
+    - a 16-byte prefix: magic ``RDL\\x03``, entry count n, meta length, reserved 0;
+    - n + 1 int32 payload offsets into the body (Arrow's binary offsets), padded to 8;
+    - the meta: an Arrow IPC stream of one record batch holding every column but the
+      payload (deliver_at_ms always; key, properties, cancel_target only when some
+      entry has one), whose schema metadata holds the ledger id, first entry, publish
+      time and the dedup records (msgpack);
+    - the body: the payloads back to back.
+
+    A reader of a few entries fetches the prefix, offsets and meta, then only the
+    payload bytes it needs; the payload column is the body and offsets as they lie."""
+    b = obj.entries.batch
+    n = b.num_rows
+    pay = b.column(0)
+    offsets = _offsets(pay)
+    body_lo, body_hi = int(offsets[0]), int(offsets[-1])
+    if body_hi - body_lo > MAX_BODY_BYTES:
+        raise InvalidArgument(f"ledger object: {body_hi - body_lo} payload bytes, over 2 GiB")
+    cols, names = [b.column(1)], ["deliver_at_ms"]
+    if b.column(2).null_count < n:
+        cols.append(b.column(2))
+        names.append("key")
+    if b.column(3).null_count < n:
+        cols.append(b.column(3))
+        names.append("properties")
+    if n and np.any(_numpy(b.column(4)) != NO_CANCEL):
+        cols.append(b.column(4))
+        names.append("cancel_target")
+    dedup = {p: [s, [list(r) for r in ranges]] for p, (s, ranges) in obj.dedup.items()}
+    meta = _ipc(
+        pa.RecordBatch.from_arrays(cols, names=names),
         {
-            "l": obj.ledger_id,
-            "f": obj.first_entry,
-            "t": obj.publish_time_ms,
-            "dd": {p: [s, [list(r) for r in ranges]] for p, (s, ranges) in obj.dedup.items()},
-        }
-        | {k: v for k, v in _columns(ents).items() if k != "p"},
-        use_bin_type=True,
+            b"l": str(obj.ledger_id).encode(),
+            b"f": str(obj.first_entry).encode(),
+            b"t": str(obj.publish_time_ms).encode(),
+            b"dd": msgpack.packb(dedup, use_bin_type=True),
+        },
     )
+    head = _PREFIX.size + 4 * (n + 1)
+    pad = b"\0" * (-head % 8)
+    data_buf = pay.buffers()[2]
+    body = b"" if data_buf is None else memoryview(data_buf)[body_lo:body_hi]
     return b"".join(
         [
-            _PREFIX.pack(OBJECT_MAGIC, n, len(header), 0),
-            offsets.astype(_U32).tobytes(),
-            header,
-            *ents.payloads,
+            _PREFIX.pack(OBJECT_MAGIC, n, len(meta), 0),
+            (offsets - body_lo).astype(_I32).tobytes(),
+            pad,
+            meta,
+            body,
         ]
     )
 
@@ -191,40 +427,52 @@ class ObjectIndex:
     count: int
     offsets: np.ndarray  # int64, n + 1 payload offsets relative to ``body_start``
     body_start: int  # byte offset of the body in the object
-    columns: dict  # the header's raw columns: d, k, pr, c
+    meta: (
+        pa.RecordBatch
+    )  # ENTRY_SCHEMA minus the payload: deliver_at_ms, key, properties, cancel_target
     dedup: dict[str, tuple[int, list[tuple[int, int, int]]]]
 
     @property
     def nbytes(self) -> int:
-        """Memory held, roughly: the index bytes, offsets widened to int64."""
-        return self.body_start + 4 * (self.count + 1)
+        """Memory held, roughly: the meta columns and the offsets."""
+        return int(self.meta.nbytes) + 8 * (self.count + 1)
 
     @cached_property  # parsed once, not once per run cut out of the object
     def cancels(self) -> dict[int, tuple[int, int]]:
-        return {int(i): (int(tl), int(te)) for i, tl, te in self.columns["c"] or ()}
+        c = _numpy(self.meta.column(3))
+        idx = np.flatnonzero(c != NO_CANCEL)
+        return {int(i): (int(c[i]) >> _SHIFT, int(c[i]) & 0xFFFFFFFF) for i in idx}
 
     def byte_range(self, lo: int, hi: int) -> tuple[int, int]:
         """Where entries ``lo .. hi - 1`` (indexes in the object) lie in the object."""
         return self.body_start + int(self.offsets[lo]), self.body_start + int(self.offsets[hi])
 
-    def run(self, lo: int, hi: int, body: bytes, body_at: int) -> LedgerObject:
-        """Entries ``lo .. hi - 1`` as a LedgerObject of their own; ``body`` holds the object's
+    def entries(self, lo: int, hi: int, body, body_at: int) -> Entries:
+        """Entries ``lo .. hi - 1`` (a view, no copy of payloads); ``body`` holds the object's
         bytes from offset ``body_at`` on, covering at least their payloads."""
-        base = self.body_start - body_at
-        o = self.offsets
-        payloads = [body[base + int(o[i]) : base + int(o[i + 1])] for i in range(lo, hi)]
-        c = self.columns
-        d = np.frombuffer(c["d"], dtype=I64)[lo:hi]
-        cancels = {i - lo: t for i, t in self.cancels.items() if lo <= i < hi}
-        entries = Entries(
-            payloads,
-            d,
-            None if c["k"] is None else c["k"][lo:hi],
-            None if c["pr"] is None else c["pr"][lo:hi],
-            cancels,
-        )
+        start = self.body_start - body_at + int(self.offsets[lo])
+        end = self.body_start - body_at + int(self.offsets[hi])
+        if start < 0 or end > len(body):
+            raise CodecError(
+                f"ledger object {self.ledger_id}:{self.first_entry}: the body given does not "
+                f"hold entries {lo}..{hi - 1}"
+            )
+        rel = (self.offsets[lo : hi + 1] - self.offsets[lo]).astype(_I32)
+        buf = pa.py_buffer(body)
+        if start or end != len(body):
+            buf = buf.slice(start, end - start)
+        pay = pa.Array.from_buffers(pa.binary(), hi - lo, [None, pa.py_buffer(rel), buf])
+        m = self.meta.slice(lo, hi - lo)
+        return Entries(pa.RecordBatch.from_arrays([pay, *m.columns], schema=ENTRY_SCHEMA))
+
+    def run(self, lo: int, hi: int, body, body_at: int) -> LedgerObject:
+        """Entries ``lo .. hi - 1`` as a LedgerObject of their own (see :meth:`entries`)."""
         return LedgerObject(
-            self.ledger_id, self.first_entry + lo, self.publish_time_ms, entries, {}
+            self.ledger_id,
+            self.first_entry + lo,
+            self.publish_time_ms,
+            self.entries(lo, hi, body, body_at),
+            {},
         )
 
 
@@ -232,41 +480,40 @@ def index_length(data: bytes, what: str = "ledger object") -> int:
     """How many leading bytes of an object its index needs (``data``: at least 16 of them)."""
     if len(data) < _PREFIX.size:
         raise CodecError(f"{what}: {len(data)} bytes is too short for a ledger object")
-    magic, n, head_len, _ = _PREFIX.unpack_from(data)
-    if magic != OBJECT_MAGIC:
-        raise CodecError(f"{what}: unknown format (magic {magic!r})")
-    return _PREFIX.size + 4 * (n + 1) + head_len
+    magic, n, meta_len, _ = _PREFIX.unpack_from(data)
+    if magic == OBJECT_MAGIC:
+        head = _PREFIX.size + 4 * (n + 1)
+        return head + (-head % 8) + meta_len
+    if magic == LEGACY_MAGIC:
+        return _PREFIX.size + 4 * (n + 1) + meta_len
+    raise CodecError(f"{what}: unknown format (magic {bytes(magic)!r})")
 
 
-def decode_index(data: bytes, what: str = "ledger object") -> ObjectIndex:
+def decode_index(data, what: str = "ledger object") -> ObjectIndex:
     """The index of an object from its first ``index_length`` bytes (or more)."""
     need = index_length(data, what)
     if len(data) < need:
         raise CodecError(f"{what}: the index needs {need} bytes, got {len(data)}")
+    magic, n, meta_len, _ = _PREFIX.unpack_from(data)
     try:
-        _, n, head_len, _ = _PREFIX.unpack_from(data)
-        offsets = np.frombuffer(data, dtype=_U32, count=n + 1, offset=_PREFIX.size)
-        raw = msgpack.unpackb(data[need - head_len : need], raw=False)
-        d = np.frombuffer(raw["d"], dtype=I64)
-        if len(d) != n:
-            raise CodecError(f"{what}: {n} entries but {len(d)} deliver_at values")
-        for name in ("k", "pr"):
-            if raw[name] is not None and len(raw[name]) != n:
-                raise CodecError(f"{what}: column {name!r} has the wrong length")
-        dedup = {
-            p: (int(s), [(int(a), int(b), int(c)) for a, b, c in ranges])
-            for p, (s, ranges) in raw["dd"].items()
-        }
-        columns = {k: raw[k] for k in ("d", "k", "pr", "c")}
+        if magic == LEGACY_MAGIC:
+            return _decode_legacy_index(data, n, meta_len, need, what)
+        offsets = np.frombuffer(data, dtype=_I32, count=n + 1, offset=_PREFIX.size)
+        meta = _read_ipc(memoryview(data)[need - meta_len : need], what)
+        md = meta.schema.metadata or {}
+        if meta.num_rows != n:
+            raise CodecError(f"{what}: {n} entries but {meta.num_rows} rows of columns")
+        columns = conform(meta.replace_schema_metadata(None), what, META_SCHEMA)
+        dedup_raw = msgpack.unpackb(md[b"dd"], raw=False)
         return ObjectIndex(
-            int(raw["l"]),
-            int(raw["f"]),
-            int(raw["t"]),
+            int(md[b"l"]),
+            int(md[b"f"]),
+            int(md[b"t"]),
             n,
             offsets.astype(np.int64),
             need,
             columns,
-            dedup,
+            _dedup_from(dedup_raw),
         )
     except CodecError:
         raise
@@ -274,7 +521,40 @@ def decode_index(data: bytes, what: str = "ledger object") -> ObjectIndex:
         raise CodecError(f"{what}: cannot decode its index ({exc})") from exc
 
 
-def decode_object(data: bytes, what: str = "ledger object") -> LedgerObject:
+def _dedup_from(raw: dict) -> dict[str, tuple[int, list[tuple[int, int, int]]]]:
+    return {
+        p: (int(s), [(int(a), int(b), int(c)) for a, b, c in ranges])
+        for p, (s, ranges) in raw.items()
+    }
+
+
+def _decode_legacy_index(data, n: int, head_len: int, need: int, what: str) -> ObjectIndex:
+    """Format 2: n + 1 uint32 offsets, then a msgpack header with the columns d (raw int64),
+    k (list or nil), pr (list or nil) and c ([[index, ledger, entry], ...] or nil)."""
+    offsets = np.frombuffer(data, dtype=_U32, count=n + 1, offset=_PREFIX.size)
+    raw = msgpack.unpackb(bytes(data[need - head_len : need]), raw=False)
+    d = np.frombuffer(raw["d"], dtype=I64)
+    if len(d) != n:
+        raise CodecError(f"{what}: {n} entries but {len(d)} deliver_at values")
+    for name in ("k", "pr"):
+        if raw[name] is not None and len(raw[name]) != n:
+            raise CodecError(f"{what}: column {name!r} has the wrong length")
+    cancels = {int(i): (int(tl), int(te)) for i, tl, te in raw["c"] or ()}
+    shell = Entries.build(pa.nulls(n, pa.binary()).fill_null(b""), d, raw["k"], raw["pr"], cancels)
+    return ObjectIndex(
+        int(raw["l"]),
+        int(raw["f"]),
+        int(raw["t"]),
+        n,
+        offsets.astype(np.int64),
+        need,
+        pa.RecordBatch.from_arrays(shell.batch.columns[1:], schema=META_SCHEMA),
+        _dedup_from(raw["dd"]),
+    )
+
+
+def decode_object(data, what: str = "ledger object") -> LedgerObject:
+    """A whole ledger object; its payload column is a view of ``data`` (no copy)."""
     index = decode_index(data, what)
     if len(data) < index.body_start + int(index.offsets[-1]):
         raise CodecError(f"{what}: truncated ({len(data)} bytes)")
@@ -285,28 +565,9 @@ def decode_object(data: bytes, what: str = "ledger object") -> LedgerObject:
 
 
 def concat_entries(blocks: list[Entries]) -> Entries:
-    """One block holding ``blocks`` in order (cancel indexes shifted)."""
+    """One block holding ``blocks`` in order."""
     if len(blocks) == 1:
         return blocks[0]
-    payloads: list[bytes] = []
-    any_keys = any(b.keys is not None for b in blocks)
-    any_props = any(b.properties is not None for b in blocks)
-    keys: list[str | None] = []
-    props: list[dict[str, str] | None] = []
-    cancels: dict[int, tuple[int, int]] = {}
-    for b in blocks:
-        base = len(payloads)
-        payloads.extend(b.payloads)
-        if any_keys:
-            keys.extend(b.keys if b.keys is not None else [None] * len(b))
-        if any_props:
-            props.extend(b.properties if b.properties is not None else [None] * len(b))
-        cancels.update({base + i: t for i, t in b.cancels.items()})
-    d = np.concatenate([b.deliver_at_ms for b in blocks]) if blocks else np.zeros(0, I64)
-    return Entries(
-        payloads,
-        d.astype(I64, copy=False),
-        keys if any_keys else None,
-        props if any_props else None,
-        cancels,
-    )
+    if not blocks:
+        return empty_entries()
+    return Entries(pa.concat_batches([b.batch for b in blocks]))

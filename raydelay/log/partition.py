@@ -16,20 +16,20 @@ What it owns:
 - **Reads.** A sequential reader gets whole ledger objects (bytes), from a
   byte-bounded tail cache or else the store, and picks its entries: the log never
   decodes on that path. A reader of scattered positions (due delayed messages,
-  redeliveries) gets only the entries it asked for: the log reads an object's index
-  (its offsets and header, kept in a byte-bounded cache) and then just the payload
-  bytes those entries need, with ranged reads.
+  redeliveries) gets only the rows it asked for (:class:`Rows`): the log reads an
+  object's index (its offsets and columns, kept in a byte-bounded cache) and then just
+  the payload bytes those entries need, with ranged reads, and takes the rows out.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
+import numpy as np
 
 from raydelay.clock import Clock
 from raydelay.errors import CodecError, InvalidArgument, NotFound, RaydelayError
@@ -39,6 +39,7 @@ from raydelay.log.entries import (
     Entries,
     LedgerObject,
     ObjectIndex,
+    Rows,
     concat_entries,
     decode_index,
     encode_object,
@@ -461,42 +462,59 @@ class PartitionLog:
             found = self._marker_index[(ledger_id, first)] = sorted(index.cancels.items())
         return found
 
-    def read_positions(self, positions: list[Position]) -> list[bytes]:
-        """Encoded ledger objects holding ``positions`` (positions not in the log are skipped):
-        each a run of consecutive entries cut out of a stored object (close positions share
-        a run), or the whole stored object when most of it is wanted."""
-        wanted: dict[tuple[int, int], set[int]] = {}
-        for ledger_id, entry_id in positions:
-            if not self.contains(ledger_id, entry_id):
+    def read_positions(self, positions: list[Position] | np.ndarray) -> Rows:
+        """The entries at ``positions`` ((ledger, entry) pairs, or int64 position keys
+        ``ledger << 32 | entry``), taken out of their objects as rows sorted by position
+        (positions not in the log are skipped). Payloads come with ranged reads of just the
+        runs they lie in (close positions share a read), or from the whole object when
+        most of it is wanted or it is cached."""
+        if isinstance(positions, np.ndarray):
+            keys = positions.astype(np.int64, copy=False)
+        else:
+            keys = np.array([(int(lg) << 32) | int(e) for lg, e in positions], dtype=np.int64)
+        keys = np.unique(keys)
+        ledgers, entries = keys >> 32, keys & 0xFFFFFFFF
+        parts = []
+        for ledger_id in np.unique(ledgers).tolist():
+            es = entries[ledgers == ledger_id]
+            count = self.count_of(ledger_id)
+            if count is None:
                 continue
-            firsts = self._index(ledger_id)
-            j = bisect.bisect_right(firsts, entry_id) - 1
-            if j >= 0:
-                wanted.setdefault((ledger_id, firsts[j]), set()).add(entry_id - firsts[j])
-        out: list[bytes] = []
-        for (ledger_id, first), indexes in wanted.items():
-            out.extend(self._cut(ledger_id, first, sorted(indexes)))
-        return out
+            es = es[es < count]
+            firsts = np.asarray(self._index(ledger_id), dtype=np.int64)
+            slot = np.searchsorted(firsts, es, side="right") - 1
+            for j in np.unique(slot[slot >= 0]).tolist():
+                first = int(firsts[j])
+                parts.append(self._take(ledger_id, first, es[slot == j] - first))
+        return Rows.concat(parts)
 
-    def _cut(self, ledger_id: int, first: int, indexes: list[int]) -> list[bytes]:
+    def _take(self, ledger_id: int, first: int, indexes: np.ndarray) -> Rows:
         data = self._cache.get((ledger_id, first))
         index, head = self._object_index(ledger_id, first, data)
-        if len(indexes) * 2 >= index.count:
-            return [data if data is not None else self._get(ledger_id, first)]
-        runs = _runs(indexes, _RUN_GAP_ENTRIES)
-        out: list[bytes] = []
-        for span in _spans(index, runs):
-            lo, hi = index.byte_range(span[0][0], span[-1][1])
-            if data is not None:
-                body, at = data, 0
-            elif hi <= len(head):
-                body, at = head, 0
-            else:
-                key = ledger_entries_key(self._topic, self._partition, ledger_id, first)
-                body, at = self._store.get_range(key, lo, hi), lo
-            out.extend(encode_object(index.run(a, b, body, at)) for a, b in span)
         self.stats_counters["point_reads"] += len(indexes)
-        return out
+        if data is None and len(indexes) * 2 >= index.count:
+            data = self._get(ledger_id, first)
+        parts: list[Entries] = []
+        if data is not None:
+            parts.append(index.entries(0, index.count, data, 0).take(indexes))
+        else:
+            runs = _runs(indexes.tolist(), _RUN_GAP_ENTRIES)
+            for span in _spans(index, runs):
+                a, b = span[0][0], span[-1][1]
+                lo, hi = index.byte_range(a, b)
+                if hi <= len(head):
+                    body, at = head, 0
+                else:
+                    key = ledger_entries_key(self._topic, self._partition, ledger_id, first)
+                    body, at = self._store.get_range(key, lo, hi), lo
+                inside = indexes[(indexes >= a) & (indexes < b)]
+                parts.append(index.entries(a, b, body, at).take(inside - a))
+        keys = (np.int64(ledger_id) << 32) | (first + indexes)
+        return Rows(
+            keys,
+            np.full(len(indexes), index.publish_time_ms, dtype=np.int64),
+            concat_entries(parts),
+        )
 
     def _object_index(
         self, ledger_id: int, first: int, data: bytes | None = None

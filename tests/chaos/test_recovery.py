@@ -16,7 +16,7 @@ def test_a_restarted_topic_fences_its_open_ledger_and_keeps_its_dedup_state(clus
     cluster.create_topic(topic_name)
     topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace=NAMESPACE)
     batches = [
-        encode_batch(AppendBatch("p1", seq, Entries([b"%d" % seq] * 300, np.full(300, -1))))
+        encode_batch(AppendBatch("p1", seq, Entries.build([b"%d" % seq] * 300, np.full(300, -1))))
         for seq in range(1, 11)
     ]
     first = [ray.get(topic.append.remote(b)) for b in batches]

@@ -19,7 +19,7 @@ def test_a_re_sent_batch_is_not_appended_twice(cluster, topic_name):
 
     cluster.create_topic(topic_name)
     topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace="raydelay")
-    entries = Entries([b"a", b"b"], np.array([-1, -1], dtype=np.int64))
+    entries = Entries.build([b"a", b"b"], np.array([-1, -1], dtype=np.int64))
     batch = encode_batch(AppendBatch("producer-1", 7, entries))
     # Given a batch that was appended
     first = ray.get(topic.append.remote(batch))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from raydelay.clock import ManualClock
@@ -42,7 +43,9 @@ class Ledgers:
 
 
 def batch(n: int, producer: str = "", seq: int = 0, start: int = 0) -> AppendBatch:
-    entries = Entries([b"m%d" % (start + i) for i in range(n)], np.full(n, NO_DELAY, np.int64))
+    entries = Entries.build(
+        [b"m%d" % (start + i) for i in range(n)], np.full(n, NO_DELAY, np.int64)
+    )
     return AppendBatch(producer, seq, entries)
 
 
@@ -164,31 +167,34 @@ def test_reads_cross_ledgers_start_mid_object_and_serve_redeliveries():
     assert (objs[0].ledger_id, objs[0].first_entry) == (2, 0)  # whole object holding (2, 1)
     assert sum(o.count for o in objs) >= 3
     assert reply.tail == log.tail()
-    got = [decode_object(d) for d in log.read_positions([(1, 3), (3, 0), (1, 2), (99, 0)])]
-    assert sorted((o.ledger_id, o.first_entry) for o in got) == [(1, 2), (3, 0)]
+    got = log.read_positions([(1, 3), (3, 0), (1, 2), (99, 0)])
+    assert got.positions.tolist() == [(1 << 32) | 2, (1 << 32) | 3, 3 << 32]  # sorted
+    assert got.entries.payloads == [b"m2", b"m3", b"m8"]
+    assert got.publish_time_ms.tolist() == [1_000] * 3
 
 
 @pytest.mark.parametrize("cached", [False, True])
-def test_scattered_positions_come_back_as_runs_cut_out_with_ranged_reads(cached):
+def test_scattered_positions_come_back_as_taken_rows_from_ranged_reads(cached):
     store = FaultyObjectStore(MemoryObjectStore())
     log, _ = make_log(store, max_entries=10_000, cache_bytes=(1 << 20) if cached else 0)
-    big = Entries([b"p%04d" % i + b"." * 400 for i in range(1_000)], np.full(1_000, NO_DELAY))
+    big = Entries.build([b"p%04d" % i + b"." * 400 for i in range(1_000)], np.full(1_000, NO_DELAY))
     log.commit([AppendBatch("", 0, big)])
     wanted = [(1, 5), (1, 7), (1, 900), (1, 39), (1, 2_000)]  # 2000: not in the log
-    got = [decode_object(d) for d in log.read_positions(wanted)]
-    # 5..7 share a run (6 rides along); 39 is near enough to join it; 900 is alone
-    assert [(o.first_entry, o.count) for o in got] == [(5, 35), (900, 1)]
-    by_entry = {o.first_entry + i: p for o in got for i, p in enumerate(o.entries.payloads)}
-    assert all(by_entry[e].startswith(b"p%04d" % e) for _, e in wanted[:4])
+    got = log.read_positions(wanted)
+    # only the rows asked for, in position order (6, which shares a ranged read, is not)
+    assert got.positions.tolist() == [(1 << 32) | e for e in (5, 7, 39, 900)]
+    assert [p[:5] for p in got.entries.payloads] == [b"p%04d" % e for e in (5, 7, 39, 900)]
     if not cached:
         # one probe for the index (its 64 KiB hold entries 5..39 too), one for entry 900
         assert store.calls["get"] == 0 and store.calls["get_range"] == 2
         log.read_positions([(1, 300)])  # the index is kept: one more ranged read
         assert store.calls["get_range"] == 3
     assert log.stats_counters["point_reads"] == 5 if not cached else 4
-    # most of an object wanted: the object as stored
-    whole = log.read_positions([(1, i) for i in range(0, 1_000, 2)])
-    assert len(whole) == 1 and decode_object(whole[0]).count == 1_000
+    # most of an object wanted: the object is read whole, once, and the rows taken from it
+    gets = store.calls["get"]
+    half = log.read_positions(np.array([(1 << 32) | i for i in range(0, 1_000, 2)]))
+    assert len(half) == 500 and half.entries.payloads[-1].startswith(b"p0998")
+    assert store.calls["get"] - gets == (0 if cached else 1)
 
 
 def test_the_tail_cache_is_bounded_and_misses_read_the_store():
@@ -214,26 +220,110 @@ def test_deleting_ledgers_removes_their_objects_but_never_the_open_one():
     assert [i.ledger_id for i in log.ledgers] == [3, open_ledger]
 
 
-def test_formats_round_trip_and_are_pinned_by_golden_bytes():
-    entries = Entries(
+def golden_entries() -> Entries:
+    return Entries.build(
         [b"a", b""], np.array([5, NO_DELAY], np.int64), ["k", None], [{"x": "y"}, None], {1: (7, 8)}
     )
-    obj = LedgerObject(3, 10, 1_000, entries, {"p": (2, [(3, 10, 2)])})
+
+
+def test_formats_round_trip_and_are_pinned_by_golden_bytes():
+    obj = LedgerObject(3, 10, 1_000, golden_entries(), {"p": (2, [(3, 10, 2)])})
     data = encode_object(obj)
     assert data.hex() == GOLDEN_OBJECT
     back = decode_object(data)
     assert (back.ledger_id, back.first_entry, back.publish_time_ms) == (3, 10, 1_000)
     assert back.entries.payloads == [b"a", b""] and back.entries.keys == ["k", None]
+    assert back.entries.properties == [{"x": "y"}, None]
     assert back.entries.cancels == {1: (7, 8)} and back.dedup == {"p": (2, [(3, 10, 2)])}
     assert list(back.entries.deliver_at_ms) == [5, NO_DELAY]
-    b = decode_batch(encode_batch(AppendBatch("p", 4, entries)))
+    encoded = encode_batch(AppendBatch("p", 4, golden_entries()))
+    assert encoded.hex() == GOLDEN_BATCH
+    b = decode_batch(encoded)
     assert (b.producer, b.sequence_id, b.entries.payloads) == ("p", 4, [b"a", b""])
+    assert b.entries.cancels == {1: (7, 8)}
 
 
-# Format 2: prefix "RDL\x02" + n + header length + 0 (uint32 LE), n + 1 uint32 payload
-# offsets, msgpack header {l, f, t, dd, d (int64 LE bytes), k, pr, c}, payloads.
-# Changing the format must change the magic.
+def test_a_format_2_object_written_before_the_arrow_format_still_reads():
+    back = decode_object(bytes.fromhex(GOLDEN_OBJECT_V2))
+    assert (back.ledger_id, back.first_entry, back.publish_time_ms) == (3, 10, 1_000)
+    assert back.entries.payloads == [b"a", b""] and back.entries.keys == ["k", None]
+    assert back.entries.properties == [{"x": "y"}, None]
+    assert back.entries.cancels == {1: (7, 8)} and back.dedup == {"p": (2, [(3, 10, 2)])}
+    assert list(back.entries.deliver_at_ms) == [5, NO_DELAY]
+    index = decode_index(bytes.fromhex(GOLDEN_OBJECT_V2))
+    lo, hi = index.byte_range(0, 1)
+    assert index.run(0, 1, bytes.fromhex(GOLDEN_OBJECT_V2)[lo:hi], lo).entries.payloads == [b"a"]
+
+
+# Format 3: prefix "RDL\x03" + n + meta length + 0 (uint32 LE), n + 1 int32 payload offsets
+# (padded to 8 bytes), an Arrow IPC stream of the other columns (schema metadata: l, f, t,
+# dd), then the payloads. Changing the format must change the magic.
 GOLDEN_OBJECT = (
+    "52444c0302000000a80400000000000000000000010000000100000000000000ffffffff5002000010000000"
+    "00000a000e000600050008000a000000000104001000000000000a000c000000040008000a000000a0000000"
+    "040000000400000078000000500000002c00000004000000a0ffffff18000000040000000a00000081a17092"
+    "029193030a0200000200000064640000c4ffffff140000000400000004000000313030300000000001000000"
+    "74000000e4ffffff10000000040000000200000031300000010000006600000008000c000400080008000000"
+    "10000000040000000100000033000000010000006c000000040000003c010000000100004000000004000000"
+    "e4feffff00000102100000002000000004000000000000000d00000063616e63656c5f746172676574000000"
+    "d4feffff00000001400000001cffffff0000011114000000200000000400000001000000180000000a000000"
+    "70726f70657274696573000050ffffffa8ffffff0000000d1800000020000000040000000200000050000000"
+    "1400000007000000656e74726965730080ffffff7cffffff0000010510000000180000000400000000000000"
+    "0500000076616c7565000000a8ffffff100014000800000007000c0000001000100000000000000510000000"
+    "140000000400000000000000030000006b657900dcffffffd8ffffff00000105100000001800000004000000"
+    "00000000030000006b6579000400040004000000100014000800060007000c00000010001000000000000102"
+    "100000002800000004000000000000000d00000064656c697665725f61745f6d7300000008000c0008000700"
+    "08000000000000014000000000000000ffffffffc801000014000000000000000c0016000600050008000c00"
+    "0c0000000003040018000000780000000000000000000a0018000c00040008000a0000001c01000010000000"
+    "0200000000000000000000001000000000000000000000000000000000000000000000000000000010000000"
+    "000000001000000000000000010000000000000018000000000000000c000000000000002800000000000000"
+    "01000000000000003000000000000000010000000000000038000000000000000c0000000000000048000000"
+    "0000000000000000000000004800000000000000000000000000000048000000000000000800000000000000"
+    "5000000000000000010000000000000058000000000000000000000000000000580000000000000008000000"
+    "0000000060000000000000000100000000000000680000000000000000000000000000006800000000000000"
+    "1000000000000000000000000700000002000000000000000000000000000000020000000000000001000000"
+    "0000000002000000000000000100000000000000010000000000000000000000000000000100000000000000"
+    "0000000000000000010000000000000000000000000000000200000000000000000000000000000005000000"
+    "00000000ffffffffffffffff0100000000000000000000000100000001000000000000006b00000000000000"
+    "0100000000000000000000000100000001000000000000000000000001000000780000000000000000000000"
+    "010000007900000000000000ffffffffffffffff0800000007000000ffffffff0000000061"
+)
+# An append batch: an Arrow IPC stream of the entries, metadata raydelay.v, producer, seq.
+GOLDEN_BATCH = (
+    "ffffffff600200001000000000000a000e000600050008000a000000000104001000000000000a000c000000"
+    "040008000a000000840000000400000003000000540000002400000004000000c0ffffff1000000004000000"
+    "01000000340000000300000073657100dcffffff100000000400000001000000700000000800000070726f64"
+    "756365720000000008000c000400080008000000100000000400000001000000320000000a00000072617964"
+    "656c61792e760000050000007c01000028010000000100004000000004000000a8feffff0000010210000000"
+    "2000000004000000000000000d00000063616e63656c5f746172676574000000e8feffff0000000140000000"
+    "e0feffff0000011114000000200000000400000001000000180000000a00000070726f706572746965730000"
+    "d8feffffa8ffffff0000000d18000000200000000400000002000000500000001400000007000000656e7472"
+    "6965730008ffffff40ffffff00000105100000001800000004000000000000000500000076616c7565000000"
+    "30ffffff100014000800000007000c0000001000100000000000000510000000140000000400000000000000"
+    "030000006b65790064ffffff9cffffff0000010510000000140000000400000000000000030000006b657900"
+    "88ffffffc0ffffff00000102100000002800000004000000000000000d00000064656c697665725f61745f6d"
+    "7300000008000c0008000700080000000000000140000000100014000800060007000c000000100010000000"
+    "00000104100000001c0000000400000000000000070000007061796c6f616400040004000400000000000000"
+    "ffffffff0802000014000000000000000c0016000600050008000c000c000000000304001800000090000000"
+    "0000000000000a0018000c00040008000a0000004c0100001000000002000000000000000000000013000000"
+    "0000000000000000000000000000000000000000000000000c00000000000000100000000000000001000000"
+    "0000000018000000000000000000000000000000180000000000000010000000000000002800000000000000"
+    "010000000000000030000000000000000c000000000000004000000000000000010000000000000048000000"
+    "00000000010000000000000050000000000000000c0000000000000060000000000000000000000000000000"
+    "6000000000000000000000000000000060000000000000000800000000000000680000000000000001000000"
+    "0000000070000000000000000000000000000000700000000000000008000000000000007800000000000000"
+    "0100000000000000800000000000000000000000000000008000000000000000100000000000000000000000"
+    "0800000002000000000000000000000000000000020000000000000000000000000000000200000000000000"
+    "0100000000000000020000000000000001000000000000000100000000000000000000000000000001000000"
+    "0000000000000000000000000100000000000000000000000000000002000000000000000000000000000000"
+    "0000000001000000010000000000000061000000000000000500000000000000ffffffffffffffff01000000"
+    "00000000000000000100000001000000000000006b0000000000000001000000000000000000000001000000"
+    "01000000000000000000000001000000780000000000000000000000010000007900000000000000ffffffff"
+    "ffffffff0800000007000000ffffffff00000000"
+)
+# Format 2 (read only): prefix "RDL\x02" + n + header length + 0 (uint32 LE), n + 1 uint32
+# payload offsets, msgpack header {l, f, t, dd, d (int64 LE bytes), k, pr, c}, payloads.
+GOLDEN_OBJECT_V2 = (
     "52444c0202000000440000000000000000000000010000000100000088a16c03a1660aa174cd03e8a264648"
     "1a17092029193030a02a164c4100500000000000000ffffffffffffffffa16b92a16bc0a270729281a178a1"
     "79c0a163919301070861"
@@ -241,7 +331,7 @@ GOLDEN_OBJECT = (
 
 
 def test_an_object_index_cuts_out_single_entries_from_ranged_reads():
-    entries = Entries(
+    entries = Entries.build(
         [b"zero", b"one", b"", b"three"],
         np.array([5, 6, NO_DELAY, 8], np.int64),
         cancels={2: (1, 0)},
@@ -259,31 +349,30 @@ def test_an_object_index_cuts_out_single_entries_from_ranged_reads():
 
 
 def test_corrupt_objects_and_batches_raise_clear_errors():
-    good = encode_object(LedgerObject(1, 0, 0, Entries([b"x"], np.array([NO_DELAY])), {}))
+    good = encode_object(LedgerObject(1, 0, 0, Entries.build([b"x"], np.array([NO_DELAY])), {}))
     with pytest.raises(CodecError, match="too short"):
         decode_object(b"\xc1garbage")
     with pytest.raises(CodecError, match="unknown format"):
         decode_object(b"RDL\x01" + good[4:])
+    meta_end = index_length(good)
+    broken = good[: meta_end - 40] + b"\xc1" * 30 + good[meta_end - 10 :]
     with pytest.raises(CodecError, match="cannot decode its index") as info:
-        decode_object(good[:-12] + b"\xc1" * 11 + good[-1:])  # a broken header
+        decode_object(broken)  # a broken meta
     assert info.value.__cause__ is not None
     with pytest.raises(CodecError, match="truncated"):
         decode_object(good[:-1])
+    text = pa.RecordBatch.from_arrays(
+        [pa.array(["text"]), pa.array([-1], pa.int64())], names=["payload", "deliver_at_ms"]
+    )
+    sink = pa.BufferOutputStream()
+    schema = text.schema.with_metadata({"raydelay.v": "2", "producer": "p", "seq": "1"})
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(text.replace_schema_metadata(schema.metadata))
     with pytest.raises(InvalidArgument, match="payload"):
-        decode_batch(
-            msgpack.packb(
-                {
-                    "v": 1,
-                    "producer": "p",
-                    "seq": 1,
-                    "p": ["text"],
-                    "d": np.zeros(1, np.int64).tobytes(),
-                    "k": None,
-                    "pr": None,
-                    "c": None,
-                }
-            )
-        )
+        decode_batch(sink.getvalue().to_pybytes())
+    old_format = msgpack.packb({"v": 1, "producer": "p", "seq": 1, "p": [b"x"]})
+    with pytest.raises(InvalidArgument, match="not a valid append batch"):
+        decode_batch(old_format)
     with pytest.raises(InvalidArgument, match="bytes"):
         decode_batch("not bytes")
 
@@ -292,7 +381,7 @@ def test_cancel_markers_are_listed_from_a_position_also_after_a_restart():
     store = MemoryObjectStore()
     log, ledgers = make_log(store, max_entries=10)
     log.commit([batch(4)])
-    marker = Entries([b""], np.full(1, NO_DELAY, np.int64), cancels={0: (1, 2)})
+    marker = Entries.build([b""], np.full(1, NO_DELAY, np.int64), cancels={0: (1, 2)})
     [[(lg, first, _)]] = log.commit([AppendBatch("", 0, marker)])
     log.commit([batch(3, start=5)])
     assert log.cancel_markers((1, 0)) == [((lg, first), (1, 2))]

@@ -20,9 +20,9 @@ from raydelay.dispatch.subscription import (
     key_of,
     position_of,
 )
-from raydelay.dispatch.wire import deliveries_to_wire
+from raydelay.dispatch.wire import delivery_batch
 from raydelay.errors import InvalidArgument
-from raydelay.log.entries import NO_DELAY, Entries, LedgerObject
+from raydelay.log.entries import NO_DELAY, Entries, LedgerObject, Rows
 from raydelay.storage import MemoryObjectStore
 
 T0 = 1_000_000
@@ -30,12 +30,28 @@ T0 = 1_000_000
 
 def obj(ledger: int, first: int, deliver_at: list[int], cancels=None) -> LedgerObject:
     n = len(deliver_at)
-    entries = Entries(
+    entries = Entries.build(
         [b"%d:%d" % (ledger, first + i) for i in range(n)],
         np.array(deliver_at, np.int64),
         cancels=cancels or {},
     )
     return LedgerObject(ledger, first, T0, entries, {})
+
+
+def rows(objects: list[LedgerObject], wanted: list[int]) -> Rows:
+    """What the topic actor's point read returns for the positions ``wanted``."""
+    parts = []
+    for o in objects:
+        ks = key_of(o.ledger_id, o.first_entry) + np.arange(o.count, dtype=np.int64)
+        idx = np.flatnonzero(np.isin(ks, wanted))
+        if len(idx):
+            parts.append(Rows(ks[idx], o.publish_times(idx), o.entries.take(idx)))
+    return Rows.concat(parts)
+
+
+def wire(out) -> dict[str, list]:
+    """The delivered record batch as columns of Python values."""
+    return delivery_batch(out).to_pydict()
 
 
 def make(kind="shared", clock=None, tracker=None, **kw) -> tuple[Subscription, ManualClock]:
@@ -52,8 +68,8 @@ def take(sub: Subscription, clock: ManualClock, consumer="c1", n=100) -> list[tu
     sub.collect_due(clock.now_ms(), n)
     fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(n), dtype=np.int64))
     out = sub.deliver(consumer, fetched, n, clock.now_ms())
-    wire = deliveries_to_wire("t", 0, out)
-    return list(zip(wire["l"], wire["e"], strict=True))
+    w = wire(out)
+    return list(zip(w["ledger_id"], w["entry_id"], strict=True))
 
 
 def move_mark(sub: Subscription) -> None:
@@ -104,9 +120,10 @@ def test_redeliveries_go_before_new_entries_and_carry_a_higher_count():
     sub.collect_due(clock.now_ms(), 10)
     fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(10), dtype=np.int64))
     out = sub.deliver("c1", fetched, 10, clock.now_ms())
-    wire = deliveries_to_wire("t", 0, out)
-    assert list(zip(wire["l"], wire["e"], strict=True)) == [(1, 0), (1, 1), (1, 2), (1, 3)]
-    assert wire["r"] == [1, 1, 0, 0]
+    w = wire(out)
+    assert list(zip(w["ledger_id"], w["entry_id"], strict=True)) == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert w["redelivery_count"] == [1, 1, 0, 0]
+    assert w["payload"] == [b"1:0", b"1:1", b"1:2", b"1:3"]
 
 
 def test_nack_with_a_delay_waits_in_the_tracker():
@@ -208,13 +225,13 @@ def test_a_restarted_subscription_marks_possibly_delivered_messages_and_skips_ac
     sub, clock = make(cursor=cursor, dispatched_before=(1, 3))
     read(sub, obj(1, 0, [NO_DELAY] * 5))
     # below the old dispatch mark: may have gone out before the restart
-    wire = deliveries_to_wire("t", 0, sub.deliver("c1", [], 10, clock.now_ms()))
-    assert list(zip(wire["e"], wire["r"], strict=True)) == [(1, 1)]
+    w = wire(sub.deliver("c1", [], 10, clock.now_ms()))
+    assert list(zip(w["entry_id"], w["redelivery_count"], strict=True)) == [(1, 1)]
     # beyond it: only once the mark has moved (persisted first, by the actor)
     assert sub.wanted_mark() == (1, 3 + DISPATCH_MARK_STEP)
     move_mark(sub)
-    wire = deliveries_to_wire("t", 0, sub.deliver("c1", [], 10, clock.now_ms()))
-    assert list(zip(wire["e"], wire["r"], strict=True)) == [(3, 0), (4, 0)]
+    w = wire(sub.deliver("c1", [], 10, clock.now_ms()))
+    assert list(zip(w["entry_id"], w["redelivery_count"], strict=True)) == [(3, 0), (4, 0)]
 
 
 def test_bucket_tracked_delayed_messages_are_delivered_through_the_redelivery_set():
@@ -301,11 +318,13 @@ def test_a_restart_skips_the_log_its_buckets_cover_and_rereads_only_loose_positi
     assert sub.read_position == (13, 0)  # ledgers 11 and 12 are not read again
     assert sorted(position_of(k) for k in sub.unread) == [(11, 3), (12, 3)]
     assert sub.next_unread(1) == keys([(11, 3)])
-    assert sub.on_reread([l1, l2], sub.next_unread(10)) == 2 and not sub.unread
+    loose = sub.next_unread(10)
+    assert sub.on_reread(rows([l1, l2], loose), loose) == 2 and not sub.unread
     read(sub, l1, l2, l3, ledgers=ledgers)  # the sequential read takes only ledger 13 in
     assert sub.stats()["delayed"] == 6  # 11:1, 11:4, 12:0-2 from the buckets; 13:0 re-read
-    wire = deliveries_to_wire("t", 0, sub.deliver("c1", [], 10, clock.now_ms()))
-    assert list(zip(wire["l"], wire["e"], wire["r"], strict=True)) == [(11, 3, 1), (12, 3, 1)]
+    w = wire(sub.deliver("c1", [], 10, clock.now_ms()))
+    got = list(zip(w["ledger_id"], w["entry_id"], w["redelivery_count"], strict=True))
+    assert got == [(11, 3, 1), (12, 3, 1)]
     clock.advance(3_000)
     got = take(sub, clock)
     assert sorted(got) == [(11, 1), (11, 4), (12, 0), (12, 1), (12, 2), (13, 0)]  # never 11:2
@@ -323,7 +342,8 @@ def test_a_loose_position_cancelled_before_its_reread_is_never_delivered():
     )
     sub.unread.update(keys([(1, 0), (1, 1)]))  # what resume_after_buckets would find
     assert sub.cancel(1, 1, marker=(2, 0)) is True
-    assert sub.on_reread([obj(1, 0, [NO_DELAY, NO_DELAY])], keys([(1, 0), (1, 1)])) == 1
+    loose = keys([(1, 0), (1, 1)])
+    assert sub.on_reread(rows([obj(1, 0, [NO_DELAY, NO_DELAY])], loose), loose) == 1
     assert take(sub, clock) == [(1, 0)]
 
 

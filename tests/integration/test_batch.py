@@ -1,0 +1,167 @@
+"""receive_batch, and ack / nack of a whole MessageBatch, against real actors."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from raydelay import InvalidArgument, MessageBatch
+from raydelay.cluster.names import subscription_actor_name
+from tests.integration.helpers import restart
+
+
+def receive_batches(consumer, count: int, timeout_s: float = 20.0) -> list[MessageBatch]:
+    out, n = [], 0
+    deadline = time.monotonic() + timeout_s
+    while n < count and time.monotonic() < deadline:
+        batch = consumer.receive_batch(max_messages=count - n, timeout_s=0.5)
+        if len(batch):
+            out.append(batch)
+            n += len(batch)
+    return out
+
+
+def test_a_batch_spans_partitions_offers_columns_and_is_acked_in_one_go(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=3)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    keys = [f"order-{i}" for i in range(300)]
+    sent = producer.send_many(
+        [b"p%d" % i for i in range(300)], keys=keys, properties={"src": "test"}
+    )
+    # When the messages are received as batches
+    batches = receive_batches(consumer, 300)
+    # Then together they are every message once, from more than one partition
+    assert sum(map(len, batches)) == 300
+    assert {p for b in batches for p, _ in b.batches} == {0, 1, 2}
+    ids = [mid for b in batches for mid in b.message_ids]
+    assert sorted(ids) == sorted(sent)
+    # And the columns agree with the lazily built messages, row for row
+    for b in batches:
+        msgs = list(b)
+        assert b.payloads.to_pylist() == [m.payload for m in msgs]
+        assert b.keys.to_pylist() == [m.key for m in msgs]
+        assert b.message_ids == [m.message_id for m in msgs]
+        assert np.array_equal(b.partitions, [m.message_id.partition for m in msgs])
+        assert (b.deliver_at_ms == -1).all() and (b.redelivery_count == 0).all()
+        assert all(m.properties == {"src": "test"} and m.deliver_at_ms is None for m in msgs)
+        table = b.to_arrow()
+        assert table.num_rows == len(b) and table.column_names[0] == "partition"
+        assert table.schema.metadata[b"topic"] == topic_name.encode()
+    by_id = {m.message_id: m for b in batches for m in b}
+    assert all(by_id[mid].key == keys[i] for i, mid in enumerate(sent))
+    # When each batch is acked whole
+    for b in batches:
+        consumer.ack(b)
+    # Then nothing is left
+    stats = cluster.stats(topic_name, "s")
+    assert stats["backlog"] == 0 and stats["pending_ack"] == 0 and stats["acked"] == 300
+
+
+def test_acking_a_batch_twice_acks_once(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=2)
+    consumer = cluster.subscribe(topic_name, "s")
+    cluster.create_producer(topic_name).send_many([b"x"] * 50)
+    batches = receive_batches(consumer, 50)
+    for b in batches:
+        consumer.ack(b)
+    for b in batches:
+        consumer.ack(b)
+    stats = cluster.stats(topic_name, "s")
+    assert stats["acked"] == 50 and stats["backlog"] == 0
+
+
+def test_a_nacked_batch_comes_back_as_a_batch_with_raised_counts(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=2)
+    consumer = cluster.subscribe(topic_name, "s")
+    sent = cluster.create_producer(topic_name).send_many([b"n%d" % i for i in range(40)])
+    first = receive_batches(consumer, 40)
+    for b in first:
+        consumer.nack(b, delay_s=0.3)
+    again = receive_batches(consumer, 40)
+    assert sorted(mid for b in again for mid in b.message_ids) == sorted(sent)
+    assert all((b.redelivery_count == 1).all() for b in again)
+    assert all(m.redelivery_count == 1 for b in again for m in b)
+    for b in again:
+        consumer.ack(b)
+    assert cluster.stats(topic_name, "s")["backlog"] == 0
+
+
+def test_a_batch_with_redelivered_and_new_messages_keeps_each_count(cluster, topic_name):
+    cluster.create_topic(topic_name)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    old = producer.send_many([b"old-%d" % i for i in range(10)])
+    for b in receive_batches(consumer, 10):
+        consumer.nack(b)  # back at once, ahead of new entries
+    new = producer.send_many([b"new-%d" % i for i in range(10)])
+    got = {m.message_id: m.redelivery_count for b in receive_batches(consumer, 20) for m in b}
+    assert got == {**dict.fromkeys(old, 1), **dict.fromkeys(new, 0)}
+
+
+def test_acking_a_batch_after_its_subscription_restarted_sticks(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=2)
+    consumer = cluster.subscribe(topic_name, "s")
+    cluster.create_producer(topic_name).send_many([b"r%d" % i for i in range(100)])
+    batches = receive_batches(consumer, 100)
+    # When both subscription actors die and come back before the ack
+    for p in range(2):
+        restart(subscription_actor_name(topic_name, p, "s"))
+    for b in batches:
+        consumer.ack(b)
+    # Then the acks hold: nothing is left pending or to redeliver, also once persisted
+    cluster.stats(topic_name, "s")
+    deadline = time.monotonic() + 20
+    while cluster.stats(topic_name, "s")["backlog"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stats = cluster.stats(topic_name, "s")
+    assert stats["backlog"] == 0 and stats["redelivery"] == 0
+
+
+def test_receive_batch_checks_its_arguments_and_times_out_empty(cluster, topic_name):
+    cluster.create_topic(topic_name)
+    consumer = cluster.subscribe(topic_name, "s")
+    empty = consumer.receive_batch(max_messages=10, timeout_s=0.2)
+    assert len(empty) == 0 and not empty and empty.payloads.to_pylist() == []
+    assert empty.to_arrow().num_rows == 0
+    with pytest.raises(InvalidArgument, match="max_messages"):
+        consumer.receive_batch(max_messages=0)
+    with pytest.raises(InvalidArgument, match="timeout_s"):
+        consumer.receive_batch(timeout_s=-1)
+    with pytest.raises(InvalidArgument, match="topic"):
+        consumer.ack(MessageBatch("other-topic", []))
+    with pytest.raises(InvalidArgument, match="messages"):
+        consumer.ack(42)
+
+
+def test_delivered_batches_travel_as_out_of_band_buffers():
+    """Ray pickles with protocol 5: an Arrow batch's buffers go out of band, not copied
+    element by element into the pickle."""
+    import pickle
+
+    from raydelay.dispatch.wire import DELIVERY_SCHEMA
+
+    n = 10_000
+    payloads = pa.array([b"x" * 100] * n, pa.binary())
+    ints = pa.array(np.arange(n), pa.int64())
+    rb = pa.RecordBatch.from_arrays(
+        [
+            ints,
+            ints,
+            ints,
+            ints,
+            ints,
+            payloads,
+            pa.nulls(n, pa.string()),
+            pa.nulls(n, DELIVERY_SCHEMA.field("properties").type),
+        ],
+        schema=DELIVERY_SCHEMA,
+    )
+    buffers: list = []
+    inband = pickle.dumps(rb, protocol=5, buffer_callback=buffers.append)
+    assert len(inband) < 4_096  # the schema and buffer references only
+    assert sum(memoryview(b).nbytes for b in buffers) >= 100 * n
+    assert pickle.loads(inband, buffers=buffers).equals(rb)
