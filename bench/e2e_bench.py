@@ -2,8 +2,8 @@
 
 1. Sustained throughput: one topic with 4 partitions, one shared subscription, 100-byte
    payloads, a local-dir store. Four threads share one producer and call ``send_many``
-   with batches of 1,000; a consumer thread receives (up to 10,000 per call) and acks each
-   batch, concurrently. Measured from the
+   with batches of 1,000; a consumer thread calls ``receive_batch`` (up to 10,000 per call)
+   and acks each batch whole, concurrently. Measured from the
    first send to the last ack, so it covers produce -> durable -> indexed -> delivered ->
    acked. Run twice: immediate messages, and messages delayed 1 s (these go through the
    bucket tracker and their payloads are fetched again when due). The last messages of
@@ -59,10 +59,10 @@ def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:
     def consume() -> None:
         nonlocal acked
         while acked < n and not done.is_set():
-            msgs = consumer.receive(max_messages=RECEIVE, timeout_s=1.0)
-            if msgs:
-                consumer.ack(msgs)
-                acked += len(msgs)
+            batch = consumer.receive_batch(max_messages=RECEIVE, timeout_s=1.0)
+            if len(batch):
+                consumer.ack(batch)
+                acked += len(batch)
 
     t = threading.Thread(target=consume, daemon=True)
     start = time.perf_counter()
@@ -104,15 +104,17 @@ def lateness(cluster, topic: str, seconds: int, rate: int = 10_000) -> dict:
         producer.send_many(
             [PAYLOAD] * len(ats[lo : lo + 5_000]), deliver_at=[int(a) for a in ats[lo : lo + 5_000]]
         )
-    lates: list[int] = []
+    lates: list[np.ndarray] = []
+    got = 0
     deadline = time.monotonic() + (start_at - now_ms()) / 1000 + seconds + 60
-    while len(lates) < n and time.monotonic() < deadline:
-        msgs = consumer.receive(max_messages=5_000, timeout_s=1.0)
+    while got < n and time.monotonic() < deadline:
+        batch = consumer.receive_batch(max_messages=5_000, timeout_s=1.0)
         t = now_ms()
-        lates.extend(t - m.deliver_at_ms for m in msgs)
-        if msgs:
-            consumer.ack(msgs)
-    arr = np.array(lates)
+        lates.append(t - batch.deliver_at_ms)
+        got += len(batch)
+        if len(batch):
+            consumer.ack(batch)
+    arr = np.concatenate(lates) if lates else np.zeros(0, dtype=np.int64)
     consumer.close()
     return {
         "n": n,

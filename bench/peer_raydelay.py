@@ -4,7 +4,8 @@ write. Each scenario uses a fresh topic with one shared subscription and deletes
 
 - Producers: ``send_many`` with 5,000 messages per call from several threads; it returns
   once the messages are durable in the partition log.
-- Consumers: ``receive(max_messages=10,000)`` then ``ack`` of the batch, from the driver.
+- Consumers: ``receive_batch(max_messages=10,000)`` then ``ack`` of the whole batch, from
+  the driver (the burst is also run through ``receive()`` + ``ack(list)``, as its own row).
 - Memory: RSS of the topic actor(s) and the subscription actor(s) (psutil), after the
   subscription has read the whole log in; store bytes are the store directory's size.
 - Recovery: ``ray.kill(no_restart=False)`` of the subscription actor (Ray restarts it);
@@ -13,6 +14,7 @@ write. Each scenario uses a fresh topic with one shared subscription and deletes
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -37,7 +39,7 @@ from bench.workload import (
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
 
 BATCH = 5_000
-RECEIVE = 10_000
+RECEIVE = int(os.environ.get("RAYDELAY_BENCH_RECEIVE", "10000"))
 SUB = "bench"
 
 
@@ -49,7 +51,7 @@ class RaydelayPeer:
 
     # --- plumbing ---------------------------------------------------------------------------
 
-    def _open(self, topic: str, partitions: int):
+    def _open(self, topic: str, partitions: int, path: str = "batch"):
         self.cluster.create_topic(topic, partitions=partitions)
         consumer = self.cluster.subscribe(topic, SUB)
         producer = self.cluster.create_producer(topic)
@@ -57,7 +59,7 @@ class RaydelayPeer:
         def send(items: list[bytes], ats: np.ndarray) -> None:
             producer.send_many(items, deliver_at=ats.tolist())
 
-        return producer, consumer, send, receive_from(consumer)
+        return producer, consumer, send, receive_from(consumer, path)
 
     def _close(self, topic: str, producer, consumer) -> None:
         consumer.close()
@@ -166,9 +168,10 @@ class RaydelayPeer:
             },
         }
 
-    def burst(self, n: int, due_ms: int, threads: int) -> dict:
+    def burst(self, n: int, due_ms: int, threads: int, path: str = "batch") -> dict:
+        """``path``: "batch" consumes with receive_batch, "list" with receive()."""
         topic = "burst"
-        producer, consumer, send, receive = self._open(topic, 4)
+        producer, consumer, send, receive = self._open(topic, 4, path)
         roles = ray_processes()
         out = run_burst(send, receive, n, due_ms, threads=threads, batch=BATCH,
                         cpu=lambda: cpu_times(roles), label="raydelay burst load")  # fmt: skip
@@ -252,13 +255,21 @@ class RaydelayPeer:
         ray.shutdown()
 
 
-def receive_from(consumer):
-    """A ``Drain`` receive: up to 10,000 messages, acked as one batch."""
+def receive_from(consumer, path: str = "batch"):
+    """A ``Drain`` receive: up to 10,000 messages, acked as one batch. ``path`` "batch":
+    ``receive_batch`` (the payload column goes to the Drain as it is); "list":
+    ``receive()`` and a list of Message objects."""
 
-    def receive() -> list[bytes]:
+    def receive_batch():
+        batch = consumer.receive_batch(max_messages=RECEIVE, timeout_s=0.2)
+        if len(batch):
+            consumer.ack(batch)
+        return batch.payloads
+
+    def receive_list() -> list[bytes]:
         msgs = consumer.receive(max_messages=RECEIVE, timeout_s=0.2)
         if msgs:
             consumer.ack(msgs)
         return [m.payload for m in msgs]
 
-    return receive
+    return receive_batch if path == "batch" else receive_list

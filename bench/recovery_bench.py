@@ -65,9 +65,9 @@ def run(cluster, root: Path, topic: str, pending: int) -> dict:
 
     def consume() -> None:
         while not stop.is_set():
-            msgs = consumer.receive(max_messages=RECEIVE, timeout_s=0.5)
-            if msgs:
-                consumer.ack(msgs)
+            batch = consumer.receive_batch(max_messages=RECEIVE, timeout_s=0.5)
+            if len(batch):
+                consumer.ack(batch)
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()

@@ -122,14 +122,24 @@ def rows(results: dict) -> list[tuple]:
     drain_s = each("burst", "drain_s")
     delivered = each("burst", "delivered")
     rate = {p: b / s if s and delivered[p] == b else None for p, s in drain_s.items()}
+    by_list = _get(results, "raydelay", "burst_receive")
+    list_rate = {
+        "raydelay": b / by_list["drain_s"]
+        if by_list and by_list["drain_s"] and by_list["delivered"] == b
+        else None
+    }
     lr, ls = plan["lateness_rate"], plan["lateness_s"]
     late_cond = f"{lr:,} msg/s due for {ls} s, loaded ahead; receive time - deliver_at"
     out += [
         _line("3 burst", "seconds from the due instant to the last ack",
-              f"{b:,} msgs due at one instant; one consumer thread (raydelay receive x10000 + "
-              "ack, 4 partitions; Redis BLMPOP x1000)", drain_s, ".2f", ratios=False),
+              f"{b:,} msgs due at one instant; one consumer thread (raydelay receive_batch "
+              "x10000 + ack(batch), 4 partitions; Redis BLMPOP x1000)", drain_s, ".2f",
+              ratios=False),
         _line("3 burst", "drain msg/s", "messages / the seconds above", rate,
               target=">= 1.0x Redis"),
+        _line("3 burst", "drain msg/s, receive() path",
+              "the same burst, raydelay consumed with receive() x10000 (Message objects) + "
+              "ack(list)", list_rate),
         _line("4 lateness", "p50 ms", late_cond, each("lateness", "p50"), ".0f"),
         _line("4 lateness", "p99 ms", late_cond, each("lateness", "p99"), ".0f",
               target="<= 50 ms"),

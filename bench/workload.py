@@ -38,9 +38,25 @@ def payloads(seq0: int, deliver_at_ms: np.ndarray) -> list[bytes]:
     return [buf[i : i + PAYLOAD_BYTES] for i in range(0, len(buf), PAYLOAD_BYTES)]
 
 
-def header_at(items: list[bytes]) -> np.ndarray:
-    """deliver_at_ms of each payload, from its header."""
-    return np.frombuffer(b"".join(p[8:16] for p in items), dtype="<i8")
+def header_at(items) -> np.ndarray:
+    """deliver_at_ms of each payload, from its header. ``items``: a list of bytes, or an
+    Arrow binary (chunked) array, whose 100-byte payloads are read in place."""
+    chunks = getattr(items, "chunks", None)
+    if chunks is None and hasattr(items, "buffers"):
+        chunks = [items]
+    if chunks is None:
+        return np.frombuffer(b"".join(p[8:16] for p in items), dtype="<i8")
+    out = []
+    for c in chunks:
+        if len(c) == 0:
+            continue
+        offsets = np.frombuffer(c.buffers()[1], dtype="<i4", count=len(c) + 1, offset=4 * c.offset)
+        if not (np.diff(offsets) == PAYLOAD_BYTES).all():
+            out.append(header_at(c.to_pylist()))
+            continue
+        data = np.frombuffer(c.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+        out.append(data.view(HEADER)["at"].astype(np.int64))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 def spread_schedule(rng: np.random.Generator, n: int, base_ms: int) -> np.ndarray:

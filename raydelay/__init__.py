@@ -19,7 +19,16 @@ from raydelay.errors import (
 
 __version__ = "0.1.0"
 
-_CLIENT = ("connect", "Cluster", "Producer", "Consumer", "Message", "MessageBatch", "MessageId")
+_CLIENT = (
+    "connect",
+    "Cluster",
+    "Producer",
+    "Consumer",
+    "Message",
+    "MessageBatch",
+    "MessageId",
+    "MessageIds",
+)
 
 __all__ = [
     *_CLIENT,

@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.25  # the timer's longest sleep when nothing is scheduled
 _LONG_POLL_S = 5.0
 _READ_CHUNK = 5_000
-# Payloads fetched per receive: due delayed messages are scattered over the log, so a
-# fetch costs about one ranged read each; smaller fetches reach the consumer sooner.
+# Payloads read from the topic actor per receive: due delayed messages are scattered over
+# the log, so a read costs about one ranged read each; smaller reads reach the consumer
+# sooner. Payloads the decoded objects here still hold are not capped.
 _FETCH_MAX = 2_000
 _REPORT_S = 1.0  # how often metrics are reported
 _PUMP_LINGER_S = 0.005
@@ -241,7 +242,7 @@ class SubscriptionActor:
         self._sub.collect_due(now, max_messages)
         if self._sub.dead:
             await self._flush_dead_letters()
-        fetched = await self._fetch(self._sub.keys_to_fetch(min(max_messages, _FETCH_MAX)))
+        fetched = await self._fetch(self._sub.keys_to_fetch(max_messages), _FETCH_MAX)
         delivered_at = self._clock.now_ms()
         out = self._sub.deliver(consumer_id, fetched, max_messages, delivered_at)
         if out:
@@ -258,12 +259,16 @@ class SubscriptionActor:
         r["first_delivery_at_ms"] = self._clock.now_ms()
         r["store_bytes"] = self._store.bytes_read
 
-    async def _fetch(self, keys: np.ndarray) -> list[Group]:
+    async def _fetch(self, keys: np.ndarray, max_reads: int | None = None) -> list[Group]:
         """Payloads for positions (int64 keys), grouped by source: the decoded objects kept
-        here, else rows read from the topic actor (positions it no longer has are dropped)."""
+        here, else rows read from the topic actor (positions it no longer has are dropped).
+        With ``max_reads``, at most that many (the lowest) are read from the topic actor;
+        the others are left out of the result."""
         if not len(keys):
             return []
         groups, need = self._objects.lookup(np.asarray(keys, dtype=np.int64))
+        if max_reads is not None and len(need) > max_reads:
+            need = np.sort(need)[:max_reads]
         if len(need):
             rows = await self._read_rows(need)
             found = np.isin(need, rows.positions)

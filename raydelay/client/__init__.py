@@ -3,7 +3,16 @@ MessageId."""
 
 from raydelay.client.cluster import Cluster, connect
 from raydelay.client.consumer import Consumer
-from raydelay.client.message import Message, MessageBatch, MessageId
+from raydelay.client.message import Message, MessageBatch, MessageId, MessageIds
 from raydelay.client.producer import Producer
 
-__all__ = ["connect", "Cluster", "Producer", "Consumer", "Message", "MessageBatch", "MessageId"]
+__all__ = [
+    "connect",
+    "Cluster",
+    "Producer",
+    "Consumer",
+    "Message",
+    "MessageBatch",
+    "MessageId",
+    "MessageIds",
+]

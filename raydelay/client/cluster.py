@@ -299,6 +299,7 @@ class Cluster:
             subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
             return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
         options = self._subscription_options(topic, subscription)
+        self._flush_acks(topic)
         parts = self._call(
             lambda: [
                 self._subscription_handle(topic, p, subscription).stats.remote() for p in range(n)
@@ -310,6 +311,13 @@ class Cluster:
         out["type"] = options["type"]
         out["partitions"] = parts
         return out
+
+    def _flush_acks(self, topic: str) -> None:
+        """Wait for the acks this process's consumers of ``topic`` have sent, so that the
+        numbers asked for next count them."""
+        for consumer in self._consumers:
+            if consumer.topic == topic and not consumer._closed:
+                consumer._settle_acks(keep=0)
 
     def _subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""

@@ -9,6 +9,11 @@ back to the subscription for redelivery.
 
 ``ack`` and ``nack`` send one call per partition with the positions as one int64
 array, whether they are given a MessageBatch, a list of messages or message ids.
+``ack`` does not wait for the subscription's reply: up to ``_ACKS_IN_FLIGHT`` ack
+calls stay outstanding and are confirmed by later calls (a partition restarting
+meanwhile gets its acks sent again; any other failure is raised by the next call).
+Calls from one process reach an actor in order, so a later receive, nack or stats
+sees the acks; ``flush()`` and ``close()`` wait for every one.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_RECEIVE = 100_000
+_ACKS_IN_FLIGHT = 16  # ack calls sent and not yet confirmed, at most
 
 
 class Consumer:
@@ -54,6 +60,7 @@ class Consumer:
         self.consumer_id = uuid.uuid4().hex
         self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
         self._inflight: dict[Any, int] = {}  # receive ref -> partition
+        self._acks: deque[tuple[int, np.ndarray, Any]] = deque()  # (partition, keys, ref)
         self._closed = False
         added = []
         try:
@@ -81,6 +88,7 @@ class Consumer:
 
     def _take(self, max_messages: int, timeout_s: float) -> list[tuple[int, pa.RecordBatch]]:
         self._check_open()
+        self._settle_acks()
         if isinstance(max_messages, bool) or not isinstance(max_messages, int):
             raise InvalidArgument(
                 f"max_messages: expected an int, got {type(max_messages).__name__}"
@@ -156,13 +164,37 @@ class Consumer:
         them (one call per partition)."""
         self._check_open()
         by_partition = self._group(messages, "messages")
-        self._cluster._call(
-            lambda: [
-                self._handles[p].ack.remote(self.consumer_id, keys)
-                for p, keys in by_partition.items()
-            ],
-            "subscription",
-        )
+        self._settle_acks()
+        for p, keys in by_partition.items():
+            self._acks.append((p, keys, self._handles[p].ack.remote(self.consumer_id, keys)))
+        if len(self._acks) > _ACKS_IN_FLIGHT:
+            self._settle_acks(keep=_ACKS_IN_FLIGHT)
+
+    def flush(self) -> None:
+        """Wait until every ack sent so far is applied by its subscription."""
+        self._check_open()
+        self._settle_acks(keep=0)
+
+    def _settle_acks(self, keep: int | None = None) -> None:
+        """Confirm the acks sent so far: those already answered and, waiting for them, all
+        but the newest ``keep`` when it is given. An ack a restart interrupted is sent
+        again (acks are idempotent)."""
+        while self._acks:
+            p, keys, ref = self._acks[0]
+            if (keep is None or len(self._acks) <= keep) and not ray.wait([ref], timeout=0)[0]:
+                break
+            self._acks.popleft()
+            try:
+                rpc.get(ref, what=f"subscription {p}")
+            except (Unavailable, StorageError) as exc:
+                if isinstance(exc, StorageError) and not exc.retriable:
+                    raise
+                log.warning("%s/%s partition %d: ack %s; sending it again",
+                            self.topic, self.subscription, p, exc)  # fmt: skip
+                self._cluster._call(
+                    lambda p=p, keys=keys: self._handles[p].ack.remote(self.consumer_id, keys),
+                    f"subscription {self.subscription} partition {p}",
+                )
 
     def nack(
         self,
@@ -226,6 +258,10 @@ class Consumer:
         to the other consumers."""
         if self._closed:
             return
+        try:
+            self._settle_acks(keep=0)  # what was acked stays acked, not redelivered
+        except Exception as exc:  # noqa: BLE001 - closing: report; unconfirmed acks redeliver
+            log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         self._closed = True
         refs = [h.remove_consumer.remote(self.consumer_id) for h in self._handles]
         try:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from functools import partial
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 import pyarrow as pa
 
 from raydelay.dispatch.wire import DELIVERY_SCHEMA
 from raydelay.errors import InvalidArgument
-from raydelay.log.entries import NO_DELAY
+from raydelay.log.entries import NO_DELAY, int64_values
 
 
 class MessageId(NamedTuple):
@@ -28,6 +28,60 @@ class MessageId(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.topic}/{self.partition}/{self.ledger_id}:{self.entry_id}"
+
+
+class MessageIds(Sequence[MessageId]):
+    """The MessageIds of one ``send_many``, in input order, kept as three int64 columns
+    (:attr:`partitions`, :attr:`ledger_ids`, :attr:`entry_ids`); a MessageId is built
+    when it is asked for. It is a sequence: index it, slice it (a list), iterate, compare
+    it with a list of MessageIds."""
+
+    __slots__ = ("topic", "partitions", "ledger_ids", "entry_ids")
+
+    def __init__(
+        self, topic: str, partitions: np.ndarray, ledger_ids: np.ndarray, entry_ids: np.ndarray
+    ) -> None:
+        self.topic = topic
+        self.partitions, self.ledger_ids, self.entry_ids = partitions, ledger_ids, entry_ids
+
+    def __len__(self) -> int:
+        return len(self.entry_ids)
+
+    @overload
+    def __getitem__(self, i: int) -> MessageId: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[MessageId]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self)[i]
+        i = range(len(self))[i]  # negative indexes, and IndexError past the end
+        return MessageId(
+            self.topic, int(self.partitions[i]), int(self.ledger_ids[i]), int(self.entry_ids[i])
+        )
+
+    def __iter__(self) -> Iterator[MessageId]:
+        # tuple.__new__ through map: no Python-level call per MessageId
+        return map(
+            partial(tuple.__new__, MessageId),
+            zip(
+                repeat(self.topic),
+                self.partitions.tolist(),
+                self.ledger_ids.tolist(),
+                self.entry_ids.tolist(),
+            ),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (MessageIds, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MessageIds(topic={self.topic!r}, n={len(self)})"
 
 
 class Message(NamedTuple):
@@ -63,7 +117,7 @@ def messages_from_batch(topic: str, partition: int, rb: pa.RecordBatch) -> list[
         prop_list: Any = [{} for _ in range(n)]
     else:
         prop_list = [dict(p) if p else {} for p in props.to_pylist()]
-    due_np = due.to_numpy()
+    due_np = int64_values(due)
     due_list = due.to_pylist()
     if (due_np < 0).any():
         due_list = [None if d < 0 else d for d in due_list]
@@ -133,7 +187,7 @@ class MessageBatch:
     def _ints(self, name: str) -> np.ndarray:
         if not self.batches:
             return np.zeros(0, dtype=np.int64)
-        return np.concatenate([rb.column(name).to_numpy() for _, rb in self.batches])
+        return np.concatenate([int64_values(rb.column(name)) for _, rb in self.batches])
 
     @property
     def payloads(self) -> pa.ChunkedArray:
@@ -173,7 +227,7 @@ class MessageBatch:
         """partition -> int64 position keys ``ledger << 32 | entry`` of its messages."""
         out: dict[int, list[np.ndarray]] = {}
         for p, rb in self.batches:
-            keys = (rb.column(0).to_numpy() << 32) | rb.column(1).to_numpy()
+            keys = (int64_values(rb.column(0)) << 32) | int64_values(rb.column(1))
             out.setdefault(p, []).append(keys)
         return {p: np.concatenate(ks) for p, ks in out.items()}
 
@@ -183,12 +237,18 @@ class MessageBatch:
         )
         tables = [
             pa.Table.from_batches([rb]).add_column(
-                0, "partition", pa.array(np.full(rb.num_rows, p, dtype=np.int32))
+                0,
+                "partition",
+                pa.Array.from_buffers(
+                    pa.int32(),
+                    rb.num_rows,
+                    [None, pa.py_buffer(np.full(rb.num_rows, p, dtype=np.int32))],
+                ),
             )
             for p, rb in self.batches
         ]
         if not tables:
-            return schema.empty_table()
+            return pa.Table.from_batches([], schema)
         return pa.concat_tables(tables).replace_schema_metadata(schema.metadata)
 
 

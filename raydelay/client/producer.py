@@ -28,6 +28,7 @@ import numpy as np
 
 from raydelay.client.message import (
     MessageId,
+    MessageIds,
     check_key,
     check_payload,
     check_properties,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _LINGER_S = 0.001
-STICKY = 1_000  # keyless messages go to one partition in runs of at least this many
+STICKY = 5_000  # keyless messages go to one partition in runs of at least this many
 
 
 def partition_of(key: str | None, partitions: int, counter: itertools.count) -> int:
@@ -127,15 +128,21 @@ class Producer:
         deliver_at: Any = None,
         keys: Sequence[str | None] | None = None,
         properties: Sequence[dict[str, str] | None] | dict[str, str] | None = None,
-    ) -> list[MessageId]:
-        """Send a batch; returns the MessageIds in input order once all are durable.
+    ) -> MessageIds:
+        """Send a batch; returns the MessageIds in input order once all are durable (a
+        :class:`MessageIds` sequence, which keeps them as columns).
 
-        ``deliver_at`` / ``deliver_after`` are one value for all messages or a sequence with
-        one value (or None) per message. Every message is checked before anything is sent."""
+        ``deliver_at`` / ``deliver_after`` are one value for all messages or a sequence (a list
+        or a 1-d numpy array) with one value (or None) per message. Every message is checked
+        before anything is sent."""
         self._check_open()
         if isinstance(payloads, (bytes, bytearray, str)) or not isinstance(payloads, Sequence):
             raise InvalidArgument("payloads: expected a sequence of bytes")
         n = len(payloads)
+        if isinstance(deliver_at, np.ndarray):
+            deliver_at = _from_numpy("deliver_at", deliver_at)
+        if isinstance(deliver_after, np.ndarray):
+            deliver_after = _from_numpy("deliver_after", deliver_after)
         ats = _per_message("deliver_at", deliver_at, n, scalar_ok=lambda v: not _is_seq(v))
         afters = _per_message("deliver_after", deliver_after, n, scalar_ok=lambda v: not _is_seq(v))
         ks = _per_message("keys", keys, n, scalar_ok=lambda v: False) if keys is not None else None
@@ -157,14 +164,16 @@ class Producer:
                 n, deliver_at_of(deliver_at, deliver_after, now, self._max_delay_ms), dtype=np.int64
             )
         else:
-            d = np.fromiter(
-                (
-                    deliver_at_of(ats[i], afters[i], now, self._max_delay_ms, f"message {i}")
-                    for i in range(n)
-                ),
-                dtype=np.int64,
-                count=n,
-            )
+            d = _due_column(deliver_at, deliver_after, n, now, self._max_delay_ms)
+            if d is None:  # mixed: None, datetimes or floats among them; one by one
+                d = np.fromiter(
+                    (
+                        deliver_at_of(ats[i], afters[i], now, self._max_delay_ms, f"message {i}")
+                        for i in range(n)
+                    ),
+                    dtype=np.int64,
+                    count=n,
+                )
         if ks is None:
             parts = self._sticky(n)
         else:
@@ -185,9 +194,10 @@ class Producer:
 
     def _append(
         self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
-    ) -> list[MessageId]:
+    ) -> MessageIds:
         """Send one batch per partition chunk in parallel; MessageIds in input order."""
-        out: list[MessageId | None] = [None] * len(payloads)
+        ledger_col = np.zeros(len(payloads), dtype=np.int64)
+        entry_col = np.zeros(len(payloads), dtype=np.int64)
         calls: list[tuple[int, np.ndarray, Entries]] = []
         any_keys = any(k is not None for k in keys)
         any_props = any(p is not None for p in props)
@@ -211,14 +221,15 @@ class Producer:
                 submitted.append((p, idx, data, self._handles[p].append.remote(data)))
         for p, idx, data, ref in submitted:
             ranges = self._await_append(p, data, ref)
-            positions = [(lg, first + j) for lg, first, count in ranges for j in range(count)]
-            if len(positions) != len(idx):
+            ledgers = np.concatenate([np.full(c, lg, dtype=np.int64) for lg, _, c in ranges])
+            entries = np.concatenate([np.arange(f, f + c, dtype=np.int64) for _, f, c in ranges])
+            if len(ledgers) != len(idx):
                 raise RaydelayError(
-                    f"partition {p} returned {len(positions)} positions for {len(idx)} messages"
+                    f"partition {p} returned {len(ledgers)} positions for {len(idx)} messages"
                 )
-            for i, (lg, e) in zip(idx, positions, strict=True):
-                out[i] = MessageId(self.topic, p, lg, e)
-        return out  # type: ignore[return-value]
+            ledger_col[idx] = ledgers
+            entry_col[idx] = entries
+        return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col)
 
     @property
     def last_sequences(self) -> list[int]:
@@ -365,6 +376,47 @@ def _check_payloads(payloads: Sequence[object], max_bytes: int) -> list[bytes]:
     if all(type(p) is bytes and len(p) <= max_bytes for p in payloads):
         return list(payloads)  # type: ignore[arg-type]
     return [check_payload(p, max_bytes, f"payloads[{i}]") for i, p in enumerate(payloads)]
+
+
+def _from_numpy(field: str, value: np.ndarray) -> list:
+    if value.ndim != 1:
+        raise InvalidArgument(f"{field}: expected a 1-d array, got {value.ndim} dimensions")
+    return value.tolist()
+
+
+def _due_column(
+    deliver_at: Any, deliver_after: Any, n: int, now_ms: int, max_delay_ms: int
+) -> np.ndarray | None:
+    """Due times (epoch ms) of a whole batch in a few numpy operations, when only one of
+    ``deliver_at`` (ints) and ``deliver_after`` (numbers) is a per-message list without
+    None; None when the batch needs checking message by message (which also finds and
+    names the first bad message, so the error is the same)."""
+    if (deliver_at is None) == (deliver_after is None):
+        return None
+    value = deliver_at if deliver_at is not None else deliver_after
+    if not _is_seq(value) or len(value) != n or n == 0:
+        return None
+    if bool in set(map(type, value)):
+        return None  # True is not a time; the per-message check says so
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if deliver_at is not None:
+        if arr.dtype.kind not in "iu":
+            return None
+        d = arr.astype(np.int64)
+        if (d < 0).any():
+            return None
+    else:
+        if arr.dtype.kind not in "iuf":
+            return None
+        if not np.isfinite(arr).all() or (arr < 0).any():
+            return None
+        d = now_ms + np.round(arr.astype(np.float64) * 1000).astype(np.int64)
+    if max_delay_ms and (d - now_ms > max_delay_ms).any():
+        return None
+    return d
 
 
 def _is_seq(v: object) -> bool:

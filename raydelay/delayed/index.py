@@ -345,15 +345,19 @@ class RunQueue:
                 (r.d[r.head : r.head + k], r.l[r.head : r.head + k], r.e[r.head : r.head + k])
                 for r, k in picks
             ]
-            d, l, e = concat(parts)  # noqa: E741
-            if len(d) > max_n:
-                tag = np.repeat(np.arange(len(picks)), [k for _, k in picks])
-                order = np.lexsort((e, l, d))[:max_n]
-                counts = np.bincount(tag[order], minlength=len(picks))
+            if sum(k for _, k in picks) > max_n:
+                # the max_n earliest by (deliver_at, ledger, entry): each run is sorted, so
+                # how many each gives is found by binary search, not by sorting them all
+                counts = smallest_counts(parts, max_n)
+                d, l, e = concat(  # noqa: E741
+                    [(pd[:c], pl[:c], pe[:c]) for (pd, pl, pe), c in zip(parts, counts)]
+                )
+                order = np.lexsort((e, l, d))
                 out = (d[order], l[order], e[order])
-                for (r, _), c in zip(picks, counts.tolist()):
+                for (r, _), c in zip(picks, counts):
                     r.head += c
             else:
+                d, l, e = concat(parts)  # noqa: E741
                 out = (d, l, e)
                 for r, k in picks:
                     r.head += k
@@ -387,6 +391,44 @@ class RunQueue:
         return sum(r.nbytes() for r in self._live.values()) + sum(
             c[0].nbytes * 3 for c in self._loose
         )
+
+
+def smallest_counts(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int) -> list[int]:
+    """How many of each part's leading rows make up the ``n`` smallest (deliver_at, ledger,
+    entry) of all parts, each part sorted by that triple (and holding ``n`` or more rows
+    in all). Two binary searches: on deliver_at, then on the position key among the rows
+    tied at the boundary deliver_at."""
+    ds = [p[0] for p in parts]
+
+    def count_d(x: int, side: str) -> int:
+        return sum(int(np.searchsorted(d, x, side)) for d in ds)
+
+    lo, hi = min(int(d[0]) for d in ds if len(d)), max(int(d[-1]) for d in ds if len(d))
+    while lo < hi:  # the smallest x with at least n rows at or before it
+        mid = (lo + hi) // 2
+        if count_d(mid, "right") >= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    below = [int(np.searchsorted(d, lo, "left")) for d in ds]
+    tied_end = [int(np.searchsorted(d, lo, "right")) for d in ds]
+    need = n - sum(below)
+    keys = [position_keys(p[1][b:t], p[2][b:t]) for p, b, t in zip(parts, below, tied_end)]
+    klo = min(int(k[0]) for k in keys if len(k))
+    khi = max(int(k[-1]) for k in keys if len(k))
+    while klo < khi:
+        mid = (klo + khi) // 2
+        if sum(int(np.searchsorted(k, mid, "right")) for k in keys) >= need:
+            khi = mid
+        else:
+            klo = mid + 1
+    counts = [int(np.searchsorted(k, klo, "left")) for k in keys]
+    need -= sum(counts)
+    for i, k in enumerate(keys):  # copies of the boundary position itself, in part order
+        extra = min(need, int(np.searchsorted(k, klo, "right")) - counts[i])
+        counts[i] += extra
+        need -= extra
+    return [b + c for b, c in zip(below, counts)]
 
 
 def sorted_positions(ls: list[np.ndarray], es: list[np.ndarray]) -> list[tuple[int, int]]:

@@ -8,12 +8,11 @@ no Python object per message), and Ray ships the batch's buffers out of band
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
 from raydelay.dispatch.keys import LOW, SHIFT
 from raydelay.dispatch.subscription import Delivery
-from raydelay.log.entries import PROPERTIES_TYPE
+from raydelay.log.entries import PROPERTIES_TYPE, empty_batch, int64_array
 
 DELIVERY_SCHEMA = pa.schema(
     [
@@ -29,23 +28,19 @@ DELIVERY_SCHEMA = pa.schema(
 )
 
 
-def _i64(values: np.ndarray) -> pa.Array:
-    return pa.array(np.ascontiguousarray(values, dtype=np.int64), type=pa.int64())
-
-
 def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
     """The deliveries of one receive as one record batch, in order."""
     parts = []
     for dv in deliveries:
-        taken = dv.source.entries.batch.take(pa.array(dv.indexes, type=pa.int64()))
+        taken = dv.source.entries.batch.take(int64_array(dv.indexes))
         parts.append(
             pa.RecordBatch.from_arrays(
                 [
-                    _i64(dv.keys >> SHIFT),
-                    _i64(dv.keys & LOW),
-                    _i64(dv.source.publish_times(dv.indexes)),
+                    int64_array(dv.keys >> SHIFT),
+                    int64_array(dv.keys & LOW),
+                    int64_array(dv.source.publish_times(dv.indexes)),
                     taken.column(1),
-                    _i64(dv.counts),
+                    int64_array(dv.counts),
                     taken.column(0),
                     taken.column(2),
                     taken.column(3),
@@ -59,6 +54,4 @@ def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
 
 
 def empty_delivery_batch() -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([], type=f.type) for f in DELIVERY_SCHEMA], schema=DELIVERY_SCHEMA
-    )
+    return empty_batch(DELIVERY_SCHEMA)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raydelay.errors import InvalidArgument
-from raydelay.log.entries import NO_DELAY, Entries
+from raydelay.log.entries import NO_DELAY, Entries, int64_array
 
 # The fixed reject reasons (the ``reject_reason`` column holds one of these).
 PAYLOAD_MISSING = "payload: missing"
@@ -146,7 +146,7 @@ def prepare(
         idx = good[parts == p]
         out.rows[int(p)] = idx
         out.by_partition[int(p)] = Entries.build(
-            payloads=[payloads[i] for i in idx],
+            payloads=payloads.take(int64_array(idx)),
             deliver_at_ms=due[idx],
             keys=[keys[i] for i in idx] if keys is not None else None,
             properties=[props[i] for i in idx] if props is not None else None,
@@ -154,7 +154,9 @@ def prepare(
     return out
 
 
-def _payloads(col: pa.Array, max_bytes: int, reason: list) -> list:
+def _payloads(col: pa.Array, max_bytes: int, reason: list) -> pa.Array:
+    """The payload column as Arrow binary (rows are taken from it, never turned into
+    Python bytes); marks missing and oversized payloads in ``reason``."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         col = pc.cast(col, pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
     if not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
@@ -164,7 +166,9 @@ def _payloads(col: pa.Array, max_bytes: int, reason: list) -> list:
         reason[i] = PAYLOAD_MISSING
     for i in np.flatnonzero(sizes > max_bytes):
         reason[i] = PAYLOAD_TOO_BIG
-    return col.to_pylist()
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return col if col.type == pa.binary() else col.cast(pa.binary())
 
 
 def _deliver_at(col: pa.Array, reason: list) -> np.ndarray:

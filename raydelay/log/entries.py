@@ -76,8 +76,30 @@ def binary_column(payloads: list[bytes]) -> pa.Array:
     )
 
 
-def _int64_column(values: np.ndarray) -> pa.Array:
-    return pa.array(np.ascontiguousarray(values, dtype=np.int64), type=pa.int64())
+# Columns move between numpy and Arrow through their buffers: ``pa.array(ndarray)`` and
+# ``Array.to_numpy()`` import pandas on first use (a quarter of a second or more in every
+# fresh actor process, a restarted one included), and these need nothing of it.
+
+
+def int64_array(values: np.ndarray) -> pa.Array:
+    """An Arrow int64 array over ``values`` (no copy when already contiguous int64)."""
+    arr = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(arr), [None, pa.py_buffer(arr)])
+
+
+def int64_values(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An int64 column without nulls as a numpy array (a view of one chunk's buffer)."""
+    if isinstance(col, pa.ChunkedArray):
+        parts = [int64_values(c) for c in col.chunks]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if len(col) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.frombuffer(col.buffers()[1], dtype=I64, count=len(col), offset=8 * col.offset)
+
+
+_int64_column = int64_array
 
 
 class Entries:
@@ -179,17 +201,13 @@ class Entries:
 
     def take(self, index: np.ndarray | list[int]) -> Entries:
         """The sub-block at ``index`` (positions within this block), in that order."""
-        return Entries(self.batch.take(pa.array(np.asarray(index, dtype=np.int64))))
+        return Entries(self.batch.take(int64_array(np.asarray(index, dtype=np.int64))))
 
     def slice(self, lo: int, hi: int) -> Entries:
         return Entries(self.batch.slice(lo, hi - lo))
 
 
-def _numpy(col: pa.Array) -> np.ndarray:
-    """An int64 column without nulls as a numpy view (no copy)."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    return col.to_numpy(zero_copy_only=True)
+_numpy = int64_values
 
 
 def _offsets(col: pa.Array) -> np.ndarray:
@@ -302,12 +320,12 @@ class Rows:
         return rows
 
 
+def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+
+
 def empty_entries() -> Entries:
-    return Entries(
-        pa.RecordBatch.from_arrays(
-            [pa.array([], type=f.type) for f in ENTRY_SCHEMA], schema=ENTRY_SCHEMA
-        )
-    )
+    return Entries(empty_batch(ENTRY_SCHEMA))
 
 
 # --- append batches ---------------------------------------------------------------------

@@ -165,3 +165,35 @@ def test_delivered_batches_travel_as_out_of_band_buffers():
     assert len(inband) < 4_096  # the schema and buffer references only
     assert sum(memoryview(b).nbytes for b in buffers) >= 100 * n
     assert pickle.loads(inband, buffers=buffers).equals(rb)
+
+
+def test_send_many_takes_numpy_due_times_and_checks_them_as_lists(cluster, topic_name):
+    from tests.integration.helpers import now_ms
+
+    cluster.create_topic(topic_name, partitions=2)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    at = now_ms() + 300
+    sent = producer.send_many([b"a%d" % i for i in range(20)], deliver_at=np.full(20, at))
+    sent2 = producer.send_many([b"b%d" % i for i in range(20)], deliver_after=np.full(20, 0.3))
+    assert len(sent) == len(sent2) == 20
+    got = [m for b in receive_batches(consumer, 40) for m in b]
+    assert {m.message_id for m in got} == set(sent) | set(sent2)
+    assert all(m.deliver_at_ms >= at - 300 for m in got)
+    with pytest.raises(InvalidArgument, match="message 1"):
+        producer.send_many([b"x", b"y"], deliver_at=np.array([at, -5]))
+    with pytest.raises(InvalidArgument, match="deliver_after"):
+        producer.send_many([b"x", b"y"], deliver_after=np.array([0.5, np.nan]))
+    with pytest.raises(InvalidArgument, match="1-d"):
+        producer.send_many([b"x"], deliver_at=np.array([[at]]))
+
+
+def test_acks_sent_just_before_close_stay_acked(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=2)
+    consumer = cluster.subscribe(topic_name, "s")
+    cluster.create_producer(topic_name).send_many([b"c%d" % i for i in range(100)])
+    for b in receive_batches(consumer, 100):
+        consumer.ack(b)  # not waited for
+    consumer.close()
+    stats = cluster.stats(topic_name, "s")
+    assert stats["acked"] == 100 and stats["backlog"] == 0 and stats["redelivery"] == 0

@@ -1,0 +1,26 @@
+"""MessageIds: send_many's ids kept as columns, behaving as a sequence of MessageId."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raydelay.client.message import MessageId, MessageIds
+
+
+def ids() -> MessageIds:
+    return MessageIds("t", np.array([1, 0, 1]), np.array([7, 7, 8]), np.array([0, 1, 2]))
+
+
+def test_message_ids_index_slice_iterate_and_compare_like_a_list():
+    m = ids()
+    expected = [MessageId("t", 1, 7, 0), MessageId("t", 0, 7, 1), MessageId("t", 1, 8, 2)]
+    assert len(m) == 3 and m[0] == expected[0] and m[-1] == expected[-1]
+    assert m[1:] == expected[1:] and list(m) == expected and m == expected
+    assert sorted(m) == sorted(expected) and set(m) == set(expected)
+    first, *rest = m
+    assert first == expected[0] and rest == expected[1:]
+    assert all(type(x) is MessageId and type(x.ledger_id) is int for x in m)
+    with pytest.raises(IndexError):
+        m[3]
+    assert m != [expected[0]] and "n=3" in repr(m)
