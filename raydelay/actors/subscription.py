@@ -185,6 +185,7 @@ class SubscriptionActor:
         self._space = asyncio.Event()  # wakes the pump when read-ahead has room
         self._available = asyncio.Condition()  # wakes receive calls
         self._persist_lock = asyncio.Lock()
+        self._dlq_lock = asyncio.Lock()
         loop = asyncio.get_running_loop()
         for loop_fn in (self._pump, self._timer, self._persister, self._reporter):
             loop.create_task(loop_fn())
@@ -345,6 +346,15 @@ class SubscriptionActor:
     # --- dead letters -----------------------------------------------------------------------
 
     async def _flush_dead_letters(self) -> None:
+        """Publish waiting dead letters to the DLQ topic, then ack them. One flush at a time:
+        the timer and a nack both call this, and a second flush running while the first
+        awaits its publish would publish the same messages again."""
+        if self._dlq_lock.locked():
+            return  # the running flush takes what is waiting; the timer comes back
+        async with self._dlq_lock:
+            await self._flush_dead_letters_locked()
+
+    async def _flush_dead_letters_locked(self) -> None:
         keys = self._sub.dead_letters(1_000)
         if not keys:
             return

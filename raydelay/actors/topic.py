@@ -90,11 +90,20 @@ class TopicActor:
 
     # --- appending ------------------------------------------------------------------------
 
-    async def append(self, batch: bytes) -> list[tuple[int, int, int]]:
-        """Append one batch (see :func:`raydelay.log.entries.encode_batch`); returns its
-        position ranges [(ledger, first_entry, count)] once they are durable."""
+    async def append(self, batch: bytes | list[bytes]) -> list:
+        """Append one batch (see :func:`raydelay.log.entries.encode_batch`), or a list of
+        batches appended in that order; returns the position ranges [(ledger, first_entry,
+        count)] of the batch (of each batch, for a list) once they are durable. Every batch
+        is checked before any is queued."""
         self._ensure_started()
-        decoded = decode_batch(batch)
+        many = isinstance(batch, list)
+        decoded = [self._check(b) for b in (batch if many else [batch])]
+        futures = [self._queue_batch(b) for b in decoded]
+        results = await asyncio.gather(*futures)
+        return list(results) if many else results[0]
+
+    def _check(self, data: bytes) -> AppendBatch:
+        decoded = decode_batch(data)
         limit = self._config.topic.max_message_bytes
         too_big = np.flatnonzero(decoded.entries.payload_lengths() > limit)
         if len(too_big):
@@ -102,17 +111,21 @@ class TopicActor:
                 f"payload: message {int(too_big[0])} of the batch is over "
                 f"topic.max_message_bytes ({limit} bytes)"
             )
-        return await self._enqueue(decoded)
+        return decoded
 
     async def _enqueue(self, batch: AppendBatch):
+        return await self._queue_batch(batch)
+
+    def _queue_batch(self, batch: AppendBatch) -> asyncio.Future:
+        """Queue ``batch`` for the next group commit (in call order); the future is its
+        position ranges."""
         fut = asyncio.get_running_loop().create_future()
         self._queue.append((batch, fut))
         self._queued_bytes += batch.entries.nbytes()
         self._work.set()
         if self._queued_bytes >= self._config.topic.group_commit_max_bytes:
             self._full.set()
-        result = await fut
-        return result
+        return fut
 
     async def cancel(
         self, positions: list[tuple[int, int]], producer: str = "", sequence_id: int = 0

@@ -245,27 +245,24 @@ class Cluster:
 
     def _cancel(
         self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
-    ) -> dict[int, list[bool]]:
+    ) -> tuple[dict[int, list[bool]], int]:
         """For each partition p, batches[p] = (target positions, sequence id): append durable
         cancel markers (one call per partition), then have every subscription apply them at
         once (one call per subscription partition). A target counts as cancelled (True) when
-        no subscription had it delivered."""
+        no subscription had it delivered. Also returns how many times the markers had to be
+        sent again (an actor restarting, the store failing)."""
         parts = list(batches)
-        markers = dict(
-            zip(
-                parts,
-                self._call(
-                    lambda: [
-                        self._topic_handle(topic, p).cancel.remote(
-                            batches[p][0], producer, batches[p][1]
-                        )
-                        for p in parts
-                    ],
-                    f"topic {topic}",
-                ),
-                strict=True,
-            )
-        )
+        sends = 0
+
+        def send_markers():
+            nonlocal sends
+            sends += 1
+            return [
+                self._topic_handle(topic, p).cancel.remote(batches[p][0], producer, batches[p][1])
+                for p in parts
+            ]
+
+        markers = dict(zip(parts, self._call(send_markers, f"topic {topic}"), strict=True))
         subs = list(
             self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
         )
@@ -284,7 +281,7 @@ class Cluster:
         out = {p: [True] * len(batches[p][0]) for p in parts}
         for (p, _), answer in zip(pairs, answers, strict=True):
             out[p] = [a and b for a, b in zip(out[p], answer, strict=True)]
-        return out
+        return out, sends - 1
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
         """A subscription's numbers summed over partitions (``partitions`` has each one), or,

@@ -69,7 +69,9 @@ class Producer:
         self._handles = handles
         self.name = validate_name("name", name) if name is not None else uuid.uuid4().hex
         self._seq = [0] * partitions
-        self.retries = 0  # appends that had to be sent again (actor restart, store failure)
+        # appends (of messages or cancel markers) that had to be sent again (an actor
+        # restarting, the store failing)
+        self.retries = 0
         if name is not None:  # a named producer continues its sequence ids where it left off
             self._seq = list(
                 cluster._call(
@@ -213,22 +215,33 @@ class Producer:
                 else:
                     entries = block.take(idx)
                 calls.append((p, idx, entries))
+        by_partition: dict[int, list[tuple[np.ndarray, Entries]]] = {}
+        for p, idx, entries in calls:
+            by_partition.setdefault(p, []).append((idx, entries))
+        # One call per partition carries its chunks in order: chunks sent as separate calls
+        # could be appended out of order (a small call overtakes a big one still in transit),
+        # and one key's messages must keep their order.
         with self._seq_lock:  # sequence ids in submission order, per partition
             submitted = []
-            for p, idx, entries in calls:
-                self._seq[p] += 1
-                data = encode_batch(AppendBatch(self.name, self._seq[p], entries))
-                submitted.append((p, idx, data, self._handles[p].append.remote(data)))
-        for p, idx, data, ref in submitted:
-            ranges = self._await_append(p, data, ref)
-            ledgers = np.concatenate([np.full(c, lg, dtype=np.int64) for lg, _, c in ranges])
-            entries = np.concatenate([np.arange(f, f + c, dtype=np.int64) for _, f, c in ranges])
-            if len(ledgers) != len(idx):
-                raise RaydelayError(
-                    f"partition {p} returned {len(ledgers)} positions for {len(idx)} messages"
+            for p, chunks in by_partition.items():
+                datas = []
+                for _, entries in chunks:
+                    self._seq[p] += 1
+                    datas.append(encode_batch(AppendBatch(self.name, self._seq[p], entries)))
+                ref = self._handles[p].append.remote(datas)
+                submitted.append((p, [idx for idx, _ in chunks], datas, ref))
+        for p, idxs, datas, ref in submitted:
+            for idx, ranges in zip(idxs, self._await_append(p, datas, ref), strict=True):
+                ledgers = np.concatenate([np.full(c, lg, dtype=np.int64) for lg, _, c in ranges])
+                entries = np.concatenate(
+                    [np.arange(f, f + c, dtype=np.int64) for _, f, c in ranges]
                 )
-            ledger_col[idx] = ledgers
-            entry_col[idx] = entries
+                if len(ledgers) != len(idx):
+                    raise RaydelayError(
+                        f"partition {p} returned {len(ledgers)} positions for {len(idx)} messages"
+                    )
+                ledger_col[idx] = ledgers
+                entry_col[idx] = entries
         return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col)
 
     @property
@@ -246,19 +259,29 @@ class Producer:
         checked by the caller (``raydelay.ingest.rows`` does); the partition re-checks
         sizes. Used by bulk ingestion, whose ids come from (job, input split, chunk)."""
         self._check_open()
-        submitted = []
-        for p, seq, entries in batches:
+        by_partition: dict[int, list[int]] = {}  # partition -> indexes into batches
+        for i, (p, _, _) in enumerate(batches):
             if not 0 <= p < self.partitions:
                 raise InvalidArgument(f"partition: {p} does not exist (0..{self.partitions - 1})")
-            data = encode_batch(AppendBatch(self.name, int(seq), entries))
-            submitted.append((p, data, self._handles[p].append.remote(data)))
+            by_partition.setdefault(p, []).append(i)
+        submitted = []
+        for p, which in by_partition.items():  # one call per partition, its batches in order
+            datas = [
+                encode_batch(AppendBatch(self.name, int(batches[i][1]), batches[i][2]))
+                for i in which
+            ]
+            submitted.append((p, which, datas, self._handles[p].append.remote(datas)))
         with self._seq_lock:
             for p, seq, _ in batches:
                 self._seq[p] = max(self._seq[p], int(seq))
-        return [self._await_append(p, data, ref) for p, data, ref in submitted]
+        out: list[list] = [[] for _ in batches]
+        for p, which, datas, ref in submitted:
+            for i, ranges in zip(which, self._await_append(p, datas, ref), strict=True):
+                out[i] = ranges
+        return out
 
-    def _await_append(self, p: int, data: bytes, ref: Any) -> list:
-        """The batch's position ranges. While the partition's actor restarts or the store
+    def _await_append(self, p: int, data: bytes | list[bytes], ref: Any) -> list:
+        """The batch's position ranges (for a list of batches, a list of them). While the partition's actor restarts or the store
         fails retriably, the same bytes (same sequence id) are sent again: the partition
         recognises a batch it already holds, so nothing is appended twice."""
         try:
@@ -334,7 +357,8 @@ class Producer:
                 self._seq[p] += 1
                 positions = [(message_ids[i].ledger_id, message_ids[i].entry_id) for i in idx]
                 batches[p] = (positions, self._seq[p])
-        results = self._cluster._cancel(self.topic, batches, self.name)
+        results, resent = self._cluster._cancel(self.topic, batches, self.name)
+        self.retries += resent
         out = [False] * len(message_ids)
         for p, idx in by_partition.items():
             for i, ok in zip(idx, results[p], strict=True):

@@ -197,3 +197,16 @@ def test_acks_sent_just_before_close_stay_acked(cluster, topic_name):
     consumer.close()
     stats = cluster.stats(topic_name, "s")
     assert stats["acked"] == 100 and stats["backlog"] == 0 and stats["redelivery"] == 0
+
+
+def test_one_send_many_keeps_its_order_within_a_partition_across_chunks(cluster, topic_name):
+    # Given more messages of one key than one append may carry (a chunk is at most a ledger)
+    per_ledger = cluster.config.topic.max_entries_per_ledger
+    cluster.create_topic(topic_name, partitions=2)
+    producer = cluster.create_producer(topic_name)
+    n = per_ledger * 2 + 7
+    sent = producer.send_many([b"%d" % i for i in range(n)], keys=["same"] * n)
+    # Then their positions follow the input order, the short last chunk included
+    positions = [(m.ledger_id, m.entry_id) for m in sent]
+    assert positions == sorted(positions) and len(set(positions)) == n
+    assert len({m.partition for m in sent}) == 1

@@ -3,6 +3,7 @@ consume, delete; one-line errors; and ``ingest`` from CSV through a plain local 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,16 @@ RAYDELAY = [sys.executable, "-m", "raydelay.cli"]
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return code, _without_ray_logs(captured.out), _without_ray_logs(captured.err)
+
+
+def _without_ray_logs(text: str) -> str:
+    """The CLI's own output: Ray forwards its workers' log lines (a warning about how many
+    worker processes the session started, say) to this process's streams as well."""
+    return "".join(line for line in text.splitlines(keepends=True) if not RAY_LOG.match(line))
+
+
+RAY_LOG = re.compile(r"(\x1b\[\d+m)?\((raylet|\w+ pid=\d+)")
 
 
 def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):

@@ -42,7 +42,7 @@ def test_ledgers_roll_over_and_fully_acked_ones_are_deleted(cluster, topic_name,
     ledgers = sorted({m.ledger_id for m in mids})
     assert len(ledgers) >= 4
     stats = cluster.stats(topic_name)["partitions"][0]
-    assert all(count == per_ledger for _, count in stats["ledgers"][:3])
+    assert all(count == per_ledger for _, count in stats["ledgers"][:3]), stats["ledgers"]
     # When everything is acked
     assert len(receive_all(consumer, len(mids), timeout_s=30)) == len(mids)
     # Then the closed ledgers disappear from the store and the metadata
