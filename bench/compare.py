@@ -111,7 +111,8 @@ def run_peer(name: str, plan: dict, scenarios: list[str], root: str) -> dict:
         if "burst" in scenarios:
             n = plan["burst"]
             out["burst"] = peer.burst(n, now_ms() + lead_ms(n), THREADS)
-            if name == "raydelay":  # the same burst through receive(): its own row
+            if name == "raydelay":  # the same burst at the default size, and through receive()
+                out["burst_10k"] = peer.burst(n, now_ms() + lead_ms(n), THREADS, size=10_000)
                 out["burst_receive"] = peer.burst(n, now_ms() + lead_ms(n), THREADS, "list")
         if "lateness" in scenarios:
             rate, secs = plan["lateness_rate"], plan["lateness_s"]

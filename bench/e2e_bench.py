@@ -14,7 +14,7 @@
    time); lateness = receive time - deliver_at, p50 / p99 / max, and how many arrived
    early (strict mode: must be 0).
 
-Usage: python bench/e2e_bench.py [--messages 1000000] [--lateness-seconds 10]
+Usage: python bench/e2e_bench.py [--messages 1000000] [--lateness-seconds 10] [--batch 1000]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:
+def throughput(cluster, topic: str, n: int, delay_s: float | None, batch: int = BATCH) -> dict:
     cluster.create_topic(topic, partitions=4)
     consumer = cluster.subscribe(topic, "bench")
     producer = cluster.create_producer(topic)
@@ -67,7 +67,7 @@ def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:
     t = threading.Thread(target=consume, daemon=True)
     start = time.perf_counter()
     t.start()
-    payloads = [PAYLOAD] * BATCH
+    payloads = [PAYLOAD] * batch
 
     def produce(batches: int) -> None:
         for _ in range(batches):
@@ -75,7 +75,7 @@ def throughput(cluster, topic: str, n: int, delay_s: float | None) -> dict:
 
     # Threads share the producer, so one batch's durability wait overlaps the next sends.
     senders = [
-        threading.Thread(target=produce, args=(n // BATCH // PRODUCER_THREADS,))
+        threading.Thread(target=produce, args=(n // batch // PRODUCER_THREADS,))
         for _ in range(PRODUCER_THREADS)
     ]
     for s in senders:
@@ -130,6 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--lateness-seconds", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=BATCH, help="messages per send_many call")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as root:
@@ -137,7 +138,7 @@ def main() -> None:
         cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": root}}})
         rows = []
         for label, delay in KINDS:
-            r = throughput(cluster, f"tput-{label[:3]}", args.messages, delay)
+            r = throughput(cluster, f"tput-{label[:3]}", args.messages, delay, args.batch)
             rows.append((label, r))
         late = lateness(cluster, "late", args.lateness_seconds)
         cluster.shutdown()
@@ -145,7 +146,7 @@ def main() -> None:
 
     print(
         f"\n## Sustained throughput (4 partitions, 1 shared subscription, 100 B, "
-        f"send_many x{BATCH}, local dir)\n"
+        f"send_many x{args.batch}, local dir)\n"
     )
     print(
         "| messages | kind | end to end msg/s | without the last delay | produce msg/s "

@@ -4,8 +4,10 @@ write. Each scenario uses a fresh topic with one shared subscription and deletes
 
 - Producers: ``send_many`` with 5,000 messages per call from several threads; it returns
   once the messages are durable in the partition log.
-- Consumers: ``receive_batch(max_messages=10,000)`` then ``ack`` of the whole batch, from
-  the driver (the burst is also run through ``receive()`` + ``ack(list)``, as its own row).
+- Consumers: ``receive_batch(max_messages=40,000)`` (10,000 from each of 4 partitions) then
+  ``ack`` of the whole batch, from the driver. The burst is also run with
+  ``receive_batch(max_messages=10,000)`` (the default) and through ``receive()`` +
+  ``ack(list)``, each as its own row.
 - Memory: RSS of the topic actor(s) and the subscription actor(s) (psutil), after the
   subscription has read the whole log in; store bytes are the store directory's size.
 - Recovery: ``ray.kill(no_restart=False)`` of the subscription actor (Ray restarts it);
@@ -39,7 +41,8 @@ from bench.workload import (
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
 
 BATCH = 5_000
-RECEIVE = int(os.environ.get("RAYDELAY_BENCH_RECEIVE", "10000"))
+# max_messages per receive: 40,000 asks each of the 4 partitions for 10,000 per call
+RECEIVE = int(os.environ.get("RAYDELAY_BENCH_RECEIVE", "40000"))
 SUB = "bench"
 
 
@@ -51,7 +54,7 @@ class RaydelayPeer:
 
     # --- plumbing ---------------------------------------------------------------------------
 
-    def _open(self, topic: str, partitions: int, path: str = "batch"):
+    def _open(self, topic: str, partitions: int, path: str = "batch", size: int = RECEIVE):
         self.cluster.create_topic(topic, partitions=partitions)
         consumer = self.cluster.subscribe(topic, SUB)
         producer = self.cluster.create_producer(topic)
@@ -59,7 +62,7 @@ class RaydelayPeer:
         def send(items: list[bytes], ats: np.ndarray) -> None:
             producer.send_many(items, deliver_at=ats.tolist())
 
-        return producer, consumer, send, receive_from(consumer, path)
+        return producer, consumer, send, receive_from(consumer, path, size)
 
     def _close(self, topic: str, producer, consumer) -> None:
         consumer.close()
@@ -168,10 +171,13 @@ class RaydelayPeer:
             },
         }
 
-    def burst(self, n: int, due_ms: int, threads: int, path: str = "batch") -> dict:
-        """``path``: "batch" consumes with receive_batch, "list" with receive()."""
+    def burst(
+        self, n: int, due_ms: int, threads: int, path: str = "batch", size: int = RECEIVE
+    ) -> dict:
+        """``path``: "batch" consumes with receive_batch, "list" with receive(); ``size`` is
+        max_messages per call."""
         topic = "burst"
-        producer, consumer, send, receive = self._open(topic, 4, path)
+        producer, consumer, send, receive = self._open(topic, 4, path, size)
         roles = ray_processes()
         out = run_burst(send, receive, n, due_ms, threads=threads, batch=BATCH,
                         cpu=lambda: cpu_times(roles), label="raydelay burst load")  # fmt: skip
@@ -255,19 +261,19 @@ class RaydelayPeer:
         ray.shutdown()
 
 
-def receive_from(consumer, path: str = "batch"):
-    """A ``Drain`` receive: up to 10,000 messages, acked as one batch. ``path`` "batch":
+def receive_from(consumer, path: str = "batch", size: int = RECEIVE):
+    """A ``Drain`` receive: up to ``size`` messages, acked as one batch. ``path`` "batch":
     ``receive_batch`` (the payload column goes to the Drain as it is); "list":
     ``receive()`` and a list of Message objects."""
 
     def receive_batch():
-        batch = consumer.receive_batch(max_messages=RECEIVE, timeout_s=0.2)
+        batch = consumer.receive_batch(max_messages=size, timeout_s=0.2)
         if len(batch):
             consumer.ack(batch)
         return batch.payloads
 
     def receive_list() -> list[bytes]:
-        msgs = consumer.receive(max_messages=RECEIVE, timeout_s=0.2)
+        msgs = consumer.receive(max_messages=size, timeout_s=0.2)
         if msgs:
             consumer.ack(msgs)
         return [m.payload for m in msgs]

@@ -52,9 +52,10 @@ def without_samples(results: dict) -> dict:
 
     out = strip(results)
     for peer in out["peers"].values():
-        burst = peer.get("burst")
-        if burst and len(burst["curve"]) > 200:
-            burst["curve"] = burst["curve"][:: len(burst["curve"]) // 200 + 1]
+        for key in ("burst", "burst_10k", "burst_receive"):
+            burst = peer.get(key)
+            if burst and len(burst["curve"]) > 200:
+                burst["curve"] = burst["curve"][:: len(burst["curve"]) // 200 + 1]
     return out
 
 
@@ -90,7 +91,7 @@ def rows(results: dict) -> list[tuple]:
               f"{n:,} msgs, 100 B, due uniform over 1 h; raydelay: send_many x5000, 4 threads, "
               "4 partitions, fsync per write; Redis: ZADD pipelined, 4 threads, AOF everysec "
               "(+1 s for the last fsync); heapq: in memory, never durable",
-              durable, target=">= 1.0x Redis"),
+              durable, target=">= 1.2x Redis (goal 1.5x)"),
         _line("1 ingest", "msg/s acknowledged", "as above; Redis replies before its fsync",
               each("ingest", "acked_rate")),
         _line("1 ingest", "disk bytes per message", "raydelay: store directory; Redis: appendonlydir",
@@ -122,27 +123,30 @@ def rows(results: dict) -> list[tuple]:
     drain_s = each("burst", "drain_s")
     delivered = each("burst", "delivered")
     rate = {p: b / s if s and delivered[p] == b else None for p, s in drain_s.items()}
-    by_list = _get(results, "raydelay", "burst_receive")
-    list_rate = {
-        "raydelay": b / by_list["drain_s"]
-        if by_list and by_list["drain_s"] and by_list["delivered"] == b
-        else None
-    }
+
+    def raydelay_rate(key: str) -> dict:
+        r = _get(results, "raydelay", key)
+        ok = r and r["drain_s"] and r["delivered"] == b
+        return {"raydelay": b / r["drain_s"] if ok else None}
+
     lr, ls = plan["lateness_rate"], plan["lateness_s"]
     late_cond = f"{lr:,} msg/s due for {ls} s, loaded ahead; receive time - deliver_at"
     out += [
         _line("3 burst", "seconds from the due instant to the last ack",
               f"{b:,} msgs due at one instant; one consumer thread (raydelay receive_batch "
-              "x10000 + ack(batch), 4 partitions; Redis BLMPOP x1000)", drain_s, ".2f",
-              ratios=False),
+              "x40000, i.e. 10,000 from each of 4 partitions, + ack(batch); Redis BLMPOP "
+              "x1000)", drain_s, ".2f", ratios=False),
         _line("3 burst", "drain msg/s", "messages / the seconds above", rate,
-              target=">= 1.0x Redis"),
+              target=">= 0.5x Redis (goal 1.0x)"),
+        _line("3 burst", "drain msg/s, receive_batch x10000",
+              "the same burst, raydelay at the default max_messages (2,500 per partition)",
+              raydelay_rate("burst_10k")),
         _line("3 burst", "drain msg/s, receive() path",
-              "the same burst, raydelay consumed with receive() x10000 (Message objects) + "
-              "ack(list)", list_rate),
+              "the same burst, raydelay consumed with receive() x40000 (Message objects) + "
+              "ack(list)", raydelay_rate("burst_receive")),
         _line("4 lateness", "p50 ms", late_cond, each("lateness", "p50"), ".0f"),
         _line("4 lateness", "p99 ms", late_cond, each("lateness", "p99"), ".0f",
-              target="<= 50 ms"),
+              target="<= 20 ms (goal 10)"),
         _line("4 lateness", "max ms", late_cond, each("lateness", "max"), ","),
         _line("4 lateness", "delivered early", "strict mode for raydelay",
               each("lateness", "early"), ",", target="0", ratios=False),
