@@ -10,8 +10,8 @@ back to the subscription for redelivery.
 ``ack`` and ``nack`` send one call per partition with the positions as one int64
 array, whether they are given a MessageBatch, a list of messages or message ids.
 ``ack`` does not wait for the subscription's reply: up to ``_ACKS_IN_FLIGHT`` ack
-calls stay outstanding and are confirmed by later calls (a partition restarting
-meanwhile gets its acks sent again; any other failure is raised by the next call).
+calls stay outstanding; past that a later ``ack`` confirms the older half (a partition
+that restarted meanwhile gets its acks sent again; any other failure is raised there).
 Calls from one process reach an actor in order, so a later receive, nack or stats
 sees the acks; ``flush()`` and ``close()`` wait for every one.
 """
@@ -88,7 +88,6 @@ class Consumer:
 
     def _take(self, max_messages: int, timeout_s: float) -> list[tuple[int, pa.RecordBatch]]:
         self._check_open()
-        self._settle_acks()
         if isinstance(max_messages, bool) or not isinstance(max_messages, int):
             raise InvalidArgument(
                 f"max_messages: expected an int, got {type(max_messages).__name__}"
@@ -164,26 +163,22 @@ class Consumer:
         them (one call per partition)."""
         self._check_open()
         by_partition = self._group(messages, "messages")
-        self._settle_acks()
         for p, keys in by_partition.items():
             self._acks.append((p, keys, self._handles[p].ack.remote(self.consumer_id, keys)))
-        if len(self._acks) > _ACKS_IN_FLIGHT:
-            self._settle_acks(keep=_ACKS_IN_FLIGHT)
+        if len(self._acks) > _ACKS_IN_FLIGHT:  # confirm the older half (long answered, mostly)
+            self._settle_acks(keep=_ACKS_IN_FLIGHT // 2)
 
     def flush(self) -> None:
         """Wait until every ack sent so far is applied by its subscription."""
         self._check_open()
         self._settle_acks(keep=0)
 
-    def _settle_acks(self, keep: int | None = None) -> None:
-        """Confirm the acks sent so far: those already answered and, waiting for them, all
-        but the newest ``keep`` when it is given. An ack a restart interrupted is sent
-        again (acks are idempotent)."""
-        while self._acks:
-            p, keys, ref = self._acks[0]
-            if (keep is None or len(self._acks) <= keep) and not ray.wait([ref], timeout=0)[0]:
-                break
-            self._acks.popleft()
+    def _settle_acks(self, keep: int = 0) -> None:
+        """Confirm the acks sent so far but the newest ``keep``, waiting for their answers.
+        An ack a restart interrupted is sent again (acks are idempotent); any other
+        failure is raised."""
+        while len(self._acks) > keep:
+            p, keys, ref = self._acks.popleft()
             try:
                 rpc.get(ref, what=f"subscription {p}")
             except (Unavailable, StorageError) as exc:

@@ -536,11 +536,7 @@ class Subscription:
         if delay_ms <= 0:
             self._schedule_redelivery(held)
             return len(held)
-        ks = _values(held)
-        over = self._over_limit(ks)
-        if over.any():
-            self.dead |= bitmap64_of(ks[over])
-        later = ks[~over]
+        later = self._to_dead_letters(_values(held))
         if len(later):
             self._bump_counts(later)
             tracked = self.tracker.add_messages(
@@ -570,17 +566,18 @@ class Subscription:
             entry[1] -= bm
         self._deadlines = [e for e in self._deadlines if e[1]]
 
-    def _over_limit(self, keys: np.ndarray) -> np.ndarray:
+    def _to_dead_letters(self, keys: np.ndarray) -> np.ndarray:
+        """Move the positions that used up ``max_redeliveries`` to the dead-letter set;
+        returns the others."""
         if self.max_redeliveries is None:
-            return np.zeros(len(keys), dtype=bool)
-        return self._counts_of(keys) >= self.max_redeliveries
+            return keys
+        over = self._counts_of(keys) >= self.max_redeliveries
+        if over.any():
+            self.dead |= bitmap64_of(keys[over])
+        return keys[~over]
 
     def _schedule_redelivery(self, bm: BitMap64) -> None:
-        ks = _values(bm)
-        over = self._over_limit(ks)
-        if over.any():
-            self.dead |= bitmap64_of(ks[over])
-            ks = ks[~over]
+        ks = self._to_dead_letters(_values(bm))
         if len(ks):
             self._bump_counts(ks)
             self.counters["redelivered"] += len(ks)
