@@ -192,6 +192,8 @@ class Cluster:
         ack_timeout_s: float | None = None,
         max_redeliveries: int | None = None,
         dead_letter_topic: str | None = None,
+        *,
+        prefetch: bool = True,
     ) -> Consumer:
         """Create (or join) a subscription and return a consumer of it.
 
@@ -199,9 +201,16 @@ class Cluster:
           (None: ``subscription.ack_timeout_s`` from the config, unset by default).
         - ``max_redeliveries``: after this many redeliveries a message goes to
           ``dead_letter_topic`` (default ``<topic>-<subscription>-DLQ``) and is acked.
+        - ``prefetch``: keep a receive call standing at every partition between the
+          consumer's calls, so a message that falls due meanwhile is handed over at once
+          (as Pulsar's consumer prefetches). A consumer that stops calling then holds up to
+          one round of messages until it closes or their ack timeout passes; with False,
+          partitions are asked only inside ``receive`` / ``receive_batch``.
         - A new subscription starts at the oldest retained entry of each partition."""
         self._check_open()
         validate_name("subscription", subscription)
+        if not isinstance(prefetch, bool):
+            raise InvalidArgument(f"prefetch: expected True or False, got {prefetch!r}")
         if subscription_type not in SUBSCRIPTION_TYPES:
             raise InvalidArgument(
                 f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
@@ -237,7 +246,7 @@ class Cluster:
             "coordinator",
         )
         handles = [self._subscription_handle(topic, p, subscription) for p in range(n)]
-        consumer = Consumer(self, topic, subscription, n, handles)
+        consumer = Consumer(self, topic, subscription, n, handles, prefetch=prefetch)
         self._consumers.append(consumer)
         return consumer
 

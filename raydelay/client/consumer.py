@@ -1,8 +1,9 @@
 """Consumer: receives across every partition of a topic for one subscription.
 
-``receive_batch`` and ``receive`` keep one long-poll call outstanding per partition;
-whatever those calls return (one Arrow record batch each) is buffered here as it
-came and handed out in order of arrival: ``receive_batch`` as a :class:`MessageBatch`
+``receive_batch`` and ``receive`` keep one long-poll call outstanding per partition and,
+with ``prefetch`` (the default), put it back as soon as it answers (so at most one round
+of replies waits here beyond what was asked for); whatever those calls return (one Arrow record batch each) is
+buffered here as it came and handed out in order of arrival: ``receive_batch`` as a :class:`MessageBatch`
 of columns, ``receive`` as a list of :class:`Message`. Messages in the buffer are
 already assigned to this consumer (unacknowledged); closing the consumer hands them
 back to the subscription for redelivery.
@@ -50,7 +51,14 @@ _ACKS_IN_FLIGHT = 16  # ack calls sent and not yet confirmed, at most
 
 class Consumer:
     def __init__(
-        self, cluster: Cluster, topic: str, subscription: str, partitions: int, handles: list[Any]
+        self,
+        cluster: Cluster,
+        topic: str,
+        subscription: str,
+        partitions: int,
+        handles: list[Any],
+        *,
+        prefetch: bool = True,
     ) -> None:
         self._cluster = cluster
         self.topic = topic
@@ -58,6 +66,7 @@ class Consumer:
         self.partitions = partitions
         self._handles = handles
         self.consumer_id = uuid.uuid4().hex
+        self.prefetch = prefetch
         self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
         self._inflight: dict[Any, int] = {}  # receive ref -> partition
         self._acks: deque[tuple[int, np.ndarray, Any]] = deque()  # (partition, keys, ref)
@@ -116,14 +125,10 @@ class Consumer:
         return out
 
     def _poll(self, max_messages: int, timeout_s: float) -> None:
-        busy = set(self._inflight.values())
-        # Ask each partition for its share, so that at most about max_messages wait here
-        # (assigned to this consumer, their ack deadlines running) when all are busy.
+        # Ask each partition for its share, so that about max_messages wait here (assigned
+        # to this consumer, their ack deadlines running) per round of replies.
         share = -(-max_messages // self.partitions)
-        for p, h in enumerate(self._handles):
-            if p not in busy:
-                ref = h.receive.remote(self.consumer_id, share, timeout_s)
-                self._inflight[ref] = p
+        self._ask(share, timeout_s)
         refs = list(self._inflight)
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s + 5.0)
         if ready:  # take every other reply that is already there too
@@ -146,6 +151,19 @@ class Consumer:
                     "%s/%s partition %d: %s; re-attaching", self.topic, self.subscription, p, exc
                 )
                 self._register(p)
+        # With prefetch, a call stands at every partition again at once, while the caller
+        # works on what arrived: a message falling due meanwhile is answered the moment it is
+        # due, not when the next receive reaches the partition (as Pulsar's consumer
+        # prefetches).
+        if self.prefetch:
+            self._ask(share, timeout_s)
+
+    def _ask(self, share: int, timeout_s: float) -> None:
+        """A receive call outstanding at every partition that has none."""
+        busy = set(self._inflight.values())
+        for p, h in enumerate(self._handles):
+            if p not in busy:
+                self._inflight[h.receive.remote(self.consumer_id, share, timeout_s)] = p
 
     def _register(self, p: int) -> None:
         """Join partition ``p`` (idempotent; also after its actor restarted and forgot us)."""

@@ -210,3 +210,21 @@ def test_one_send_many_keeps_its_order_within_a_partition_across_chunks(cluster,
     positions = [(m.ledger_id, m.entry_id) for m in sent]
     assert positions == sorted(positions) and len(set(positions)) == n
     assert len({m.partition for m in sent}) == 1
+
+
+def test_a_prefetching_consumer_that_stops_calling_hands_its_messages_back_on_close(
+    cluster, topic_name
+):
+    cluster.create_topic(topic_name)
+    idle = cluster.subscribe(topic_name, "s")  # prefetch is the default
+    busy = cluster.subscribe(topic_name, "s", prefetch=False)
+    sent = cluster.create_producer(topic_name).send_many([b"p%d" % i for i in range(300)])
+    first = idle.receive_batch(max_messages=100, timeout_s=5)
+    assert len(first) == 100
+    idle.ack(first)
+    # idle now has a call standing and may hold the next round; closing hands it back
+    idle.close()
+    rest = [m for b in receive_batches(busy, 200) for m in b.message_ids]
+    assert sorted(rest) == sorted(set(sent) - set(first.message_ids))
+    with pytest.raises(InvalidArgument, match="prefetch"):
+        cluster.subscribe(topic_name, "s", prefetch="yes")

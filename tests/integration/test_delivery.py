@@ -84,8 +84,9 @@ def test_two_subscriptions_each_receive_everything(cluster, topic_name):
 
 def test_shared_subscription_spreads_messages_over_consumers(cluster, topic_name):
     cluster.create_topic(topic_name)
-    c1 = cluster.subscribe(topic_name, "s")
-    c2 = cluster.subscribe(topic_name, "s")
+    # without prefetch: c2 stops calling after one receive and must not hold any more
+    c1 = cluster.subscribe(topic_name, "s", prefetch=False)
+    c2 = cluster.subscribe(topic_name, "s", prefetch=False)
     producer = cluster.create_producer(topic_name)
     mids = producer.send_many([b"x"] * 400)
     got1 = c1.receive(max_messages=100, timeout_s=5)
