@@ -1,12 +1,13 @@
 """Consumer: receives across every partition of a topic for one subscription.
 
-``receive_batch`` and ``receive`` keep one long-poll call outstanding per partition and,
-with ``prefetch`` (the default), put it back as soon as it answers (so at most one round
-of replies waits here beyond what was asked for); whatever those calls return (one Arrow record batch each) is
-buffered here as it came and handed out in order of arrival: ``receive_batch`` as a :class:`MessageBatch`
-of columns, ``receive`` as a list of :class:`Message`. Messages in the buffer are
-already assigned to this consumer (unacknowledged); closing the consumer hands them
-back to the subscription for redelivery.
+``receive_batch`` and ``receive`` keep one long-poll call outstanding per partition
+and, with ``prefetch`` (the default), put it back as soon as it answers (so at most one
+round of replies waits here beyond what was asked for). Whatever those calls return (one
+Arrow record batch each) is buffered here as it came and handed out in order of
+arrival: by ``receive_batch`` as a :class:`MessageBatch` of columns, by ``receive`` as
+a list of :class:`Message`. Messages in the buffer are already assigned to this
+consumer (unacknowledged); closing the consumer hands them back to the subscription
+for redelivery.
 
 ``ack`` and ``nack`` send one call per partition with the positions as one int64
 array, whether they are given a MessageBatch, a list of messages or message ids.

@@ -114,6 +114,9 @@ def test_a_graceful_shutdown_persists_cursors_and_closes_ledgers(cluster, topic_
     key = store.list(f"{subscription_prefix(topic_name, 0, 's')}/cursor/")[-1]
     cursor, _ = Cursor.decode(store.get(key))
     assert cursor.mark_delete >= tuple(before["tail"])
-    # and a restart has nothing to fence: the ledger list stays as it was
+    # and a restart has nothing to fence: no ledger is opened, the open one stays open (the
+    # closed one may be gone meanwhile: every message in it is acked, so retention may
+    # delete it at any moment)
     topic = restart(topic_actor_name(topic_name, 0))
-    assert ray.get(topic.stats.remote())["ledgers"] == after["ledgers"]
+    again = ray.get(topic.stats.remote())["ledgers"]
+    assert again[-1] == after["ledgers"][-1] and set(again) <= set(after["ledgers"])
