@@ -284,13 +284,13 @@ class SubscriptionActor:
         batch = await rpc.wait(
             self._topic_actor.read_positions.remote(keys.astype(np.int64)), what="topic actor"
         )
-        if "first_delivery_s" not in self._recovery:
-            self._recovery["log_bytes"] += int(batch.nbytes)
+        self._count_log_bytes(int(batch.nbytes))
         return Rows.from_batch(batch)
 
-    def _count_log_bytes(self, blobs: list[bytes]) -> None:
+    def _count_log_bytes(self, nbytes: int) -> None:
+        """Bytes read from the log, counted until the first delivery (what recovery read)."""
         if "first_delivery_s" not in self._recovery:
-            self._recovery["log_bytes"] += sum(len(b) for b in blobs)
+            self._recovery["log_bytes"] += nbytes
 
     async def ack(self, consumer_id: str, keys) -> int:
         """Acknowledge positions: one int64 array of keys ``ledger << 32 | entry``."""
@@ -409,7 +409,7 @@ class SubscriptionActor:
                     ),
                     what="topic actor",
                 )
-                self._count_log_bytes(reply["objects"])
+                self._count_log_bytes(sum(len(b) for b in reply["objects"]))
                 objects = [decode_object(b) for b in reply["objects"]]
                 for obj in objects:
                     self._objects.add(obj)

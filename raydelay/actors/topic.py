@@ -113,9 +113,6 @@ class TopicActor:
             )
         return decoded
 
-    async def _enqueue(self, batch: AppendBatch):
-        return await self._queue_batch(batch)
-
     def _queue_batch(self, batch: AppendBatch) -> asyncio.Future:
         """Queue ``batch`` for the next group commit (in call order); the future is its
         position ranges."""
@@ -148,7 +145,7 @@ class TopicActor:
         entries = Entries.build(
             [b""] * n, np.full(n, NO_DELAY, dtype=np.int64), cancels=dict(enumerate(targets))
         )
-        ranges = await self._enqueue(AppendBatch(producer, sequence_id, entries))
+        ranges = await self._queue_batch(AppendBatch(producer, sequence_id, entries))
         return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
 
     async def _committer(self) -> None:

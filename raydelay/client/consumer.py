@@ -39,6 +39,7 @@ from raydelay.client.message import (
     messages_from_batch,
 )
 from raydelay.cluster import rpc
+from raydelay.dispatch.keys import join_keys
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
 
 if TYPE_CHECKING:
@@ -262,8 +263,9 @@ class Consumer:
         ):
             bad = next(i for i in ids if i[0] != self.topic or not 0 <= i[1] < self.partitions)
             raise InvalidArgument(f"{field}: {bad} is not a message of topic {self.topic!r}")
-        keys = (np.fromiter((i[2] for i in ids), dtype=np.int64, count=n) << 32) | np.fromiter(
-            (i[3] for i in ids), dtype=np.int64, count=n
+        keys = join_keys(
+            np.fromiter((i[2] for i in ids), dtype=np.int64, count=n),
+            np.fromiter((i[3] for i in ids), dtype=np.int64, count=n),
         )
         return {int(p): keys[parts == p] for p in np.unique(parts)}
 

@@ -25,3 +25,8 @@ def position_of(key: int) -> Position:
 def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(ledger ids, entry ids) of an int64 key column."""
     return keys >> SHIFT, keys & LOW
+
+
+def join_keys(ledger_ids: np.ndarray, entry_ids: np.ndarray) -> np.ndarray:
+    """The int64 key column of (ledger id, entry id) columns."""
+    return (np.asarray(ledger_ids, dtype=np.int64) << SHIFT) | np.asarray(entry_ids, dtype=np.int64)

@@ -42,7 +42,7 @@ from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.dispatch.cursor import Cursor, Position
-from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of
+from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
 from raydelay.errors import InvalidArgument, RaydelayError
 from raydelay.log.entries import NO_CANCEL, NO_DELAY, Entries, LedgerObject, Rows
 
@@ -305,7 +305,7 @@ class Subscription:
         if is_marker.any():
             for marker, target in zip(keys[is_marker].tolist(), targets[is_marker].tolist()):
                 self._apply_marker(marker, target)  # markers first
-            self.cursor.ack(keys[is_marker] >> SHIFT, keys[is_marker] & LOW)
+            self.cursor.ack(*split_keys(keys[is_marker]))
             idx, keys = idx[~is_marker], keys[~is_marker]
         keep = self._unseen(keys)
         if not keep.all() and self._cancelled_ahead:
@@ -314,16 +314,14 @@ class Subscription:
             if ahead:
                 self._cancelled_ahead -= ahead
                 done = _values(ahead)
-                self.cursor.ack(done >> SHIFT, done & LOW)
+                self.cursor.ack(*split_keys(done))
         idx, keys = idx[keep], keys[keep]
         ds = ents.deliver_at_ms[idx]
         now_due = np.ones(len(idx), dtype=bool)
         if self.type == "shared" and len(idx):
             delayed = ds != NO_DELAY
             if delayed.any():
-                tracked = self.tracker.add_messages(
-                    keys[delayed] >> SHIFT, keys[delayed] & LOW, ds[delayed]
-                )
+                tracked = self.tracker.add_messages(*split_keys(keys[delayed]), ds[delayed])
                 now_due[np.flatnonzero(delayed)[tracked]] = False
         if now_due.any():
             run_keys = keys[now_due]
@@ -516,7 +514,7 @@ class Subscription:
             self.redeliver -= bm
         if self.dead:
             self.dead -= bm
-        added = self.cursor.ack(ks >> SHIFT, ks & LOW)
+        added = self.cursor.ack(*split_keys(ks))
         self.counters["acked"] += added
         return added
 
@@ -540,7 +538,7 @@ class Subscription:
         if len(later):
             self._bump_counts(later)
             tracked = self.tracker.add_messages(
-                later >> SHIFT, later & LOW, np.full(len(later), now_ms + delay_ms, np.int64)
+                *split_keys(later), np.full(len(later), now_ms + delay_ms, np.int64)
             )
             if not tracked.all():
                 self.redeliver |= bitmap64_of(later[~tracked])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from raydelay.dispatch.keys import LOW, SHIFT
+from raydelay.dispatch.keys import split_keys
 from raydelay.dispatch.subscription import Delivery
 from raydelay.log.entries import PROPERTIES_TYPE, empty_batch, int64_array
 
@@ -33,11 +33,12 @@ def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
     parts = []
     for dv in deliveries:
         taken = dv.source.entries.batch.take(int64_array(dv.indexes))
+        ledger_ids, entry_ids = split_keys(dv.keys)
         parts.append(
             pa.RecordBatch.from_arrays(
                 [
-                    int64_array(dv.keys >> SHIFT),
-                    int64_array(dv.keys & LOW),
+                    int64_array(ledger_ids),
+                    int64_array(entry_ids),
                     int64_array(dv.source.publish_times(dv.indexes)),
                     taken.column(1),
                     int64_array(dv.counts),

@@ -77,7 +77,7 @@ def binary_column(payloads: list[bytes]) -> pa.Array:
 
 
 # Columns move between numpy and Arrow through their buffers: ``pa.array(ndarray)`` and
-# ``Array.to_numpy()`` import pandas on first use (a quarter of a second or more in every
+# ``Array.toint64_values()`` import pandas on first use (a quarter of a second or more in every
 # fresh actor process, a restarted one included), and these need nothing of it.
 
 
@@ -97,9 +97,6 @@ def int64_values(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if len(col) == 0:
         return np.zeros(0, dtype=np.int64)
     return np.frombuffer(col.buffers()[1], dtype=I64, count=len(col), offset=8 * col.offset)
-
-
-_int64_column = int64_array
 
 
 class Entries:
@@ -145,7 +142,7 @@ class Entries:
             c[i] = (int(tl) << _SHIFT) | int(te)
         return cls(
             pa.RecordBatch.from_arrays(
-                [pay, _int64_column(d), k, pr, _int64_column(c)], schema=ENTRY_SCHEMA
+                [pay, int64_array(d), k, pr, int64_array(c)], schema=ENTRY_SCHEMA
             )
         )
 
@@ -159,18 +156,16 @@ class Entries:
 
     @cached_property
     def deliver_at_ms(self) -> np.ndarray:
-        return _numpy(self.batch.column(1))
+        return int64_values(self.batch.column(1))
 
     @cached_property
     def cancel_targets(self) -> np.ndarray:
-        return _numpy(self.batch.column(4))
+        return int64_values(self.batch.column(4))
 
     @cached_property
     def cancels(self) -> dict[int, tuple[int, int]]:
         """index -> (ledger, entry) cancelled, for the cancel markers of this block."""
-        c = self.cancel_targets
-        idx = np.flatnonzero(c != NO_CANCEL)
-        return {int(i): (int(c[i]) >> _SHIFT, int(c[i]) & 0xFFFFFFFF) for i in idx}
+        return cancels_of(self.cancel_targets)
 
     def payload_lengths(self) -> np.ndarray:
         offsets = _offsets(self.batch.column(0))
@@ -207,7 +202,10 @@ class Entries:
         return Entries(self.batch.slice(lo, hi - lo))
 
 
-_numpy = int64_values
+def cancels_of(targets: np.ndarray) -> dict[int, tuple[int, int]]:
+    """index -> (ledger, entry) of the cancel markers in a cancel_target column."""
+    idx = np.flatnonzero(targets != NO_CANCEL)
+    return {int(i): (int(targets[i]) >> _SHIFT, int(targets[i]) & 0xFFFFFFFF) for i in idx}
 
 
 def _offsets(col: pa.Array) -> np.ndarray:
@@ -233,7 +231,7 @@ def conform(batch: pa.RecordBatch, what: str, schema: pa.Schema = ENTRY_SCHEMA) 
                 raise CodecError(f"{what}: column {field.name!r} has nulls")
             arrays.append(col)
         elif field.name == "cancel_target":
-            arrays.append(_int64_column(np.full(n, NO_CANCEL, dtype=np.int64)))
+            arrays.append(int64_array(np.full(n, NO_CANCEL, dtype=np.int64)))
         elif field.name in ("key", "properties"):
             arrays.append(pa.nulls(n, field.type))
         else:
@@ -287,7 +285,7 @@ class Rows:
         """One record batch of ROWS_SCHEMA (what travels between actors)."""
         b = self.entries.batch
         return pa.RecordBatch.from_arrays(
-            [_int64_column(self.positions), _int64_column(self.publish_time_ms), *b.columns],
+            [int64_array(self.positions), int64_array(self.publish_time_ms), *b.columns],
             schema=ROWS_SCHEMA,
         )
 
@@ -296,8 +294,8 @@ class Rows:
         if batch.schema != ROWS_SCHEMA:
             raise CodecError(f"rows: unexpected schema {batch.schema}")
         return cls(
-            _numpy(batch.column(0)),
-            _numpy(batch.column(1)),
+            int64_values(batch.column(0)),
+            int64_values(batch.column(1)),
             Entries(pa.RecordBatch.from_arrays(batch.columns[2:], schema=ENTRY_SCHEMA)),
         )
 
@@ -407,7 +405,7 @@ def encode_object(obj: LedgerObject) -> bytes:
     if b.column(3).null_count < n:
         cols.append(b.column(3))
         names.append("properties")
-    if n and np.any(_numpy(b.column(4)) != NO_CANCEL):
+    if n and np.any(int64_values(b.column(4)) != NO_CANCEL):
         cols.append(b.column(4))
         names.append("cancel_target")
     dedup = {p: [s, [list(r) for r in ranges]] for p, (s, ranges) in obj.dedup.items()}
@@ -457,9 +455,7 @@ class ObjectIndex:
 
     @cached_property  # parsed once, not once per run cut out of the object
     def cancels(self) -> dict[int, tuple[int, int]]:
-        c = _numpy(self.meta.column(3))
-        idx = np.flatnonzero(c != NO_CANCEL)
-        return {int(i): (int(c[i]) >> _SHIFT, int(c[i]) & 0xFFFFFFFF) for i in idx}
+        return cancels_of(int64_values(self.meta.column(3)))
 
     def byte_range(self, lo: int, hi: int) -> tuple[int, int]:
         """Where entries ``lo .. hi - 1`` (indexes in the object) lie in the object."""
