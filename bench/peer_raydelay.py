@@ -56,7 +56,7 @@ class RaydelayPeer:
 
     def _open(self, topic: str, partitions: int, path: str = "batch", size: int = RECEIVE):
         self.cluster.create_topic(topic, partitions=partitions)
-        consumer = self.cluster.subscribe(topic, SUB)
+        consumer = self.cluster.subscribe(topic, SUB, prefetch=True)
         producer = self.cluster.create_producer(topic)
 
         def send(items: list[bytes], ats: np.ndarray) -> None:

@@ -193,7 +193,7 @@ class Cluster:
         max_redeliveries: int | None = None,
         dead_letter_topic: str | None = None,
         *,
-        prefetch: bool = True,
+        prefetch: bool = False,
     ) -> Consumer:
         """Create (or join) a subscription and return a consumer of it.
 
@@ -204,8 +204,8 @@ class Cluster:
         - ``prefetch``: keep a receive call standing at every partition between the
           consumer's calls, so a message that falls due meanwhile is handed over at once
           (as Pulsar's consumer prefetches). A consumer that stops calling then holds up to
-          one round of messages until it closes or their ack timeout passes; with False,
-          partitions are asked only inside ``receive`` / ``receive_batch``.
+          one round of messages until it closes or their ack timeout passes. Off by
+          default: partitions are asked only inside ``receive`` / ``receive_batch``.
         - A new subscription starts at the oldest retained entry of each partition."""
         self._check_open()
         validate_name("subscription", subscription)

@@ -1,7 +1,7 @@
 """Consumer: receives across every partition of a topic for one subscription.
 
 ``receive_batch`` and ``receive`` keep one long-poll call outstanding per partition
-and, with ``prefetch`` (the default), put it back as soon as it answers (so at most one
+and, with ``prefetch``, put it back as soon as it answers (so at most one
 round of replies waits here beyond what was asked for). Whatever those calls return (one
 Arrow record batch each) is buffered here as it came and handed out in order of
 arrival: by ``receive_batch`` as a :class:`MessageBatch` of columns, by ``receive`` as
@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 
 MAX_RECEIVE = 100_000
 _ACKS_IN_FLIGHT = 16  # ack calls sent and not yet confirmed, at most
+# How long a prefetch call stands at a partition (seconds) before it is renewed. It must
+# not follow the caller's timeout: a call made with the few milliseconds a receive has
+# left returns empty at once, and renewing it spins the subscription actors.
+_STANDING_S = 2.0
 
 
 class Consumer:
@@ -60,7 +64,7 @@ class Consumer:
         partitions: int,
         handles: list[Any],
         *,
-        prefetch: bool = True,
+        prefetch: bool = False,
     ) -> None:
         self._cluster = cluster
         self.topic = topic
@@ -130,9 +134,13 @@ class Consumer:
         # Ask each partition for its share, so that about max_messages wait here (assigned
         # to this consumer, their ack deadlines running) per round of replies.
         share = -(-max_messages // self.partitions)
-        self._ask(share, timeout_s)
+        if self.prefetch:  # calls outlive this receive: wait only for this one's timeout
+            call_s, wait_s = max(timeout_s, _STANDING_S), timeout_s
+        else:  # calls end with this receive's timeout; the margin covers the trip back
+            call_s, wait_s = timeout_s, timeout_s + 5.0
+        self._ask(share, call_s)
         refs = list(self._inflight)
-        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s + 5.0)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)
         if ready:  # take every other reply that is already there too
             more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             ready = list(dict.fromkeys(ready + more))
@@ -158,7 +166,7 @@ class Consumer:
         # due, not when the next receive reaches the partition (as Pulsar's consumer
         # prefetches).
         if self.prefetch:
-            self._ask(share, timeout_s)
+            self._ask(share, call_s)
 
     def _ask(self, share: int, timeout_s: float) -> None:
         """A receive call outstanding at every partition that has none."""

@@ -216,7 +216,7 @@ def test_a_prefetching_consumer_that_stops_calling_hands_its_messages_back_on_cl
     cluster, topic_name
 ):
     cluster.create_topic(topic_name)
-    idle = cluster.subscribe(topic_name, "s")  # prefetch is the default
+    idle = cluster.subscribe(topic_name, "s", prefetch=True)
     busy = cluster.subscribe(topic_name, "s", prefetch=False)
     sent = cluster.create_producer(topic_name).send_many([b"p%d" % i for i in range(300)])
     first = idle.receive_batch(max_messages=100, timeout_s=5)
