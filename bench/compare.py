@@ -15,11 +15,16 @@ Scenarios:
 5. recovery: the state holder killed at the chosen load points -> time to first delivery.
 6. scale (full suite): 100M pending in one raydelay subscription -> RSS over time, store
    size, drain rate.
+7. fanout (raydelay): K = 1, 4, 16 shared subscriptions of one partition index 300k
+   delayed messages -> CPU seconds and RSS growth against K = 1, store bytes and bytes
+   written per payload byte.
+8. drain (raydelay): 2M messages of one partition due over 60 s, all overdue when a
+   consumer comes -> messages/s.
 
 Writes ``bench/results/<date>-<suite>.md`` and its PNG plots.
 
 Usage: python bench/compare.py [--suite quick|full] [--peers raydelay redis heapq]
-       [--scenarios ingest memory burst lateness scale] [--resume]
+       [--scenarios ingest memory burst lateness scale fanout drain] [--resume]
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ SUITES = {
         "lateness_s": 20,
         "scale": 0,
         "scale_drain_s": 0,
+        "fanout_ks": [1, 4, 16],
+        "fanout": 300_000,
+        "drain": 2 * M,
+        "drain_spread_s": 60,
     },
     "full": {
         "ingest": M,
@@ -63,10 +72,14 @@ SUITES = {
         "lateness_s": 60,
         "scale": 100 * M,
         "scale_drain_s": 120,
+        "fanout_ks": [1, 4, 16],
+        "fanout": 300_000,
+        "drain": 2 * M,
+        "drain_spread_s": 60,
     },
 }
 PEERS = ("heapq", "redis", "raydelay")  # the order they run in
-SCENARIOS = ("ingest", "memory", "burst", "lateness", "scale")
+SCENARIOS = ("ingest", "memory", "burst", "lateness", "scale", "fanout", "drain")
 THREADS = 4  # producer threads of raydelay and Redis (the heap takes one: it holds a lock)
 
 
@@ -81,7 +94,7 @@ def shrink(plan: dict, by: int) -> dict:
     if by == 1:
         return plan
     out = dict(plan)
-    for k in ("ingest", "burst", "scale"):
+    for k in ("ingest", "burst", "scale", "fanout", "drain"):
         out[k] = plan[k] // by
     out["memory"] = [p // by for p in plan["memory"]]
     out["kill_at"] = [p // by for p in plan["kill_at"]]
@@ -119,6 +132,10 @@ def run_peer(name: str, plan: dict, scenarios: list[str], root: str) -> dict:
             out["lateness"] = peer.lateness(rate, secs, now_ms() + lead_ms(rate * secs), THREADS)
         if "scale" in scenarios and name == "raydelay" and plan["scale"]:
             out["scale"] = peer.scale(plan["scale"], plan["scale_drain_s"], 2)
+        if "fanout" in scenarios and name == "raydelay":
+            out["fanout"] = peer.fanout(plan["fanout_ks"], plan["fanout"], THREADS)
+        if "drain" in scenarios and name == "raydelay":
+            out["drain"] = peer.drain(plan["drain"], plan["drain_spread_s"], THREADS)
     finally:
         peer.close()
     return out

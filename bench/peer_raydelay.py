@@ -36,6 +36,7 @@ from bench.workload import (
     progress,
     run_burst,
     run_lateness,
+    sleep_until,
     spread_now,
 )
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
@@ -44,6 +45,7 @@ BATCH = 5_000
 # max_messages per receive: 40,000 asks each of the 4 partitions for 10,000 per call
 RECEIVE = int(os.environ.get("RAYDELAY_BENCH_RECEIVE", "40000"))
 SUB = "bench"
+PAYLOAD_BYTES = 100  # bench/workload.py's payloads
 
 
 class RaydelayPeer:
@@ -253,6 +255,109 @@ class RaydelayPeer:
             "drain_lateness": lateness_summary(drain.lateness()),
             "samples": samples,
         }
+        self._close(topic, producer, consumer)
+        return out
+
+    def fanout(self, ks: list[int], n: int, threads: int) -> list[dict]:
+        """For each K: a fresh one-partition topic with K shared subscriptions and no
+        consumer; ``n`` delayed messages due in an hour are loaded, and the run waits
+        until every subscription holds all of them. Measures the CPU seconds and the RSS
+        growth of the topic and subscription actors over that, the store's bytes per
+        message after retention (log + buckets + cursors), and the bytes written to the
+        store per byte appended (write amplification)."""
+        return [self._fanout(k, n, threads) for k in ks]
+
+    def _fanout(self, k: int, n: int, threads: int) -> dict:
+        topic = f"fanout{k}"
+        self.cluster.create_topic(topic, partitions=1)
+        subs = [f"s{i}" for i in range(k)]
+        for name in subs:  # the subscription stays; nobody consumes
+            self.cluster.subscribe(topic, name).close()
+        producer = self.cluster.create_producer(topic)
+        actors = [ray.get_actor(topic_actor_name(topic, 0), namespace=NAMESPACE)]
+        actors += [
+            ray.get_actor(subscription_actor_name(topic, 0, name), namespace=NAMESPACE)
+            for name in subs
+        ]
+        procs = [psutil.Process(pid) for pid in ray.get([a.pid.remote() for a in actors])]
+
+        def cpu() -> float:
+            return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+        rss0, cpu0, t0 = sum(p.memory_info().rss for p in procs), cpu(), time.monotonic()
+        due = now_ms() + 3_600_000
+
+        def send(items: list[bytes], ats: np.ndarray) -> None:
+            producer.send_many(items, deliver_at=ats.tolist())
+
+        produce(send, n, lambda lo, c: np.full(c, due), threads=threads, batch=BATCH,
+                label=f"raydelay fanout K={k}")  # fmt: skip
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            held = [self.cluster.stats(topic, name)["delayed"] for name in subs]
+            if min(held) >= n:
+                break
+            time.sleep(0.2)
+        indexed_s = time.monotonic() - t0
+        spent, rss = cpu() - cpu0, sum(p.memory_info().rss for p in procs) - rss0
+        time.sleep(12)  # retention (every 5 s) deletes the sealed ledgers
+        topic_stats = ask(actors[0].stats.remote)
+        store = dir_bytes(self.root / "topics" / topic) + dir_bytes(self.root / "subs" / topic)
+        payload = n * PAYLOAD_BYTES
+        written = topic_stats["bytes_written"] + topic_stats["sealed_bytes"]
+        progress(f"fanout K={k}: {spent:.1f} CPU s, {rss / 2**20:,.0f} MiB RSS growth")
+        producer.close()
+        self.cluster.delete_topic(topic, force=True)
+        return {
+            "k": k,
+            "n": n,
+            "indexed_s": indexed_s,
+            "cpu_s": spent,
+            "rss_growth": rss,
+            "held": min(held),
+            "buckets": topic_stats["buckets"],
+            "unsealed": topic_stats["unsealed_delayed"],
+            "store_bytes": store,
+            "store_per_payload": store / payload,
+            "written_per_appended": written / payload,
+        }
+
+    def drain(self, n: int, spread_s: int, threads: int) -> dict:
+        """``n`` messages in one partition due over ``spread_s`` seconds, with no consumer
+        until every one is overdue; then one consumer drains them: messages/s."""
+        topic = "drain"
+        producer, consumer, send, receive = self._open(topic, 1)
+        consumer.close()
+        first_due = now_ms() + 5_000 + n // 50  # after the load
+
+        def schedule(lo: int, c: int) -> np.ndarray:
+            return first_due + np.random.default_rng(lo).integers(0, spread_s * 1000, c)
+
+        load_s = produce(send, n, schedule, threads=threads, batch=BATCH,
+                         label="raydelay drain load")  # fmt: skip
+        sleep_until(first_due + spread_s * 1000 + 2_000)
+        stats = self.cluster.stats(topic, SUB)
+        consumer = self.cluster.subscribe(topic, SUB)
+        drain = Drain(receive_from(consumer)).start()
+        t0 = now_ms()
+        done = drain.wait_for(n, 600)
+        seconds = (now_ms() - t0) / 1000
+        drain.stop()
+        topic_stats = ask(
+            ray.get_actor(topic_actor_name(topic, 0), namespace=NAMESPACE).stats.remote
+        )
+        out = {
+            "n": n,
+            "spread_s": spread_s,
+            "load_s": load_s,
+            "drained": drain.received,
+            "complete": done,
+            "seconds": seconds,
+            "rate": drain.received / seconds,
+            "buckets": stats["buckets"],
+            "point_reads": topic_stats["point_reads"],
+        }
+        progress(f"drain: {out['rate']:,.0f} msg/s")
         self._close(topic, producer, consumer)
         return out
 

@@ -192,6 +192,8 @@ def markdown(results: dict, stem: Path) -> str:
     lines += _cpu(results)
     lines += _recovery_detail(results)
     lines += _scale(results)
+    lines += _fanout(results)
+    lines += _drain(results)
     lines += ["", "## Plots", ""]
     for kind in _plots(results, stem):
         lines.append(f"![{kind}]({stem.name}-{kind}.png)")
@@ -274,6 +276,54 @@ def _scale(results: dict) -> list[str]:
         f"| drained in the window / drain msg/s | {s['drained']:,} / {s['drain_rate']:,.0f} |",
         f"| drain lateness p50 / p99 ms | {_num(s['drain_lateness']['p50'])} / "
         f"{_num(s['drain_lateness']['p99'])} |",
+    ]
+
+
+def _fanout(results: dict) -> list[str]:
+    rows = _get(results, "raydelay", "fanout")
+    if not rows:
+        return []
+    base = rows[0]
+    out = [
+        "",
+        f"## Fan-out: K shared subscriptions of one partition index {base['n']:,} delayed "
+        "messages (no consumer)",
+        "",
+        "Ratios are against K = 1 of the same run. Store bytes are measured 12 s after every "
+        "subscription held every message (retention runs every 5 s); written bytes are the "
+        "log's and the sealed buckets' (cursors and metadata left out).",
+        "",
+        "| K | seconds until all held | CPU s | vs K=1 | RSS growth MiB | vs K=1 | buckets "
+        "| store bytes / payload byte | written / appended |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['k']} | {r['indexed_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{_ratio(r['cpu_s'], base['cpu_s'])} | {r['rss_growth'] / MIB:,.0f} | "
+            f"{_ratio(r['rss_growth'], base['rss_growth'])} | {r['buckets']} | "
+            f"{r['store_per_payload']:.2f} | {r['written_per_appended']:.2f} |"
+        )
+    return out
+
+
+def _drain(results: dict) -> list[str]:
+    d = _get(results, "raydelay", "drain")
+    if not d:
+        return []
+    return [
+        "",
+        f"## Overdue backlog drain: {d['n']:,} messages of one partition due over "
+        f"{d['spread_s']} s, drained after all are due",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| load s | {d['load_s']:.1f} |",
+        f"| sealed buckets when the consumer came | {d['buckets']} |",
+        f"| drained / complete | {d['drained']:,} / {d['complete']} |",
+        f"| drain seconds | {d['seconds']:.1f} |",
+        f"| drain msg/s | {d['rate']:,.0f} |",
+        f"| point reads of the log (topic actor) | {d['point_reads']:,} |",
     ]
 
 

@@ -79,6 +79,19 @@ class CoordinatorActor:
     def set_mark_delete(self, topic: str, partition: int, subscription: str, position) -> None:
         self._meta.set_mark_delete(topic, partition, subscription, position)
 
+    def set_progress(
+        self, topic: str, partition: int, subscription: str, position, log_mark, progress
+    ) -> None:
+        self._meta.set_progress(topic, partition, subscription, position, log_mark, progress)
+
+    def progress(self, topic: str, partition: int, subscription: str) -> dict[str, int]:
+        return self._meta.progress(topic, partition, subscription)
+
+    def bucket_retention(
+        self, topic: str, partition: int, name: str, through_key: str
+    ) -> list[str]:
+        return self._meta.bucket_retention(topic, partition, name, through_key)
+
     def mark_delete(self, topic: str, partition: int, subscription: str) -> list[int]:
         return self._meta.mark_delete(topic, partition, subscription)
 

@@ -12,8 +12,8 @@ Ray prefixes every name with ``ray_``. Tags: ``topic`` and ``partition``, and
 | raydelay_delayed_messages | gauge | messages waiting in the delayed index |
 | raydelay_immutable_buckets | gauge | sealed buckets of the index |
 | raydelay_loaded_indexes | gauge | index entries held in memory |
-| raydelay_bucket_snapshot_bytes | counter | bytes of bucket snapshots written |
-| raydelay_bucket_ops | counter | bucket operations by ``op``: create, load, delete, merge |
+| raydelay_bucket_snapshot_bytes | counter | bytes of sealed buckets the topic wrote |
+| raydelay_bucket_ops | counter | bucket operations by ``op``: create and delete (the topic's, with an empty ``subscription`` tag), load (a subscription's segment loads) |
 | raydelay_bucket_op_seconds | histogram | their latency, by ``op`` |
 | raydelay_dispatch_lateness_ms | histogram | dispatch time minus deliver_at, first deliveries of delayed messages |
 
@@ -50,16 +50,40 @@ def _metric(kind: type, name: str, description: str, tags: tuple[str, ...], **kw
     return m
 
 
+def _bucket_ops() -> tuple[Any, Any]:
+    ops = _metric(metrics.Counter, "raydelay_bucket_ops", "bucket operations", (*_SUB, "op"))
+    seconds = _metric(
+        metrics.Histogram,
+        "raydelay_bucket_op_seconds",
+        "bucket operation latency (s)",
+        (*_SUB, "op"),
+        boundaries=OP_BOUNDARIES_S,
+    )
+    return ops, seconds
+
+
 class TopicMetrics:
     def __init__(self, topic: str, partition: int) -> None:
         self._tags = {"topic": topic, "partition": str(partition)}
         self._published = _metric(
             metrics.Counter, "raydelay_published_messages", "messages appended", _PART
         )
+        self._sealed_bytes = _metric(
+            metrics.Counter, "raydelay_bucket_snapshot_bytes", "sealed bucket bytes written", _SUB
+        )
+        self._ops, self._op_s = _bucket_ops()
 
     def published(self, n: int) -> None:
         if n:
             self._published.inc(n, self._tags)
+
+    def bucket_op(self, op: str, seconds: float, nbytes: int = 0) -> None:
+        """A bucket operation of the topic (``create``, ``delete``); may run on any thread."""
+        tags = {**self._tags, "subscription": ""}
+        self._ops.inc(1, {**tags, "op": op})
+        self._op_s.observe(seconds, {**tags, "op": op})
+        if nbytes:
+            self._sealed_bytes.inc(nbytes, tags)
 
 
 class SubscriptionMetrics:
@@ -76,17 +100,7 @@ class SubscriptionMetrics:
         self._delayed = m(metrics.Gauge, "raydelay_delayed_messages", "delayed messages", _SUB)
         self._buckets = m(metrics.Gauge, "raydelay_immutable_buckets", "sealed buckets", _SUB)
         self._loaded = m(metrics.Gauge, "raydelay_loaded_indexes", "index entries in memory", _SUB)
-        self._snapshot = m(
-            metrics.Counter, "raydelay_bucket_snapshot_bytes", "snapshot bytes written", _SUB
-        )
-        self._ops = m(metrics.Counter, "raydelay_bucket_ops", "bucket operations", (*_SUB, "op"))
-        self._op_s = m(
-            metrics.Histogram,
-            "raydelay_bucket_op_seconds",
-            "bucket operation latency (s)",
-            (*_SUB, "op"),
-            boundaries=OP_BOUNDARIES_S,
-        )
+        self._ops, self._op_s = _bucket_ops()
         self._lateness = m(
             metrics.Histogram,
             "raydelay_dispatch_lateness_ms",
@@ -116,7 +130,6 @@ class SubscriptionMetrics:
         for key, metric in (
             ("redelivered", self._redelivered),
             ("dead_lettered", self._dead),
-            ("snapshot_bytes", self._snapshot),
         ):
             now = int(stats.get(key, 0))
             delta = now - self._last.get(key, 0)

@@ -1,15 +1,21 @@
 """SubscriptionActor: the asyncio shell around one :class:`Subscription` (one partition).
 
-Three loops run beside the calls:
+A shared subscription delivers due delayed messages from the partition's sealed buckets,
+which the topic actor builds once for every subscription (see
+:mod:`raydelay.dispatch.sealed`); it reads the log for everything else, and keeps the
+delayed positions of the unsealed tail (and its own nacks) in an in-memory tracker.
+
+These loops run beside the calls:
 
 - the **pump** reads the log ahead (bounded by ``subscription.read_ahead_entries``)
   and long-polls the topic actor when caught up;
 - the **timer** sleeps until the tracker's next deliver_at or the next ack deadline,
   then wakes waiting ``receive`` calls (it never spins: with nothing scheduled it
   waits for a change);
+- the **loader** loads the segments of sealed buckets whose deliver_at comes near;
 - the **persister** writes the cursor at most once per
-  ``subscription.cursor_persist_interval_ms`` and reports mark-delete to the
-  coordinator.
+  ``subscription.cursor_persist_interval_ms`` and reports mark-delete, the log mark
+  and the progress through each sealed bucket to the coordinator.
 
 The actor never blocks its event loop: store writes run on a thread, and the
 bucket tracker does its own I/O on its threads.
@@ -21,6 +27,8 @@ import asyncio
 import logging
 import os
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,13 +42,16 @@ from raydelay.cluster import rpc
 from raydelay.cluster.names import COORDINATOR, NAMESPACE, topic_actor_name
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
-from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryDelayedDeliveryTracker
+from raydelay.delayed import InMemoryDelayedDeliveryTracker
+from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import position_of
 from raydelay.dispatch.objects import Group, ObjectCache
+from raydelay.dispatch.sealed import SealedReader
 from raydelay.dispatch.subscription import Delivery, Subscription
 from raydelay.dispatch.wire import delivery_batch
 from raydelay.errors import CodecError, InvalidArgument, NotFound
+from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
@@ -65,6 +76,8 @@ _FETCH_MAX = 2_000
 _REPORT_S = 1.0  # how often metrics are reported
 _PUMP_LINGER_S = 0.005
 _DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload fetches
+_LOAD_POLL_S = 0.2  # the loader's longest sleep
+_STAGED_ROWS = 200_000  # sealed-bucket rows kept for delivery before they are pruned
 
 
 class SubscriptionActor:
@@ -85,8 +98,12 @@ class SubscriptionActor:
         )
         self._store = CountingObjectStore(make_store(self._config))
         self._prefix = subscription_prefix(topic, partition, subscription)
+        self._sealed_store = SealedStore(self._store, topic, partition)
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
-        self._cursor = cursor  # the tracker may ask for mark-delete while it recovers
+        self._cursor = cursor
+        reader = None
+        if self._options["type"] == "shared" and self._config.delayed.tracker == "bucket":
+            reader = SealedReader()
         self._sub = Subscription(
             name=f"{topic}/{partition}/{subscription}",
             subscription_type=self._options["type"],
@@ -97,14 +114,21 @@ class SubscriptionActor:
             ack_timeout_ms=_ms(self._options.get("ack_timeout_s")),
             max_redeliveries=self._options.get("max_redeliveries"),
             read_ahead_entries=self._config.subscription.read_ahead_entries,
+            sealed=reader,
         )
+        self._bucket_version: int | None = None
+        self._load_times: deque[tuple[str, float]] = deque(maxlen=10_000)
+        self._reported_progress: tuple | None = None
+        if reader is not None:
+            self._recover_buckets()
         self._objects = ObjectCache(_DECODED_ENTRIES)
         self._persisted: tuple[Any, ...] | None = None
-        self._reported: Position | None = None
         self._started = False
         self._closed = False
         ledgers = rpc.get_blocking(self._topic_actor.ledgers.remote(), what="topic actor")
         loose = self._sub.resume_after_buckets(ledgers)
+        tail = rpc.get_blocking(self._topic_actor.tail.remote(), what="topic actor")
+        self._sub.tail = None if tail is None else (int(tail[0]), int(tail[1]))
         self._learn_cancels()
         # Filled in until the first delivery after this start: what recovery cost.
         self._recovery: dict[str, Any] = {
@@ -126,31 +150,79 @@ class SubscriptionActor:
     # --- construction ----------------------------------------------------------------------
 
     def _make_tracker(self):
+        """The in-memory tracker: the delayed positions of the unsealed log tail and this
+        subscription's nacks (FIFO subscriptions ignore deliver_at: only nacks)."""
         d = self._config.delayed
-        if self._options["type"] != "shared" or d.tracker == "memory":
-            # FIFO subscriptions ignore deliver_at; their tracker only holds nacked positions.
-            return InMemoryDelayedDeliveryTracker(
-                clock=self._clock,
-                tick_time_ms=d.tick_time_ms,
-                strict=d.strict,
-                fixed_delay_lookahead=d.fixed_delay_lookahead,
-            )
-        return BucketDelayedDeliveryTracker(
-            store=self._store,
-            registry=CoordinatorRegistry(
-                self._coordinator, deadline_s=self._config.client.retry_deadline_s
-            ),
-            name=self._prefix,
+        return InMemoryDelayedDeliveryTracker(
             clock=self._clock,
             tick_time_ms=d.tick_time_ms,
             strict=d.strict,
-            min_index_count_per_bucket=d.min_index_count_per_bucket,
-            max_time_step_per_segment_ms=d.max_time_step_per_segment_ms,
-            max_indexes_per_segment=d.max_indexes_per_segment,
-            max_num_buckets=d.max_num_buckets,
-            mark_delete=lambda: self._cursor.mark_delete,
-            background=True,
+            fixed_delay_lookahead=d.fixed_delay_lookahead,
         )
+
+    def _recover_buckets(self) -> None:
+        """Take up the partition's sealed buckets where this subscription left them."""
+        info = rpc.get_blocking(self._topic_actor.buckets.remote(), what="topic actor")
+        progress = rpc.get_blocking(
+            self._coordinator.progress.remote(self._topic, self._partition, self._name),
+            what="coordinator",
+        )
+        for meta in self._load_metas(info["buckets"]):
+            self._sub.adopt(meta, done=progress.get(meta.key, 0))
+        self._sub.sealed.sealed_through = max(self._sub.sealed.sealed_through, info["through"])
+        self._bucket_version = info["version"]
+
+    def _load_metas(self, keys: list[str]) -> list[SealedMeta]:
+        """The metas of ``keys`` (read in parallel), in ledger order; a bucket deleted
+        meanwhile is left out."""
+
+        def one(key: str) -> SealedMeta | None:
+            try:
+                return self._sealed_store.meta(key)
+            except NotFound:
+                return None
+
+        if not keys:
+            return []
+        with ThreadPoolExecutor(min(8, len(keys))) as pool:
+            metas = [m for m in pool.map(one, keys) if m is not None]
+        return sorted(metas, key=lambda m: m.start_ledger)
+
+    async def _refresh_buckets(self) -> None:
+        """The topic's bucket list changed: adopt the new buckets, forget deleted ones."""
+        info = await rpc.wait(self._topic_actor.buckets.remote(), what="topic actor")
+        sealed = self._sub.sealed
+        keys = set(info["buckets"])
+        for gone in [k for k in sealed.buckets if k not in keys]:
+            sealed.forget(gone)
+        new = [k for k in info["buckets"] if k not in sealed.buckets]
+        for meta in await asyncio.to_thread(self._load_metas, new):
+            self._sub.adopt(meta)
+        sealed.sealed_through = max(sealed.sealed_through, info["through"])
+        self._bucket_version = info["version"]
+        self._load_wake.set()
+
+    def _drop_legacy_buckets(self) -> int:
+        """Delete the buckets this subscription indexed by itself before the topic did it
+        for all (stores written before sealed buckets): the topic re-indexed every retained
+        ledger when it came up, so they are not needed. Returns objects deleted."""
+        registry = CoordinatorRegistry(
+            self._coordinator, deadline_s=self._config.client.retry_deadline_s
+        )
+        records = registry.list(self._prefix)
+        doomed = self._store.list(f"{self._prefix}/buckets/") + self._store.list(
+            f"{self._prefix}/tombs/"
+        )
+        for key in doomed:
+            self._store.delete(key)
+        if records:
+            registry.apply([("remove", self._prefix, k, None) for k in records])
+            log.info(
+                "%s: deleted %d buckets it had indexed itself (the topic indexes them now)",
+                self._sub.name,
+                len(records),
+            )
+        return len(doomed)
 
     def _load_cursor(self) -> tuple[Cursor, Position, int]:
         keys = self._store.list(f"{self._prefix}/cursor/")
@@ -186,9 +258,14 @@ class SubscriptionActor:
         self._available = asyncio.Condition()  # wakes receive calls
         self._persist_lock = asyncio.Lock()
         self._dlq_lock = asyncio.Lock()
+        self._load_wake = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for loop_fn in (self._pump, self._timer, self._persister, self._reporter):
+        loops = [self._pump, self._timer, self._persister, self._reporter]
+        if self._sub.sealed is not None:
+            loops.append(self._loader)
+        for loop_fn in loops:
             loop.create_task(loop_fn())
+        loop.create_task(self._cleanup_legacy())
 
     async def _notify(self) -> None:
         async with self._available:
@@ -267,7 +344,10 @@ class SubscriptionActor:
         the others are left out of the result."""
         if not len(keys):
             return []
-        groups, need = self._objects.lookup(np.asarray(keys, dtype=np.int64))
+        groups, need = self._sub.staged(np.asarray(keys, dtype=np.int64))
+        if len(need):
+            cached, need = self._objects.lookup(need)
+            groups += cached
         if max_reads is not None and len(need) > max_reads:
             need = np.sort(need)[:max_reads]
         if len(need):
@@ -410,6 +490,11 @@ class SubscriptionActor:
                     what="topic actor",
                 )
                 self._count_log_bytes(sum(len(b) for b in reply["objects"]))
+                if (
+                    self._sub.sealed is not None
+                    and reply["buckets_version"] != self._bucket_version
+                ):
+                    await self._refresh_buckets()
                 objects = [decode_object(b) for b in reply["objects"]]
                 for obj in objects:
                     self._objects.add(obj)
@@ -439,6 +524,7 @@ class SubscriptionActor:
             try:
                 now = self._clock.now_ms()
                 self._sub.expire(now)
+                self._sub.prune_staged(_STAGED_ROWS)
                 if self._sub.dead:
                     await self._flush_dead_letters()
                 if self._sub.has_deliverable():
@@ -458,14 +544,67 @@ class SubscriptionActor:
                 log.exception("%s: timer step failed", self._sub.name)
                 await asyncio.sleep(0.5)
 
+    async def _loader(self) -> None:
+        """Load the segments of sealed buckets whose deliver_at comes near (a few at a time,
+        on threads), then wake the receivers."""
+        sealed = self._sub.sealed
+        while not self._closed:
+            try:
+                wanted = sealed.wanted(self._clock.now_ms())
+                if not wanted:
+                    self._load_wake.clear()
+                    try:
+                        await asyncio.wait_for(self._load_wake.wait(), timeout=_LOAD_POLL_S)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                started = time.monotonic()
+                results = await asyncio.gather(
+                    *[
+                        asyncio.to_thread(self._sealed_store.segment, key, offset, length)
+                        for key, _, offset, length in wanted
+                    ],
+                    return_exceptions=True,
+                )
+                took = time.monotonic() - started
+                self._load_times.extend(("load", took) for _ in wanted)
+                for (key, no, _, _), rows in zip(wanted, results, strict=True):
+                    if isinstance(rows, BaseException):
+                        sealed.load_failed(key, no)
+                        log.warning(
+                            "%s: loading segment %d of bucket %s failed: %s",
+                            self._sub.name,
+                            no,
+                            key,
+                            rows,
+                        )
+                        continue
+                    sealed.install(key, no, rows)
+                if any(not isinstance(r, BaseException) for r in results):
+                    self._changed.set()
+                    await self._notify()
+                else:
+                    await asyncio.sleep(0.5)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged and retried
+                log.exception("%s: loading sealed segments failed", self._sub.name)
+                await asyncio.sleep(0.5)
+
+    async def _cleanup_legacy(self) -> None:
+        try:
+            await asyncio.to_thread(self._drop_legacy_buckets)
+        except Exception:  # noqa: BLE001 - the next start tries again
+            log.exception("%s: deleting its own old buckets failed", self._sub.name)
+
     async def _reporter(self) -> None:
         """Once a second: gauges, bucket operations and sampled lateness to Ray's metrics."""
         while not self._closed:
             await asyncio.sleep(_REPORT_S)
             try:
                 stats = self._sub.stats() | self._tracker_stats()
-                times = getattr(self._sub.tracker, "op_times", None)
-                ops = [times.popleft() for _ in range(len(times))] if times else []
+                times = self._load_times
+                ops = [times.popleft() for _ in range(len(times))]
                 self._metrics.report(stats, ops)
             except Exception:  # noqa: BLE001 - metrics must never stop the subscription
                 log.exception("%s: reporting metrics failed", self._sub.name)
@@ -495,21 +634,31 @@ class SubscriptionActor:
     async def _persist_locked(self, force: bool, mark: Position) -> None:
         cursor = self._sub.cursor
         state = (cursor.mark_delete, cursor.individually_acked(), mark)
-        if state == self._persisted and not force:
+        if state != self._persisted or force:
+            data = cursor.encode(mark)
+            version = self._cursor_version + 1
+            key = cursor_key(self._topic, self._partition, self._name, version)
+            await asyncio.to_thread(self._write_cursor, key, data)
+            self._cursor_version, self._persisted = version, state
+        await self._report_progress()
+
+    async def _report_progress(self) -> None:
+        """Tell the coordinator mark-delete, the log mark and the progress through each
+        sealed bucket (what retention goes by), when they changed."""
+        self._sub.advance_buckets()
+        sealed = self._sub.sealed
+        progress = sealed.progress() if sealed is not None else {}
+        md, lm = self._sub.cursor.mark_delete, self._sub.log_cursor.mark_delete
+        report = (md, lm, tuple(sorted(progress.items())))
+        if report == self._reported_progress:
             return
-        data = cursor.encode(mark)
-        version = self._cursor_version + 1
-        key = cursor_key(self._topic, self._partition, self._name, version)
-        await asyncio.to_thread(self._write_cursor, key, data)
-        self._cursor_version, self._persisted = version, state
-        if cursor.mark_delete != self._reported:
-            await rpc.wait(
-                self._coordinator.set_mark_delete.remote(
-                    self._topic, self._partition, self._name, list(cursor.mark_delete)
-                ),
-                what="coordinator",
-            )
-            self._reported = cursor.mark_delete
+        await rpc.wait(
+            self._coordinator.set_progress.remote(
+                self._topic, self._partition, self._name, list(md), list(lm), progress
+            ),
+            what="coordinator",
+        )
+        self._reported_progress = report
 
     def _write_cursor(self, key: str, data: bytes) -> None:
         self._store.put(key, data)

@@ -5,30 +5,51 @@
   it as one object, then answers every caller. All log work runs on one thread, in
   order, so the event loop never blocks on the store.
 - ``wait_for_entries`` is a long poll woken by each commit.
+- It indexes the partition's delayed entries once, as it commits them
+  (:class:`~raydelay.delayed.sealed.TopicIndex`): at a ledger boundary with enough of
+  them, a seal thread sorts them into a bucket whose segments carry the payloads,
+  writes it, and registers it in the coordinator. Every shared subscription reads
+  those buckets (``buckets``); a restarted actor rebuilds the unsealed range from the
+  ledgers after the last sealed one.
 - Every ``topic.retention_interval_ms`` the actor asks the coordinator which
-  ledgers every subscription has passed, deletes their objects, then tells it.
+  ledgers and buckets no subscription needs any more, deletes their objects, then
+  tells it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgpack
 import numpy as np
 import pyarrow as pa
 import ray
 
 from raydelay.actors.metrics import TopicMetrics
+from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
 from raydelay.cluster import rpc
 from raydelay.cluster.names import COORDINATOR, NAMESPACE
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import config_from_dict
+from raydelay.delayed.sealed import (
+    THROUGH_KEY,
+    SealJob,
+    TopicIndex,
+    parse_bucket_key,
+    registry_name,
+    seal,
+)
 from raydelay.errors import InvalidArgument, NotFound
-from raydelay.log.entries import NO_DELAY, AppendBatch, Entries, decode_batch
+from raydelay.log.buckets import SealedStore
+from raydelay.log.entries import NO_DELAY, AppendBatch, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
 from raydelay.storage import make_store
 
@@ -52,8 +73,9 @@ class TopicActor:
         ledgers = rpc.get_blocking(
             self._coordinator.ledgers.remote(topic, partition), what="coordinator"
         )
+        store = make_store(self._config)
         self._log = PartitionLog(
-            store=make_store(self._config),
+            store=store,
             topic=topic,
             partition=partition,
             ledgers=[LedgerInfo(int(i), c) for i, c in ledgers],
@@ -63,12 +85,178 @@ class TopicActor:
             cache_bytes=self._config.topic.tail_cache_bytes,
             index_cache_bytes=self._config.topic.index_cache_bytes,
         )
+        self._registry = CoordinatorRegistry(
+            self._coordinator, deadline_s=self._config.client.retry_deadline_s
+        )
+        self._sealed = SealedStore(store, topic, partition)
+        self._buckets: list[tuple[int, int, str]] = []  # (start, end, key), by start
+        self._buckets_version = 0
+        self._published_through = -1  # sealed_through as registered
+        self._seal_exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-seal")
+        self._seal_lock = threading.Lock()
+        self.seal_counters = {"sealed": 0, "sealed_rows": 0, "sealed_bytes": 0, "seal_s": 0.0}
+        self._index: TopicIndex | None = None
+        if self._config.delayed.tracker == "bucket":
+            self._recover_index()
         self._queue: list[tuple[AppendBatch, asyncio.Future]] = []
         self._queued_bytes = 0
         self._started = False
         self._tail_changed: asyncio.Condition | None = None
         self._work: asyncio.Event | None = None
         self._full: asyncio.Event | None = None
+
+    # --- the partition's delayed index -----------------------------------------------------
+
+    def _recover_index(self) -> None:
+        """Load the registered buckets, delete orphans of a seal that died half-way, and
+        rebuild the unsealed range from the ledgers after the last sealed one."""
+        started = time.monotonic()
+        name = registry_name(self._topic, self._partition)
+        records = self._registry.list(name)
+        through = records.pop(THROUGH_KEY, None)
+        self._published_through = -1 if through is None else int(msgpack.unpackb(through))
+        self._buckets = sorted(parse_bucket_key(k)[:2] + (k,) for k in records)
+        for key in self._sealed.stored_keys() - set(records):
+            log.warning("%s/%d: deleting orphan bucket %s", self._topic, self._partition, key)
+            self._sealed.delete(key)
+        d = self._config.delayed
+        self._index = TopicIndex(
+            min_index_count=d.min_index_count_per_bucket, sealed_through=self._published_through
+        )
+        rebuilt = 0
+        for info in self._log.ledgers:
+            if info.ledger_id <= self._published_through:
+                continue
+            for obj in self._log.objects_of(info.ledger_id):
+                rebuilt += self._index.add(obj)
+            if info.count is not None:
+                job = self._index.ledger_closed(info.ledger_id)
+                if job is not None:
+                    self._write_seal(self._with_ledgers(job))
+        self._log.on_object = self._index.add
+        self._log.on_roll = self._on_roll
+        log.info(
+            "%s/%d: delayed index recovered in %.2f s: %d buckets, sealed through ledger %d, "
+            "%d delayed entries unsealed",
+            self._topic,
+            self._partition,
+            time.monotonic() - started,
+            len(self._buckets),
+            self._published_through,
+            rebuilt,
+        )
+
+    def _on_roll(self, closed: int) -> None:
+        """A ledger closed (on the log's thread): seal the range off the append path."""
+        job = self._index.ledger_closed(closed)
+        if job is not None:
+            self._seal_exec.submit(self._seal_retrying, self._with_ledgers(job))
+
+    def _with_ledgers(self, job: SealJob) -> SealJob:
+        """The job with the sizes of the ledgers it covers (a subscription's cursor needs
+        them once those ledgers are deleted)."""
+        sizes = tuple(
+            (x.ledger_id, x.count)
+            for x in self._log.ledgers
+            if job.start_ledger <= x.ledger_id <= job.end_ledger and x.count is not None
+        )
+        return dataclasses.replace(job, ledgers=sizes)
+
+    def _seal_retrying(self, job: SealJob) -> None:
+        """Seal off the append path; the writes are retried (with the same bucket key, so
+        no attempt leaves an orphan behind) until they land."""
+        sealed = self._sealed_bucket(job)
+        failures = 0
+        while True:
+            try:
+                self._register(job, sealed)
+                if failures:
+                    log.warning(
+                        "%s/%d: sealed ledgers %d..%d after %d failed attempts",
+                        self._topic,
+                        self._partition,
+                        job.start_ledger,
+                        job.end_ledger,
+                        failures,
+                    )
+                return
+            except Exception as exc:  # noqa: BLE001 - the range stays unsealed meanwhile
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "%s/%d: sealing ledgers %d..%d failed (%s); retrying",
+                        self._topic,
+                        self._partition,
+                        job.start_ledger,
+                        job.end_ledger,
+                        exc,
+                    )
+                time.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))
+
+    def _write_seal(self, job: SealJob) -> None:
+        self._register(job, self._sealed_bucket(job))
+
+    def _sealed_bucket(self, job: SealJob):
+        """The encoded bucket of a job (meta, data), or None for a job without rows."""
+        if job.rows is None:
+            return None
+        d = self._config.delayed
+        return seal(
+            job.rows,
+            start_ledger=job.start_ledger,
+            end_ledger=job.end_ledger,
+            bucket_id=time.time_ns() // 1000,
+            max_indexes=d.max_indexes_per_segment,
+            max_step_ms=d.max_time_step_per_segment_ms,
+            ledgers=job.ledgers,
+            markers=job.markers,
+        )
+
+    def _register(self, job: SealJob, sealed) -> None:
+        """Write a bucket (data, then meta), then register it with the new sealed_through
+        in one coordinator call; a job without rows only moves sealed_through."""
+        started = time.monotonic()
+        name = registry_name(self._topic, self._partition)
+        through = ("put", name, THROUGH_KEY, msgpack.packb(job.end_ledger))
+        if sealed is None:
+            self._registry.apply([through])
+            self._published_through = job.end_ledger
+            return
+        meta, data = sealed
+        written = self._sealed.write(meta, data)
+        record = msgpack.packb([meta.count, len(meta.segments)])
+        self._registry.apply([("put", name, meta.key, record), through])
+        with self._seal_lock:
+            self._buckets = sorted(self._buckets + [(meta.start_ledger, meta.end_ledger, meta.key)])
+            self._buckets_version += 1
+            self._published_through = job.end_ledger
+        c = self.seal_counters
+        c["sealed"] += 1
+        c["sealed_rows"] += meta.count
+        c["sealed_bytes"] += written
+        c["seal_s"] += time.monotonic() - started
+        self._metrics.bucket_op("create", time.monotonic() - started, written)
+        log.info(
+            "%s/%d: sealed ledgers %d..%d: %d delayed entries in %d segments (%d bytes)",
+            self._topic,
+            self._partition,
+            job.start_ledger,
+            job.end_ledger,
+            meta.count,
+            len(meta.segments),
+            written,
+        )
+
+    async def buckets(self) -> dict:
+        """The partition's sealed buckets: their keys, the ledger every ledger up to which
+        is indexed (``through``), and a version that changes with the list."""
+        self._ensure_started()
+        with self._seal_lock:
+            return {
+                "version": self._buckets_version,
+                "through": self._published_through,
+                "buckets": [k for _, _, k in self._buckets],
+            }
 
     def _roll(self, closed: int | None, count: int) -> int:
         ref = self._coordinator.roll_ledger.remote(self._topic, self._partition, closed, count)
@@ -211,6 +399,7 @@ class TopicActor:
             "objects": reply.objects,
             "tail": reply.tail,
             "ledgers": [(x.ledger_id, x.count) for x in self._log.ledgers],
+            "buckets_version": self._buckets_version,
         }
 
     def _has_entries_at(self, position: tuple[int, int]) -> bool:
@@ -228,6 +417,12 @@ class TopicActor:
         self._ensure_started()
         keys = np.asarray(keys, dtype=np.int64)
         rows = await self._run(self._log.read_positions, keys)
+        if len(rows) < len(keys) and self._buckets:
+            # Positions whose ledger is gone: their delayed entries live on in a bucket.
+            missing = np.setdiff1d(keys, rows.positions)
+            extra = await asyncio.to_thread(self._sealed.read_positions, missing, self._buckets)
+            if len(extra):
+                rows = Rows.concat([rows, extra])
         return rows.to_batch()
 
     async def wait_for_entries(self, after_position, timeout_s: float):
@@ -281,6 +476,10 @@ class TopicActor:
             "tail": self._log.tail(),
             "cached_bytes": self._log.cached_bytes,
             "queued": len(self._queue),
+            "buckets": len(self._buckets),
+            "sealed_through": self._published_through,
+            "unsealed_delayed": self._index.count if self._index is not None else 0,
+            **self.seal_counters,
             **self._log.stats_counters,
         }
 
@@ -295,9 +494,32 @@ class TopicActor:
             except Exception:  # noqa: BLE001 - logged and retried next interval
                 log.exception("retention of %s/%d failed", self._topic, self._partition)
 
+    async def _trim_buckets(self) -> None:
+        name = registry_name(self._topic, self._partition)
+        keys = await rpc.wait(
+            self._coordinator.bucket_retention.remote(
+                self._topic, self._partition, name, THROUGH_KEY
+            ),
+            what="coordinator",
+        )
+        if not keys:
+            return
+        doomed = set(keys)
+        with self._seal_lock:  # subscriptions stop loading them first
+            self._buckets = [b for b in self._buckets if b[2] not in doomed]
+            self._buckets_version += 1
+        for key in keys:
+            started = time.monotonic()
+            await asyncio.to_thread(self._sealed.delete, key)
+            self._metrics.bucket_op("delete", time.monotonic() - started)
+        await asyncio.to_thread(self._registry.apply, [("remove", name, k, None) for k in keys])
+        log.info("%s/%d: deleted %d finished buckets", self._topic, self._partition, len(keys))
+
     async def trim(self) -> list[int]:
-        """Delete ledgers every subscription has acknowledged; returns their ids."""
+        """Delete the buckets every shared subscription is done with, and the ledgers no
+        subscription needs; returns the ledger ids."""
         self._ensure_started()
+        await self._trim_buckets()
         ids = await rpc.wait(
             self._coordinator.retention.remote(self._topic, self._partition), what="coordinator"
         )

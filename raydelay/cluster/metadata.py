@@ -43,6 +43,8 @@ def _empty_state() -> dict[str, Any]:
         "subs": {},  # topic -> {sub -> options}
         "mark_delete": {},  # "topic/p/sub" -> [ledger, entry]
         "registry": {},  # tracker name -> {bucket_key: record bytes}
+        "log_mark": {},  # "topic/p/sub" -> [ledger, entry]: the log it still needs starts after
+        "progress": {},  # "topic/p/sub" -> {sealed bucket key: segments done, -1 all}
     }
 
 
@@ -65,7 +67,7 @@ class Metadata:
             except (CodecError, NotFound) as exc:
                 log.error("metadata snapshot %s unusable, trying an older one: %s", key, exc)
                 continue
-            self.state, self._seq = raw["state"], int(raw["seq"])
+            self.state, self._seq = _empty_state() | raw["state"], int(raw["seq"])
             break
         replayed = 0
         for key in self._store.list(JOURNAL_PREFIX):
@@ -117,9 +119,10 @@ class Metadata:
             for p in range(n):
                 s["ledgers"].pop(_pk(t, p), None)
             s["subs"].pop(t, None)
-            for key in [k for k in s["mark_delete"] if k.startswith(f"{t}/")]:
-                del s["mark_delete"][key]
-            for name in [k for k in s["registry"] if k.startswith(f"subs/{t}/")]:
+            for table in ("mark_delete", "log_mark", "progress"):
+                for key in [k for k in s[table] if k.startswith(f"{t}/")]:
+                    del s[table][key]
+            for name in [k for k in s["registry"] if k.startswith((f"subs/{t}/", f"topics/{t}/"))]:
                 del s["registry"][name]
         elif op == "create_subscription":
             s["subs"].setdefault(a["topic"], {})[a["subscription"]] = a["options"]
@@ -134,6 +137,10 @@ class Metadata:
             return a["new"]
         elif op == "mark_delete":
             s["mark_delete"][a["key"]] = a["position"]
+            if a.get("log_mark") is not None:
+                s["log_mark"][a["key"]] = a["log_mark"]
+            if a.get("progress") is not None:
+                s["progress"][a["key"]] = a["progress"]
         elif op == "drop_ledgers":
             pk = _pk(a["topic"], a["partition"])
             drop = set(a["ledgers"])
@@ -205,13 +212,19 @@ class Metadata:
         )
 
     def retention(self, topic: str, partition: int) -> list[int]:
-        """Closed ledgers every subscription has acknowledged in full (none without subs)."""
+        """Closed ledgers no subscription needs any more (none without subs): each has
+        acknowledged every entry in them, or holds the rest in sealed buckets (its
+        ``log_mark``)."""
         self._check_partition(topic, partition)
         subs = self.state["subs"].get(topic, {})
         if not subs:
             return []
-        marks = [self.state["mark_delete"].get(f"{topic}/{partition}/{s}", [-1, -1]) for s in subs]
-        low = min(tuple(m) for m in marks)
+        marks = []
+        for sub in subs:
+            key = f"{topic}/{partition}/{sub}"
+            md = tuple(self.state["mark_delete"].get(key, [-1, -1]))
+            marks.append(max(md, tuple(self.state["log_mark"].get(key, md))))
+        low = min(marks)
         out = []
         for ledger_id, count in self.state["ledgers"][_pk(topic, partition)]:
             if count is None:
@@ -267,6 +280,49 @@ class Metadata:
         position = [int(position[0]), int(position[1])]
         if self.state["mark_delete"].get(key) != position:
             self._change("mark_delete", key=key, position=position)
+
+    def set_progress(
+        self,
+        topic: str,
+        partition: int,
+        subscription: str,
+        position: list[int],
+        log_mark: list[int],
+        progress: dict[str, int],
+    ) -> None:
+        """Mark-delete, the log mark and the sealed-bucket progress of a subscription
+        partition, in one journal record (only when something changed)."""
+        self._check_partition(topic, partition)
+        key = f"{topic}/{partition}/{subscription}"
+        position = [int(position[0]), int(position[1])]
+        log_mark = [int(log_mark[0]), int(log_mark[1])]
+        progress = {str(k): int(v) for k, v in progress.items()}
+        s = self.state
+        if (
+            s["mark_delete"].get(key) != position
+            or s["log_mark"].get(key) != log_mark
+            or s["progress"].get(key, {}) != progress
+        ):
+            self._change(
+                "mark_delete", key=key, position=position, log_mark=log_mark, progress=progress
+            )
+
+    def progress(self, topic: str, partition: int, subscription: str) -> dict[str, int]:
+        return dict(self.state["progress"].get(f"{topic}/{partition}/{subscription}", {}))
+
+    def bucket_retention(
+        self, topic: str, partition: int, name: str, through_key: str
+    ) -> list[str]:
+        """Sealed buckets (of registry ``name``) every shared subscription is done with
+        (none without subscriptions; FIFO subscriptions read the log, not buckets)."""
+        self._check_partition(topic, partition)
+        subs = self.state["subs"].get(topic, {})
+        if not subs:
+            return []
+        keys = [k for k in self.state["registry"].get(name, {}) if k != through_key]
+        shared = [s for s, o in subs.items() if o.get("type") == "shared"]
+        done = [self.state["progress"].get(f"{topic}/{partition}/{s}", {}) for s in shared]
+        return [k for k in keys if all(d.get(k) == -1 for d in done)]
 
     def mark_delete(self, topic: str, partition: int, subscription: str) -> list[int]:
         return list(self.state["mark_delete"].get(f"{topic}/{partition}/{subscription}", [-1, -1]))

@@ -34,6 +34,13 @@ class Cursor:
         self._ledgers: dict[int, int | None] = {}  # ledger id -> size once closed
         self._order: list[int] = []  # known ledger ids, ascending
 
+    def copy(self) -> Cursor:
+        out = Cursor(self.mark_delete)
+        out.acked = {k: BitMap(v) for k, v in self.acked.items()}
+        out._ledgers = dict(self._ledgers)
+        out._order = list(self._order)
+        return out
+
     # --- the ledger sequence -------------------------------------------------------------
 
     def learn_ledgers(self, ledgers: Iterable[tuple[int, int | None]]) -> None:

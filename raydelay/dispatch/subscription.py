@@ -41,8 +41,10 @@ from pyroaring import BitMap, BitMap64
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
+from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
+from raydelay.dispatch.sealed import SealedReader
 from raydelay.errors import InvalidArgument, RaydelayError
 from raydelay.log.entries import NO_CANCEL, NO_DELAY, Entries, LedgerObject, Rows
 
@@ -121,6 +123,7 @@ class Subscription:
         ack_timeout_ms: int | None = None,
         max_redeliveries: int | None = None,
         read_ahead_entries: int = 10_000,
+        sealed: SealedReader | None = None,
     ) -> None:
         if subscription_type not in SUBSCRIPTION_TYPES:
             raise InvalidArgument(
@@ -132,6 +135,14 @@ class Subscription:
         self.tracker = tracker
         self._clock = clock
         self.cursor = cursor or Cursor()
+        # The sealed buckets of the partition (shared subscriptions): due rows come from
+        # them with their payloads; the log is read for everything else.
+        self.sealed = sealed if subscription_type == "shared" else None
+        # The log as this subscription still needs it: acknowledged or held by a sealed
+        # bucket. Its mark-delete is how far the partition's ledgers may be deleted.
+        self.log_cursor = self.cursor.copy()
+        self._staged: deque[tuple[Source, np.ndarray, np.ndarray]] = deque()
+        self._staged_rows = 0
         md_l, md_e = self.cursor.mark_delete
         self.read_position: Position = (md_l, md_e + 1)
         # Entries before this were read by an earlier life and may have been delivered.
@@ -212,7 +223,7 @@ class Subscription:
         tail: Position | None,
     ) -> int:
         """Take in ledger objects from the log (in log order). Returns entries taken in."""
-        self.cursor.learn_ledgers(ledgers)
+        self._learn_ledgers(ledgers)
         self.tail = tail
         taken = 0
         for obj in objects:
@@ -244,8 +255,11 @@ class Subscription:
         read starts after that ledger. ``ledgers`` is the log's (id, size or None while
         open) list. Returns how many positions are loose."""
         ledgers = list(ledgers)
-        self.cursor.learn_ledgers(ledgers)
+        self._learn_ledgers(ledgers)
+        self._ack_gone_ledgers({i for i, _ in ledgers})
         through = self.tracker.persisted_through()
+        if self.sealed is not None:
+            through = max(through, self.sealed.sealed_through)
         start_l, start_e = self.read_position
         if through < start_l:
             return 0
@@ -269,6 +283,8 @@ class Subscription:
             loose |= span
         if loose:
             loose -= self.tracker.tracked_among(loose)
+            if self.sealed is not None:
+                loose -= self.sealed.covered & loose
         self.unread = loose
         self.read_position = max(resume, self.read_position)
         return len(loose)
@@ -305,7 +321,7 @@ class Subscription:
         if is_marker.any():
             for marker, target in zip(keys[is_marker].tolist(), targets[is_marker].tolist()):
                 self._apply_marker(marker, target)  # markers first
-            self.cursor.ack(*split_keys(keys[is_marker]))
+            self._ack_cursor(keys[is_marker])
             idx, keys = idx[~is_marker], keys[~is_marker]
         keep = self._unseen(keys)
         if not keep.all() and self._cancelled_ahead:
@@ -314,7 +330,9 @@ class Subscription:
             if ahead:
                 self._cancelled_ahead -= ahead
                 done = _values(ahead)
-                self.cursor.ack(*split_keys(done))
+                self._ack_cursor(done)
+        if self.sealed is not None:
+            keep &= ~self.sealed.covered_mask(keys)  # a sealed bucket delivers those
         idx, keys = idx[keep], keys[keep]
         ds = ents.deliver_at_ms[idx]
         now_due = np.ones(len(idx), dtype=bool)
@@ -361,8 +379,20 @@ class Subscription:
     # --- delivering -------------------------------------------------------------------------
 
     def collect_due(self, now_ms: int, max_messages: int) -> None:
-        """Move due delayed positions and expired ack deadlines into the redelivery set."""
+        """Move due delayed positions and expired ack deadlines into the redelivery set.
+        Due rows of sealed buckets come with their payloads: they are staged here for
+        :meth:`staged` to find."""
         self.expire(now_ms)
+        if self.sealed is not None and len(self.redeliver) < max_messages:
+            for rows, idx, keys in self.sealed.take_due(now_ms, max_messages - len(self.redeliver)):
+                keep = self._unseen(keys)
+                if not keep.all():
+                    idx, keys = idx[keep], keys[keep]
+                if len(keys):
+                    self.redeliver |= bitmap64_of(keys)
+                    order = np.argsort(keys)
+                    self._staged.append((rows, idx[order], keys[order]))
+                    self._staged_rows += len(keys)
         if len(self.redeliver) < max_messages and self.tracker.has_message_available():
             take = getattr(self.tracker, "get_scheduled_keys", None)
             if take is not None:
@@ -372,6 +402,86 @@ class Subscription:
             else:
                 due_pairs = self.tracker.get_scheduled_messages(max_messages)
                 self.redeliver.update([(lg << SHIFT) | e for lg, e in due_pairs])
+
+    def staged(
+        self, keys: np.ndarray
+    ) -> tuple[list[tuple[Source, np.ndarray, np.ndarray]], np.ndarray]:
+        """The staged sealed-bucket rows of ``keys``, as (rows, indexes, keys) groups, and
+        the keys not staged (to be read from the topic)."""
+        groups = []
+        need = np.asarray(keys, dtype=np.int64)
+        for rows, idx, ks in self._staged:
+            if not len(need):
+                break
+            at = np.minimum(np.searchsorted(ks, need), len(ks) - 1)
+            hit = ks[at] == need
+            if hit.any():
+                groups.append((rows, idx[at[hit]], need[hit]))
+                need = need[~hit]
+        return groups, need
+
+    def prune_staged(self, max_rows: int = 200_000) -> None:
+        """Drop staged rows no longer waiting for delivery (and the oldest beyond
+        ``max_rows``: those are read from the topic if they are wanted again)."""
+        kept: deque = deque()
+        self._staged_rows = 0
+        for group in self._staged:
+            if bitmap64_of(group[2]) & self.redeliver:
+                kept.append(group)
+                self._staged_rows += len(group[2])
+        while self._staged_rows > max_rows and len(kept) > 1:
+            self._staged_rows -= len(kept.popleft()[2])
+        self._staged = kept
+
+    # --- sealed buckets -----------------------------------------------------------------------
+
+    def adopt(self, meta: SealedMeta, done: int = 0) -> None:
+        """The topic sealed a bucket. Its rows this subscription read from the log and
+        still holds undelivered in its tracker leave the tracker (the bucket delivers
+        them); the ones it delivered already are skipped by the bucket; the ones it has
+        not read yet are left to the bucket when it reads them."""
+        if self.sealed is None or meta.key in self.sealed.buckets:
+            return
+        self._learn_ledgers(meta.ledgers)  # the cursor must not skip them once deleted
+        for marker, target in meta.markers:  # before any of its rows can go out
+            self._apply_marker(marker, target)
+        positions = meta.positions()
+        read_key = key_of(*self.read_position)
+        seen = BitMap64()
+        seen.add_range(0, max(0, read_key))
+        seen &= positions
+        if seen:
+            moved = self.tracker.remove_keys(seen - self._counted)
+            seen -= moved
+            md_key = key_of(*self.cursor.mark_delete)
+            if md_key >= 0:
+                seen.remove_range(0, md_key + 1)
+        self.sealed.adopt(meta, done=done, skip=seen)
+        self.log_cursor.ack(*split_keys(_values(positions)))
+
+    def _ack_gone_ledgers(self, present: set[int]) -> None:
+        """Entries of a bucket's ledgers that are gone from the log and not in the bucket
+        can never be read again (every subscription then had them acknowledged): a
+        subscription made after their deletion acknowledges them too."""
+        if self.sealed is None:
+            return
+        for b in self.sealed.buckets.values():
+            for ledger_id, size in b.meta.ledgers:
+                if ledger_id in present or ledger_id < self.cursor.mark_delete[0] or not size:
+                    continue
+                gone = BitMap64()
+                gone.add_range(key_of(ledger_id, 0), key_of(ledger_id, size))
+                gone -= b.meta.positions()
+                if gone:
+                    self._ack_cursor(_values(gone))
+
+    def advance_buckets(self) -> list[str]:
+        """Move each bucket's progress over segments whose rows are all acknowledged;
+        returns the buckets this subscription is now done with."""
+        if self.sealed is None:
+            return []
+        self.sealed.trim_covered(key_of(*self.read_position))
+        return self.sealed.advance(lambda keys: not self._unseen(keys).any())
 
     def keys_to_fetch(self, max_messages: int) -> np.ndarray:
         """The redelivery-set positions to hand out next (lowest first); the actor fetches
@@ -514,7 +624,7 @@ class Subscription:
             self.redeliver -= bm
         if self.dead:
             self.dead -= bm
-        added = self.cursor.ack(*split_keys(ks))
+        added = self._ack_cursor(ks)
         self.counters["acked"] += added
         return added
 
@@ -638,11 +748,20 @@ class Subscription:
     # --- timers and stats -----------------------------------------------------------------------
 
     def has_deliverable(self) -> bool:
-        return bool(self.redeliver) or bool(self._ready) or self.tracker.has_message_available()
+        return (
+            bool(self.redeliver)
+            or bool(self._ready)
+            or self.tracker.has_message_available()
+            or (self.sealed is not None and self.sealed.has_due(self._clock.now_ms()))
+        )
 
     def next_wakeup_ms(self) -> int | None:
         """When something may next become deliverable (epoch ms), or None."""
         times = [t for t in (self.tracker.next_delivery_time(),) if t is not None]
+        if self.sealed is not None:
+            t = self.sealed.next_time()
+            if t is not None:
+                times.append(t)
         if self._deadlines:
             times.append(self._deadlines[0][0])
         return min(times) if times else None
@@ -655,20 +774,41 @@ class Subscription:
 
     def stats(self) -> dict:
         buckets = getattr(self.tracker, "immutable_bucket_count", lambda: 0)()
+        delayed = self.tracker.number_of_delayed_messages()
+        if self.sealed is not None:
+            buckets += len(self.sealed.buckets)
+            delayed += self.sealed.remaining()
         return {
             "type": self.type,
-            "delayed": self.tracker.number_of_delayed_messages(),
+            "delayed": delayed,
             "backlog": self.cursor.unacked_between(self.tail),
             "pending_ack": self.pending_count(),
             "buckets": buckets,
+            "loaded_indexes": self.tracker.number_of_delayed_messages()
+            + (self.sealed.loaded_rows() if self.sealed is not None else 0),
             "redelivery": len(self.redeliver),
             "dead_letter_pending": len(self.dead),
             "read_ahead": self._ready_count,
             "unread": len(self.unread),
             "mark_delete": list(self.cursor.mark_delete),
+            "log_mark": list(self.log_cursor.mark_delete),
+            "read_position": list(self.read_position),
+            "tail": None if self.tail is None else list(self.tail),
             "consumers": len(self._consumers),
             **self.counters,
         }
+
+    # --- the cursor ---------------------------------------------------------------------------
+
+    def _ack_cursor(self, keys: np.ndarray) -> int:
+        ls, es = split_keys(keys)
+        self.log_cursor.ack(ls, es)
+        return self.cursor.ack(ls, es)
+
+    def _learn_ledgers(self, ledgers: list[tuple[int, int | None]]) -> None:
+        ledgers = list(ledgers)
+        self.cursor.learn_ledgers(ledgers)
+        self.log_cursor.learn_ledgers(ledgers)
 
 
 def _first(bm: BitMap64, n: int) -> np.ndarray:

@@ -42,6 +42,7 @@ from raydelay.log.entries import (
     Rows,
     concat_entries,
     decode_index,
+    decode_object,
     encode_object,
     index_length,
 )
@@ -150,12 +151,16 @@ class PartitionLog:
         self._marker_index: dict[tuple[int, int], list[tuple[int, Position]]] = {}
         self._producers: dict[str, _Producer] = {}
         self._next_entry = 0
+        # Called on the log's thread: each committed object, and each closed ledger's id.
+        self.on_object: Callable[[LedgerObject], None] | None = None
+        self.on_roll: Callable[[int], None] | None = None
         self.stats_counters = {
             "commits": 0,
             "objects": 0,
             "entries": 0,
             "duplicates": 0,
             "point_reads": 0,
+            "bytes_written": 0,
         }
         self._recover()
 
@@ -289,6 +294,9 @@ class PartitionLog:
             self._record(producer, seq, ranges, now_ms)
         self.stats_counters["objects"] += 1
         self.stats_counters["entries"] += len(entries)
+        self.stats_counters["bytes_written"] += len(data)
+        if self.on_object is not None:
+            self.on_object(obj)
 
     def _record(self, producer: str, seq: int, ranges: list[Range], now_ms: int) -> None:
         p = self._producers.get(producer)
@@ -306,6 +314,8 @@ class PartitionLog:
         self._ledgers[-1] = LedgerInfo(closing, count)
         self._ledgers.append(LedgerInfo(new_id, None))
         self._next_entry = 0
+        if self.on_roll is not None:
+            self.on_roll(closing)
         log.info(
             "%s/%d: ledger %d closed at %d entries; ledger %d open",
             self._topic,
@@ -437,6 +447,11 @@ class PartitionLog:
                 if taken >= max_entries:
                     return ReadReply(out, self.tail())
         return ReadReply(out, self.tail())
+
+    def objects_of(self, ledger_id: int):
+        """The decoded objects of one ledger, in order (recovery of the topic's index)."""
+        for first in self._index(ledger_id):
+            yield decode_object(self._get(ledger_id, first))
 
     def cancel_markers(self, from_position: Position) -> list[tuple[Position, Position]]:
         """Every cancel marker at or after ``from_position``: (marker, target) pairs, in log

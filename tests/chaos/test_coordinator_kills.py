@@ -9,8 +9,8 @@ import time
 import ray
 
 from raydelay.cluster.names import COORDINATOR, NAMESPACE, subscription_actor_name
+from raydelay.delayed.sealed import THROUGH_KEY, decode_meta, registry_name
 from raydelay.storage import make_store
-from raydelay.storage.keys import subscription_prefix
 from tests.integration.helpers import now_ms, quiet, receive_all, restart
 
 
@@ -84,21 +84,22 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
         time.sleep(0.2)
     stats = ray.get(sub.stats.remote())
     assert stats["delayed"] == n and stats["buckets"] >= 3
-    # Then every registered bucket is whole in the store, and every bucket in the store is
-    # registered (none orphaned)
+    # Then every bucket the topic registered is whole in the store, and every bucket in
+    # the store is registered (none orphaned)
     coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-    prefix = subscription_prefix(topic_name, 0, "s")
-    registered = set(ray.get(coordinator.registry_list.remote(prefix)))
+    name = registry_name(topic_name, 0)
+    registered = set(ray.get(coordinator.registry_list.remote(name))) - {THROUGH_KEY}
     store = make_store(cluster.config)
     stored: dict[str, set[str]] = {}
-    for key in store.list(f"{prefix}/buckets/"):
-        bucket, obj = key[len(prefix) + len("/buckets/") :].split("/")
+    for key in store.list(f"{name}/"):
+        bucket, obj = key[len(name) + 1 :].split("/")
         stored.setdefault(bucket, set()).add(obj)
     assert set(stored) == registered
-    for objects in stored.values():
-        segments = {o for o in objects if o.startswith("seg-")}
-        assert "meta" in objects and segments
-        assert segments == {f"seg-{i:06d}" for i in range(1, len(segments) + 1)}
+    for key, objects in stored.items():
+        assert objects == {"meta", "data"}
+        meta = decode_meta(store.get(f"{name}/{key}/meta"))
+        data = store.get(f"{name}/{key}/data")
+        assert sum(s.length for s in meta.segments) == len(data)
     # and every message arrives once it is due, none before
     got = receive_all(consumer, n, timeout_s=60, max_messages=5_000)
     assert {m.message_id for m, _ in got} == set(sent)

@@ -26,7 +26,7 @@ KILL_EVERY_S = float(os.environ.get("CHAOS_KILL_EVERY_S", "3"))
 def test_kills_and_store_outages_lose_nothing_and_deliver_nothing_early(
     cluster, topic_name, outage
 ):
-    partitions, subs = 2, ["email", "push"]
+    partitions, subs = 2, ["email", "push", "analytics"]
     cluster.create_topic(topic_name, partitions=partitions)
     targets = [COORDINATOR]
     targets += [topic_actor_name(topic_name, p) for p in range(partitions)]

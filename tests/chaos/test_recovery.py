@@ -50,12 +50,19 @@ def test_a_restarted_subscription_comes_back_with_its_cursor_and_its_index(clust
     assert len(acked) == 600 and held
     name = subscription_actor_name(topic_name, 0, "s")
     sub = ray.get_actor(name, namespace=NAMESPACE)
+    topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace=NAMESPACE)
     deadline = time.monotonic() + 10
-    while ray.get(sub.stats.remote())["delayed"] < 6_000 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # it holds every delayed one, and every sealed bucket
+        stats = ray.get(sub.stats.remote())
+        if (
+            stats["delayed"] >= 6_000
+            and stats["buckets"] == ray.get(topic.stats.remote())["buckets"]
+        ):
+            break
         time.sleep(0.1)
     ray.get(sub.flush.remote())
     before = ray.get(sub.stats.remote())
-    assert before["buckets"] >= 1  # the delayed index has sealed buckets in the store
+    assert before["buckets"] >= 1  # the topic sealed buckets in the store
     # When the subscription actor dies and Ray restarts it
     sub = restart(name)
     deadline = time.monotonic() + 10
@@ -69,8 +76,8 @@ def test_a_restarted_subscription_comes_back_with_its_cursor_and_its_index(clust
     assert after["delayed"] == before["delayed"] == 6_000
     assert after["buckets"] == before["buckets"]
     # and it did not re-read the log from mark-delete: the sequential read resumed after
-    # the ledgers its buckets cover; of those, only the 400 unacked immediate messages
-    # were re-read, one by one
+    # the ledgers the topic's buckets cover; of those, only the 400 unacked immediate
+    # messages were re-read, one by one
     md = tuple(before["mark_delete"])
     assert tuple(after["recovery"]["read_from"]) > (md[0] + 1, 0)
     assert after["recovery"]["loose"] == 400

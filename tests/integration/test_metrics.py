@@ -71,4 +71,4 @@ def test_the_metrics_endpoint_has_raydelays_metrics(cluster, topic_name):
         m.group(1)
         for m in re.finditer(r'ray_raydelay_bucket_ops_total\{[^}]*op="(\w+)"[^}]*\}', body)
     }
-    assert "create" in ops
+    assert "create" in ops  # the topic sealed buckets

@@ -1,0 +1,297 @@
+"""Sealed buckets: a partition's delayed index, built once by the topic at write time (pure).
+
+The topic actor already holds every entry in memory when it commits it. Its
+:class:`TopicIndex` (the partition's ``LastMutableBucket``) keeps the rows of the delayed
+entries of the ledgers not sealed yet. At a ledger boundary, once it holds at least
+``min_index_count_per_bucket`` rows, it hands them to :func:`seal`, which sorts them by
+(deliver_at, position), cuts them into segments (``max_time_step_per_segment_ms``,
+``max_indexes_per_segment``) and encodes the bucket as two objects:
+
+- ``data``: the segments back to back, each an Arrow IPC stream of one
+  :data:`~raydelay.log.entries.ROWS_SCHEMA` batch: position, publish time, payload, key,
+  properties, deliver_at. A due window of one bucket is one ranged read, and a due
+  message is delivered from it without touching the log.
+- ``meta``: versioned msgpack: the bucket's ledger range and, per segment, its min and
+  max deliver_at, its row count, its byte range in ``data`` and a 64-bit roaring bitmap
+  of its position keys.
+
+Every subscription reads the same buckets (:mod:`raydelay.dispatch.sealed`). Buckets are
+never merged: a subscription loads a segment only when its deliver_at comes near, so the
+number of buckets costs only their metas, and each payload is written twice in all (the
+log, then its bucket), after which the log's ledger can go.
+
+"Delayed" here means not due when committed: ``deliver_at`` later than the entry's
+publish time. Entries due at commit are delivered from the log like immediate ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+from pyroaring import BitMap64
+
+from raydelay.delayed.bucket import cut_segments
+from raydelay.delayed.index import bitmap64_of, bitmap64_values
+from raydelay.dispatch.keys import LOW, SHIFT
+from raydelay.errors import CodecError, InvalidArgument
+from raydelay.log.entries import (
+    NO_CANCEL,
+    LedgerObject,
+    Rows,
+    _ipc,
+    _read_ipc,
+)
+
+FORMAT_VERSION = 1
+SEGMENT_FORMAT = b"raydelay.sealed.v1"
+THROUGH_KEY = "~through"  # the registry record holding sealed_through (msgpack int)
+
+
+def registry_name(topic: str, partition: int) -> str:
+    """The bucket registry's name for a partition's sealed buckets."""
+    return f"topics/{topic}/{partition}/buckets"
+
+
+def bucket_key(start_ledger: int, end_ledger: int, bucket_id: int) -> str:
+    return f"{start_ledger:020d}_{end_ledger:020d}_{bucket_id}"
+
+
+def parse_bucket_key(key: str) -> tuple[int, int, int]:
+    """(start ledger, end ledger, id) of a bucket key."""
+    try:
+        start, end, bid = key.split("_")
+        return int(start), int(end), int(bid)
+    except ValueError as exc:
+        raise CodecError(f"sealed bucket key {key!r}: expected <start>_<end>_<id>") from exc
+
+
+def bucket_object(topic: str, partition: int, key: str, what: str) -> str:
+    """The store key of a bucket's ``meta`` or ``data`` object."""
+    return f"{registry_name(topic, partition)}/{key}/{what}"
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    min_d: int
+    max_d: int
+    count: int
+    offset: int  # byte range in the bucket's data object
+    length: int
+    keys: BitMap64  # position keys of its rows
+
+
+@dataclass(frozen=True)
+class SealedMeta:
+    start_ledger: int
+    end_ledger: int
+    bucket_id: int
+    segments: tuple[SegmentInfo, ...]
+    ledgers: tuple[tuple[int, int], ...] = ()  # (id, entry count) of the ledgers it covers
+    # (marker, target) position keys of the cancel markers in its ledgers: a subscription
+    # that skips those ledgers in the log learns them here before it delivers anything
+    markers: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return bucket_key(self.start_ledger, self.end_ledger, self.bucket_id)
+
+    @property
+    def count(self) -> int:
+        return sum(s.count for s in self.segments)
+
+    def positions(self) -> BitMap64:
+        """Every position key of the bucket."""
+        out = BitMap64()
+        for s in self.segments:
+            out |= s.keys
+        return out
+
+    def segment_of(self, keys: np.ndarray) -> np.ndarray:
+        """For each key, the index of the segment holding it (-1: none)."""
+        where = np.full(len(keys), -1, dtype=np.int64)
+        bm = bitmap64_of(keys)
+        for i, s in enumerate(self.segments):
+            hit = bm & s.keys
+            if hit:
+                where[np.isin(keys, bitmap64_values(hit).astype(np.int64))] = i
+        return where
+
+
+def encode_meta(meta: SealedMeta) -> bytes:
+    return msgpack.packb(
+        {
+            "v": FORMAT_VERSION,
+            "start": meta.start_ledger,
+            "end": meta.end_ledger,
+            "id": meta.bucket_id,
+            "ledgers": [list(x) for x in meta.ledgers],
+            "markers": [list(x) for x in meta.markers],
+            "segments": [
+                [s.min_d, s.max_d, s.count, s.offset, s.length, s.keys.serialize()]
+                for s in meta.segments
+            ],
+        },
+        use_bin_type=True,
+    )
+
+
+def decode_meta(raw: bytes, what: str = "sealed bucket meta") -> SealedMeta:
+    try:
+        obj = msgpack.unpackb(raw, raw=False)
+        if obj.get("v") != FORMAT_VERSION:
+            raise CodecError(f"{what}: format {obj.get('v')!r}, expected {FORMAT_VERSION}")
+        segs = tuple(
+            SegmentInfo(int(a), int(b), int(c), int(o), int(n), BitMap64.deserialize(k))
+            for a, b, c, o, n, k in obj["segments"]
+        )
+        ledgers = tuple((int(i), int(c)) for i, c in obj["ledgers"])
+        markers = tuple((int(m), int(t)) for m, t in obj["markers"])
+        return SealedMeta(
+            int(obj["start"]), int(obj["end"]), int(obj["id"]), segs, ledgers, markers
+        )
+    except CodecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any malformed meta is a codec error
+        raise CodecError(f"{what}: cannot decode: {exc}") from exc
+
+
+def encode_segment(rows: Rows) -> bytes:
+    return _ipc(rows.to_batch(), {b"raydelay.sealed": SEGMENT_FORMAT})
+
+
+def decode_segment(data, what: str = "sealed segment") -> Rows:
+    return Rows.from_batch(_read_ipc(data, what).replace_schema_metadata(None))
+
+
+def seal(
+    rows: Rows,
+    *,
+    start_ledger: int,
+    end_ledger: int,
+    bucket_id: int,
+    max_indexes: int,
+    max_step_ms: int,
+    ledgers: tuple[tuple[int, int], ...] = (),
+    markers: tuple[tuple[int, int], ...] = (),
+) -> tuple[SealedMeta, bytes]:
+    """Sort ``rows`` by (deliver_at, position), cut them into segments and encode the
+    bucket: its meta and its data object."""
+    if not len(rows):
+        raise InvalidArgument("rows: a sealed bucket needs at least one row")
+    d = rows.entries.deliver_at_ms
+    order = np.lexsort((rows.positions, d))
+    d = d[order]
+    ordered = Rows(rows.positions[order], rows.publish_time_ms[order], rows.entries.take(order))
+    limit = max_indexes if max_indexes > 0 else len(d)
+    parts: list[bytes] = []
+    infos: list[SegmentInfo] = []
+    offset = 0
+    for lo, hi in cut_segments(d, limit, max_step_ms):
+        seg = Rows(
+            ordered.positions[lo:hi],
+            ordered.publish_time_ms[lo:hi],
+            ordered.entries.slice(lo, hi),
+        )
+        data = encode_segment(seg)
+        keys = bitmap64_of(seg.positions)
+        infos.append(SegmentInfo(int(d[lo]), int(d[hi - 1]), hi - lo, offset, len(data), keys))
+        parts.append(data)
+        offset += len(data)
+    meta = SealedMeta(
+        start_ledger, end_ledger, bucket_id, tuple(infos), tuple(ledgers), tuple(markers)
+    )
+    return meta, b"".join(parts)
+
+
+@dataclass(frozen=True)
+class SealJob:
+    """What the topic must write: a bucket of ``rows`` covering ledgers start..end, or,
+    with no rows, only the news that ledgers through ``end_ledger`` are indexed."""
+
+    start_ledger: int
+    end_ledger: int
+    rows: Rows | None
+    ledgers: tuple[tuple[int, int], ...] = ()  # (id, entry count), filled in by the topic
+    markers: tuple[tuple[int, int], ...] = ()  # (marker, target) keys of its cancel markers
+
+
+class TopicIndex:
+    """The partition's mutable bucket: the delayed rows of the ledgers after
+    ``sealed_through``, in commit order. Called on the log's thread."""
+
+    def __init__(self, *, min_index_count: int, sealed_through: int = -1) -> None:
+        self.min_index_count = max(1, int(min_index_count))
+        self.sealed_through = sealed_through  # every ledger up to it is indexed
+        self._parts: list[Rows] = []
+        self._count = 0
+        self._markers: list[tuple[int, int]] = []
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def nbytes(self) -> int:
+        return sum(p.entries.nbytes() + p.positions.nbytes * 2 for p in self._parts)
+
+    def add(self, obj: LedgerObject) -> int:
+        """Take in a committed ledger object; returns how many of its rows are delayed."""
+        if obj.ledger_id <= self.sealed_through:
+            return 0
+        ents = obj.entries
+        d = ents.deliver_at_ms
+        targets = ents.cancel_targets
+        is_marker = targets != NO_CANCEL
+        if is_marker.any():
+            at = np.flatnonzero(is_marker)
+            base = np.int64(obj.ledger_id) << SHIFT
+            self._markers += zip(
+                (base | (obj.first_entry + at).astype(np.int64)).tolist(), targets[at].tolist()
+            )
+        keep = np.flatnonzero((d > obj.publish_time_ms) & ~is_marker)
+        if not len(keep):
+            return 0
+        positions = (np.int64(obj.ledger_id) << SHIFT) | (obj.first_entry + keep).astype(np.int64)
+        times = np.full(len(keep), obj.publish_time_ms, dtype=np.int64)
+        self._parts.append(Rows(positions, times, ents.take(keep)))
+        self._count += len(keep)
+        return len(keep)
+
+    def ledger_closed(self, ledger_id: int) -> SealJob | None:
+        """Ledger ``ledger_id`` is closed: the rows of the ledgers up to it become a bucket
+        when there are enough of them (or, when there are none and no cancel markers, the
+        range is indexed with no bucket; cancel markers wait for a bucket to carry them)."""
+        if ledger_id <= self.sealed_through:
+            return None
+        start = self.sealed_through + 1
+        if self._count == 0 and not self._markers:
+            self._reset(ledger_id)
+            return SealJob(start, ledger_id, None)
+        if self._count < self.min_index_count:
+            return None
+        rows, markers = Rows.concat(self._parts), tuple(self._markers)
+        self._reset(ledger_id)
+        return SealJob(start, ledger_id, rows, markers=markers)
+
+    def _reset(self, sealed_through: int) -> None:
+        self.sealed_through = sealed_through
+        self._parts, self._count, self._markers = [], 0, []
+
+    def rows(self) -> Rows:
+        """The rows held (sorted by position)."""
+        return Rows.concat(self._parts)
+
+
+def positions_by_ledger(keys: BitMap64) -> dict[int, np.ndarray]:
+    """Entry ids (uint32) per ledger of a set of position keys."""
+    arr = bitmap64_values(keys).astype(np.uint64)
+    if not len(arr):
+        return {}
+    ledgers = (arr >> np.uint64(SHIFT)).astype(np.int64)
+    entries = (arr & np.uint64(LOW)).astype(np.uint32)
+    cuts = np.flatnonzero(np.diff(ledgers)) + 1
+    return {
+        int(ledgers[lo]): entries[lo:hi]
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(arr)], strict=True)
+    }

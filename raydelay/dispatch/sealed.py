@@ -1,0 +1,262 @@
+"""One subscription's view of its partition's sealed buckets (pure: no Ray, no store).
+
+The topic seals each range of ledgers once (:mod:`raydelay.delayed.sealed`); every shared
+subscription reads the same buckets. Per subscription and bucket, this keeps only:
+
+- ``done``: the segments before it have every row acknowledged (persisted through the
+  coordinator, so a restart reloads from there, and the bucket can go once every
+  subscription is done with all of it);
+- the segments loaded and the read position in each (rows come out in (deliver_at,
+  position) order, carrying their payloads);
+- ``skip``: rows this subscription had already handed out from its own tail before
+  the bucket was sealed (they are not delivered again).
+
+A segment is loaded only when its earliest deliver_at comes within ``lookahead_ms``,
+and at most ``max_loaded_rows`` rows ahead per bucket, so the memory held does not grow
+with the number of buckets or pending messages. The actor does the loading (I/O);
+this class says what to load (:meth:`wanted`) and takes it in (:meth:`install`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from pyroaring import BitMap64
+
+from raydelay.delayed.common import due_window_counts
+from raydelay.delayed.index import Membership, bitmap64_of, smallest_counts
+from raydelay.delayed.sealed import SealedMeta
+from raydelay.dispatch.keys import LOW, SHIFT
+from raydelay.log.entries import Rows
+
+FINISHED = -1  # the progress of a bucket every row of which is acknowledged
+
+Group = tuple[Rows, np.ndarray, np.ndarray]  # (segment rows, row indexes, position keys)
+
+
+@dataclass
+class _Segment:
+    no: int
+    rows: Rows
+    d: np.ndarray
+    keys: np.ndarray
+    pos: int = 0
+
+    def __len__(self) -> int:
+        return len(self.keys) - self.pos
+
+
+@dataclass
+class _Bucket:
+    meta: SealedMeta
+    done: int  # segments before it are fully acknowledged
+    next_load: int  # the next segment to load
+    skip: BitMap64
+    loading: int | None = None  # the segment being loaded
+    loaded: deque[_Segment] = field(default_factory=deque)
+    popped: deque[tuple[int, np.ndarray]] = field(default_factory=deque)  # (no, keys)
+
+    def loaded_rows(self) -> int:
+        return sum(len(s) for s in self.loaded)
+
+
+class SealedReader:
+    def __init__(self, *, lookahead_ms: int = 10_000, max_loaded_rows: int = 10_000) -> None:
+        self.lookahead_ms = lookahead_ms
+        self.max_loaded_rows = max_loaded_rows
+        self.buckets: dict[str, _Bucket] = {}
+        self.covered = BitMap64()  # the positions of every bucket held
+        self.sealed_through = -1
+        self.counters = {"segments_loaded": 0, "rows_loaded": 0, "finished": 0}
+
+    # --- the set of buckets ---------------------------------------------------------------
+
+    def adopt(self, meta: SealedMeta, *, done: int = 0, skip: BitMap64 | None = None) -> None:
+        """Start reading a bucket from segment ``done`` (``FINISHED``: it is done with)."""
+        self.sealed_through = max(self.sealed_through, meta.end_ledger)
+        if meta.key in self.buckets:
+            return
+        n = len(meta.segments)
+        done = n if done == FINISHED else max(0, min(int(done), n))
+        self.buckets[meta.key] = _Bucket(meta, done, done, skip or BitMap64())
+        self.covered |= meta.positions()
+
+    def forget(self, key: str) -> None:
+        """The bucket is gone from the store (every subscription was done with it)."""
+        b = self.buckets.pop(key, None)
+        if b is not None:
+            self.covered -= b.meta.positions()
+
+    def trim_covered(self, below_key: int) -> None:
+        """Positions below ``below_key`` need no lookup any more (the log read is past them)."""
+        if self.covered:
+            self.covered.remove_range(0, max(0, below_key))
+
+    def covered_mask(self, keys: np.ndarray) -> np.ndarray:
+        """Which position keys a bucket holds (their delivery comes from the bucket)."""
+        if not self.covered or not len(keys):
+            return np.zeros(len(keys), dtype=bool)
+        hit = bitmap64_of(keys) & self.covered
+        if not hit:
+            return np.zeros(len(keys), dtype=bool)
+        return np.isin(keys, _values(hit))
+
+    # --- loading --------------------------------------------------------------------------
+
+    def wanted(self, now_ms: int, max_loads: int = 4) -> list[tuple[str, int, int, int]]:
+        """Segments to load now, as (bucket key, segment no, byte offset, length): the next
+        segment of each bucket whose deliver_at comes within the lookahead, while the
+        bucket holds few rows loaded. Marks them as loading."""
+        out = []
+        horizon = now_ms + self.lookahead_ms
+        for key, b in sorted(self.buckets.items(), key=lambda kv: self._next_d(kv[1])):
+            if len(out) >= max_loads:
+                break
+            if b.loading is not None or b.next_load >= len(b.meta.segments):
+                continue
+            seg = b.meta.segments[b.next_load]
+            if seg.min_d > horizon or b.loaded_rows() >= self.max_loaded_rows:
+                continue
+            b.loading = b.next_load
+            out.append((key, b.next_load, seg.offset, seg.length))
+        return out
+
+    def install(self, key: str, no: int, rows: Rows) -> None:
+        """A segment the actor loaded (rows sorted by deliver_at, then position)."""
+        b = self.buckets.get(key)
+        if b is None or b.loading != no:
+            return  # forgotten meanwhile
+        b.loading = None
+        b.next_load = no + 1
+        self.counters["segments_loaded"] += 1
+        self.counters["rows_loaded"] += len(rows)
+        if len(rows):
+            b.loaded.append(_Segment(no, rows, rows.entries.deliver_at_ms, rows.positions))
+        else:
+            b.popped.append((no, rows.positions))
+
+    def load_failed(self, key: str, no: int) -> None:
+        b = self.buckets.get(key)
+        if b is not None and b.loading == no:
+            b.loading = None
+
+    # --- taking due rows --------------------------------------------------------------------
+
+    def take_due(self, now_ms: int, max_rows: int) -> list[Group]:
+        """Pop up to ``max_rows`` due rows (deliver_at <= now), earliest first, from the
+        loaded segments, leaving out the bucket's ``skip`` rows."""
+        out: list[Group] = []
+        room = max_rows
+        while room > 0:
+            heads = [b for b in self.buckets.values() if b.loaded]
+            dues = [
+                int(np.searchsorted(b.loaded[0].d, now_ms, "right")) - b.loaded[0].pos
+                for b in heads
+            ]
+            total = sum(max(0, n) for n in dues)
+            if total == 0:
+                break
+            if total <= room:
+                counts = [max(0, n) for n in dues]
+            else:
+                parts, owners = [], []
+                for b, n in zip(heads, dues, strict=True):
+                    if n > 0:
+                        s = b.loaded[0]
+                        ks = s.keys[s.pos : s.pos + n]
+                        parts.append((s.d[s.pos : s.pos + n], ks >> SHIFT, ks & LOW))
+                        owners.append(b)
+                took = dict(zip(map(id, owners), smallest_counts(parts, room), strict=True))
+                counts = [took.get(id(b), 0) for b in heads]
+            for b, c in zip(heads, counts, strict=True):
+                if c <= 0:
+                    continue
+                s = b.loaded[0]
+                idx = np.arange(s.pos, s.pos + c, dtype=np.int64)
+                s.pos += c
+                room -= c
+                keys = s.keys[idx]
+                if b.skip:
+                    drop = bitmap64_of(keys) & b.skip
+                    if drop:
+                        keep = ~np.isin(keys, _values(drop))
+                        idx, keys = idx[keep], keys[keep]
+                if len(keys):
+                    out.append((s.rows, idx, keys))
+                if not len(s):
+                    b.loaded.popleft()
+                    b.popped.append((s.no, s.keys))
+        return out
+
+    def has_due(self, now_ms: int) -> bool:
+        return any(
+            b.loaded and int(b.loaded[0].d[b.loaded[0].pos]) <= now_ms
+            for b in self.buckets.values()
+        )
+
+    def next_time(self) -> int | None:
+        """The earliest deliver_at of a row not popped yet (loaded or not)."""
+        times = [t for t in map(self._next_d, self.buckets.values()) if t is not None]
+        return min(times) if times else None
+
+    @staticmethod
+    def _next_d(b: _Bucket) -> int:
+        if b.loaded:
+            return int(b.loaded[0].d[b.loaded[0].pos])
+        if b.next_load < len(b.meta.segments):
+            return b.meta.segments[b.next_load].min_d
+        return 2**63 - 1
+
+    # --- progress -----------------------------------------------------------------------------
+
+    def advance(self, all_acked) -> list[str]:
+        """Move each bucket's ``done`` over popped segments whose rows ``all_acked(keys)``
+        says are acknowledged; returns the keys of buckets that became finished."""
+        finished = []
+        for key, b in self.buckets.items():
+            before = b.done
+            while b.popped and b.popped[0][0] == b.done and all_acked(b.popped[0][1]):
+                b.popped.popleft()
+                b.done += 1
+            if b.done == len(b.meta.segments) and before < b.done:
+                finished.append(key)
+        self.counters["finished"] += len(finished)
+        return finished
+
+    def progress(self) -> dict[str, int]:
+        """Per bucket: segments done, or FINISHED."""
+        return {
+            k: FINISHED if b.done >= len(b.meta.segments) else b.done
+            for k, b in self.buckets.items()
+        }
+
+    def remaining(self) -> int:
+        """Rows not popped yet (cancelled ones included until they are reached)."""
+        n = 0
+        for b in self.buckets.values():
+            n += b.loaded_rows()
+            n += sum(s.count for s in b.meta.segments[b.next_load :])
+        return n
+
+    def loaded_rows(self) -> int:
+        return sum(b.loaded_rows() for b in self.buckets.values())
+
+    def due_histogram(self, edges: np.ndarray) -> list[int]:
+        """Rows not popped yet per due window, as the trackers count them
+        (``len(edges) + 1`` counts); a segment not loaded is spread over its span."""
+        loaded = [s.d[s.pos :] for b in self.buckets.values() for s in b.loaded]
+        spans = [
+            (seg.min_d, seg.max_d, seg.count)
+            for b in self.buckets.values()
+            for seg in b.meta.segments[b.next_load :]
+        ]
+        out = np.asarray(due_window_counts(edges, [], Membership(), spans), dtype=np.int64)
+        for d in loaded:
+            out += np.bincount(np.searchsorted(edges, d, side="right"), minlength=len(out))
+        return out.tolist()
+
+
+def _values(bm: BitMap64) -> np.ndarray:
+    return np.frombuffer(bm.to_array(), dtype=np.uint64).astype(np.int64)

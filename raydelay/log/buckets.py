@@ -1,0 +1,104 @@
+"""The store side of a partition's sealed buckets (see :mod:`raydelay.delayed.sealed`).
+
+One bucket is two objects under ``topics/<topic>/<partition>/buckets/<key>/``: ``data``
+(its segments back to back) then ``meta``, written in that order; the topic registers
+the bucket in the coordinator only after both are durable. A bucket in the store but not
+in the registry is an orphan of a seal that died half-way; the topic deletes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from raydelay.delayed.sealed import (
+    SealedMeta,
+    bucket_object,
+    decode_meta,
+    decode_segment,
+    encode_meta,
+    registry_name,
+)
+from raydelay.dispatch.keys import SHIFT
+from raydelay.errors import NotFound
+from raydelay.log.entries import Rows
+from raydelay.storage.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+class SealedStore:
+    def __init__(
+        self, store: ObjectStore, topic: str, partition: int, meta_cache: int = 16
+    ) -> None:
+        self._store = store
+        self._topic, self._partition = topic, partition
+        self._metas: OrderedDict[str, SealedMeta] = OrderedDict()
+        self._meta_cache = meta_cache
+        self._lock = threading.Lock()  # the seal thread and readers share the cache
+
+    def write(self, meta: SealedMeta, data: bytes) -> int:
+        """Write a bucket's objects (data first); returns the bytes written."""
+        encoded = encode_meta(meta)
+        self._store.put(self._key(meta.key, "data"), data)
+        self._store.put(self._key(meta.key, "meta"), encoded)
+        return len(data) + len(encoded)
+
+    def meta(self, key: str) -> SealedMeta:
+        with self._lock:
+            found = self._metas.get(key)
+            if found is not None:
+                self._metas.move_to_end(key)
+                return found
+        meta = decode_meta(self._store.get(self._key(key, "meta")), f"bucket {key} meta")
+        with self._lock:
+            self._metas[key] = meta
+            while len(self._metas) > self._meta_cache:
+                self._metas.popitem(last=False)
+        return meta
+
+    def segment(self, key: str, offset: int, length: int) -> Rows:
+        data = self._store.get_range(self._key(key, "data"), offset, offset + length)
+        return decode_segment(data, f"bucket {key} segment at {offset}")
+
+    def read_positions(self, keys: np.ndarray, buckets: list[tuple[int, int, str]]) -> Rows:
+        """Rows of ``keys`` found in the buckets ``(start ledger, end ledger, key)`` whose range
+        covers their ledger (for positions whose ledger is gone from the log)."""
+        parts: list[Rows] = []
+        ledgers = keys >> SHIFT
+        for start, end, bkey in buckets:
+            inside = keys[(ledgers >= start) & (ledgers <= end)]
+            if not len(inside):
+                continue
+            try:
+                meta = self.meta(bkey)
+            except NotFound:
+                continue  # deleted meanwhile
+            where = meta.segment_of(inside)
+            for no in np.unique(where[where >= 0]).tolist():
+                seg = meta.segments[no]
+                rows = self.segment(bkey, seg.offset, seg.length)
+                idx = np.flatnonzero(np.isin(rows.positions, inside[where == no]))
+                parts.append(
+                    Rows(rows.positions[idx], rows.publish_time_ms[idx], rows.entries.take(idx))
+                )
+        return Rows.concat(parts)
+
+    def delete(self, key: str) -> int:
+        """Delete a bucket's objects (meta first: a half-deleted bucket is an orphan)."""
+        for what in ("meta", "data"):
+            self._store.delete(self._key(key, what))
+        with self._lock:
+            self._metas.pop(key, None)
+        return 2
+
+    def stored_keys(self) -> set[str]:
+        """The bucket keys that have any object in the store."""
+        prefix = registry_name(self._topic, self._partition) + "/"
+        return {k[len(prefix) :].split("/", 1)[0] for k in self._store.list(prefix)}
+
+    def _key(self, key: str, what: str) -> str:
+        return bucket_object(self._topic, self._partition, key, what)

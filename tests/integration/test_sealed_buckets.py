@@ -1,0 +1,155 @@
+"""The topic indexes each partition once: sealed buckets that carry their payloads, read
+by every shared subscription (the session's config: ledgers of 2,000 entries, buckets
+from 2,000 delayed entries, segments of 1,000).
+
+Each test checks what a user sees: K subscriptions each get every message exactly once
+(cancels honoured, never early), a subscription made after the seal too; due messages
+come from the buckets without point reads of the log; buckets and ledgers are deleted
+once no subscription needs them and not before; restarts of the topic and subscription
+actors lose nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import ray
+
+from raydelay.storage import make_store
+from tests.integration.helpers import now_ms, restart
+
+
+def _topic(topic: str, partition: int = 0):
+    return ray.get_actor(f"topic/{topic}/{partition}", namespace="raydelay")
+
+
+def _topic_stats(topic: str) -> dict:
+    return ray.get(_topic(topic).stats.remote())
+
+
+def _wait(what: str, cond, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _drain(consumer, count: int, timeout_s: float = 60.0, ack: bool = True):
+    """(payload -> [(redelivery_count, received ms, deliver_at)]) until ``count`` distinct
+    payloads arrived and a further second is quiet."""
+    got: dict[bytes, list] = collections.defaultdict(list)
+    deadline = time.monotonic() + timeout_s
+    quiet_since = None
+    while time.monotonic() < deadline:
+        batch = consumer.receive_batch(max_messages=5_000, timeout_s=0.3)
+        t = now_ms()
+        for m in batch:
+            got[m.payload].append((m.redelivery_count, t, m.deliver_at_ms))
+        if len(batch) and ack:
+            consumer.ack(batch)
+        if len(got) >= count:
+            if len(batch):
+                quiet_since = time.monotonic()
+            elif quiet_since is None or time.monotonic() - quiet_since > 1.0:
+                break
+    return got
+
+
+def _bucket_objects(cluster, topic: str) -> list[str]:
+    return make_store(cluster.config).list(f"topics/{topic}/0/buckets/")
+
+
+def test_every_subscription_gets_each_message_once_from_one_index(cluster, topic_name):
+    # Given one partition, three shared subscriptions, and delayed messages enough to seal
+    # buckets (6,000 over 3+ ledgers), 1,000 immediate ones, and 100 cancels
+    cluster.create_topic(topic_name, partitions=1)
+    consumers = [cluster.subscribe(topic_name, f"s{i}") for i in range(3)]
+    producer = cluster.create_producer(topic_name)
+    first_ledger = _topic_stats(topic_name)["ledgers"][0][0]
+    due = now_ms() + 4_000
+    delayed = producer.send_many([b"d%d" % i for i in range(6_000)], deliver_at=due)
+    producer.send_many([b"n%d" % i for i in range(1_000)])
+    assert all(producer.cancel_many(delayed[:100]))
+    # When the topic has sealed, and a fourth subscription is made after it
+    _wait("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 2)
+    late = cluster.subscribe(topic_name, "late")
+    reads_before = _topic_stats(topic_name)["point_reads"]
+    # Then each subscription gets every uncancelled message exactly once, none early
+    wanted = {b"d%d" % i for i in range(100, 6_000)} | {b"n%d" % i for i in range(1_000)}
+    for consumer in consumers:
+        got = _drain(consumer, len(wanted))
+        assert set(got) == wanted
+        assert all(len(v) == 1 and v[0][0] == 0 for v in got.values()), "a duplicate"
+        assert all(t >= d for v in got.values() for _, t, d in v if d is not None), "early"
+    # ... and the due messages came from the buckets, not from point reads of the log
+    assert _topic_stats(topic_name)["point_reads"] == reads_before
+    # The buckets stay while the late subscription has not acknowledged them
+    time.sleep(1.5)
+    assert _bucket_objects(cluster, topic_name), "a bucket went before every subscription was done"
+    got = _drain(late, len(wanted))
+    assert set(got) == wanted and all(len(v) == 1 for v in got.values())
+    # Once every subscription is done, the buckets and the sealed ledgers are deleted
+    _wait("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
+    _wait(
+        "sealed ledgers deleted",
+        lambda: _topic_stats(topic_name)["ledgers"][0][0] > first_ledger,
+    )
+    stats = cluster.stats(topic_name, "s0")
+    assert stats["backlog"] == 0 and stats["delayed"] == 0
+
+
+def test_a_fifo_subscription_keeps_the_log_the_buckets_no_longer_hold(cluster, topic_name):
+    # Given a shared and a failover subscription, and delayed messages that seal buckets
+    cluster.create_topic(topic_name, partitions=1)
+    shared = cluster.subscribe(topic_name, "shared")
+    fifo = cluster.subscribe(topic_name, "fifo", subscription_type="failover")
+    producer = cluster.create_producer(topic_name)
+    first_ledger = _topic_stats(topic_name)["ledgers"][0][0]
+    producer.send_many([b"d%d" % i for i in range(5_000)], deliver_at=now_ms() + 1_500)
+    producer.send_many([b"n%d" % i for i in range(500)])
+    # When the shared one is done with everything
+    got = _drain(shared, 5_500)
+    assert len(got) == 5_500
+    _wait("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
+    # Then the ledgers stay for the failover one, which reads all of it in log order
+    time.sleep(1.0)
+    assert _topic_stats(topic_name)["ledgers"][0][0] == first_ledger
+    got = _drain(fifo, 5_500)
+    assert len(got) == 5_500 and all(len(v) == 1 for v in got.values())
+
+
+def test_restarts_of_topic_and_subscription_actors_lose_nothing(cluster, topic_name):
+    # Given two shared subscriptions and delayed messages sent in waves around restarts
+    cluster.create_topic(topic_name, partitions=1)
+    consumers = [cluster.subscribe(topic_name, f"s{i}") for i in range(2)]
+    producer = cluster.create_producer(topic_name)
+    due = now_ms() + 5_000
+    producer.send_many([b"a%d" % i for i in range(3_000)], deliver_at=due)
+    # When the topic actor dies while it seals, and again after more are sent
+    restart(f"topic/{topic_name}/0")
+    producer.send_many([b"b%d" % i for i in range(3_000)], deliver_at=due + 1_000)
+    producer.send_many([b"n%d" % i for i in range(500)])
+    _wait("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 1)
+    restart(f"topic/{topic_name}/0")
+    # ... and one subscription's actor dies half-way through delivering
+    first = _drain(consumers[0], 3_000, timeout_s=15)
+    restart(f"sub/{topic_name}/0/s0")
+    rest = _drain(consumers[0], 6_500)
+    # Then each subscription got every message, never early, and a message that came
+    # twice came back with its redelivery_count raised
+    wanted = {b"a%d" % i for i in range(3_000)} | {b"b%d" % i for i in range(3_000)}
+    wanted |= {b"n%d" % i for i in range(500)}
+    merged = collections.defaultdict(list)
+    for part in (first, rest):
+        for k, v in part.items():
+            merged[k] += v
+    assert set(merged) == wanted
+    for deliveries in merged.values():
+        assert all(t >= d for _, t, d in deliveries if d is not None), "early"
+        assert all(c >= 1 for c, _, _ in deliveries[1:]), "a duplicate without a count"
+    got = _drain(consumers[1], len(wanted))
+    assert set(got) == wanted

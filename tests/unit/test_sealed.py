@@ -1,0 +1,292 @@
+"""Sealed buckets (pure): the topic's mutable bucket, sealing into segments that carry
+their payloads, the meta format (golden bytes), and one subscription's reading of them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyroaring import BitMap64
+
+from raydelay.clock import ManualClock
+from raydelay.delayed import InMemoryDelayedDeliveryTracker
+from raydelay.delayed.sealed import (
+    SealedMeta,
+    SegmentInfo,
+    TopicIndex,
+    decode_meta,
+    decode_segment,
+    encode_meta,
+    seal,
+)
+from raydelay.dispatch.keys import join_keys, key_of
+from raydelay.dispatch.sealed import FINISHED, SealedReader
+from raydelay.dispatch.subscription import Subscription
+from raydelay.errors import CodecError, InvalidArgument
+from raydelay.log.entries import NO_DELAY, Entries, LedgerObject
+
+
+def _object(
+    ledger: int, first: int, deliver_at: list[int], publish_ms: int = 1_000
+) -> LedgerObject:
+    n = len(deliver_at)
+    entries = Entries.build(
+        [b"p%d-%d" % (ledger, first + i) for i in range(n)],
+        np.asarray(deliver_at, dtype=np.int64),
+        keys=[f"k{i}" for i in range(n)],
+    )
+    return LedgerObject(ledger, first, publish_ms, entries, {})
+
+
+def test_the_topic_index_keeps_only_entries_not_due_at_commit():
+    index = TopicIndex(min_index_count=3)
+    # immediate, due at commit (deliver_at <= publish time), and two delayed
+    taken = index.add(_object(1, 0, [NO_DELAY, 900, 5_000, 2_000]))
+    assert taken == 2 and index.count == 2
+    assert index.rows().positions.tolist() == [key_of(1, 2), key_of(1, 3)]
+
+
+def test_a_bucket_is_sealed_at_a_ledger_boundary_once_it_holds_enough():
+    index = TopicIndex(min_index_count=3)
+    index.add(_object(1, 0, [5_000, 4_000]))
+    assert index.ledger_closed(1) is None  # 2 < 3: the range grows
+    index.add(_object(2, 0, [3_000]))
+    job = index.ledger_closed(2)
+    assert (job.start_ledger, job.end_ledger, len(job.rows)) == (0, 2, 3)
+    assert index.count == 0 and index.sealed_through == 2
+    # a range without delayed entries is indexed at once, with no bucket
+    index.add(_object(3, 0, [NO_DELAY]))
+    empty = index.ledger_closed(3)
+    assert (empty.start_ledger, empty.end_ledger, empty.rows) == (3, 3, None)
+    # objects of sealed ledgers are not taken again (a rebuild after a restart)
+    assert index.add(_object(2, 0, [9_000])) == 0
+
+
+def test_seal_sorts_by_deliver_at_then_position_and_cuts_segments():
+    index = TopicIndex(min_index_count=1)
+    index.add(_object(1, 0, [5_000, 2_000, 2_000, 9_000, 400_000]))
+    job = index.ledger_closed(1)
+    meta, data = seal(
+        job.rows, start_ledger=1, end_ledger=1, bucket_id=7, max_indexes=2, max_step_ms=300_000
+    )
+    assert [(s.min_d, s.max_d, s.count) for s in meta.segments] == [
+        (2_000, 2_000, 2),
+        (5_000, 9_000, 2),
+        (400_000, 400_000, 1),  # beyond the time step
+    ]
+    segs = [decode_segment(data[s.offset : s.offset + s.length]) for s in meta.segments]
+    assert [seg.positions.tolist() for seg in segs][0] == [key_of(1, 1), key_of(1, 2)]
+    assert segs[1].entries.payloads == [b"p1-0", b"p1-3"]
+    assert segs[1].entries.keys == ["k0", "k3"]
+    assert meta.count == 5 and meta.key == "00000000000000000001_00000000000000000001_7"
+    assert meta.segment_of(np.array([key_of(1, 3), key_of(1, 4), key_of(2, 0)])).tolist() == [
+        1,
+        2,
+        -1,
+    ]
+    with pytest.raises(InvalidArgument, match="rows"):
+        seal(
+            job.rows.__class__(
+                np.zeros(0, np.int64), np.zeros(0, np.int64), job.rows.entries.slice(0, 0)
+            ),
+            start_ledger=1,
+            end_ledger=1,
+            bucket_id=1,
+            max_indexes=2,
+            max_step_ms=1,
+        )
+
+
+GOLDEN_META = (
+    "87a17601a57374617274cd0102a3656e64cd0104a269640ba76c6564"
+    "676572739292cd01020592cd010407a76d61726b65727391920702a8"
+    "7365676d656e747391960a14020010c4200100000000000000000000"
+    "003a30000001000000000001001000000002000300"
+)
+
+
+def test_the_meta_format_is_pinned():
+    meta = SealedMeta(
+        258,
+        260,
+        11,
+        (SegmentInfo(10, 20, 2, 0, 16, BitMap64([2, 3])),),
+        ((258, 5), (260, 7)),
+        ((7, 2),),
+    )
+    raw = encode_meta(meta)
+    assert decode_meta(raw) == meta
+    assert raw.hex() == GOLDEN_META
+    with pytest.raises(CodecError):
+        decode_meta(b"\x81\xa1v\x09")
+
+
+def _meta(
+    start: int, rows: list[tuple[int, int]], *, max_indexes: int = 2
+) -> tuple[SealedMeta, dict]:
+    """A bucket of rows (position key, deliver_at) and its segments' rows by number."""
+    index = TopicIndex(min_index_count=1, sealed_through=start - 1)
+    by_ledger: dict[int, list] = {}
+    for k, d in rows:
+        by_ledger.setdefault(k >> 32, []).append((k & 0xFFFFFFFF, d))
+    for ledger, items in sorted(by_ledger.items()):
+        ds = [NO_DELAY] * (max(e for e, _ in items) + 1)
+        for e, d in items:
+            ds[e] = d
+        index.add(_object(ledger, 0, ds, publish_ms=0))
+    end = max(by_ledger)
+    job = index.ledger_closed(end)
+    meta, data = seal(
+        job.rows,
+        start_ledger=start,
+        end_ledger=end,
+        bucket_id=1,
+        max_indexes=max_indexes,
+        max_step_ms=10**9,
+    )
+    segs = {
+        i: decode_segment(data[s.offset : s.offset + s.length]) for i, s in enumerate(meta.segments)
+    }
+    return meta, segs
+
+
+def _load_all(reader: SealedReader, segs_by_bucket: dict, now: int) -> None:
+    while True:
+        wanted = reader.wanted(now)
+        if not wanted:
+            return
+        for key, no, _, _ in wanted:
+            reader.install(key, no, segs_by_bucket[key][no])
+
+
+def test_the_reader_loads_segments_near_their_time_and_pops_the_earliest_first():
+    a, sa = _meta(1, [(key_of(1, 0), 100), (key_of(1, 1), 300), (key_of(1, 2), 50_000)])
+    b, sb = _meta(2, [(key_of(2, 0), 200), (key_of(2, 1), 400)])
+    reader = SealedReader(lookahead_ms=1_000, max_loaded_rows=2)
+    reader.adopt(a)
+    reader.adopt(b)
+    assert reader.covered_mask(np.array([key_of(1, 1), key_of(3, 0)])).tolist() == [True, False]
+    segs = {a.key: sa, b.key: sb}
+    _load_all(reader, segs, now=0)
+    # the segment due at 50,000 is beyond the lookahead: not loaded
+    assert reader.loaded_rows() == 4 and reader.remaining() == 5
+    groups = reader.take_due(350, 3)
+    keys = np.concatenate([g[2] for g in groups]).tolist()
+    assert sorted(keys) == [key_of(1, 0), key_of(1, 1), key_of(2, 0)]
+    assert [g[0].entries.payloads for g in groups][0][0] == b"p1-0"
+    assert reader.next_time() == 400
+    assert reader.take_due(350, 10) == []
+    # all popped from a and acknowledged: a is finished once its last segment is
+    assert reader.advance(lambda keys: True) == []
+    assert reader.progress()[a.key] == 1
+    _load_all(reader, segs, now=49_500)
+    reader.take_due(60_000, 10)
+    assert reader.advance(lambda keys: True) == [a.key, b.key]
+    assert reader.progress() == {a.key: FINISHED, b.key: FINISHED}
+    assert reader.due_histogram(np.array([1_000])) == [0, 0]
+
+
+def test_the_reader_resumes_at_its_progress_and_skips_rows_it_was_told_to():
+    a, sa = _meta(1, [(key_of(1, i), 100 + i) for i in range(6)])
+    reader = SealedReader()
+    reader.adopt(a, done=1, skip=BitMap64([key_of(1, 3)]))
+    _load_all(reader, {a.key: sa}, now=0)
+    keys = np.concatenate([g[2] for g in reader.take_due(1_000, 10)]).tolist()
+    assert keys == [key_of(1, 2), key_of(1, 4), key_of(1, 5)]
+    histogram_reader = SealedReader()
+    histogram_reader.adopt(a)
+    _load_all(histogram_reader, {a.key: sa}, now=0)  # loaded rows count exactly
+    assert histogram_reader.due_histogram(np.array([103, 200])) == [3, 3, 0]
+
+
+def _subscription(reader: SealedReader, clock: ManualClock) -> Subscription:
+    tracker = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
+    return Subscription(
+        name="t/0/s", subscription_type="shared", tracker=tracker, clock=clock, sealed=reader
+    )
+
+
+def test_a_subscription_hands_its_tail_over_to_a_new_bucket_without_duplicates():
+    clock = ManualClock(0)
+    reader = SealedReader()
+    sub = _subscription(reader, clock)
+    sub.add_consumer("c")
+    # the subscription read ledger 1 from the log: four delayed entries, in its tracker
+    obj = _object(1, 0, [100, 200, 300, 400], publish_ms=0)
+    sub.on_read([obj], [(1, 4), (2, None)], (1, 3))
+    assert sub.tracker.number_of_delayed_messages() == 4
+    # one came due and was delivered from the tail
+    clock.set(150)
+    sub.collect_due(150, 10)
+    groups, need = sub.staged(sub.keys_to_fetch(10))
+    assert groups == [] and need.tolist() == [key_of(1, 0)]
+    sub.deliver("c", [(obj, np.array([0]), np.array([key_of(1, 0)]))], 10, 150)
+    # When the topic seals ledger 1 into a bucket
+    meta, segs = _meta(1, [(key_of(1, i), 100 * (i + 1)) for i in range(4)])
+    sub.adopt(meta)
+    # Then the tracker gave the three undelivered to the bucket, which skips the delivered one
+    assert sub.tracker.number_of_delayed_messages() == 0
+    _load_all(reader, {meta.key: segs}, now=0)
+    clock.set(1_000)
+    sub.collect_due(1_000, 10)
+    keys = sub.keys_to_fetch(10)
+    groups, need = sub.staged(keys)
+    assert len(need) == 0
+    assert sorted(np.concatenate([g[2] for g in groups]).tolist()) == [
+        key_of(1, 1),
+        key_of(1, 2),
+        key_of(1, 3),
+    ]
+    out = sub.deliver("c", groups, 10, 1_000)
+    assert sum(map(len, out)) == 3
+    # and ledger 1 of the log is needed no more (the bucket holds all four, the one
+    # delivered but unacknowledged too), while the cursor still waits for acks
+    assert sub.log_cursor.mark_delete == (2, -1)
+    assert sub.cursor.mark_delete == (1, -1)
+    sub.ack("c", join_keys(np.array([1, 1, 1, 1]), np.array([0, 1, 2, 3])))
+    assert sub.cursor.mark_delete == (2, -1)
+    # a later read of the same ledger (a lagging reader) leaves bucket rows to the bucket
+    other = _subscription(SealedReader(), clock)
+    other.adopt(meta)
+    other.on_read([obj], [(1, 4), (2, None)], (1, 3))
+    assert other.tracker.number_of_delayed_messages() == 0 and other.ready_count() == 0
+
+
+def test_cancel_markers_travel_with_the_bucket_that_covers_them():
+    index = TopicIndex(min_index_count=3)
+    index.add(_object(1, 0, [5_000, 6_000], publish_ms=0))
+    assert index.ledger_closed(1) is None
+    cancels = Entries.build([b""], np.array([NO_DELAY]), cancels={0: (1, 1)})
+    index.add(LedgerObject(2, 0, 0, cancels, {}))
+    # a range holding only markers is not passed over: they wait for a bucket
+    index.add(_object(2, 1, [7_000], publish_ms=0))
+    job = index.ledger_closed(2)
+    assert job.markers == ((key_of(2, 0), key_of(1, 1)),)
+    meta, segs = seal(job.rows, start_ledger=0, end_ledger=2, bucket_id=1, max_indexes=10,
+                      max_step_ms=10**9, markers=job.markers)  # fmt: skip
+    # a subscription that never read those ledgers learns the cancel on adoption
+    clock = ManualClock(10_000)
+    reader = SealedReader()
+    sub = _subscription(reader, clock)
+    sub.add_consumer("c")
+    sub.adopt(meta)
+    _load_all(reader, {meta.key: {0: decode_segment(segs)}}, now=10_000)
+    sub.collect_due(10_000, 10)
+    groups, _ = sub.staged(sub.keys_to_fetch(10))
+    keys = sorted(np.concatenate([g[2] for g in groups]).tolist())
+    assert keys == [key_of(1, 0), key_of(2, 1)]  # 1:1 was cancelled
+
+
+def test_a_subscription_made_after_a_bucket_ledger_was_deleted_waits_only_for_the_bucket():
+    index = TopicIndex(min_index_count=1)
+    index.add(_object(1, 0, [NO_DELAY, 5_000, NO_DELAY], publish_ms=0))
+    job = index.ledger_closed(1)
+    meta, _ = seal(job.rows, start_ledger=1, end_ledger=1, bucket_id=1, max_indexes=10,
+                   max_step_ms=10**9, ledgers=((1, 3),))  # fmt: skip
+    sub = _subscription(SealedReader(), ManualClock(0))
+    sub.adopt(meta)
+    # ledger 1 is gone from the log; ledger 2 is open
+    sub.resume_after_buckets([(2, None)])
+    # its immediate entries are gone for good (acknowledged); the bucket's one is not
+    assert sub.cursor.is_acked(1, 0) and sub.cursor.is_acked(1, 2)
+    assert not sub.cursor.is_acked(1, 1)
+    assert sub.cursor.mark_delete == (1, 0)
