@@ -15,7 +15,7 @@ Scenarios:
 5. recovery: the state holder killed at the chosen load points -> time to first delivery.
 6. scale (full suite): 100M pending in one raydelay subscription -> RSS over time, store
    size, drain rate.
-7. fanout (raydelay): K = 1, 4, 16 shared subscriptions of one partition index 300k
+7. fanout (raydelay): K = 1, 4, 8, 16 shared subscriptions of one partition index 300k
    delayed messages -> CPU seconds and RSS growth against K = 1, store bytes and bytes
    written per payload byte.
 8. drain (raydelay): 2M messages of one partition due over 60 s, all overdue when a
@@ -58,7 +58,7 @@ SUITES = {
         "lateness_s": 20,
         "scale": 0,
         "scale_drain_s": 0,
-        "fanout_ks": [1, 4, 16],
+        "fanout_ks": [1, 4, 8, 16],
         "fanout": 300_000,
         "drain": 2 * M,
         "drain_spread_s": 60,
@@ -72,7 +72,7 @@ SUITES = {
         "lateness_s": 60,
         "scale": 100 * M,
         "scale_drain_s": 120,
-        "fanout_ks": [1, 4, 16],
+        "fanout_ks": [1, 4, 8, 16],
         "fanout": 300_000,
         "drain": 2 * M,
         "drain_spread_s": 60,

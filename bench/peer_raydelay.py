@@ -242,9 +242,18 @@ class RaydelayPeer:
         stop.set()
         sampler.join()
         store = dir_bytes(self.root)
+        topic_stats = ask(
+            ray.get_actor(topic_actor_name(topic, 0), namespace=NAMESPACE).stats.remote
+        )
+        written = None
+        if "bytes_written" in topic_stats:  # the log's and the buckets' bytes
+            written = (topic_stats["bytes_written"] + topic_stats["sealed_bytes"]) / (
+                n * PAYLOAD_BYTES
+            )
         out = {
             "n": n,
             "load_s": load_s,
+            "written_per_appended": written,
             "load_rate": n / load_s,
             "buckets": stats["buckets"],
             "indexed_at_drain": stats["delayed"],
@@ -304,7 +313,11 @@ class RaydelayPeer:
         topic_stats = ask(actors[0].stats.remote)
         store = dir_bytes(self.root / "topics" / topic) + dir_bytes(self.root / "subs" / topic)
         payload = n * PAYLOAD_BYTES
-        written = topic_stats["bytes_written"] + topic_stats["sealed_bytes"]
+        # (None when the code measured predates these counters: a baseline run)
+        written = None
+        if "bytes_written" in topic_stats:
+            written = topic_stats["bytes_written"] + topic_stats["sealed_bytes"]
+        sub_buckets = self.cluster.stats(topic, subs[0])["buckets"]
         progress(f"fanout K={k}: {spent:.1f} CPU s, {rss / 2**20:,.0f} MiB RSS growth")
         producer.close()
         self.cluster.delete_topic(topic, force=True)
@@ -315,11 +328,12 @@ class RaydelayPeer:
             "cpu_s": spent,
             "rss_growth": rss,
             "held": min(held),
-            "buckets": topic_stats["buckets"],
-            "unsealed": topic_stats["unsealed_delayed"],
+            "buckets": topic_stats.get("buckets"),
+            "sub_buckets": sub_buckets,
+            "unsealed": topic_stats.get("unsealed_delayed"),
             "store_bytes": store,
             "store_per_payload": store / payload,
-            "written_per_appended": written / payload,
+            "written_per_appended": None if written is None else written / payload,
         }
 
     def drain(self, n: int, spread_s: int, threads: int) -> dict:

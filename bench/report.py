@@ -268,6 +268,8 @@ def _scale(results: dict) -> list[str]:
         f"| load msg/s (send_many x5000, 2 threads, no consumer) | {s['load_rate']:,.0f} |",
         f"| buckets after the load | {s['buckets']} |",
         f"| store GiB | {s['store_bytes'] / 2**30:,.2f} |",
+        f"| bytes written (log + buckets) per payload byte appended "
+        f"| {_num(s.get('written_per_appended'), '.2f')} |",
         f"| RSS MiB (topic + subscription actor): min / median / max over the run "
         f"| {min(rss) / MIB:,.0f} / {np.median(rss) / MIB:,.0f} / {max(rss) / MIB:,.0f} |",
         f"| subscription actor RSS MiB: min / max | {min(sub) / MIB:,.0f} / "
@@ -293,7 +295,7 @@ def _fanout(results: dict) -> list[str]:
         "subscription held every message (retention runs every 5 s); written bytes are the "
         "log's and the sealed buckets' (cursors and metadata left out).",
         "",
-        "| K | seconds until all held | CPU s | vs K=1 | RSS growth MiB | vs K=1 | buckets "
+        "| K | seconds until all held | CPU s | vs K=1 | RSS growth MiB | vs K=1 | buckets (a subscription's) "
         "| store bytes / payload byte | written / appended |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -301,8 +303,8 @@ def _fanout(results: dict) -> list[str]:
         out.append(
             f"| {r['k']} | {r['indexed_s']:.1f} | {r['cpu_s']:.1f} | "
             f"{_ratio(r['cpu_s'], base['cpu_s'])} | {r['rss_growth'] / MIB:,.0f} | "
-            f"{_ratio(r['rss_growth'], base['rss_growth'])} | {r['buckets']} | "
-            f"{r['store_per_payload']:.2f} | {r['written_per_appended']:.2f} |"
+            f"{_ratio(r['rss_growth'], base['rss_growth'])} | {r.get('sub_buckets')} | "
+            f"{r['store_per_payload']:.2f} | {_num(r['written_per_appended'], '.2f')} |"
         )
     return out
 

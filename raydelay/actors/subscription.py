@@ -43,7 +43,7 @@ from raydelay.cluster.names import COORDINATOR, NAMESPACE, topic_actor_name
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
-from raydelay.delayed.sealed import SealedMeta
+from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import position_of
 from raydelay.dispatch.objects import Group, ObjectCache
@@ -55,6 +55,7 @@ from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
+    DelayedRun,
     Entries,
     Rows,
     concat_entries,
@@ -78,6 +79,10 @@ _PUMP_LINGER_S = 0.005
 _DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload fetches
 _LOAD_POLL_S = 0.2  # the loader's longest sleep
 _STAGED_ROWS = 200_000  # sealed-bucket rows kept for delivery before they are pruned
+# How soon the topic's unsealed index is asked after new delayed rows were read (for the
+# counts and new buckets; a due row is asked for at its deliver_at, whatever this is).
+_TAIL_POLL_S = 1.0
+_DELAYED_MARK_STEP_MS = 5_000  # how far ahead the persisted delayed mark moves
 
 
 class SubscriptionActor:
@@ -117,6 +122,7 @@ class SubscriptionActor:
             sealed=reader,
         )
         self._bucket_version: int | None = None
+        self._tail_asked = 0.0
         self._load_times: deque[tuple[str, float]] = deque(maxlen=10_000)
         self._reported_progress: tuple | None = None
         if reader is not None:
@@ -188,19 +194,50 @@ class SubscriptionActor:
             metas = [m for m in pool.map(one, keys) if m is not None]
         return sorted(metas, key=lambda m: m.start_ledger)
 
-    async def _refresh_buckets(self) -> None:
-        """The topic's bucket list changed: adopt the new buckets, forget deleted ones."""
+    async def _refresh_buckets(self, upto: int) -> None:
+        """Adopt the new buckets that end at or before ledger ``upto`` and forget the ones
+        deleted. Only the timer calls it, before it takes in a due query's answer that
+        reports them sealed (see ``Subscription.adopt``)."""
         info = await rpc.wait(self._topic_actor.buckets.remote(), what="topic actor")
         sealed = self._sub.sealed
         keys = set(info["buckets"])
         for gone in [k for k in sealed.buckets if k not in keys]:
             sealed.forget(gone)
         new = [k for k in info["buckets"] if k not in sealed.buckets]
-        for meta in await asyncio.to_thread(self._load_metas, new):
+        ready = [k for k in new if parse_bucket_key(k)[1] <= upto]
+        for meta in await asyncio.to_thread(self._load_metas, ready):
             self._sub.adopt(meta)
-        sealed.sealed_through = max(sealed.sealed_through, info["through"])
-        self._bucket_version = info["version"]
+        sealed.sealed_through = max(sealed.sealed_through, min(info["through"], upto))
+        if len(ready) == len(new):
+            self._bucket_version = info["version"]
         self._load_wake.set()
+
+    async def _query_tail(self, now: int) -> None:
+        """Take the due rows of the topic's unsealed index; adopt first the buckets its
+        answer reports sealed."""
+        self._sub.tail_dirty = False
+        self._tail_asked = time.monotonic()
+        below, through = self._sub.tail_taken
+        reply = await rpc.wait(
+            self._topic_actor.due_unsealed.remote(below, through, now), what="topic actor"
+        )
+        if (
+            reply["through"] > self._sub.sealed.sealed_through
+            or reply["version"] != self._bucket_version
+        ):
+            await self._refresh_buckets(upto=reply["through"])
+        rows = Rows.from_batch(reply["rows"])
+        self._count_log_bytes(int(reply["rows"].nbytes))
+        if self._sub.take_unsealed(rows, reply["below"], now, reply["next_d"], reply["waiting"]):
+            await self._notify()
+
+    def _tail_query_due(self, now: int) -> bool:
+        sub = self._sub
+        if sub.sealed is None:
+            return False
+        if sub.tail_next is not None and sub.tail_next <= now:
+            return True
+        return sub.tail_dirty and time.monotonic() - self._tail_asked >= _TAIL_POLL_S
 
     def _drop_legacy_buckets(self) -> int:
         """Delete the buckets this subscription indexed by itself before the topic did it
@@ -313,6 +350,10 @@ class SubscriptionActor:
     async def _deliver(self, consumer_id: str, max_messages: int) -> list[Delivery]:
         if not self._sub.can_receive(consumer_id):
             return []
+        if self._sub.needs_delayed_mark(self._clock.now_ms()):
+            # delayed rows due by then may go out: a restart must know they may have
+            self._sub.cursor.delayed_mark = self._clock.now_ms() + _DELAYED_MARK_STEP_MS
+            await self._persist(force=True)
         mark = self._sub.wanted_mark()
         if mark is not None:
             await self._persist(force=True, mark=mark)
@@ -483,21 +524,28 @@ class SubscriptionActor:
                 if self._sub.unread:
                     await self._reread(min(room, _READ_CHUNK))
                     continue
+                sealed = self._sub.sealed is not None
                 reply = await rpc.wait(
                     self._topic_actor.read.remote(
-                        self._sub.read_position, min(room, _READ_CHUNK), _LONG_POLL_S
+                        self._sub.read_position, min(room, _READ_CHUNK), _LONG_POLL_S, sealed
                     ),
                     what="topic actor",
                 )
-                self._count_log_bytes(sum(len(b) for b in reply["objects"]))
+                self._count_log_bytes(sum(len(b) for b in reply["objects"] if isinstance(b, bytes)))
                 if (
                     self._sub.sealed is not None
                     and reply["buckets_version"] != self._bucket_version
                 ):
-                    await self._refresh_buckets()
-                objects = [decode_object(b) for b in reply["objects"]]
+                    self._sub.tail_dirty = True  # the timer asks the topic, then adopts
+                    self._changed.set()
+                objects = [
+                    decode_object(b) if isinstance(b, bytes) else b for b in reply["objects"]
+                ]
                 for obj in objects:
-                    self._objects.add(obj)
+                    if isinstance(obj, DelayedRun):
+                        continue
+                    if not sealed or (obj.entries.deliver_at_ms <= obj.publish_time_ms).any():
+                        self._objects.add(obj)  # (delayed rows come from the topic's index)
                 taken = self._sub.on_read(objects, reply["ledgers"], reply["tail"])
                 if objects:
                     self._changed.set()
@@ -525,12 +573,14 @@ class SubscriptionActor:
                 now = self._clock.now_ms()
                 self._sub.expire(now)
                 self._sub.prune_staged(_STAGED_ROWS)
+                if self._tail_query_due(now):
+                    await self._query_tail(now)
                 if self._sub.dead:
                     await self._flush_dead_letters()
                 if self._sub.has_deliverable():
                     await self._notify()
                 nxt = self._sub.next_wakeup_ms()
-                wait_s = _IDLE_WAIT_S
+                wait_s = _TAIL_POLL_S if self._sub.tail_dirty else _IDLE_WAIT_S
                 if nxt is not None and nxt > now:
                     wait_s = min((nxt - now) / 1000, _IDLE_WAIT_S)
                 self._changed.clear()
@@ -612,7 +662,16 @@ class SubscriptionActor:
     async def due_histogram(self, edges: list[int]) -> list[int]:
         """Pending delayed messages per due window (see the trackers' ``due_histogram``)."""
         self._ensure_started()
-        return self._sub.tracker.due_histogram(np.asarray(edges, dtype=np.int64))
+        edges_arr = np.asarray(edges, dtype=np.int64)
+        out = np.asarray(self._sub.tracker.due_histogram(edges_arr), dtype=np.int64)
+        if self._sub.sealed is not None:
+            out += np.asarray(self._sub.sealed.due_histogram(edges_arr), dtype=np.int64)
+            unsealed = await rpc.wait(
+                self._topic_actor.unsealed_histogram.remote(list(edges), self._clock.now_ms()),
+                what="topic actor",
+            )
+            out += np.asarray(unsealed, dtype=np.int64)
+        return out.tolist()
 
     async def _persister(self) -> None:
         interval_s = self._config.subscription.cursor_persist_interval_ms / 1000

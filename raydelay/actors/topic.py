@@ -49,7 +49,7 @@ from raydelay.delayed.sealed import (
 )
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.log.buckets import SealedStore
-from raydelay.log.entries import NO_DELAY, AppendBatch, Entries, Rows, decode_batch
+from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
 from raydelay.storage import make_store
 
@@ -96,6 +96,7 @@ class TopicActor:
         self._seal_lock = threading.Lock()
         self.seal_counters = {"sealed": 0, "sealed_rows": 0, "sealed_bytes": 0, "seal_s": 0.0}
         self._index: TopicIndex | None = None
+        self._delayed_runs: dict[tuple[int, int], DelayedRun] = {}
         if self._config.delayed.tracker == "bucket":
             self._recover_index()
         self._queue: list[tuple[AppendBatch, asyncio.Future]] = []
@@ -132,8 +133,9 @@ class TopicActor:
             if info.count is not None:
                 job = self._index.ledger_closed(info.ledger_id)
                 if job is not None:
-                    self._write_seal(self._with_ledgers(job))
-        self._log.on_object = self._index.add
+                    job = self._with_ledgers(job)
+                    self._register(job, self._sealed_bucket(job), inline=True)
+        self._log.on_object = self._on_object
         self._log.on_roll = self._on_roll
         log.info(
             "%s/%d: delayed index recovered in %.2f s: %d buckets, sealed through ledger %d, "
@@ -145,6 +147,15 @@ class TopicActor:
             self._published_through,
             rebuilt,
         )
+
+    def _on_object(self, obj) -> None:
+        """A committed object (on the log's thread): into the index; an object of delayed
+        entries only is remembered, so that log reads of shared subscriptions skip it."""
+        if self._index.add(obj) == obj.count:
+            d = int(obj.entries.deliver_at_ms.min())
+            self._delayed_runs[(obj.ledger_id, obj.first_entry)] = DelayedRun(
+                obj.ledger_id, obj.first_entry, obj.count, d
+            )
 
     def _on_roll(self, closed: int) -> None:
         """A ledger closed (on the log's thread): seal the range off the append path."""
@@ -193,9 +204,6 @@ class TopicActor:
                     )
                 time.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))
 
-    def _write_seal(self, job: SealJob) -> None:
-        self._register(job, self._sealed_bucket(job))
-
     def _sealed_bucket(self, job: SealJob):
         """The encoded bucket of a job (meta, data), or None for a job without rows."""
         if job.rows is None:
@@ -212,24 +220,29 @@ class TopicActor:
             markers=job.markers,
         )
 
-    def _register(self, job: SealJob, sealed) -> None:
+    def _register(self, job: SealJob, sealed, inline: bool = False) -> None:
         """Write a bucket (data, then meta), then register it with the new sealed_through
-        in one coordinator call; a job without rows only moves sealed_through."""
+        in one coordinator call; a job without rows only moves sealed_through. Then publish
+        it on the log's thread (``inline``: on this one, during recovery), where the due
+        queries run: a query answers either from the index or with the bucket, never both."""
         started = time.monotonic()
         name = registry_name(self._topic, self._partition)
         through = ("put", name, THROUGH_KEY, msgpack.packb(job.end_ledger))
+        entry = None
         if sealed is None:
             self._registry.apply([through])
-            self._published_through = job.end_ledger
+        else:
+            meta, data = sealed
+            written = self._sealed.write(meta, data)
+            record = msgpack.packb([meta.count, len(meta.segments)])
+            self._registry.apply([("put", name, meta.key, record), through])
+            entry = (meta.start_ledger, meta.end_ledger, meta.key)
+        if inline:
+            self._publish(job.end_ledger, entry)
+        else:
+            self._exec.submit(self._publish, job.end_ledger, entry).result()
+        if sealed is None:
             return
-        meta, data = sealed
-        written = self._sealed.write(meta, data)
-        record = msgpack.packb([meta.count, len(meta.segments)])
-        self._registry.apply([("put", name, meta.key, record), through])
-        with self._seal_lock:
-            self._buckets = sorted(self._buckets + [(meta.start_ledger, meta.end_ledger, meta.key)])
-            self._buckets_version += 1
-            self._published_through = job.end_ledger
         c = self.seal_counters
         c["sealed"] += 1
         c["sealed_rows"] += meta.count
@@ -246,6 +259,43 @@ class TopicActor:
             len(meta.segments),
             written,
         )
+
+    def _publish(self, end_ledger: int, entry: tuple[int, int, str] | None) -> None:
+        with self._seal_lock:
+            if entry is not None:
+                self._buckets = sorted(self._buckets + [entry])
+                self._buckets_version += 1
+            self._published_through = max(self._published_through, end_ledger)
+            self._index.published(end_ledger)
+
+    async def due_unsealed(self, taken_below: int, taken_through: int, now_ms: int) -> dict:
+        """For a shared subscription: the due delayed rows of the ledgers not sealed yet that
+        it has not taken (it took every row below position ``taken_below`` due at or before
+        ``taken_through``), as of ``now_ms`` (its clock). See ``TopicIndex.due``."""
+        self._ensure_started()
+
+        def query() -> dict:
+            rows, below, next_d, waiting = self._index.due(
+                int(taken_below), int(taken_through), int(now_ms)
+            )
+            with self._seal_lock:
+                return {
+                    "rows": rows.to_batch(),
+                    "below": below,
+                    "next_d": next_d,
+                    "waiting": waiting,
+                    "through": self._published_through,
+                    "version": self._buckets_version,
+                }
+
+        return await self._run(query)
+
+    async def unsealed_histogram(self, edges: list[int], now_ms: int) -> list[int]:
+        """Rows of the unsealed ledgers not due yet, per due window."""
+        self._ensure_started()
+        edges_arr = np.asarray(edges, dtype=np.int64)
+        out = await self._run(self._index.waiting_histogram, edges_arr, int(now_ms))
+        return out.tolist()
 
     async def buckets(self) -> dict:
         """The partition's sealed buckets: their keys, the ledger every ledger up to which
@@ -383,17 +433,26 @@ class TopicActor:
     # --- reading --------------------------------------------------------------------------
 
     async def read(
-        self, from_position: tuple[int, int], max_entries: int, wait_s: float = 0.0
+        self,
+        from_position: tuple[int, int],
+        max_entries: int,
+        wait_s: float = 0.0,
+        skip_delayed: bool = False,
     ) -> dict:
         """Ledger objects with entries at or after ``from_position`` (see ReadReply), the tail,
         and the ledger list. With ``wait_s`` (seconds), a reader that is caught up waits
-        that long for new entries first (one call instead of a poll plus a read)."""
+        that long for new entries first (one call instead of a poll plus a read). With
+        ``skip_delayed``, an object of delayed entries only (this actor indexed them) comes
+        as a :class:`~raydelay.log.entries.DelayedRun`."""
         self._ensure_started()
         position = (int(from_position[0]), int(from_position[1]))
         if wait_s > 0 and not self._has_entries_at(position):
             await self.wait_for_entries(self._before(position), wait_s)
+        runs = None
+        if skip_delayed and self._index is not None:
+            runs = lambda ledger_id, first: self._delayed_runs.get((ledger_id, first))  # noqa: E731
         reply = await self._run(
-            self._log.read, (int(from_position[0]), int(from_position[1])), int(max_entries)
+            self._log.read, (int(from_position[0]), int(from_position[1])), int(max_entries), runs
         )
         return {
             "objects": reply.objects,
@@ -505,9 +564,13 @@ class TopicActor:
         if not keys:
             return
         doomed = set(keys)
-        with self._seal_lock:  # subscriptions stop loading them first
-            self._buckets = [b for b in self._buckets if b[2] not in doomed]
-            self._buckets_version += 1
+
+        def drop() -> None:
+            with self._seal_lock:  # subscriptions stop loading them first
+                self._buckets = [b for b in self._buckets if b[2] not in doomed]
+                self._buckets_version += 1
+
+        await self._run(drop)
         for key in keys:
             started = time.monotonic()
             await asyncio.to_thread(self._sealed.delete, key)
@@ -527,6 +590,9 @@ class TopicActor:
         if not ids:
             return []
         deleted = await self._run(self._log.delete_ledgers, ids)
+        gone = set(ids)
+        for key in [k for k in self._delayed_runs if k[0] in gone]:
+            del self._delayed_runs[key]
         await rpc.wait(
             self._coordinator.drop_ledgers.remote(self._topic, self._partition, ids),
             what="coordinator",

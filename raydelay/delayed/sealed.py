@@ -217,14 +217,33 @@ class SealJob:
     markers: tuple[tuple[int, int], ...] = ()  # (marker, target) keys of its cancel markers
 
 
+class _Part:
+    """Delayed rows of one committed object: positions ascending, and their order by
+    deliver_at for the due queries."""
+
+    __slots__ = ("rows", "d", "order", "d_sorted", "last_ledger")
+
+    def __init__(self, rows: Rows) -> None:
+        self.rows = rows
+        self.d = rows.entries.deliver_at_ms
+        self.order = np.argsort(self.d, kind="stable")
+        self.d_sorted = self.d[self.order]
+        self.last_ledger = int(rows.positions[-1]) >> SHIFT
+
+
 class TopicIndex:
     """The partition's mutable bucket: the delayed rows of the ledgers after
-    ``sealed_through``, in commit order. Called on the log's thread."""
+    ``sealed_through``, in commit order. Called on the log's thread.
+
+    Rows handed to a seal stay visible to :meth:`due` until :meth:`published` says their
+    bucket is registered: until then subscriptions do not know the bucket, and a seal
+    must never hold back a due message."""
 
     def __init__(self, *, min_index_count: int, sealed_through: int = -1) -> None:
         self.min_index_count = max(1, int(min_index_count))
         self.sealed_through = sealed_through  # every ledger up to it is indexed
-        self._parts: list[Rows] = []
+        self._parts: list[_Part] = []
+        self._sealing: list[tuple[int, list[_Part]]] = []  # (end ledger, parts) not published
         self._count = 0
         self._markers: list[tuple[int, int]] = []
 
@@ -233,7 +252,7 @@ class TopicIndex:
         return self._count
 
     def nbytes(self) -> int:
-        return sum(p.entries.nbytes() + p.positions.nbytes * 2 for p in self._parts)
+        return sum(p.rows.entries.nbytes() + p.rows.positions.nbytes * 4 for p in self._parts)
 
     def add(self, obj: LedgerObject) -> int:
         """Take in a committed ledger object; returns how many of its rows are delayed."""
@@ -254,7 +273,7 @@ class TopicIndex:
             return 0
         positions = (np.int64(obj.ledger_id) << SHIFT) | (obj.first_entry + keep).astype(np.int64)
         times = np.full(len(keep), obj.publish_time_ms, dtype=np.int64)
-        self._parts.append(Rows(positions, times, ents.take(keep)))
+        self._parts.append(_Part(Rows(positions, times, ents.take(keep))))
         self._count += len(keep)
         return len(keep)
 
@@ -270,7 +289,8 @@ class TopicIndex:
             return SealJob(start, ledger_id, None)
         if self._count < self.min_index_count:
             return None
-        rows, markers = Rows.concat(self._parts), tuple(self._markers)
+        rows, markers = Rows.concat([p.rows for p in self._parts]), tuple(self._markers)
+        self._sealing.append((ledger_id, self._parts))
         self._reset(ledger_id)
         return SealJob(start, ledger_id, rows, markers=markers)
 
@@ -278,9 +298,55 @@ class TopicIndex:
         self.sealed_through = sealed_through
         self._parts, self._count, self._markers = [], 0, []
 
+    def published(self, end_ledger: int) -> None:
+        """The bucket of the ledgers through ``end_ledger`` is registered: subscriptions
+        read its rows from it from now on."""
+        self._sealing = [(end, parts) for end, parts in self._sealing if end > end_ledger]
+
     def rows(self) -> Rows:
         """The rows held (sorted by position)."""
-        return Rows.concat(self._parts)
+        return Rows.concat([p.rows for p in self._parts])
+
+    def due(self, taken_below: int, taken_through: int, now_ms: int) -> tuple[Rows, int, int, int]:
+        """The rows of the unsealed ledgers (those sealing included) a subscription has not
+        taken yet and that are due: it took every row at a position below ``taken_below``
+        with a deliver_at at or before ``taken_through``. Returns the rows (sorted by
+        position), the position after the last row held (the new ``taken_below``), the
+        earliest deliver_at still to come (or -1), and how many rows are not due yet."""
+        parts = [p for _, ps in self._sealing for p in ps] + self._parts
+        taken: list[Rows] = []
+        next_d, waiting = -1, 0
+        for p in parts:
+            hi = int(np.searchsorted(p.d_sorted, now_ms, "right"))
+            lo = 0
+            if int(p.rows.positions[-1]) < taken_below:
+                lo = min(hi, int(np.searchsorted(p.d_sorted, taken_through, "right")))
+            elif int(p.rows.positions[0]) < taken_below:  # the boundary falls inside
+                old = p.rows.positions < taken_below
+                idx = np.flatnonzero((p.d <= now_ms) & ~(old & (p.d <= taken_through)))
+                if len(idx):
+                    taken.append(_take(p.rows, idx))
+                lo = hi  # done with this part
+            if hi > lo:
+                taken.append(_take(p.rows, np.sort(p.order[lo:hi])))
+            if hi < len(p.d_sorted):
+                d = int(p.d_sorted[hi])
+                next_d = d if next_d < 0 else min(next_d, d)
+                waiting += len(p.d_sorted) - hi
+        end = int(parts[-1].rows.positions[-1]) + 1 if parts else taken_below
+        return Rows.concat(taken), max(end, taken_below), next_d, waiting
+
+    def waiting_histogram(self, edges: np.ndarray, now_ms: int) -> np.ndarray:
+        """Rows not due yet per due window (as the trackers count them)."""
+        out = np.zeros(len(edges) + 1, dtype=np.int64)
+        for p in [p for _, ps in self._sealing for p in ps] + self._parts:
+            later = p.d[p.d > now_ms]
+            out += np.bincount(np.searchsorted(edges, later, side="right"), minlength=len(out))
+        return out
+
+
+def _take(rows: Rows, idx: np.ndarray) -> Rows:
+    return Rows(rows.positions[idx], rows.publish_time_ms[idx], rows.entries.take(idx))
 
 
 def positions_by_ledger(keys: BitMap64) -> dict[int, np.ndarray]:

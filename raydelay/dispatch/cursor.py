@@ -33,6 +33,9 @@ class Cursor:
         self.acked: dict[int, BitMap] = {}
         self._ledgers: dict[int, int | None] = {}  # ledger id -> size once closed
         self._order: list[int] = []  # known ledger ids, ascending
+        # Delayed messages due at or before this (epoch ms) may have been delivered already
+        # (persisted with the cursor; -1: none).
+        self.delayed_mark = -1
 
     def copy(self) -> Cursor:
         out = Cursor(self.mark_delete)
@@ -152,16 +155,16 @@ class Cursor:
     # --- persistence ------------------------------------------------------------------------
 
     def encode(self, dispatch_mark: Position) -> bytes:
-        return msgpack.packb(
-            {
-                "v": FORMAT_VERSION,
-                "md": list(self.mark_delete),
-                "acked": {int(k): v.serialize() for k, v in self.acked.items() if v},
-                "ledgers": [[i, c] for i, c in self.known_ledgers()],
-                "read": list(dispatch_mark),
-            },
-            use_bin_type=True,
-        )
+        obj = {
+            "v": FORMAT_VERSION,
+            "md": list(self.mark_delete),
+            "acked": {int(k): v.serialize() for k, v in self.acked.items() if v},
+            "ledgers": [[i, c] for i, c in self.known_ledgers()],
+            "read": list(dispatch_mark),
+        }
+        if self.delayed_mark >= 0:  # written only once set: older cursors read the same
+            obj["dmark"] = int(self.delayed_mark)
+        return msgpack.packb(obj, use_bin_type=True)
 
     @staticmethod
     def decode(data: bytes, what: str = "cursor") -> tuple[Cursor, Position]:
@@ -174,6 +177,7 @@ class Cursor:
             cursor = Cursor((raw["md"][0], raw["md"][1]))
             cursor.acked = {int(k): BitMap.deserialize(v) for k, v in raw["acked"].items()}
             cursor.learn_ledgers((int(i), c) for i, c in raw["ledgers"])
+            cursor.delayed_mark = int(raw.get("dmark", -1))
             return cursor, (int(raw["read"][0]), int(raw["read"][1]))
         except CodecError:
             raise

@@ -8,8 +8,9 @@ subscription reads the same buckets. Per subscription and bucket, this keeps onl
   subscription is done with all of it);
 - the segments loaded and the read position in each (rows come out in (deliver_at,
   position) order, carrying their payloads);
-- ``skip``: rows this subscription had already handed out from its own tail before
-  the bucket was sealed (they are not delivered again).
+- ``taken``: (position, deliver_at): the subscription had already taken every row below
+  that position due at or before that time from the topic's unsealed index, before the
+  bucket was sealed; the bucket leaves those out.
 
 A segment is loaded only when its earliest deliver_at comes within ``lookahead_ms``,
 and at most ``max_loaded_rows`` rows ahead per bucket, so the memory held does not grow
@@ -53,7 +54,7 @@ class _Bucket:
     meta: SealedMeta
     done: int  # segments before it are fully acknowledged
     next_load: int  # the next segment to load
-    skip: BitMap64
+    taken: tuple[int, int]  # rows below this position due at or before this time: taken
     loading: int | None = None  # the segment being loaded
     loaded: deque[_Segment] = field(default_factory=deque)
     popped: deque[tuple[int, np.ndarray]] = field(default_factory=deque)  # (no, keys)
@@ -73,14 +74,15 @@ class SealedReader:
 
     # --- the set of buckets ---------------------------------------------------------------
 
-    def adopt(self, meta: SealedMeta, *, done: int = 0, skip: BitMap64 | None = None) -> None:
-        """Start reading a bucket from segment ``done`` (``FINISHED``: it is done with)."""
+    def adopt(self, meta: SealedMeta, *, done: int = 0, taken: tuple[int, int] = (0, -1)) -> None:
+        """Start reading a bucket from segment ``done`` (``FINISHED``: it is done with),
+        leaving out the rows ``taken`` says were taken already."""
         self.sealed_through = max(self.sealed_through, meta.end_ledger)
         if meta.key in self.buckets:
             return
         n = len(meta.segments)
         done = n if done == FINISHED else max(0, min(int(done), n))
-        self.buckets[meta.key] = _Bucket(meta, done, done, skip or BitMap64())
+        self.buckets[meta.key] = _Bucket(meta, done, done, (int(taken[0]), int(taken[1])))
         self.covered |= meta.positions()
 
     def forget(self, key: str) -> None:
@@ -146,7 +148,7 @@ class SealedReader:
 
     def take_due(self, now_ms: int, max_rows: int) -> list[Group]:
         """Pop up to ``max_rows`` due rows (deliver_at <= now), earliest first, from the
-        loaded segments, leaving out the bucket's ``skip`` rows."""
+        loaded segments, leaving out the rows the bucket's ``taken`` covers."""
         out: list[Group] = []
         room = max_rows
         while room > 0:
@@ -178,10 +180,10 @@ class SealedReader:
                 s.pos += c
                 room -= c
                 keys = s.keys[idx]
-                if b.skip:
-                    drop = bitmap64_of(keys) & b.skip
-                    if drop:
-                        keep = ~np.isin(keys, _values(drop))
+                below, through = b.taken
+                if below > 0 and through >= 0:
+                    keep = ~((keys < below) & (s.d[idx] <= through))
+                    if not keep.all():
                         idx, keys = idx[keep], keys[keep]
                 if len(keys):
                     out.append((s.rows, idx, keys))

@@ -46,7 +46,7 @@ from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
 from raydelay.dispatch.sealed import SealedReader
 from raydelay.errors import InvalidArgument, RaydelayError
-from raydelay.log.entries import NO_CANCEL, NO_DELAY, Entries, LedgerObject, Rows
+from raydelay.log.entries import NO_CANCEL, NO_DELAY, DelayedRun, Entries, LedgerObject, Rows
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,17 @@ class Subscription:
         self.log_cursor = self.cursor.copy()
         self._staged: deque[tuple[Source, np.ndarray, np.ndarray]] = deque()
         self._staged_rows = 0
+        # The delayed rows of the ledgers not sealed yet are the topic's too (shared, with
+        # sealed buckets): the subscription takes the due ones from it, and has taken every
+        # row below tail_taken[0] due at or before tail_taken[1]. tail_next: the earliest
+        # deliver_at still to come there (None: unknown); tail_dirty: delayed rows were
+        # read from the log since the last query.
+        self.tail_taken: tuple[int, int] = (0, -1)
+        self.tail_next: int | None = None
+        self.tail_dirty = True
+        self.tail_waiting = 0
+        # Delayed rows due at or before it may have been delivered by an earlier life.
+        self.delayed_before = self.cursor.delayed_mark
         md_l, md_e = self.cursor.mark_delete
         self.read_position: Position = (md_l, md_e + 1)
         # Entries before this were read by an earlier life and may have been delivered.
@@ -218,11 +229,13 @@ class Subscription:
 
     def on_read(
         self,
-        objects: Iterable[LedgerObject],
+        objects: Iterable[LedgerObject | DelayedRun],
         ledgers: Iterable[tuple[int, int | None]],
         tail: Position | None,
     ) -> int:
-        """Take in ledger objects from the log (in log order). Returns entries taken in."""
+        """Take in ledger objects from the log (in log order); a :class:`DelayedRun` stands
+        for an object of delayed entries only, which the topic's index delivers. Returns
+        entries taken in."""
         self._learn_ledgers(ledgers)
         self.tail = tail
         taken = 0
@@ -232,8 +245,13 @@ class Subscription:
             start = max(0, read_key - first_key) if obj.ledger_id == self.read_position[0] else 0
             if obj.ledger_id < self.read_position[0] or start >= obj.count:
                 continue
-            idx = np.arange(start, obj.count, dtype=np.int64)
-            taken += self._take_in(obj, idx, first_key + idx)
+            if isinstance(obj, DelayedRun):
+                soonest = obj.min_deliver_at_ms
+                self.tail_next = soonest if self.tail_next is None else min(self.tail_next, soonest)
+                self.tail_dirty = True
+            else:
+                idx = np.arange(start, obj.count, dtype=np.int64)
+                taken += self._take_in(obj, idx, first_key + idx)
             last = obj.first_entry + obj.count
             self.read_position = (obj.ledger_id, last)
             size = self.cursor.ledger_size(obj.ledger_id)
@@ -331,10 +349,16 @@ class Subscription:
                 self._cancelled_ahead -= ahead
                 done = _values(ahead)
                 self._ack_cursor(done)
-        if self.sealed is not None:
-            keep &= ~self.sealed.covered_mask(keys)  # a sealed bucket delivers those
         idx, keys = idx[keep], keys[keep]
         ds = ents.deliver_at_ms[idx]
+        if self.sealed is not None and len(idx):
+            # not due when committed: the topic indexed it (its unsealed index or a bucket)
+            later = ds > source.publish_times(idx)
+            if later.any():
+                soonest = int(ds[later].min())
+                self.tail_next = soonest if self.tail_next is None else min(self.tail_next, soonest)
+                self.tail_dirty = True
+                idx, keys, ds = idx[~later], keys[~later], ds[~later]
         now_due = np.ones(len(idx), dtype=bool)
         if self.type == "shared" and len(idx):
             delayed = ds != NO_DELAY
@@ -385,14 +409,7 @@ class Subscription:
         self.expire(now_ms)
         if self.sealed is not None and len(self.redeliver) < max_messages:
             for rows, idx, keys in self.sealed.take_due(now_ms, max_messages - len(self.redeliver)):
-                keep = self._unseen(keys)
-                if not keep.all():
-                    idx, keys = idx[keep], keys[keep]
-                if len(keys):
-                    self.redeliver |= bitmap64_of(keys)
-                    order = np.argsort(keys)
-                    self._staged.append((rows, idx[order], keys[order]))
-                    self._staged_rows += len(keys)
+                self._stage(rows, idx, keys)
         if len(self.redeliver) < max_messages and self.tracker.has_message_available():
             take = getattr(self.tracker, "get_scheduled_keys", None)
             if take is not None:
@@ -402,6 +419,41 @@ class Subscription:
             else:
                 due_pairs = self.tracker.get_scheduled_messages(max_messages)
                 self.redeliver.update([(lg << SHIFT) | e for lg, e in due_pairs])
+
+    def _stage(self, rows: Rows, idx: np.ndarray, keys: np.ndarray) -> int:
+        """Due delayed rows taken from the topic's index: into the redelivery set, with
+        their payloads kept for :meth:`staged`. Rows acknowledged (or cancelled) are left
+        out; rows an earlier life may have delivered get their redelivery_count raised."""
+        keep = self._unseen(keys)
+        if not keep.all():
+            idx, keys = idx[keep], keys[keep]
+        if not len(keys):
+            return 0
+        if self.delayed_before >= 0:
+            old = rows.entries.deliver_at_ms[idx] <= self.delayed_before
+            if old.any():
+                self._bump_counts(keys[old], floor=1)
+        self.redeliver |= bitmap64_of(keys)
+        order = np.argsort(keys)
+        self._staged.append((rows, idx[order], keys[order]))
+        self._staged_rows += len(keys)
+        return len(keys)
+
+    def take_unsealed(self, rows: Rows, below: int, now_ms: int, next_d: int, waiting: int) -> int:
+        """Take in the topic's answer to a due query of its unsealed index (see
+        ``TopicIndex.due``), asked with :attr:`tail_taken` as of ``now_ms``; returns rows
+        staged. Adopt the buckets the answer says are sealed before this."""
+        self.tail_taken = (max(self.tail_taken[0], int(below)), max(self.tail_taken[1], now_ms))
+        self.tail_next = None if next_d < 0 else int(next_d)
+        self.tail_waiting = int(waiting)
+        if not len(rows):
+            return 0
+        return self._stage(rows, np.arange(len(rows), dtype=np.int64), rows.positions)
+
+    def needs_delayed_mark(self, now_ms: int) -> bool:
+        """Whether the delayed mark must move (be persisted) before delayed rows due up to
+        ``now_ms`` may go out."""
+        return self.sealed is not None and now_ms > self.cursor.delayed_mark
 
     def staged(
         self, keys: np.ndarray
@@ -436,27 +488,16 @@ class Subscription:
     # --- sealed buckets -----------------------------------------------------------------------
 
     def adopt(self, meta: SealedMeta, done: int = 0) -> None:
-        """The topic sealed a bucket. Its rows this subscription read from the log and
-        still holds undelivered in its tracker leave the tracker (the bucket delivers
-        them); the ones it delivered already are skipped by the bucket; the ones it has
-        not read yet are left to the bucket when it reads them."""
+        """The topic sealed a bucket: read its rows from it, but for the ones already taken
+        from the topic's unsealed index (:attr:`tail_taken`). Call it before taking in a
+        due query's answer that reports the bucket sealed."""
         if self.sealed is None or meta.key in self.sealed.buckets:
             return
         self._learn_ledgers(meta.ledgers)  # the cursor must not skip them once deleted
         for marker, target in meta.markers:  # before any of its rows can go out
             self._apply_marker(marker, target)
         positions = meta.positions()
-        read_key = key_of(*self.read_position)
-        seen = BitMap64()
-        seen.add_range(0, max(0, read_key))
-        seen &= positions
-        if seen:
-            moved = self.tracker.remove_keys(seen - self._counted)
-            seen -= moved
-            md_key = key_of(*self.cursor.mark_delete)
-            if md_key >= 0:
-                seen.remove_range(0, md_key + 1)
-        self.sealed.adopt(meta, done=done, skip=seen)
+        self.sealed.adopt(meta, done=done, taken=self.tail_taken)
         self.log_cursor.ack(*split_keys(_values(positions)))
 
     def _ack_gone_ledgers(self, present: set[int]) -> None:
@@ -759,9 +800,7 @@ class Subscription:
         """When something may next become deliverable (epoch ms), or None."""
         times = [t for t in (self.tracker.next_delivery_time(),) if t is not None]
         if self.sealed is not None:
-            t = self.sealed.next_time()
-            if t is not None:
-                times.append(t)
+            times += [t for t in (self.sealed.next_time(), self.tail_next) if t is not None]
         if self._deadlines:
             times.append(self._deadlines[0][0])
         return min(times) if times else None
@@ -777,7 +816,7 @@ class Subscription:
         delayed = self.tracker.number_of_delayed_messages()
         if self.sealed is not None:
             buckets += len(self.sealed.buckets)
-            delayed += self.sealed.remaining()
+            delayed += self.sealed.remaining() + self.tail_waiting
         return {
             "type": self.type,
             "delayed": delayed,

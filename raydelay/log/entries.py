@@ -267,6 +267,18 @@ class LedgerObject:
 
 
 @dataclass(frozen=True)
+class DelayedRun:
+    """Stands for a ledger object every entry of which is delayed (not due when
+    committed), in a log read for a reader that takes delayed entries from the topic's
+    index instead: just where it lies, and its earliest deliver_at."""
+
+    ledger_id: int
+    first_entry: int
+    count: int
+    min_deliver_at_ms: int
+
+
+@dataclass(frozen=True)
 class Rows:
     """Entries taken at scattered positions: ``positions`` (int64 keys, ascending) and
     their publish times, row for row with ``entries``."""

@@ -36,6 +36,7 @@ from raydelay.errors import CodecError, InvalidArgument, NotFound, RaydelayError
 from raydelay.log.entries import (
     INDEX_PROBE_BYTES,
     AppendBatch,
+    DelayedRun,
     Entries,
     LedgerObject,
     ObjectIndex,
@@ -78,7 +79,7 @@ class ReadReply:
     """Ledger objects (encoded bytes) holding entries at or after the requested position,
     in log order; ``tail`` is the last committed position (None: the log is empty)."""
 
-    objects: list[bytes]
+    objects: list[bytes | DelayedRun]
     tail: Position | None
 
 
@@ -424,9 +425,15 @@ class PartitionLog:
 
     # --- reading -----------------------------------------------------------------------
 
-    def read(self, from_position: Position, max_entries: int) -> ReadReply:
+    def read(
+        self,
+        from_position: Position,
+        max_entries: int,
+        stand_in: Callable[[int, int], DelayedRun | None] | None = None,
+    ) -> ReadReply:
         """Objects holding entries at or after ``from_position``, about ``max_entries`` of them
-        (whole objects, at least one when any exists)."""
+        (whole objects, at least one when any exists). ``stand_in(ledger, first)`` may give
+        a :class:`DelayedRun` to send instead of an object (it is then not read)."""
         from_ledger, from_entry = from_position
         out: list[bytes] = []
         taken = 0
@@ -442,8 +449,10 @@ class PartitionLog:
                 upper = firsts[j + 1] if j + 1 < len(firsts) else end
                 if upper <= start:
                     continue
-                out.append(self._get(info.ledger_id, first))
-                taken += upper - max(first, start)
+                run = stand_in(info.ledger_id, first) if stand_in is not None else None
+                out.append(run if run is not None else self._get(info.ledger_id, first))
+                # a stand-in carries no entries: it counts as one, not as its size
+                taken += 1 if run is not None else upper - max(first, start)
                 if taken >= max_entries:
                     return ReadReply(out, self.tail())
         return ReadReply(out, self.tail())

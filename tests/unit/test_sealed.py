@@ -188,10 +188,11 @@ def test_the_reader_loads_segments_near_their_time_and_pops_the_earliest_first()
 def test_the_reader_resumes_at_its_progress_and_skips_rows_it_was_told_to():
     a, sa = _meta(1, [(key_of(1, i), 100 + i) for i in range(6)])
     reader = SealedReader()
-    reader.adopt(a, done=1, skip=BitMap64([key_of(1, 3)]))
+    # segments of two rows; the first is done; rows below 1:4 due by 102 were taken
+    reader.adopt(a, done=1, taken=(key_of(1, 4), 102))
     _load_all(reader, {a.key: sa}, now=0)
     keys = np.concatenate([g[2] for g in reader.take_due(1_000, 10)]).tolist()
-    assert keys == [key_of(1, 2), key_of(1, 4), key_of(1, 5)]
+    assert keys == [key_of(1, 3), key_of(1, 4), key_of(1, 5)]
     histogram_reader = SealedReader()
     histogram_reader.adopt(a)
     _load_all(histogram_reader, {a.key: sa}, now=0)  # loaded rows count exactly
@@ -205,50 +206,106 @@ def _subscription(reader: SealedReader, clock: ManualClock) -> Subscription:
     )
 
 
-def test_a_subscription_hands_its_tail_over_to_a_new_bucket_without_duplicates():
+def test_the_unsealed_index_answers_each_due_row_once_per_subscription():
+    index = TopicIndex(min_index_count=10)
+    index.add(_object(1, 0, [100, 300, 200], publish_ms=0))
+    # nothing taken yet: everything due at 250
+    rows, below, next_d, waiting = index.due(0, -1, 250)
+    assert rows.positions.tolist() == [key_of(1, 0), key_of(1, 2)]
+    assert (below, next_d, waiting) == (key_of(1, 2) + 1, 300, 1)
+    # a row committed after the answer, due earlier than the last answer's time, is not lost
+    index.add(_object(1, 3, [150, 400], publish_ms=0))
+    rows, below2, next_d, _ = index.due(below, 250, 350)
+    assert rows.positions.tolist() == [key_of(1, 1), key_of(1, 3)]
+    assert (below2, next_d) == (key_of(1, 4) + 1, 400)
+    # rows handed to a seal stay visible until their bucket is published
+    assert index.ledger_closed(1) is None  # 5 rows < 10: not yet
+    index.min_index_count = 1
+    job = index.ledger_closed(1)
+    assert job is not None and len(job.rows) == 5
+    rows, _, _, _ = index.due(below2, 350, 500)
+    assert rows.positions.tolist() == [key_of(1, 4)]
+    index.published(1)
+    rows, below3, next_d, waiting = index.due(0, -1, 500)
+    assert len(rows) == 0 and (next_d, waiting) == (-1, 0) and below3 == 0
+
+
+def _subscription(reader: SealedReader, clock: ManualClock, cursor=None) -> Subscription:
+    tracker = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
+    return Subscription(
+        name="t/0/s",
+        subscription_type="shared",
+        tracker=tracker,
+        clock=clock,
+        sealed=reader,
+        cursor=cursor,
+    )
+
+
+def test_a_subscription_takes_the_tail_from_the_topic_and_the_rest_from_the_bucket():
     clock = ManualClock(0)
     reader = SealedReader()
     sub = _subscription(reader, clock)
     sub.add_consumer("c")
-    # the subscription read ledger 1 from the log: four delayed entries, in its tracker
-    obj = _object(1, 0, [100, 200, 300, 400], publish_ms=0)
-    sub.on_read([obj], [(1, 4), (2, None)], (1, 3))
-    assert sub.tracker.number_of_delayed_messages() == 4
-    # one came due and was delivered from the tail
-    clock.set(150)
-    sub.collect_due(150, 10)
-    groups, need = sub.staged(sub.keys_to_fetch(10))
-    assert groups == [] and need.tolist() == [key_of(1, 0)]
-    sub.deliver("c", [(obj, np.array([0]), np.array([key_of(1, 0)]))], 10, 150)
-    # When the topic seals ledger 1 into a bucket
-    meta, segs = _meta(1, [(key_of(1, i), 100 * (i + 1)) for i in range(4)])
+    # the subscription reads ledger 1 from the log: an immediate entry and four delayed
+    obj = _object(1, 0, [NO_DELAY, 100, 200, 300, 400], publish_ms=0)
+    sub.on_read([obj], [(1, 5), (2, None)], (1, 4))
+    # the delayed ones are not tracked here: the topic's index has them
+    assert sub.tracker.number_of_delayed_messages() == 0 and sub.ready_count() == 1
+    assert sub.tail_dirty and sub.tail_next == 100
+    # the topic answers a due query at 250 with the two due rows
+    index = TopicIndex(min_index_count=1)
+    index.add(obj)
+    rows, below, next_d, waiting = index.due(*sub.tail_taken, 250)
+    assert sub.take_unsealed(rows, below, 250, next_d, waiting) == 2
+    assert sub.tail_next == 300 and sub.stats()["delayed"] == 2
+    # When the topic seals ledger 1 and the subscription adopts the bucket
+    meta, segs = _meta(1, [(key_of(1, i), 100 * i) for i in range(1, 5)])
     sub.adopt(meta)
-    # Then the tracker gave the three undelivered to the bucket, which skips the delivered one
-    assert sub.tracker.number_of_delayed_messages() == 0
     _load_all(reader, {meta.key: segs}, now=0)
     clock.set(1_000)
     sub.collect_due(1_000, 10)
+    # Then the two taken from the index and the two from the bucket are staged once each
     keys = sub.keys_to_fetch(10)
     groups, need = sub.staged(keys)
-    assert len(need) == 0
-    assert sorted(np.concatenate([g[2] for g in groups]).tolist()) == [
-        key_of(1, 1),
-        key_of(1, 2),
-        key_of(1, 3),
-    ]
+    assert len(need) == 0  # all four staged (the immediate entry waits in the read-ahead)
+    got = sorted(np.concatenate([g[2] for g in groups]).tolist())
+    assert got == [key_of(1, 1), key_of(1, 2), key_of(1, 3), key_of(1, 4)]
+    sub.dispatch_mark = sub.wanted_mark()  # the actor persists it first
     out = sub.deliver("c", groups, 10, 1_000)
-    assert sum(map(len, out)) == 3
-    # and ledger 1 of the log is needed no more (the bucket holds all four, the one
-    # delivered but unacknowledged too), while the cursor still waits for acks
+    assert sum(map(len, out)) == 5
+    # and ledger 1 of the log is needed no more but for the immediate entry
+    assert sub.log_cursor.mark_delete == (1, -1)
+    sub.ack("c", join_keys(np.array([1]), np.array([0])))
     assert sub.log_cursor.mark_delete == (2, -1)
-    assert sub.cursor.mark_delete == (1, -1)
-    sub.ack("c", join_keys(np.array([1, 1, 1, 1]), np.array([0, 1, 2, 3])))
-    assert sub.cursor.mark_delete == (2, -1)
-    # a later read of the same ledger (a lagging reader) leaves bucket rows to the bucket
-    other = _subscription(SealedReader(), clock)
-    other.adopt(meta)
-    other.on_read([obj], [(1, 4), (2, None)], (1, 3))
-    assert other.tracker.number_of_delayed_messages() == 0 and other.ready_count() == 0
+    assert sub.cursor.mark_delete == (1, 0)
+
+
+def test_rows_due_before_the_persisted_delayed_mark_come_back_counted():
+    from raydelay.dispatch.cursor import Cursor
+
+    cursor = Cursor()
+    cursor.delayed_mark = 250
+    back, _ = Cursor.decode(cursor.encode((-1, -1)))
+    assert back.delayed_mark == 250
+    reader = SealedReader()
+    sub = _subscription(reader, ManualClock(1_000), cursor=back)
+    sub.add_consumer("c")
+    index = TopicIndex(min_index_count=1)
+    obj = _object(1, 0, [200, 300], publish_ms=0)
+    index.add(obj)
+    rows, below, next_d, waiting = index.due(*sub.tail_taken, 1_000)
+    sub.take_unsealed(rows, below, 1_000, next_d, waiting)
+    groups, _ = sub.staged(sub.keys_to_fetch(10))
+    out = sub.deliver("c", groups, 10, 1_000)
+    counts = dict(
+        zip(
+            np.concatenate([d.keys for d in out]).tolist(),
+            np.concatenate([d.counts for d in out]).tolist(),
+        )
+    )
+    assert counts == {key_of(1, 0): 1, key_of(1, 1): 0}  # only the first may have gone out
+    assert sub.needs_delayed_mark(1_000)
 
 
 def test_cancel_markers_travel_with_the_bucket_that_covers_them():
