@@ -258,6 +258,9 @@ def _scale(results: dict) -> list[str]:
     if not s:
         return []
     rss = [x["topic"] + x["subscription"] for x in s["samples"]]
+    # how far the subscription's view of the index lagged the appends, in seconds of load
+    behind = [x["sent"] - x["delayed"] - x["acked"] for x in s["samples"] if x["sent"] < s["n"]]
+    lag_s = max(behind, default=0) / s["load_rate"]
     sub = [x["subscription"] for x in s["samples"]]
     return [
         "",
@@ -267,6 +270,8 @@ def _scale(results: dict) -> list[str]:
         "|---|---:|",
         f"| load msg/s (send_many x5000, 2 threads, no consumer) | {s['load_rate']:,.0f} |",
         f"| buckets after the load | {s['buckets']} |",
+        f"| index lag: most messages appended but not yet held, in seconds of load "
+        f"(samples every 5 s) | {lag_s:.1f} |",
         f"| store GiB | {s['store_bytes'] / 2**30:,.2f} |",
         f"| bytes written (log + buckets) per payload byte appended "
         f"| {_num(s.get('written_per_appended'), '.2f')} |",

@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Any
 
+from raydelay.cluster import rpc
 from raydelay.cluster.metadata import Metadata
 from raydelay.config import config_from_dict, config_to_dict
 from raydelay.storage import make_store
@@ -21,7 +22,7 @@ class CoordinatorActor:
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config_from_dict(config)
         self._store = make_store(self._config)
-        self._meta = Metadata(self._store)
+        self._meta = rpc.recover(Metadata, self._store, what="coordinator")
 
     def config(self) -> dict[str, Any]:
         return config_to_dict(self._config)

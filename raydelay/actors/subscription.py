@@ -88,7 +88,15 @@ _DELAYED_MARK_STEP_MS = 5_000  # how far ahead the persisted delayed mark moves
 class SubscriptionActor:
     def __init__(self, topic: str, partition: int, subscription: str, config: dict) -> None:
         # Recovery makes blocking calls; off the event loop's thread they block nothing else.
-        in_thread(self._init, topic, partition, subscription, config)
+        in_thread(
+            rpc.recover,
+            self._init,
+            topic,
+            partition,
+            subscription,
+            config,
+            what=f"sub/{topic}/{partition}/{subscription}",
+        )
 
     def _init(self, topic: str, partition: int, subscription: str, config: dict) -> None:
         started = time.monotonic()

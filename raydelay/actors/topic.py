@@ -61,7 +61,9 @@ MAX_WAIT_S = 60.0
 class TopicActor:
     def __init__(self, topic: str, partition: int, config: dict[str, Any]) -> None:
         # Recovery makes blocking calls; off the event loop's thread they block nothing else.
-        in_thread(self._init, topic, partition, config)
+        in_thread(
+            rpc.recover, self._init, topic, partition, config, what=f"topic/{topic}/{partition}"
+        )
 
     def _init(self, topic: str, partition: int, config: dict[str, Any]) -> None:
         self._topic, self._partition = topic, partition

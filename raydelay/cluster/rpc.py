@@ -7,6 +7,7 @@ raised (not as a Ray traceback); a dead or unreachable actor becomes
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,8 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from raydelay.errors import RaydelayError, StorageError, Unavailable
+
+log = logging.getLogger(__name__)
 
 
 def translate(exc: BaseException, what: str = "") -> BaseException:
@@ -50,11 +53,41 @@ async def wait(ref: Any, *, what: str = "") -> Any:
         raise translate(exc, what) from None
 
 
-def in_thread(fn: Any, *args: Any) -> Any:
+def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` on a fresh thread and return its result (for blocking work in an async
     actor's constructor, which Ray runs on the event loop's thread)."""
     with ThreadPoolExecutor(1, thread_name_prefix="raydelay-init") as pool:
-        return pool.submit(fn, *args).result()
+        return pool.submit(fn, *args, **kwargs).result()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an error may go away on its own: an actor dead or restarting (or its name
+    not registered again yet), or a retriable store failure."""
+    if isinstance(exc, StorageError):
+        return exc.retriable
+    if isinstance(exc, Unavailable):
+        return True
+    return type(exc) is ValueError and "Failed to look up actor" in str(exc)
+
+
+def recover(fn: Any, *args: Any, what: str, sleep=time.sleep) -> Any:
+    """Run an actor's recovery ``fn(*args)`` until it gets past transient errors (see
+    :func:`is_transient`), with a jittered backoff; other errors are raised. In Ray, a
+    constructor that raises while the actor restarts ends the actor for good, so a store
+    outage must not make recovery raise."""
+    delay, failures, said = 0.1, 0, 0.0
+    while True:
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - sorted out just below
+            if not is_transient(exc):
+                raise
+            failures += 1
+            if time.monotonic() - said > 30:
+                log.warning("%s: recovery failed (%s); retrying (attempt %d)", what, exc, failures)
+                said = time.monotonic()
+            sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
 
 
 def get_blocking(ref: Any, *, what: str = "", timeout_s: float | None = None) -> Any:

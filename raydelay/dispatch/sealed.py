@@ -27,7 +27,7 @@ import numpy as np
 from pyroaring import BitMap64
 
 from raydelay.delayed.common import due_window_counts
-from raydelay.delayed.index import Membership, bitmap64_of, smallest_counts
+from raydelay.delayed.index import Membership, smallest_counts
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.keys import LOW, SHIFT
 from raydelay.log.entries import Rows
@@ -95,15 +95,6 @@ class SealedReader:
         """Positions below ``below_key`` need no lookup any more (the log read is past them)."""
         if self.covered:
             self.covered.remove_range(0, max(0, below_key))
-
-    def covered_mask(self, keys: np.ndarray) -> np.ndarray:
-        """Which position keys a bucket holds (their delivery comes from the bucket)."""
-        if not self.covered or not len(keys):
-            return np.zeros(len(keys), dtype=bool)
-        hit = bitmap64_of(keys) & self.covered
-        if not hit:
-            return np.zeros(len(keys), dtype=bool)
-        return np.isin(keys, _values(hit))
 
     # --- loading --------------------------------------------------------------------------
 

@@ -249,6 +249,13 @@ class Subscription:
                 soonest = obj.min_deliver_at_ms
                 self.tail_next = soonest if self.tail_next is None else min(self.tail_next, soonest)
                 self.tail_dirty = True
+                if self._cancelled_ahead:  # cancelled before the read passed them: ack them
+                    span = BitMap64()
+                    span.add_range(first_key + start, first_key + obj.count)
+                    done = span & self._cancelled_ahead
+                    if done:
+                        self._cancelled_ahead -= done
+                        self._ack_cursor(_values(done))
             else:
                 idx = np.arange(start, obj.count, dtype=np.int64)
                 taken += self._take_in(obj, idx, first_key + idx)

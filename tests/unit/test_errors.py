@@ -1,5 +1,7 @@
 import pickle
 
+import pytest
+
 from raydelay.errors import (
     CodecError,
     InvalidArgument,
@@ -24,3 +26,33 @@ def test_storage_error_keeps_retriable_across_pickling():
 
 def test_not_found_prints_plain_text():
     assert str(NotFound("no object at key 'a'")) == "no object at key 'a'"
+
+
+def test_actor_recovery_rides_out_transient_errors_and_raises_the_others():
+    from raydelay.cluster import rpc
+    from raydelay.errors import InvalidArgument, StorageError, Unavailable
+
+    failures = [
+        StorageError("outage", retriable=True),
+        Unavailable("coordinator restarting"),
+        ValueError("Failed to look up actor with name 'coordinator'"),
+    ]
+
+    def flaky() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "up"
+
+    slept: list[float] = []
+    assert rpc.recover(flaky, what="test", sleep=slept.append) == "up"
+    assert len(slept) == 3 and not failures
+
+    def broken() -> None:
+        raise StorageError("access denied", retriable=False)
+
+    with pytest.raises(StorageError, match="access denied"):
+        rpc.recover(broken, what="test", sleep=slept.append)
+    with pytest.raises(InvalidArgument):
+        rpc.recover(
+            lambda: (_ for _ in ()).throw(InvalidArgument("bad")), what="t", sleep=slept.append
+        )

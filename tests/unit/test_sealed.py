@@ -164,7 +164,7 @@ def test_the_reader_loads_segments_near_their_time_and_pops_the_earliest_first()
     reader = SealedReader(lookahead_ms=1_000, max_loaded_rows=2)
     reader.adopt(a)
     reader.adopt(b)
-    assert reader.covered_mask(np.array([key_of(1, 1), key_of(3, 0)])).tolist() == [True, False]
+    assert key_of(1, 1) in reader.covered and key_of(3, 0) not in reader.covered
     segs = {a.key: sa, b.key: sb}
     _load_all(reader, segs, now=0)
     # the segment due at 50,000 is beyond the lookahead: not loaded
@@ -347,3 +347,15 @@ def test_a_subscription_made_after_a_bucket_ledger_was_deleted_waits_only_for_th
     assert sub.cursor.is_acked(1, 0) and sub.cursor.is_acked(1, 2)
     assert not sub.cursor.is_acked(1, 1)
     assert sub.cursor.mark_delete == (1, 0)
+
+
+def test_a_cancel_ahead_of_a_skipped_run_of_delayed_entries_is_acknowledged():
+    from raydelay.log.entries import DelayedRun
+
+    sub = _subscription(SealedReader(), ManualClock(0))
+    # a cancel of 1:1 arrives before the log read reaches it
+    assert sub.cancel(1, 1, (2, 0))
+    # the read passes it as a run of delayed entries only (the topic's index delivers it)
+    sub.on_read([DelayedRun(1, 0, 3, 5_000)], [(1, 3), (2, None)], (1, 2))
+    assert sub.cursor.is_acked(1, 1) and not sub.cursor.is_acked(1, 0)
+    assert sub.read_position == (2, 0) and sub.tail_next == 5_000
