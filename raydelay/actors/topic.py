@@ -270,6 +270,17 @@ class TopicActor:
             self._published_through = max(self._published_through, end_ledger)
             self._index.published(end_ledger)
 
+    def _in_bucket(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether a position lies in a ledger a live bucket covers (its ledger may be gone)."""
+        for start, end, key in self._buckets:
+            if start <= ledger_id <= end:
+                try:
+                    sizes = dict(self._sealed.meta(key).ledgers)
+                except NotFound:
+                    return False
+                return 0 <= entry_id < sizes.get(ledger_id, 0)
+        return False
+
     async def due_unsealed(self, taken_below: int, taken_through: int, now_ms: int) -> dict:
         """For a shared subscription: the due delayed rows of the ledgers not sealed yet that
         it has not taken (it took every row below position ``taken_below`` due at or before
@@ -376,6 +387,8 @@ class TopicActor:
         if not targets:
             return []
         missing = [t for t in targets if not self._log.contains(*t)]
+        if missing:  # a ledger deleted once its delayed entries were sealed: in a bucket
+            missing = [t for t in missing if not await asyncio.to_thread(self._in_bucket, *t)]
         if missing:
             raise NotFound(
                 f"message {self._topic}/{self._partition}/{missing[0][0]}:{missing[0][1]} "

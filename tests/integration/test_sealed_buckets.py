@@ -153,3 +153,22 @@ def test_restarts_of_topic_and_subscription_actors_lose_nothing(cluster, topic_n
         assert all(c >= 1 for c, _, _ in deliveries[1:]), "a duplicate without a count"
     got = _drain(consumers[1], len(wanted))
     assert set(got) == wanted
+
+
+def test_a_message_whose_ledger_is_gone_can_still_be_cancelled(cluster, topic_name):
+    # Given delayed messages whose ledgers are deleted once their bucket is sealed (the
+    # only subscription holds them in buckets, so the log is not needed any more)
+    cluster.create_topic(topic_name, partitions=1)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    first_ledger = _topic_stats(topic_name)["ledgers"][0][0]
+    mids = producer.send_many([b"d%d" % i for i in range(5_000)], deliver_at=now_ms() + 8_000)
+    _wait(
+        "a sealed ledger deleted", lambda: _topic_stats(topic_name)["ledgers"][0][0] > first_ledger
+    )
+    assert mids[0].ledger_id == first_ledger
+    # When one of them is cancelled
+    assert producer.cancel(mids[0]) is True
+    # Then the cancel holds: every other one arrives, that one never
+    got = _drain(consumer, 4_999, timeout_s=40)
+    assert set(got) == {b"d%d" % i for i in range(1, 5_000)}
