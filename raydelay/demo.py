@@ -86,7 +86,7 @@ class DemoReport:
                 "lateness p50 / p99 / max",
                 f"{self.percentile(50):.0f} / {self.percentile(99):.0f} / {max(late, default=0):,} ms",
             ],
-            ["buckets sealed / loaded", f"{self.buckets_sealed} / {self.buckets_loaded}"],
+            ["buckets sealed / segments loaded", f"{self.buckets_sealed} / {self.buckets_loaded}"],
             ["peak RSS of subscription actors", f"{self.peak_rss_mb:,.0f} MB"],
             ["elapsed", f"{self.elapsed_s:.1f} s"],
         ]

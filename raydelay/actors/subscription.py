@@ -460,8 +460,13 @@ class SubscriptionActor:
         return self._sub.stats() | {"recovery": recovery, "tracker": self._tracker_stats()}
 
     def _tracker_stats(self) -> dict:
-        """The bucket tracker's counters ({} for the in-memory tracker, which has none)."""
-        return getattr(self._sub.tracker, "stats", dict)()
+        """The counters of the sealed buckets this subscription reads: buckets taken up
+        (``sealed``), segments loaded (``loaded``); {} without sealed buckets."""
+        sealed = self._sub.sealed
+        if sealed is None:
+            return {}
+        c = sealed.counters
+        return {"sealed": c["adopted"], "loaded": c["segments_loaded"], **c}
 
     async def flush(self) -> None:
         """Persist the cursor now (and report mark-delete)."""

@@ -70,7 +70,7 @@ class SealedReader:
         self.buckets: dict[str, _Bucket] = {}
         self.covered = BitMap64()  # the positions of every bucket held
         self.sealed_through = -1
-        self.counters = {"segments_loaded": 0, "rows_loaded": 0, "finished": 0}
+        self.counters = {"adopted": 0, "segments_loaded": 0, "rows_loaded": 0, "finished": 0}
 
     # --- the set of buckets ---------------------------------------------------------------
 
@@ -83,6 +83,7 @@ class SealedReader:
         n = len(meta.segments)
         done = n if done == FINISHED else max(0, min(int(done), n))
         self.buckets[meta.key] = _Bucket(meta, done, done, (int(taken[0]), int(taken[1])))
+        self.counters["adopted"] += 1
         self.covered |= meta.positions()
 
     def forget(self, key: str) -> None:
