@@ -1,16 +1,18 @@
 """SubscriptionActor: the asyncio shell around one :class:`Subscription` (one partition).
 
-A shared subscription delivers due delayed messages from the partition's sealed buckets,
-which the topic actor builds once for every subscription (see
-:mod:`raydelay.dispatch.sealed`); it reads the log for everything else, and keeps the
-delayed positions of the unsealed tail (and its own nacks) in an in-memory tracker.
+A shared subscription indexes no delayed message itself: the topic actor does it once for
+every subscription. Due delayed messages come with their payloads from the topic's
+unsealed index (``due_unsealed``) and from the partition's sealed buckets (see
+:mod:`raydelay.dispatch.sealed`); the log is read for everything else, and an in-memory
+tracker holds only this subscription's delayed nacks.
 
 These loops run beside the calls:
 
 - the **pump** reads the log ahead (bounded by ``subscription.read_ahead_entries``)
   and long-polls the topic actor when caught up;
-- the **timer** sleeps until the tracker's next deliver_at or the next ack deadline,
-  then wakes waiting ``receive`` calls (it never spins: with nothing scheduled it
+- the **timer** sleeps until the next deliver_at (tracker, sealed buckets, the topic's
+  unsealed index) or the next ack deadline, asks the topic for due unsealed rows, then
+  wakes waiting ``receive`` calls (it never spins: with nothing scheduled it
   waits for a change);
 - the **loader** loads the segments of sealed buckets whose deliver_at comes near;
 - the **persister** writes the cursor at most once per
@@ -164,8 +166,8 @@ class SubscriptionActor:
     # --- construction ----------------------------------------------------------------------
 
     def _make_tracker(self):
-        """The in-memory tracker: the delayed positions of the unsealed log tail and this
-        subscription's nacks (FIFO subscriptions ignore deliver_at: only nacks)."""
+        """The in-memory tracker: this subscription's delayed nacks (and, with
+        ``delayed.tracker = "memory"``, the delayed positions it reads from the log)."""
         d = self._config.delayed
         return InMemoryDelayedDeliveryTracker(
             clock=self._clock,

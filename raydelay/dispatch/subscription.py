@@ -6,9 +6,12 @@ moves bytes (reads the log, fetches payloads, answers consumers) and runs timers
 - **cursor**: mark-delete plus individual acks (:mod:`raydelay.dispatch.cursor`).
 - **read-ahead**: entries read from the log and due now wait in a bounded queue
   with their payloads.
-- **delayed messages**: a ``shared`` subscription puts not-yet-due entries into its
-  tracker (position only; the payload is fetched again when due). ``exclusive``
-  and ``failover`` ignore ``deliver_at`` and deliver in log order.
+- **delayed messages**: with sealed buckets (:attr:`sealed`), a ``shared``
+  subscription leaves entries not due when committed to the topic's index: it takes the
+  due ones, with their payloads, from the topic's unsealed index (:meth:`take_unsealed`)
+  and from the sealed buckets (:meth:`adopt`, :meth:`collect_due`). Without them, it puts
+  them into its tracker (position only; the payload is fetched again when due).
+  ``exclusive`` and ``failover`` ignore ``deliver_at`` and deliver in log order.
 - **redelivery set**: positions the tracker popped, positions whose ack timed out,
   nacked positions whose delay elapsed, and the pending positions of consumers that
   left. A position stays there until a consumer has it, so none is lost.
