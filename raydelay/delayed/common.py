@@ -7,7 +7,7 @@ from pyroaring import BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.columns import check_deliver_at, check_position, superseded
-from raydelay.delayed.index import Membership, bitmap64_values
+from raydelay.delayed.index import Membership
 from raydelay.errors import InvalidArgument
 
 Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -72,17 +72,6 @@ class TrackerBase:
     def tracked_among(self, keys: BitMap64) -> BitMap64:
         """The position keys (``ledger << 32 | entry``) of ``keys`` that are tracked."""
         return self._members.members & keys
-
-    def remove_keys(self, keys: BitMap64) -> BitMap64:
-        """Untrack the tracked ones of ``keys`` (position keys); returns them."""
-        hit = self._members.members & keys
-        if hit:
-            vals = bitmap64_values(hit)
-            self._members.remove_many(
-                (vals >> np.uint64(32)).astype(np.int64),
-                (vals & np.uint64(0xFFFFFFFF)).astype(np.int64),
-            )
-        return hit
 
     def _split_due(
         self, ls: np.ndarray, es: np.ndarray, ds: np.ndarray, result: np.ndarray

@@ -34,7 +34,7 @@ from pyroaring import BitMap64
 
 from raydelay.delayed.bucket import cut_segments
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
-from raydelay.dispatch.keys import LOW, SHIFT
+from raydelay.dispatch.keys import SHIFT
 from raydelay.errors import CodecError, InvalidArgument
 from raydelay.log.entries import (
     NO_CANCEL,
@@ -347,17 +347,3 @@ class TopicIndex:
 
 def _take(rows: Rows, idx: np.ndarray) -> Rows:
     return Rows(rows.positions[idx], rows.publish_time_ms[idx], rows.entries.take(idx))
-
-
-def positions_by_ledger(keys: BitMap64) -> dict[int, np.ndarray]:
-    """Entry ids (uint32) per ledger of a set of position keys."""
-    arr = bitmap64_values(keys).astype(np.uint64)
-    if not len(arr):
-        return {}
-    ledgers = (arr >> np.uint64(SHIFT)).astype(np.int64)
-    entries = (arr & np.uint64(LOW)).astype(np.uint32)
-    cuts = np.flatnonzero(np.diff(ledgers)) + 1
-    return {
-        int(ledgers[lo]): entries[lo:hi]
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(arr)], strict=True)
-    }
