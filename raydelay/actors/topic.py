@@ -207,7 +207,7 @@ class TopicActor:
                 time.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))
 
     def _sealed_bucket(self, job: SealJob):
-        """The encoded bucket of a job (meta, data), or None for a job without rows."""
+        """The encoded bucket of a job (meta, data, index), or None for a job without rows."""
         if job.rows is None:
             return None
         d = self._config.delayed
@@ -223,7 +223,7 @@ class TopicActor:
         )
 
     def _register(self, job: SealJob, sealed, inline: bool = False) -> None:
-        """Write a bucket (data, then meta), then register it with the new sealed_through
+        """Write a bucket (data, index, then meta), then register it with the new sealed_through
         in one coordinator call; a job without rows only moves sealed_through. Then publish
         it on the log's thread (``inline``: on this one, during recovery), where the due
         queries run: a query answers either from the index or with the bucket, never both."""
@@ -234,8 +234,8 @@ class TopicActor:
         if sealed is None:
             self._registry.apply([through])
         else:
-            meta, data = sealed
-            written = self._sealed.write(meta, data)
+            meta, data, index = sealed
+            written = self._sealed.write(meta, data, index)
             record = msgpack.packb([meta.count, len(meta.segments)])
             self._registry.apply([("put", name, meta.key, record), through])
             entry = (meta.start_ledger, meta.end_ledger, meta.key)

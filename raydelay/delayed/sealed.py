@@ -5,15 +5,21 @@ The topic actor already holds every entry in memory when it commits it. Its
 entries of the ledgers not sealed yet. At a ledger boundary, once it holds at least
 ``min_index_count_per_bucket`` rows, it hands them to :func:`seal`, which sorts them by
 (deliver_at, position), cuts them into segments (``max_time_step_per_segment_ms``,
-``max_indexes_per_segment``) and encodes the bucket as two objects:
+``max_indexes_per_segment``) and encodes the bucket as three objects:
 
 - ``data``: the segments back to back, each an Arrow IPC stream of one
   :data:`~raydelay.log.entries.ROWS_SCHEMA` batch: position, publish time, payload, key,
   properties, deliver_at. A due window of one bucket is one ranged read, and a due
   message is delivered from it without touching the log.
-- ``meta``: versioned msgpack: the bucket's ledger range and, per segment, its min and
-  max deliver_at, its row count, its byte range in ``data`` and a 64-bit roaring bitmap
-  of its position keys.
+- ``index``: versioned msgpack: a 64-bit roaring bitmap of each segment's position keys.
+  Only a lookup of given positions needs it (a redelivery or a cancel whose ledger is gone
+  from the log), so nobody else reads it.
+- ``meta``: versioned msgpack: the bucket's ledger range, one bitmap of all its position
+  keys and, per segment, its min and max deliver_at, its row count and its byte range in
+  ``data``. It stays small (the bitmap of a bucket's keys is mostly runs), because every
+  subscription reads every meta when it starts.
+
+Format 1 metas (before ``index``) carried the segment bitmaps inline; they still decode.
 
 Every subscription reads the same buckets (:mod:`raydelay.dispatch.sealed`). Buckets are
 never merged: a subscription loads a segment only when its deliver_at comes near, so the
@@ -26,7 +32,7 @@ publish time. Entries due at commit are delivered from the log like immediate on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
@@ -44,7 +50,8 @@ from raydelay.log.entries import (
     _read_ipc,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+INDEX_FORMAT_VERSION = 1
 SEGMENT_FORMAT = b"raydelay.sealed.v1"
 THROUGH_KEY = "~through"  # the registry record holding sealed_through (msgpack int)
 
@@ -68,7 +75,7 @@ def parse_bucket_key(key: str) -> tuple[int, int, int]:
 
 
 def bucket_object(topic: str, partition: int, key: str, what: str) -> str:
-    """The store key of a bucket's ``meta`` or ``data`` object."""
+    """The store key of a bucket's ``meta``, ``index`` or ``data`` object."""
     return f"{registry_name(topic, partition)}/{key}/{what}"
 
 
@@ -79,7 +86,6 @@ class SegmentInfo:
     count: int
     offset: int  # byte range in the bucket's data object
     length: int
-    keys: BitMap64  # position keys of its rows
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,10 @@ class SealedMeta:
     # (marker, target) position keys of the cancel markers in its ledgers: a subscription
     # that skips those ledgers in the log learns them here before it delivers anything
     markers: tuple[tuple[int, int], ...] = ()
+    keys: BitMap64 = field(default_factory=BitMap64)  # every position key (do not mutate)
+    # a format 1 meta carried its segments' keys inline; a format 2 one leaves them to the
+    # bucket's index object
+    segment_keys: tuple[BitMap64, ...] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -102,21 +112,20 @@ class SealedMeta:
         return sum(s.count for s in self.segments)
 
     def positions(self) -> BitMap64:
-        """Every position key of the bucket."""
-        out = BitMap64()
-        for s in self.segments:
-            out |= s.keys
-        return out
+        """Every position key of the bucket (shared: do not mutate)."""
+        return self.keys
 
-    def segment_of(self, keys: np.ndarray) -> np.ndarray:
-        """For each key, the index of the segment holding it (-1: none)."""
-        where = np.full(len(keys), -1, dtype=np.int64)
-        bm = bitmap64_of(keys)
-        for i, s in enumerate(self.segments):
-            hit = bm & s.keys
-            if hit:
-                where[np.isin(keys, bitmap64_values(hit).astype(np.int64))] = i
-        return where
+
+def segment_of(segment_keys: tuple[BitMap64, ...], keys: np.ndarray) -> np.ndarray:
+    """For each key, the index of the segment holding it (-1: none), given each segment's
+    keys (a bucket's index)."""
+    where = np.full(len(keys), -1, dtype=np.int64)
+    bm = bitmap64_of(keys)
+    for i, seg in enumerate(segment_keys):
+        hit = bm & seg
+        if hit:
+            where[np.isin(keys, bitmap64_values(hit).astype(np.int64))] = i
+    return where
 
 
 def encode_meta(meta: SealedMeta) -> bytes:
@@ -128,10 +137,8 @@ def encode_meta(meta: SealedMeta) -> bytes:
             "id": meta.bucket_id,
             "ledgers": [list(x) for x in meta.ledgers],
             "markers": [list(x) for x in meta.markers],
-            "segments": [
-                [s.min_d, s.max_d, s.count, s.offset, s.length, s.keys.serialize()]
-                for s in meta.segments
-            ],
+            "keys": meta.keys.serialize(),
+            "segments": [[s.min_d, s.max_d, s.count, s.offset, s.length] for s in meta.segments],
         },
         use_bin_type=True,
     )
@@ -140,20 +147,55 @@ def encode_meta(meta: SealedMeta) -> bytes:
 def decode_meta(raw: bytes, what: str = "sealed bucket meta") -> SealedMeta:
     try:
         obj = msgpack.unpackb(raw, raw=False)
-        if obj.get("v") != FORMAT_VERSION:
-            raise CodecError(f"{what}: format {obj.get('v')!r}, expected {FORMAT_VERSION}")
+        version = obj.get("v")
+        if version not in (1, FORMAT_VERSION):
+            raise CodecError(f"{what}: format {version!r}, expected {FORMAT_VERSION}")
+        segment_keys = None
+        if version == 1:  # each segment ended with its keys
+            segment_keys = tuple(BitMap64.deserialize(s[5]) for s in obj["segments"])
+            keys = BitMap64()
+            for k in segment_keys:
+                keys |= k
+        else:
+            keys = BitMap64.deserialize(obj["keys"])
         segs = tuple(
-            SegmentInfo(int(a), int(b), int(c), int(o), int(n), BitMap64.deserialize(k))
-            for a, b, c, o, n, k in obj["segments"]
+            SegmentInfo(int(a), int(b), int(c), int(o), int(n))
+            for a, b, c, o, n, *_ in obj["segments"]
         )
         ledgers = tuple((int(i), int(c)) for i, c in obj["ledgers"])
         markers = tuple((int(m), int(t)) for m, t in obj["markers"])
         return SealedMeta(
-            int(obj["start"]), int(obj["end"]), int(obj["id"]), segs, ledgers, markers
+            int(obj["start"]),
+            int(obj["end"]),
+            int(obj["id"]),
+            segs,
+            ledgers,
+            markers,
+            keys,
+            segment_keys,
         )
     except CodecError:
         raise
     except Exception as exc:  # noqa: BLE001 - any malformed meta is a codec error
+        raise CodecError(f"{what}: cannot decode: {exc}") from exc
+
+
+def encode_index(segment_keys: tuple[BitMap64, ...]) -> bytes:
+    return msgpack.packb(
+        {"v": INDEX_FORMAT_VERSION, "segments": [k.serialize() for k in segment_keys]},
+        use_bin_type=True,
+    )
+
+
+def decode_index(raw: bytes, what: str = "sealed bucket index") -> tuple[BitMap64, ...]:
+    try:
+        obj = msgpack.unpackb(raw, raw=False)
+        if obj.get("v") != INDEX_FORMAT_VERSION:
+            raise CodecError(f"{what}: format {obj.get('v')!r}, expected {INDEX_FORMAT_VERSION}")
+        return tuple(BitMap64.deserialize(k) for k in obj["segments"])
+    except CodecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any malformed index is a codec error
         raise CodecError(f"{what}: cannot decode: {exc}") from exc
 
 
@@ -175,9 +217,9 @@ def seal(
     max_step_ms: int,
     ledgers: tuple[tuple[int, int], ...] = (),
     markers: tuple[tuple[int, int], ...] = (),
-) -> tuple[SealedMeta, bytes]:
+) -> tuple[SealedMeta, bytes, bytes]:
     """Sort ``rows`` by (deliver_at, position), cut them into segments and encode the
-    bucket: its meta and its data object."""
+    bucket: its meta, its data object and its index object."""
     if not len(rows):
         raise InvalidArgument("rows: a sealed bucket needs at least one row")
     d = rows.entries.deliver_at_ms
@@ -187,6 +229,7 @@ def seal(
     limit = max_indexes if max_indexes > 0 else len(d)
     parts: list[bytes] = []
     infos: list[SegmentInfo] = []
+    segment_keys: list[BitMap64] = []
     offset = 0
     for lo, hi in cut_segments(d, limit, max_step_ms):
         seg = Rows(
@@ -195,14 +238,20 @@ def seal(
             ordered.entries.slice(lo, hi),
         )
         data = encode_segment(seg)
-        keys = bitmap64_of(seg.positions)
-        infos.append(SegmentInfo(int(d[lo]), int(d[hi - 1]), hi - lo, offset, len(data), keys))
+        segment_keys.append(bitmap64_of(seg.positions))
+        infos.append(SegmentInfo(int(d[lo]), int(d[hi - 1]), hi - lo, offset, len(data)))
         parts.append(data)
         offset += len(data)
     meta = SealedMeta(
-        start_ledger, end_ledger, bucket_id, tuple(infos), tuple(ledgers), tuple(markers)
+        start_ledger,
+        end_ledger,
+        bucket_id,
+        tuple(infos),
+        tuple(ledgers),
+        tuple(markers),
+        bitmap64_of(rows.positions),
     )
-    return meta, b"".join(parts)
+    return meta, b"".join(parts), encode_index(tuple(segment_keys))
 
 
 @dataclass(frozen=True)

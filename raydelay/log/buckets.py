@@ -1,8 +1,9 @@
 """The store side of a partition's sealed buckets (see :mod:`raydelay.delayed.sealed`).
 
-One bucket is two objects under ``topics/<topic>/<partition>/buckets/<key>/``: ``data``
-(its segments back to back) then ``meta``, written in that order; the topic registers
-the bucket in the coordinator only after both are durable. A bucket in the store but not
+One bucket is three objects under ``topics/<topic>/<partition>/buckets/<key>/``: ``data``
+(its segments back to back), ``index`` (each segment's position keys) then ``meta``,
+written in that order; the topic registers the bucket in the coordinator only after all
+three are durable. A bucket in the store but not
 in the registry is an orphan of a seal that died half-way; the topic deletes it.
 """
 
@@ -14,16 +15,19 @@ from collections import OrderedDict
 
 import numpy as np
 
+from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.delayed.sealed import (
     SealedMeta,
     bucket_object,
+    decode_index,
     decode_meta,
     decode_segment,
     encode_meta,
     registry_name,
+    segment_of,
 )
 from raydelay.dispatch.keys import SHIFT
-from raydelay.errors import NotFound
+from raydelay.errors import CodecError, NotFound
 from raydelay.log.entries import Rows
 from raydelay.storage.base import ObjectStore
 
@@ -37,15 +41,17 @@ class SealedStore:
         self._store = store
         self._topic, self._partition = topic, partition
         self._metas: OrderedDict[str, SealedMeta] = OrderedDict()
+        self._indexes: OrderedDict[str, tuple] = OrderedDict()
         self._meta_cache = meta_cache
-        self._lock = threading.Lock()  # the seal thread and readers share the cache
+        self._lock = threading.Lock()  # the seal thread and readers share the caches
 
-    def write(self, meta: SealedMeta, data: bytes) -> int:
-        """Write a bucket's objects (data first); returns the bytes written."""
+    def write(self, meta: SealedMeta, data: bytes, index: bytes) -> int:
+        """Write a bucket's objects (data, index, then meta); returns the bytes written."""
         encoded = encode_meta(meta)
         self._store.put(self._key(meta.key, "data"), data)
+        self._store.put(self._key(meta.key, "index"), index)
         self._store.put(self._key(meta.key, "meta"), encoded)
-        return len(data) + len(encoded)
+        return len(data) + len(index) + len(encoded)
 
     def meta(self, key: str) -> SealedMeta:
         with self._lock:
@@ -59,6 +65,27 @@ class SealedStore:
             while len(self._metas) > self._meta_cache:
                 self._metas.popitem(last=False)
         return meta
+
+    def segment_keys(self, meta: SealedMeta) -> tuple:
+        """Each segment's position keys: from a format 1 meta, or the bucket's index."""
+        if meta.segment_keys is not None:
+            return meta.segment_keys
+        with self._lock:
+            found = self._indexes.get(meta.key)
+            if found is not None:
+                self._indexes.move_to_end(meta.key)
+                return found
+        raw = self._store.get(self._key(meta.key, "index"))
+        found = decode_index(raw, f"bucket {meta.key} index")
+        if len(found) != len(meta.segments):
+            raise CodecError(
+                f"bucket {meta.key} index: {len(found)} segments, its meta has {len(meta.segments)}"
+            )
+        with self._lock:
+            self._indexes[meta.key] = found
+            while len(self._indexes) > 4:  # a few: lookups of gone ledgers are rare
+                self._indexes.popitem(last=False)
+        return found
 
     def segment(self, key: str, offset: int, length: int) -> Rows:
         data = self._store.get_range(self._key(key, "data"), offset, offset + length)
@@ -75,9 +102,13 @@ class SealedStore:
                 continue
             try:
                 meta = self.meta(bkey)
+                hit = meta.keys & bitmap64_of(inside)
+                if not hit:
+                    continue  # none of them is in this bucket: its index is not needed
+                inside = bitmap64_values(hit).astype(np.int64)
+                where = segment_of(self.segment_keys(meta), inside)
             except NotFound:
                 continue  # deleted meanwhile
-            where = meta.segment_of(inside)
             for no in np.unique(where[where >= 0]).tolist():
                 seg = meta.segments[no]
                 rows = self.segment(bkey, seg.offset, seg.length)
@@ -89,11 +120,12 @@ class SealedStore:
 
     def delete(self, key: str) -> int:
         """Delete a bucket's objects (meta first: a half-deleted bucket is an orphan)."""
-        for what in ("meta", "data"):
+        for what in ("meta", "index", "data"):
             self._store.delete(self._key(key, what))
         with self._lock:
             self._metas.pop(key, None)
-        return 2
+            self._indexes.pop(key, None)
+        return 3
 
     def stored_keys(self) -> set[str]:
         """The bucket keys that have any object in the store."""

@@ -96,7 +96,7 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
         stored.setdefault(bucket, set()).add(obj)
     assert set(stored) == registered
     for key, objects in stored.items():
-        assert objects == {"meta", "data"}
+        assert objects == {"meta", "index", "data"}
         meta = decode_meta(store.get(f"{name}/{key}/meta"))
         data = store.get(f"{name}/{key}/data")
         assert sum(s.length for s in meta.segments) == len(data)

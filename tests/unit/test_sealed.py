@@ -3,6 +3,7 @@ their payloads, the meta format (golden bytes), and one subscription's reading o
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
 from pyroaring import BitMap64
@@ -13,16 +14,23 @@ from raydelay.delayed.sealed import (
     SealedMeta,
     SegmentInfo,
     TopicIndex,
+    decode_index,
     decode_meta,
     decode_segment,
+    encode_index,
     encode_meta,
+    registry_name,
     seal,
+    segment_of,
 )
 from raydelay.dispatch.keys import join_keys, key_of
 from raydelay.dispatch.sealed import FINISHED, SealedReader
 from raydelay.dispatch.subscription import Subscription
 from raydelay.errors import CodecError, InvalidArgument
+from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import NO_DELAY, Entries, LedgerObject
+from raydelay.storage.counting import CountingObjectStore
+from raydelay.storage.memory import MemoryObjectStore
 
 
 def _object(
@@ -65,7 +73,7 @@ def test_seal_sorts_by_deliver_at_then_position_and_cuts_segments():
     index = TopicIndex(min_index_count=1)
     index.add(_object(1, 0, [5_000, 2_000, 2_000, 9_000, 400_000]))
     job = index.ledger_closed(1)
-    meta, data = seal(
+    meta, data, index_raw = seal(
         job.rows, start_ledger=1, end_ledger=1, bucket_id=7, max_indexes=2, max_step_ms=300_000
     )
     assert [(s.min_d, s.max_d, s.count) for s in meta.segments] == [
@@ -78,11 +86,10 @@ def test_seal_sorts_by_deliver_at_then_position_and_cuts_segments():
     assert segs[1].entries.payloads == [b"p1-0", b"p1-3"]
     assert segs[1].entries.keys == ["k0", "k3"]
     assert meta.count == 5 and meta.key == "00000000000000000001_00000000000000000001_7"
-    assert meta.segment_of(np.array([key_of(1, 3), key_of(1, 4), key_of(2, 0)])).tolist() == [
-        1,
-        2,
-        -1,
-    ]
+    assert sorted(meta.positions()) == [key_of(1, e) for e in range(5)]
+    segment_keys = decode_index(index_raw)
+    where = segment_of(segment_keys, np.array([key_of(1, 3), key_of(1, 4), key_of(2, 0)]))
+    assert where.tolist() == [1, 2, -1]
     with pytest.raises(InvalidArgument, match="rows"):
         seal(
             job.rows.__class__(
@@ -97,6 +104,19 @@ def test_seal_sorts_by_deliver_at_then_position_and_cuts_segments():
 
 
 GOLDEN_META = (
+    "88a17602a57374617274cd0102a3656e64cd0104a269640ba76c6564"
+    "676572739292cd01020592cd010407a76d61726b65727391920702a4"
+    "6b657973c4220100000000000000000000003a300000010000000000"
+    "020010000000020003000900a87365676d656e747392950a14020010"
+    "951e1e011009"
+)
+GOLDEN_INDEX = (
+    "82a17601a87365676d656e747392c4200100000000000000000000003a"
+    "30000001000000000001001000000002000300c41e01000000000000000000"
+    "00003a3000000100000000000000100000000900"
+)
+# format 1 (stores written before the index object): the segment keys inline
+GOLDEN_META_V1 = (
     "87a17601a57374617274cd0102a3656e64cd0104a269640ba76c6564"
     "676572739292cd01020592cd010407a76d61726b65727391920702a8"
     "7365676d656e747391960a14020010c4200100000000000000000000"
@@ -104,20 +124,35 @@ GOLDEN_META = (
 )
 
 
-def test_the_meta_format_is_pinned():
+def test_the_meta_and_index_formats_are_pinned():
     meta = SealedMeta(
         258,
         260,
         11,
-        (SegmentInfo(10, 20, 2, 0, 16, BitMap64([2, 3])),),
+        (SegmentInfo(10, 20, 2, 0, 16), SegmentInfo(30, 30, 1, 16, 9)),
         ((258, 5), (260, 7)),
         ((7, 2),),
+        BitMap64([2, 3, 9]),
     )
     raw = encode_meta(meta)
     assert decode_meta(raw) == meta
     assert raw.hex() == GOLDEN_META
+    index = (BitMap64([2, 3]), BitMap64([9]))
+    assert encode_index(index).hex() == GOLDEN_INDEX
+    assert decode_index(bytes.fromhex(GOLDEN_INDEX)) == index
     with pytest.raises(CodecError):
         decode_meta(b"\x81\xa1v\x09")
+    with pytest.raises(CodecError, match="format 9"):
+        decode_index(b"\x81\xa1v\x09")
+
+
+def test_a_format_1_meta_still_decodes_with_its_segment_keys():
+    meta = decode_meta(bytes.fromhex(GOLDEN_META_V1))
+    assert (meta.start_ledger, meta.end_ledger, meta.bucket_id) == (258, 260, 11)
+    assert meta.segments == (SegmentInfo(10, 20, 2, 0, 16),)
+    assert meta.ledgers == ((258, 5), (260, 7)) and meta.markers == ((7, 2),)
+    assert meta.segment_keys == (BitMap64([2, 3]),)
+    assert meta.positions() == BitMap64([2, 3])
 
 
 def _meta(
@@ -135,7 +170,7 @@ def _meta(
         index.add(_object(ledger, 0, ds, publish_ms=0))
     end = max(by_ledger)
     job = index.ledger_closed(end)
-    meta, data = seal(
+    meta, data, _ = seal(
         job.rows,
         start_ledger=start,
         end_ledger=end,
@@ -318,7 +353,7 @@ def test_cancel_markers_travel_with_the_bucket_that_covers_them():
     index.add(_object(2, 1, [7_000], publish_ms=0))
     job = index.ledger_closed(2)
     assert job.markers == ((key_of(2, 0), key_of(1, 1)),)
-    meta, segs = seal(job.rows, start_ledger=0, end_ledger=2, bucket_id=1, max_indexes=10,
+    meta, segs, _ = seal(job.rows, start_ledger=0, end_ledger=2, bucket_id=1, max_indexes=10,
                       max_step_ms=10**9, markers=job.markers)  # fmt: skip
     # a subscription that never read those ledgers learns the cancel on adoption
     clock = ManualClock(10_000)
@@ -337,7 +372,7 @@ def test_a_subscription_made_after_a_bucket_ledger_was_deleted_waits_only_for_th
     index = TopicIndex(min_index_count=1)
     index.add(_object(1, 0, [NO_DELAY, 5_000, NO_DELAY], publish_ms=0))
     job = index.ledger_closed(1)
-    meta, _ = seal(job.rows, start_ledger=1, end_ledger=1, bucket_id=1, max_indexes=10,
+    meta, _, _ = seal(job.rows, start_ledger=1, end_ledger=1, bucket_id=1, max_indexes=10,
                    max_step_ms=10**9, ledgers=((1, 3),))  # fmt: skip
     sub = _subscription(SealedReader(), ManualClock(0))
     sub.adopt(meta)
@@ -359,3 +394,39 @@ def test_a_cancel_ahead_of_a_skipped_run_of_delayed_entries_is_acknowledged():
     sub.on_read([DelayedRun(1, 0, 3, 5_000)], [(1, 3), (2, None)], (1, 2))
     assert sub.cursor.is_acked(1, 1) and not sub.cursor.is_acked(1, 0)
     assert sub.read_position == (2, 0) and sub.tail_next == 5_000
+
+
+def test_the_store_finds_positions_through_the_index_or_a_format_1_meta():
+    index = TopicIndex(min_index_count=1)
+    index.add(_object(1, 0, [5_000, 2_000, 2_000, 9_000, 400_000]))
+    job = index.ledger_closed(1)
+    meta, data, index_raw = seal(
+        job.rows, start_ledger=1, end_ledger=1, bucket_id=7, max_indexes=2, max_step_ms=300_000
+    )
+    store = CountingObjectStore(MemoryObjectStore())
+    sealed = SealedStore(store, "t", 0)
+    sealed.write(meta, data, index_raw)
+    assert sorted(k.rsplit("/", 1)[1] for k in store.list("")) == ["data", "index", "meta"]
+    buckets = [(1, 1, meta.key)]
+    wanted = np.array([key_of(1, 4), key_of(1, 0), key_of(1, 9)])  # 1:9 is in no bucket
+    rows = sealed.read_positions(wanted, buckets)
+    assert rows.positions.tolist() == [key_of(1, 0), key_of(1, 4)]
+    assert rows.entries.payloads == [b"p1-0", b"p1-4"]
+    # keys of no bucket do not even read the index
+    fresh = SealedStore(store, "t", 0)
+    before = store.bytes_read
+    assert len(fresh.read_positions(np.array([key_of(1, 9)]), buckets)) == 0
+    assert store.bytes_read - before == len(encode_meta(meta))  # the meta only
+    # a bucket written before the index object: its meta carries the segment keys
+    v1 = msgpack.unpackb(encode_meta(meta))
+    v1["v"] = 1
+    v1["segments"] = [
+        seg + [k.serialize()] for seg, k in zip(v1["segments"], decode_index(index_raw))
+    ]
+    del v1["keys"]
+    store.put(f"{registry_name('t', 0)}/{meta.key}/meta", msgpack.packb(v1))
+    store.delete(f"{registry_name('t', 0)}/{meta.key}/index")
+    old = SealedStore(store, "t", 0)
+    rows = old.read_positions(wanted, buckets)
+    assert rows.entries.payloads == [b"p1-0", b"p1-4"]
+    assert old.delete(meta.key) == 3 and store.list("") == []
