@@ -10,10 +10,13 @@ from typing import Any
 from raydelay.clock import Clock, ManualClock, SystemClock
 from raydelay.errors import (
     CodecError,
+    Conflict,
+    ConsumerBusy,
     InvalidArgument,
     NotFound,
     RaydelayError,
     StorageError,
+    StoreOwned,
     Unavailable,
 )
 
@@ -40,6 +43,9 @@ __all__ = [
     "NotFound",
     "StorageError",
     "CodecError",
+    "Conflict",
+    "ConsumerBusy",
+    "StoreOwned",
     "Unavailable",
     "__version__",
 ]

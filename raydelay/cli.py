@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     consume = sub.add_parser(
         "consume",
         help="print messages of a subscription (and ack them with --ack)",
-        description="Receive messages and print one line each: message id, deliver_at, "
-        "payload. Without --ack they stay unacknowledged and are redelivered later.",
+        description="Receive messages and print one tab-separated line each: message id, "
+        "deliver_at, key, properties (k=v,...), redelivery count, payload. Without --ack "
+        "they stay unacknowledged and are redelivered later.",
     )
     consume.add_argument("topic")
     consume.add_argument("subscription")
@@ -192,13 +193,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
+        return code
     except RaydelayError as exc:
         print(f"raydelay: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("raydelay: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `raydelay stats ... | head`: the reader has had enough
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 0
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -371,11 +378,20 @@ def cmd_produce(args: argparse.Namespace) -> int:
             raise InvalidArgument(f"file: cannot read {args.file!r}: {exc.strerror}") from None
     cluster = _attach(args)
     producer = cluster.create_producer(args.topic)
+    limit = cluster.config.topic.max_message_bytes
     sent = 0
     try:
         batch: list[bytes] = []
-        for line in stream:
-            batch.append(line.rstrip(b"\r\n"))
+        for number, line in enumerate(stream, 1):
+            payload = line.rstrip(b"\r\n")
+            if len(payload) > limit:  # send the lines before it, then say where it stopped
+                sent += _send(producer, batch, args, deliver_at, props) if batch else 0
+                raise InvalidArgument(
+                    f"line {number}: {len(payload):,} bytes is over topic.max_message_bytes "
+                    f"({limit:,}); stopped there, after sending {_count(sent, 'message')} "
+                    f"(lines 1-{number - 1})"
+                )
+            batch.append(payload)
             if len(batch) >= _BATCH:
                 sent += _send(producer, batch, args, deliver_at, props)
                 batch = []
@@ -385,8 +401,12 @@ def cmd_produce(args: argparse.Namespace) -> int:
         if stream is not sys.stdin.buffer:
             stream.close()
         producer.close()
-    print(f"produced {sent:,} messages to {args.topic}", file=sys.stderr)
+    print(f"produced {_count(sent, 'message')} to {args.topic}", file=sys.stderr)
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _send(producer, payloads, args, deliver_at, props) -> int:
@@ -426,13 +446,17 @@ def cmd_consume(args: argparse.Namespace) -> int:
                     if m.deliver_at_ms is not None
                     else "-"
                 )
-                print(f"{m.message_id}\t{due}\t{m.payload.decode('utf-8', 'replace')}")
+                props = ",".join(f"{k}={v}" for k, v in sorted((m.properties or {}).items()))
+                print(
+                    f"{m.message_id}\t{due}\t{m.key or '-'}\t{props or '-'}\t"
+                    f"{m.redelivery_count}\t{m.payload.decode('utf-8', 'replace')}"
+                )
             if args.ack:
                 consumer.ack(msgs)
             got += len(msgs)
     finally:
         consumer.close()
-    print(f"{got} message(s){', acknowledged' if args.ack else ''}", file=sys.stderr)
+    print(f"{_count(got, 'message')}{', acknowledged' if args.ack else ''}", file=sys.stderr)
     return 0
 
 
@@ -510,6 +534,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ["cancelled", s["cancelled"]],
     ]
     print(table([f"{args.topic}/{args.subscription}", ""], [[k, _num(v)] for k, v in rows]))
+    print()
+    if s["consumers"]:
+        lease_s = cluster.config.subscription.consumer_lease_s
+        consumers = [
+            [cid, _num(c["unacked"]), f"{c['lease_age_s']:.1f} s of {lease_s:g} s"]
+            for cid, c in sorted(s["consumers"].items())
+        ]
+        print(table(["consumer", "unacked", "last heard from"], consumers))
+    else:
+        print("no consumers")
     print()
     hist = cluster.due_histogram(args.topic, args.subscription)
     total = sum(n for _, n in hist) or 1

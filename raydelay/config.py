@@ -25,6 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the project targets 3.11
     import tomli as tomllib
 
+from raydelay.delayed.common import check_limit
 from raydelay.errors import InvalidArgument
 
 ENV_PREFIX = "RAYDELAY_"
@@ -119,9 +120,9 @@ class DelayedConfig:
         _choice("delayed.tracker", self.tracker, ("bucket", "memory"))
         _positive("delayed.tick_time_ms", self.tick_time_ms)
         _positive("delayed.min_index_count_per_bucket", self.min_index_count_per_bucket)
-        _positive("delayed.max_indexes_per_segment", self.max_indexes_per_segment)
+        check_limit("delayed.max_indexes_per_segment", self.max_indexes_per_segment)
         _positive("delayed.max_time_step_per_segment_ms", self.max_time_step_per_segment_ms)
-        _positive("delayed.max_num_buckets", self.max_num_buckets)
+        check_limit("delayed.max_num_buckets", self.max_num_buckets)
         _non_negative("delayed.max_delay_ms", self.max_delay_ms)
         _non_negative("delayed.fixed_delay_lookahead", self.fixed_delay_lookahead)
 
@@ -156,9 +157,13 @@ class SubscriptionConfig:
     max_redeliveries: int | None = None  # None: never dead-letter
     read_ahead_entries: int = 10_000  # log entries held in memory waiting for a consumer
     cursor_persist_interval_ms: int = 1_000  # cursor writes are throttled to one per interval
+    # a consumer not heard from (calls or its client's heartbeats) for this long is removed:
+    # its unacked messages go to other consumers, failover promotes the next, exclusive frees
+    consumer_lease_s: float = 10.0
 
     def __post_init__(self) -> None:
         _positive("subscription.read_ahead_entries", self.read_ahead_entries)
+        _positive("subscription.consumer_lease_s", self.consumer_lease_s)
         _positive("subscription.cursor_persist_interval_ms", self.cursor_persist_interval_ms)
         if self.ack_timeout_s is not None:
             _positive("subscription.ack_timeout_s", self.ack_timeout_s)

@@ -39,6 +39,22 @@ def _rebuild_storage_error(message: str, retriable: bool) -> StorageError:
     return StorageError(message, retriable=retriable)
 
 
+class Conflict(StorageError):
+    """A create-only write found another object at its key: something else writes this
+    store (a second raydelay cluster on it). Never retriable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=False)
+
+    def __reduce__(self):
+        return (Conflict, (self.args[0] if self.args else "",))
+
+
+class ConsumerBusy(RaydelayError):
+    """An exclusive subscription already has a consumer (until it closes, or its lease
+    lapses: ``subscription.consumer_lease_s``)."""
+
+
 class CodecError(RaydelayError):
     """A stored object could not be decoded (corrupt, truncated, or an unknown version)."""
 
@@ -47,3 +63,15 @@ class Unavailable(RaydelayError):
     """A raydelay actor could not be reached (it died, or is restarting). Retriable."""
 
     retriable = True
+
+
+class StoreOwned(RaydelayError):
+    """The store is held by another live raydelay cluster (one owner per store). ``owner``
+    describes it: its Ray address, host, pid and epoch."""
+
+    def __init__(self, message: str, owner: dict | None = None) -> None:
+        super().__init__(message)
+        self.owner = owner or {}
+
+    def __reduce__(self):  # keep ``owner`` across pickling
+        return (StoreOwned, (self.args[0] if self.args else "", self.owner))

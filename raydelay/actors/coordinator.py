@@ -6,12 +6,14 @@ served one at a time; every change is journaled in the store before it returns.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
 
 from raydelay.cluster import rpc
 from raydelay.cluster.metadata import Metadata
+from raydelay.cluster.owner import StoreOwner
 from raydelay.config import config_from_dict, config_to_dict
 from raydelay.storage import make_store
 
@@ -22,7 +24,19 @@ class CoordinatorActor:
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config_from_dict(config)
         self._store = make_store(self._config)
-        self._meta = rpc.recover(Metadata, self._store, what="coordinator")
+        # the store is ours before anything is read or written (StoreOwned: another
+        # cluster holds it, and this actor must not come up)
+        import ray
+
+        self._owner = StoreOwner(self._store, ray.get_runtime_context().gcs_address)
+        self.claim = rpc.recover(self._owner.acquire, what="coordinator: owning the store")
+        self._meta = rpc.recover(
+            lambda: Metadata(self._store, guard=self._owner.check), what="coordinator"
+        )
+
+    def owner(self) -> dict[str, Any]:
+        """This cluster's claim on the store."""
+        return dataclasses.asdict(self.claim)
 
     def config(self) -> dict[str, Any]:
         return config_to_dict(self._config)

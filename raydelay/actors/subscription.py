@@ -52,7 +52,7 @@ from raydelay.dispatch.objects import Group, ObjectCache
 from raydelay.dispatch.sealed import SealedReader
 from raydelay.dispatch.subscription import Delivery, Subscription
 from raydelay.dispatch.wire import delivery_batch
-from raydelay.errors import CodecError, InvalidArgument, NotFound
+from raydelay.errors import CodecError, ConsumerBusy, InvalidArgument, NotFound
 from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import (
     NO_DELAY,
@@ -131,6 +131,8 @@ class SubscriptionActor:
             read_ahead_entries=self._config.subscription.read_ahead_entries,
             sealed=reader,
         )
+        self._lease_ms = int(self._config.subscription.consumer_lease_s * 1000)
+        self._rewinds: dict[str, int] = {}  # consumer -> its redeliver-all calls so far
         self._bucket_version: int | None = None
         self._tail_asked = 0.0
         self._load_times: deque[tuple[str, float]] = deque(maxlen=10_000)
@@ -322,30 +324,51 @@ class SubscriptionActor:
 
     async def add_consumer(self, consumer_id: str) -> None:
         self._ensure_started()
-        self._sub.add_consumer(consumer_id)
+        self._sub.add_consumer(consumer_id, self._clock.now_ms())
+
+    async def heartbeat(self, consumer_id: str) -> bool:
+        """The consumer's client is alive: its lease starts again. A consumer this actor does
+        not know (it restarted, or the lease had lapsed) is added back if it can be; False
+        when it cannot (an exclusive subscription that has another consumer now)."""
+        self._ensure_started()
+        if self._sub.touch(consumer_id, self._clock.now_ms()):
+            return True
+        try:
+            self._sub.add_consumer(consumer_id, self._clock.now_ms())
+        except ConsumerBusy:
+            return False
+        self._changed.set()
+        return True
 
     async def remove_consumer(self, consumer_id: str) -> int:
         self._ensure_started()
         n = self._sub.remove_consumer(consumer_id)
+        self._rewinds.pop(consumer_id, None)
         self._changed.set()
         await self._notify()
         return n
 
     async def receive(
-        self, consumer_id: str, max_messages: int, timeout_s: float
+        self, consumer_id: str, max_messages: int, timeout_s: float, rewinds: int = 0
     ) -> pa.RecordBatch:
         """Up to ``max_messages`` for ``consumer_id`` as one record batch (see
-        :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`); waits up to ``timeout_s`` (seconds)."""
+        :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`); waits up to ``timeout_s`` (seconds).
+        ``rewinds``: how many redeliver-all calls the consumer had made when it sent this
+        one; a call sent before the latest returns empty (its client drops what it holds)."""
         self._ensure_started()
         if "first_receive_s" not in self._recovery:
             self._recovery["first_receive_s"] = round(
                 time.monotonic() - self._recovery["started"], 3
             )
-        if consumer_id not in self._sub.consumers():
-            self._sub.add_consumer(consumer_id)  # a restarted actor forgot its consumers
+        # a consumer a restarted actor forgot, or whose lease lapsed, is added back
+        self._sub.add_consumer(consumer_id, self._clock.now_ms())
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         while True:
+            if rewinds < self._rewinds.get(consumer_id, 0):
+                return delivery_batch([])
             out = await self._deliver(consumer_id, int(max_messages))
+            # (a standing call does not renew the lease: the client's heartbeats do, and
+            # they stop when its process dies)
             if out or consumer_id not in self._sub.consumers():
                 return delivery_batch(out)
             remaining = deadline - time.monotonic()
@@ -426,16 +449,35 @@ class SubscriptionActor:
     async def ack(self, consumer_id: str, keys) -> int:
         """Acknowledge positions: one int64 array of keys ``ledger << 32 | entry``."""
         self._ensure_started()
+        self._sub.touch(consumer_id, self._clock.now_ms())
         return self._sub.ack(consumer_id, _keys(keys))
 
     async def nack(self, consumer_id: str, keys, delay_s: float) -> int:
         """Give positions (int64 keys) back for redelivery after ``delay_s`` seconds."""
         self._ensure_started()
+        self._sub.touch(consumer_id, self._clock.now_ms())
         n = self._sub.nack(consumer_id, _keys(keys), _ms(delay_s) or 0, self._clock.now_ms())
         if self._sub.dead:
             await self._flush_dead_letters()
         self._changed.set()
         await self._notify()
+        return n
+
+    async def redeliver(
+        self, consumer_id: str, keys=None, rewinds: int = 0, dry_run: bool = False
+    ) -> int:
+        """Redeliver now what ``consumer_id`` holds unacked: the int64 ``keys``, or with None
+        all of it (see ``Subscription.redeliver_unacked``). ``rewinds`` counts the consumer's
+        redeliver-all calls, this one included: receive calls it sent before are answered
+        empty. ``dry_run``: only check the keys."""
+        self._ensure_started()
+        self._sub.touch(consumer_id, self._clock.now_ms())
+        if keys is None and not dry_run:
+            self._rewinds[consumer_id] = max(self._rewinds.get(consumer_id, 0), int(rewinds))
+        n = self._sub.redeliver_unacked(consumer_id, None if keys is None else _keys(keys), dry_run)
+        if not dry_run:
+            self._changed.set()
+            await self._notify()
         return n
 
     async def cancel(
@@ -459,7 +501,11 @@ class SubscriptionActor:
         this actor and from the log, loose positions re-read, where the log read resumed)."""
         self._ensure_started()
         recovery = {k: v for k, v in self._recovery.items() if k != "started"}
-        return self._sub.stats() | {"recovery": recovery, "tracker": self._tracker_stats()}
+        return self._sub.stats() | {
+            "recovery": recovery,
+            "tracker": self._tracker_stats(),
+            "consumer_leases": self._sub.consumer_leases(self._clock.now_ms()),
+        }
 
     def _tracker_stats(self) -> dict:
         """The counters of the sealed buckets this subscription reads: buckets taken up
@@ -529,6 +575,7 @@ class SubscriptionActor:
     # --- loops ------------------------------------------------------------------------------
 
     async def _pump(self) -> None:
+        retries = rpc.Retries(log, f"{self._sub.name}: reading the log")
         while not self._closed:
             try:
                 if not self._sub.wants_read():
@@ -546,6 +593,7 @@ class SubscriptionActor:
                     ),
                     what="topic actor",
                 )
+                retries.ok()
                 self._count_log_bytes(sum(len(b) for b in reply["objects"] if isinstance(b, bytes)))
                 if (
                     self._sub.sealed is not None
@@ -570,8 +618,8 @@ class SubscriptionActor:
                     await asyncio.sleep(_PUMP_LINGER_S)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - logged; the log is re-read after a pause
-                log.exception("%s: reading the log failed; retrying", self._sub.name)
+            except Exception as exc:  # noqa: BLE001 - reported and retried
+                retries.failed(exc)
                 await asyncio.sleep(0.5)
 
     async def _reread(self, max_positions: int) -> None:
@@ -583,10 +631,12 @@ class SubscriptionActor:
             await self._notify()
 
     async def _timer(self) -> None:
+        retries = rpc.Retries(log, f"{self._sub.name}: timer step")
         while not self._closed:
             try:
                 now = self._clock.now_ms()
                 self._sub.expire(now)
+                self._expire_consumers(now)
                 self._sub.prune_staged(_STAGED_ROWS)
                 if self._tail_query_due(now):
                     await self._query_tail(now)
@@ -594,6 +644,7 @@ class SubscriptionActor:
                     await self._flush_dead_letters()
                 if self._sub.has_deliverable():
                     await self._notify()
+                retries.ok()
                 nxt = self._sub.next_wakeup_ms()
                 wait_s = _TAIL_POLL_S if self._sub.tail_dirty else _IDLE_WAIT_S
                 if nxt is not None and nxt > now:
@@ -605,14 +656,27 @@ class SubscriptionActor:
                     pass
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - logged and retried
-                log.exception("%s: timer step failed", self._sub.name)
+            except Exception as exc:  # noqa: BLE001 - reported and retried
+                retries.failed(exc)
                 await asyncio.sleep(0.5)
+
+    def _expire_consumers(self, now: int) -> None:
+        for consumer_id, handed_back in self._sub.expire_consumers(now, self._lease_ms):
+            log.warning(
+                "%s: consumer %s not heard from for %.0f s (subscription.consumer_lease_s): "
+                "removed, %d unacknowledged messages go back for redelivery",
+                self._sub.name,
+                consumer_id,
+                self._lease_ms / 1000,
+                handed_back,
+            )
+            self._changed.set()
 
     async def _loader(self) -> None:
         """Load the segments of sealed buckets whose deliver_at comes near (a few at a time,
         on threads), then wake the receivers."""
         sealed = self._sub.sealed
+        retries = rpc.Retries(log, f"{self._sub.name}: loading sealed segments")
         while not self._closed:
             try:
                 wanted = sealed.wanted(self._clock.now_ms())
@@ -636,15 +700,10 @@ class SubscriptionActor:
                 for (key, no, _, _), rows in zip(wanted, results, strict=True):
                     if isinstance(rows, BaseException):
                         sealed.load_failed(key, no)
-                        log.warning(
-                            "%s: loading segment %d of bucket %s failed: %s",
-                            self._sub.name,
-                            no,
-                            key,
-                            rows,
-                        )
+                        retries.failed(rows)
                         continue
                     sealed.install(key, no, rows)
+                    retries.ok()
                 if any(not isinstance(r, BaseException) for r in results):
                     self._changed.set()
                     await self._notify()
@@ -652,8 +711,8 @@ class SubscriptionActor:
                     await asyncio.sleep(0.5)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - logged and retried
-                log.exception("%s: loading sealed segments failed", self._sub.name)
+            except Exception as exc:  # noqa: BLE001 - reported and retried
+                retries.failed(exc)
                 await asyncio.sleep(0.5)
 
     async def _cleanup_legacy(self) -> None:
@@ -690,12 +749,14 @@ class SubscriptionActor:
 
     async def _persister(self) -> None:
         interval_s = self._config.subscription.cursor_persist_interval_ms / 1000
+        retries = rpc.Retries(log, f"{self._sub.name}: persisting the cursor")
         while not self._closed:
             await asyncio.sleep(interval_s)
             try:
                 await self._persist()
-            except Exception:  # noqa: BLE001 - logged; the next interval retries
-                log.exception("%s: persisting the cursor failed", self._sub.name)
+                retries.ok()
+            except Exception as exc:  # noqa: BLE001 - reported and retried
+                retries.failed(exc)
 
     async def _persist(self, force: bool = False, mark: Position | None = None) -> None:
         async with self._persist_lock:

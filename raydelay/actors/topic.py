@@ -561,12 +561,14 @@ class TopicActor:
 
     async def _retention(self) -> None:
         interval_s = self._config.topic.retention_interval_ms / 1000
+        retries = rpc.Retries(log, f"retention of {self._topic}/{self._partition}")
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await self.trim()
-            except Exception:  # noqa: BLE001 - logged and retried next interval
-                log.exception("retention of %s/%d failed", self._topic, self._partition)
+                retries.ok()
+            except Exception as exc:  # noqa: BLE001 - reported; retried next interval
+                retries.failed(exc)
 
     async def _trim_buckets(self) -> None:
         name = registry_name(self._topic, self._partition)

@@ -14,11 +14,12 @@ import ray
 from raydelay.client.consumer import Consumer
 from raydelay.client.message import check_number
 from raydelay.client.producer import Producer
-from raydelay.cluster import placement, rpc
+from raydelay.cluster import owner, placement, rpc
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
 from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
 from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, StorageError, StoreOwned, Unavailable
+from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ def connect(
     started = False
     if not ray.is_initialized():
         if address is None:
+            # a store another live cluster owns: attach to that cluster, not a new Ray
+            address = _owner_address(cfg)
+        if address is None:
             ray.init(
                 namespace=NAMESPACE,
                 include_dashboard=False,
@@ -68,8 +72,16 @@ def connect(
             )
             started = True
         else:
-            ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
-    coordinator = placement.existing_coordinator() or placement.coordinator(config_to_dict(cfg))
+            try:
+                ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError) as exc:
+                raise Unavailable(
+                    f"address: no Ray cluster could be reached at {address!r} ({exc})"
+                ) from None
+    coordinator = placement.existing_coordinator()
+    if coordinator is None:
+        _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
+        coordinator = placement.coordinator(config_to_dict(cfg))
     deadline_s = cfg.client.retry_deadline_s
     running = config_from_dict(
         rpc.call(coordinator.config.remote, what="coordinator", deadline_s=deadline_s)
@@ -82,6 +94,49 @@ def connect(
             cfg.storage,
         )
     return Cluster(coordinator, running, client=cfg.client, started_ray=started)
+
+
+def _store_claim(cfg: Config) -> tuple[Any, owner.Claim | None]:
+    """``cfg``'s store and its owner's claim, read from here: a store that cannot work
+    (no such bucket, access denied, no credentials) fails now, in one line naming the
+    config keys, rather than in actors that keep restarting."""
+    try:
+        store = make_store(cfg)
+        return store, owner.current_claim(store)
+    except StorageError as exc:
+        if exc.retriable:
+            raise
+        st = cfg.storage
+        where = (
+            f"storage.local.root = {st.local.root!r}"
+            if st.kind == "local"
+            else f"storage.s3.bucket = {st.s3.bucket!r}, storage.s3.endpoint_url = "
+            f"{st.s3.endpoint_url!r}"
+            if st.kind == "s3"
+            else f"storage.kind = {st.kind!r}"
+        )
+        raise StorageError(f"storage ({where}): {exc}", retriable=False) from None
+
+
+def _owner_address(cfg: Config) -> str | None:
+    """The Ray address of the live cluster that owns ``cfg``'s store, or None."""
+    store, claim = _store_claim(cfg)
+    if claim is None or not owner.claim_is_live(store, claim):
+        return None
+    log.info("the store is owned by %s: attaching to it", claim.describe())
+    return claim.address
+
+
+def _refuse_if_owned(cfg: Config) -> None:
+    """StoreOwned if a live cluster other than this Ray's owns ``cfg``'s store."""
+    store, claim = _store_claim(cfg)
+    mine = ray.get_runtime_context().gcs_address
+    if claim is not None and claim.address != mine and owner.claim_is_live(store, claim):
+        raise StoreOwned(
+            f"storage: the store is owned by {claim.describe()}, not by the Ray cluster at "
+            f"{mine}; connect(address={claim.address!r}) attaches to it",
+            dataclasses.asdict(claim),
+        )
 
 
 def _load(config: Any) -> Config:
@@ -315,6 +370,15 @@ class Cluster:
         out: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in parts) for k in _SUMMED}
         out["mark_delete"] = [s["mark_delete"] for s in parts]
         out["type"] = options["type"]
+        # per consumer: unacknowledged messages over every partition, and the oldest lease
+        # age (seconds since a partition last heard from it)
+        consumers: dict[str, dict] = {}
+        for s in parts:
+            for cid, lease in s.get("consumer_leases", {}).items():
+                c = consumers.setdefault(cid, {"unacked": 0, "lease_age_s": 0.0})
+                c["unacked"] += lease["unacked"]
+                c["lease_age_s"] = max(c["lease_age_s"], lease["lease_age_ms"] / 1000)
+        out["consumers"] = consumers
         out["partitions"] = parts
         return out
 

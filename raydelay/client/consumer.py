@@ -16,11 +16,17 @@ calls stay outstanding; past that a later ``ack`` confirms the older half (a par
 that restarted meanwhile gets its acks sent again; any other failure is raised there).
 Calls from one process reach an actor in order, so a later receive, nack or stats
 sees the acks; ``flush()`` and ``close()`` wait for every one.
+
+A consumer holds a lease on each subscription partition (``subscription.consumer_lease_s``):
+its calls renew it, and a heartbeat thread renews it every third of the lease while the
+consumer is open. A consumer whose process died stops renewing, and the subscription
+removes it once the lease lapses: its unacknowledged messages go to the other consumers.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -39,7 +45,7 @@ from raydelay.client.message import (
     messages_from_batch,
 )
 from raydelay.cluster import rpc
-from raydelay.dispatch.keys import join_keys
+from raydelay.dispatch.keys import LOW, MAX_LEDGER_ID, join_keys, position_in_range
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
 
 if TYPE_CHECKING:
@@ -77,6 +83,7 @@ class Consumer:
         self._inflight: dict[Any, int] = {}  # receive ref -> partition
         self._acks: deque[tuple[int, np.ndarray, Any]] = deque()  # (partition, keys, ref)
         self._closed = False
+        self._rewinds = 0  # redeliver_unacknowledged() calls without messages so far
         added = []
         try:
             for p in range(partitions):
@@ -86,6 +93,49 @@ class Consumer:
             for p in added:  # nothing half-registered
                 handles[p].remove_consumer.remote(self.consumer_id)
             raise
+        self._stop = threading.Event()
+        lease_s = cluster.config.subscription.consumer_lease_s
+        self._heartbeats = threading.Thread(
+            target=self._heartbeat,
+            args=(lease_s / 3,),
+            name=f"raydelay-heartbeat-{self.consumer_id[:8]}",
+            daemon=True,
+        )
+        self._heartbeats.start()
+
+    def _heartbeat(self, every_s: float) -> None:
+        """Renew the lease at every partition until the consumer closes. A heartbeat still
+        unanswered (its actor is restarting) is not sent again on top of itself."""
+        sent: dict[int, Any] = {}
+        refused: set[int] = set()
+        while not self._stop.wait(every_s):
+            try:
+                for p, handle in enumerate(list(self._handles)):
+                    ref = sent.get(p)
+                    if ref is not None:
+                        done, _ = ray.wait([ref], timeout=0)
+                        if not done:
+                            continue
+                        try:
+                            kept = ray.get(ref)
+                        except Exception:  # noqa: BLE001 - the actor is down: try again later
+                            kept = True
+                        if kept:
+                            refused.discard(p)
+                        elif p not in refused:
+                            refused.add(p)
+                            log.warning(
+                                "%s/%s partition %d: this consumer lost its place (its lease "
+                                "lapsed and another consumer holds the exclusive subscription)",
+                                self.topic,
+                                self.subscription,
+                                p,
+                            )
+                    sent[p] = handle.heartbeat.remote(self.consumer_id)
+            except Exception as exc:  # noqa: BLE001 - Ray went away (shutdown): stop quietly
+                if self._stop.is_set() or not ray.is_initialized():
+                    return
+                log.warning("%s/%s: heartbeat failed: %s", self.topic, self.subscription, exc)
 
     def receive(self, max_messages: int = 100, timeout_s: float = 1.0) -> list[Message]:
         """Up to ``max_messages`` messages; waits up to ``timeout_s`` seconds for the first.
@@ -173,7 +223,8 @@ class Consumer:
         busy = set(self._inflight.values())
         for p, h in enumerate(self._handles):
             if p not in busy:
-                self._inflight[h.receive.remote(self.consumer_id, share, timeout_s)] = p
+                call = h.receive.remote(self.consumer_id, share, timeout_s, self._rewinds)
+                self._inflight[call] = p
 
     def _register(self, p: int) -> None:
         """Join partition ``p`` (idempotent; also after its actor restarted and forgot us)."""
@@ -237,6 +288,63 @@ class Consumer:
             "subscription",
         )
 
+    def redeliver_unacknowledged(
+        self,
+        msgs: MessageBatch | Message | MessageId | Iterable[Message | MessageId] | None = None,
+    ) -> int:
+        """Redeliver now messages this consumer holds unacknowledged, with
+        ``redelivery_count`` raised (Pulsar's ``redeliverUnacknowledgedMessages``). Returns
+        how many go back.
+
+        - No argument: everything it holds, including what it received and has not handed
+          to the caller yet. On a shared subscription they go to any consumer; on an
+          exclusive or failover one delivery rewinds to the first of them and goes on in
+          log order.
+        - ``msgs`` (what :meth:`ack` takes): a shared subscription takes back only those;
+          exclusive and failover rewind as above. A message this consumer does not hold
+          (acknowledged, or held by another consumer) is an :class:`InvalidArgument`
+          naming it, and then nothing goes back. Messages a restarted subscription forgot
+          it had handed out are accepted: they are on their way again already."""
+        self._check_open()
+        if msgs is None:
+            self._rewinds += 1
+            n = sum(
+                self._cluster._call(
+                    lambda: [
+                        h.redeliver.remote(self.consumer_id, None, self._rewinds)
+                        for h in self._handles
+                    ],
+                    "subscription",
+                )
+            )
+            # receive calls sent before answer empty, or with messages that just went back:
+            # what they and the buffer hold is dropped, or it would arrive twice
+            if self._inflight:
+                ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=10)
+            self._inflight.clear()
+            self._buffer.clear()
+            return n
+        by_partition = self._group(msgs, "msgs")
+        for p, keys in by_partition.items():  # check every partition before any goes back
+            try:
+                self._cluster._call(
+                    lambda p=p, keys=keys: [
+                        self._handles[p].redeliver.remote(self.consumer_id, keys, 0, True)
+                    ],
+                    "subscription",
+                )
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"{exc} (in {self.topic}/{p})") from None
+        return sum(
+            self._cluster._call(
+                lambda: [
+                    self._handles[p].redeliver.remote(self.consumer_id, keys)
+                    for p, keys in by_partition.items()
+                ],
+                "subscription",
+            )
+        )
+
     def _group(self, messages: Any, field: str) -> dict[int, np.ndarray]:
         """partition -> int64 position keys of ``messages``."""
         if isinstance(messages, MessageBatch):
@@ -265,16 +373,26 @@ class Consumer:
                     )
                 ids.append(mid)
         n = len(ids)
-        parts = np.fromiter((i[1] for i in ids), dtype=np.int64, count=n)
+        try:
+            parts, ledgers, entries = (
+                np.fromiter((i[c] for i in ids), dtype=np.int64, count=n) for c in (1, 2, 3)
+            )
+        except (OverflowError, TypeError, ValueError):
+            parts = ledgers = entries = np.full(n, -1, np.int64)  # named just below
         if any(i[0] != self.topic for i in ids) or (
             n and (parts.min() < 0 or parts.max() >= self.partitions)
         ):
             bad = next(i for i in ids if i[0] != self.topic or not 0 <= i[1] < self.partitions)
             raise InvalidArgument(f"{field}: {bad} is not a message of topic {self.topic!r}")
-        keys = join_keys(
-            np.fromiter((i[2] for i in ids), dtype=np.int64, count=n),
-            np.fromiter((i[3] for i in ids), dtype=np.int64, count=n),
-        )
+        if n and (
+            ledgers.min() < 0
+            or ledgers.max() > MAX_LEDGER_ID
+            or entries.min() < 0
+            or entries.max() > LOW
+        ):
+            bad = next(i for i in ids if not position_in_range(i[2], i[3]))
+            raise InvalidArgument(f"{field}: {bad} is no message position (out of range)")
+        keys = join_keys(ledgers, entries)
         return {int(p): keys[parts == p] for p in np.unique(parts)}
 
     def close(self) -> None:
@@ -287,6 +405,7 @@ class Consumer:
         except Exception as exc:  # noqa: BLE001 - closing: report; unconfirmed acks redeliver
             log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         self._closed = True
+        self._stop.set()
         refs = [h.remove_consumer.remote(self.consumer_id) for h in self._handles]
         try:
             rpc.get(refs, what="subscription")

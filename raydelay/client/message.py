@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from itertools import repeat
 from typing import Any, NamedTuple, overload
@@ -285,25 +285,44 @@ def check_properties(props: object, field_name: str = "properties") -> dict[str,
     return dict(props) or None
 
 
+# The latest due time accepted: the last millisecond of year 9999 (UTC). Later values,
+# such as 2**63, would overflow the int64 column on the way.
+MAX_DELIVER_AT_MS = 253_402_300_799_999
+
+
+def seconds_of(field_name: str, value: object, where: str = "") -> float:
+    """A duration in seconds: an int, a float (numpy's too) or a ``datetime.timedelta``."""
+    sfx = f" ({where})" if where else ""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (np.integer, np.floating)):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(
+            f"{field_name}: expected seconds (int or float) or a timedelta, got "
+            f"{type(value).__name__}{sfx}"
+        )
+    return value
+
+
 def deliver_at_of(
     deliver_at: object, deliver_after: object, now_ms: int, max_delay_ms: int, where: str = ""
 ) -> int:
     """The epoch-ms due time of one message (NO_DELAY for an immediate one).
 
-    ``deliver_at``: epoch milliseconds (int) or an aware datetime. ``deliver_after``:
-    seconds from now (int or float, >= 0). At most one of them may be given."""
+    ``deliver_at``: epoch milliseconds (an int, numpy's too) or an aware datetime.
+    ``deliver_after``: a duration from now (seconds as int or float, or a timedelta),
+    >= 0. At most one of them may be given. Either must land before year 10000."""
     sfx = f" ({where})" if where else ""
     if deliver_at is not None and deliver_after is not None:
         raise InvalidArgument(f"deliver_at: give deliver_at or deliver_after, not both{sfx}")
     if deliver_after is not None:
-        if isinstance(deliver_after, bool) or not isinstance(deliver_after, (int, float)):
-            raise InvalidArgument(
-                f"deliver_after: expected seconds as int or float, got "
-                f"{type(deliver_after).__name__}{sfx}"
-            )
-        if not math.isfinite(deliver_after) or deliver_after < 0:
-            raise InvalidArgument(f"deliver_after: must be >= 0 seconds, got {deliver_after}{sfx}")
-        at = now_ms + int(round(deliver_after * 1000))
+        after = seconds_of("deliver_after", deliver_after, where)
+        if not math.isfinite(after) or after < 0:
+            raise InvalidArgument(f"deliver_after: must be >= 0 seconds, got {after}{sfx}")
+        if after > (MAX_DELIVER_AT_MS - now_ms) / 1000:
+            raise InvalidArgument(f"deliver_after: {after:g} s from now is after year 9999{sfx}")
+        at = now_ms + int(round(after * 1000))
     elif deliver_at is not None:
         if isinstance(deliver_at, datetime):
             if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
@@ -311,6 +330,8 @@ def deliver_at_of(
                     f"deliver_at: a naive datetime is ambiguous; give it a timezone{sfx}"
                 )
             at = int(round(deliver_at.timestamp() * 1000))
+        elif isinstance(deliver_at, np.integer):
+            at = int(deliver_at)
         elif isinstance(deliver_at, bool) or not isinstance(deliver_at, int):
             raise InvalidArgument(
                 f"deliver_at: expected epoch milliseconds (int) or an aware datetime, got "
@@ -320,6 +341,10 @@ def deliver_at_of(
             at = deliver_at
         if at < 0:
             raise InvalidArgument(f"deliver_at: must be >= 0 (epoch ms), got {at}{sfx}")
+        if at > MAX_DELIVER_AT_MS:
+            raise InvalidArgument(
+                f"deliver_at: {at} is after year 9999 (at most {MAX_DELIVER_AT_MS} epoch ms){sfx}"
+            )
     else:
         return NO_DELAY
     if max_delay_ms and at - now_ms > max_delay_ms:
@@ -331,8 +356,8 @@ def deliver_at_of(
 
 
 def check_number(field_name: str, value: object, *, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgument(f"{field_name}: expected a number, got {type(value).__name__}")
+    """A duration in seconds (see :func:`seconds_of`), finite and at least ``minimum``."""
+    value = seconds_of(field_name, value)
     if not math.isfinite(value) or value < minimum:
         raise InvalidArgument(f"{field_name}: must be >= {minimum}, got {value}")
     return float(value)

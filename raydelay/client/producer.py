@@ -22,11 +22,13 @@ import uuid
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raydelay.client.message import (
+    MAX_DELIVER_AT_MS,
     MessageId,
     MessageIds,
     check_key,
@@ -35,6 +37,7 @@ from raydelay.client.message import (
     deliver_at_of,
 )
 from raydelay.cluster import rpc
+from raydelay.dispatch.keys import position_in_range
 from raydelay.errors import InvalidArgument, RaydelayError, StorageError, Unavailable
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from raydelay.storage.keys import validate_name
@@ -96,15 +99,16 @@ class Producer:
         self,
         payload: bytes,
         *,
-        deliver_after: float | None = None,
+        deliver_after: float | timedelta | None = None,
         deliver_at: Any = None,
         key: str | None = None,
         properties: dict[str, str] | None = None,
     ) -> MessageId:
         """Send one message; returns its MessageId once it is durable.
 
-        ``deliver_after``: seconds from now. ``deliver_at``: epoch ms or an aware datetime.
-        Neither: deliver at once."""
+        ``deliver_after``: seconds from now, or a ``timedelta``. ``deliver_at``: epoch ms
+        (an int, numpy's too) or an aware datetime. Neither: deliver at once. A time after
+        year 9999 is an InvalidArgument, raised before anything is queued."""
         self._check_open()
         payload = check_payload(payload, self._max_bytes)
         key = check_key(key)
@@ -350,6 +354,8 @@ class Producer:
                 )
             if not 0 <= mid.partition < self.partitions:
                 raise InvalidArgument(f"message_ids[{i}]: partition {mid.partition} does not exist")
+            if not position_in_range(mid.ledger_id, mid.entry_id):
+                raise InvalidArgument(f"message_ids[{i}]: {mid} is no message position")
             by_partition.setdefault(mid.partition, []).append(i)
         batches = {}
         with self._seq_lock:  # the markers are deduplicated like any batch of this producer
@@ -429,13 +435,15 @@ def _due_column(
     if deliver_at is not None:
         if arr.dtype.kind not in "iu":
             return None
-        d = arr.astype(np.int64)
-        if (d < 0).any():
+        if (arr < 0).any() or (arr > MAX_DELIVER_AT_MS).any():
             return None
+        d = arr.astype(np.int64)
     else:
         if arr.dtype.kind not in "iuf":
             return None
         if not np.isfinite(arr).all() or (arr < 0).any():
+            return None
+        if (arr > (MAX_DELIVER_AT_MS - now_ms) / 1000).any():
             return None
         d = now_ms + np.round(arr.astype(np.float64) * 1000).astype(np.int64)
     if max_delay_ms and (d - now_ms > max_delay_ms).any():

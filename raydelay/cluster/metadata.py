@@ -49,9 +49,12 @@ def _empty_state() -> dict[str, Any]:
 
 
 class Metadata:
-    def __init__(self, store: ObjectStore, *, snapshot_every: int = 1000) -> None:
+    def __init__(
+        self, store: ObjectStore, *, snapshot_every: int = 1000, guard=lambda: None
+    ) -> None:
         self._store = store
         self._snapshot_every = snapshot_every
+        self._guard = guard  # raises when this cluster must not write (it lost the store)
         self.state = _empty_state()
         self._seq = 0  # last journal sequence written
         self._since_snapshot = 0
@@ -83,8 +86,11 @@ class Metadata:
 
     def _change(self, op: str, **args: Any) -> Any:
         """Journal ``op`` durably, then apply it. A failed write leaves the state unchanged."""
+        self._guard()
         seq = self._seq + 1
-        self._store.put(journal_key(seq), _encode({"op": op, "args": args}))
+        # create-only: a record already at this number was written by another coordinator
+        # (a second cluster on this store); the same bytes are our own retried write
+        self._store.put_new(journal_key(seq), _encode({"op": op, "args": args}))
         self._seq = seq
         result = self._apply(op, args)
         self._since_snapshot += 1

@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from raydelay.errors import RaydelayError, StorageError, Unavailable
+from raydelay.retries import Retries, is_transient  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +59,6 @@ def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
     actor's constructor, which Ray runs on the event loop's thread)."""
     with ThreadPoolExecutor(1, thread_name_prefix="raydelay-init") as pool:
         return pool.submit(fn, *args, **kwargs).result()
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether an error may go away on its own: an actor dead or restarting (or its name
-    not registered again yet), or a retriable store failure."""
-    if isinstance(exc, StorageError):
-        return exc.retriable
-    if isinstance(exc, Unavailable):
-        return True
-    return type(exc) is ValueError and "Failed to look up actor" in str(exc)
 
 
 def recover(fn: Any, *args: Any, what: str, sleep=time.sleep) -> Any:

@@ -50,6 +50,7 @@ from raydelay.delayed.columns import (
 from raydelay.delayed.common import (
     TrackerBase,
     check_clock,
+    check_limit,
     check_max_messages,
     check_positive_int,
     due_window_counts,
@@ -285,10 +286,8 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         self._max_step_ms = check_positive_int(
             "max_time_step_per_segment_ms", max_time_step_per_segment_ms
         )
-        self._max_per_segment = check_positive_int(
-            "max_indexes_per_segment", max_indexes_per_segment
-        )
-        self._max_buckets = check_positive_int("max_num_buckets", max_num_buckets)
+        self._max_per_segment = check_limit("max_indexes_per_segment", max_indexes_per_segment)
+        self._max_buckets = check_limit("max_num_buckets", max_num_buckets)
         if mark_delete is not None and not callable(mark_delete):
             raise InvalidArgument(
                 "mark_delete: expected a callable returning (ledger_id, entry_id)"

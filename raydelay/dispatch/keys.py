@@ -12,6 +12,17 @@ SHIFT = 32
 LOW = (1 << SHIFT) - 1
 
 Position = tuple[int, int]
+MAX_LEDGER_ID = (1 << (63 - SHIFT)) - 1  # a key is a non-negative int64
+
+
+def position_in_range(ledger_id: object, entry_id: object) -> bool:
+    """Whether (ledger_id, entry_id) can be a position (ints that fit a key)."""
+    return (
+        isinstance(ledger_id, int)
+        and isinstance(entry_id, int)
+        and 0 <= ledger_id <= MAX_LEDGER_ID
+        and 0 <= entry_id <= LOW
+    )
 
 
 def key_of(ledger_id: int, entry_id: int) -> int:

@@ -48,7 +48,7 @@ from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
 from raydelay.dispatch.sealed import SealedReader
-from raydelay.errors import InvalidArgument, RaydelayError
+from raydelay.errors import ConsumerBusy, InvalidArgument  # noqa: F401 - ConsumerBusy re-exported
 from raydelay.log.entries import NO_CANCEL, NO_DELAY, DelayedRun, Entries, LedgerObject, Rows
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,6 @@ log = logging.getLogger(__name__)
 SUBSCRIPTION_TYPES = ("shared", "exclusive", "failover")
 DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
-
-
-class ConsumerBusy(RaydelayError):
-    """An exclusive subscription already has a consumer."""
 
 
 class Source(Protocol):
@@ -101,6 +97,7 @@ class _Run:
 class _Consumer:
     consumer_id: str
     pending: BitMap64  # positions handed to it and not yet acked, nacked or expired
+    seen_ms: int = 0  # its last call or heartbeat (its lease runs from there)
 
 
 def _keys_of(keys: Iterable[int] | np.ndarray) -> np.ndarray:
@@ -185,6 +182,9 @@ class Subscription:
         self.start_position: Position = self.read_position
         self._marker_results: OrderedDict[int, bool] = OrderedDict()  # marker -> outcome
         self.tail: Position | None = None
+        # the last position known to exist (the log's tail at the last read, or a row the
+        # topic's index answered): acks past it name no message (None: nothing read yet)
+        self._end_key: int | None = None
         self.counters = {
             "delivered": 0,
             "acked": 0,
@@ -195,14 +195,46 @@ class Subscription:
 
     # --- consumers -----------------------------------------------------------------------
 
-    def add_consumer(self, consumer_id: str) -> None:
+    def add_consumer(self, consumer_id: str, now_ms: int | None = None) -> None:
         if consumer_id in self._consumers:
+            self.touch(consumer_id, now_ms)
             return
         if self.type == "exclusive" and self._consumers:
             raise ConsumerBusy(
                 f"subscription {self.name!r} is exclusive and already has a consumer"
             )
-        self._consumers[consumer_id] = _Consumer(consumer_id, BitMap64())
+        seen = self._clock.now_ms() if now_ms is None else now_ms
+        self._consumers[consumer_id] = _Consumer(consumer_id, BitMap64(), seen)
+
+    def touch(self, consumer_id: str, now_ms: int | None = None) -> bool:
+        """The consumer called or sent a heartbeat: its lease starts again. False if it is
+        not a consumer here (never added, or removed)."""
+        c = self._consumers.get(consumer_id)
+        if c is None:
+            return False
+        c.seen_ms = max(c.seen_ms, self._clock.now_ms() if now_ms is None else now_ms)
+        return True
+
+    def expire_consumers(self, now_ms: int, lease_ms: int) -> list[tuple[str, int]]:
+        """Remove the consumers not heard from for ``lease_ms`` (their process died, or
+        lost touch): their unacked messages go back for redelivery, a failover
+        subscription's next consumer becomes active, an exclusive one's slot is free.
+        Returns (consumer, messages handed back) for each one removed."""
+        gone = [c.consumer_id for c in self._consumers.values() if now_ms - c.seen_ms > lease_ms]
+        return [(cid, self.remove_consumer(cid)) for cid in gone]
+
+    def next_lease_expiry(self, lease_ms: int) -> int | None:
+        """When the earliest lease lapses (ms), or None with no consumers."""
+        if not self._consumers:
+            return None
+        return min(c.seen_ms for c in self._consumers.values()) + lease_ms + 1
+
+    def consumer_leases(self, now_ms: int) -> dict[str, dict]:
+        """Per consumer: messages it holds unacked and ms since it was last heard from."""
+        return {
+            cid: {"unacked": len(c.pending), "lease_age_ms": max(0, now_ms - c.seen_ms)}
+            for cid, c in self._consumers.items()
+        }
 
     def remove_consumer(self, consumer_id: str) -> int:
         """Forget a consumer; its unacked messages go to the redelivery set."""
@@ -241,6 +273,8 @@ class Subscription:
         entries taken in."""
         self._learn_ledgers(ledgers)
         self.tail = tail
+        if tail is not None:
+            self._see_end(key_of(*tail))
         taken = 0
         for obj in objects:
             first_key = key_of(obj.ledger_id, obj.first_entry)
@@ -458,7 +492,11 @@ class Subscription:
         self.tail_waiting = int(waiting)
         if not len(rows):
             return 0
+        self._see_end(int(rows.positions.max()))
         return self._stage(rows, np.arange(len(rows), dtype=np.int64), rows.positions)
+
+    def _see_end(self, key: int) -> None:
+        self._end_key = key if self._end_key is None else max(self._end_key, key)
 
     def needs_delayed_mark(self, now_ms: int) -> bool:
         """Whether the delayed mark must move (be persisted) before delayed rows due up to
@@ -655,8 +693,19 @@ class Subscription:
     # --- acks, nacks, timeouts ------------------------------------------------------------------
 
     def ack(self, consumer_id: str, keys: Iterable[int] | np.ndarray) -> int:
-        """Acknowledge positions (int64 keys); returns how many were newly acknowledged."""
-        return self._ack_keys(_keys_of(keys))
+        """Acknowledge positions (int64 keys); returns how many were newly acknowledged. Any
+        consumer may ack any message, as with Pulsar's ack by id (it need not hold it). A
+        position past the end of the log is an InvalidArgument, and nothing is acked."""
+        ks = _keys_of(keys)
+        if self._end_key is not None and len(ks) and int(ks.max()) > self._end_key:
+            bad = ks[ks > self._end_key][:3]
+            shown = ", ".join("{}:{}".format(*position_of(int(k))) for k in bad)
+            last = "{}:{}".format(*position_of(self._end_key))
+            raise InvalidArgument(
+                f"messages: {shown} past the end of {self.name} (its last entry is {last}): "
+                "no such message"
+            )
+        return self._ack_keys(ks)
 
     def _ack_keys(self, ks: np.ndarray) -> int:
         if len(ks) == 0:
@@ -704,6 +753,55 @@ class Subscription:
             if not tracked.all():
                 self.redeliver |= bitmap64_of(later[~tracked])
         return len(held)
+
+    def redeliver_unacked(
+        self, consumer_id: str, keys: np.ndarray | None = None, dry_run: bool = False
+    ) -> int:
+        """Pulsar's ``redeliverUnacknowledgedMessages``: hand messages ``consumer_id`` holds
+        unacked back for redelivery now, ``redelivery_count`` raised. ``keys`` None: all it
+        holds. A shared subscription takes back only ``keys``; exclusive and failover rewind:
+        everything the consumer holds goes out again first, in log order. A key held by
+        another consumer or acknowledged already is an :class:`InvalidArgument` naming it,
+        and nothing is handed back; a key unacknowledged and held by no consumer (a
+        restarted subscription forgot who had it) is on its way again already. ``dry_run``:
+        only check, and count what would go back."""
+        c = self._consumers.get(consumer_id)
+        held = c.pending if c is not None else BitMap64()
+        if keys is not None:
+            wanted = bitmap64_of(_keys_of(keys))
+            others = wanted - held
+            bad = [
+                (int(k), why)
+                for k in _values(others)
+                if (why := self._not_redeliverable(int(k), consumer_id)) is not None
+            ]
+            if bad:
+                shown = ", ".join(
+                    f"{position_of(k)[0]}:{position_of(k)[1]} ({why})" for k, why in bad[:5]
+                )
+                more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+                raise InvalidArgument(
+                    f"msgs: not held unacknowledged by this consumer: {shown}{more}"
+                )
+            if self.type == "shared":
+                held = wanted & held
+        if c is None or not held or dry_run:
+            return len(held) if c is not None else 0
+        held = BitMap64(held)  # a copy: c.pending changes below
+        c.pending -= held
+        self._forget_deadlines(held)
+        self._schedule_redelivery(held)
+        return len(held)
+
+    def _not_redeliverable(self, key: int, consumer_id: str) -> str | None:
+        """Why ``key`` cannot be redelivered on behalf of ``consumer_id`` (None: it can)."""
+        ledger_id, entry_id = position_of(key)
+        if self.cursor.is_acked(ledger_id, entry_id):
+            return "acknowledged"
+        for cid, other in self._consumers.items():
+            if cid != consumer_id and key in other.pending:
+                return "held by another consumer"
+        return None
 
     def expire(self, now_ms: int) -> int:
         """Ack timeouts: unacked deliveries past their deadline go back for redelivery."""

@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 
 from raydelay.clock import Clock
-from raydelay.errors import CodecError, InvalidArgument, NotFound, RaydelayError
+from raydelay.errors import CodecError, Conflict, InvalidArgument, NotFound, RaydelayError
 from raydelay.log.entries import (
     INDEX_PROBE_BYTES,
     AppendBatch,
@@ -47,6 +47,7 @@ from raydelay.log.entries import (
     encode_object,
     index_length,
 )
+from raydelay.retries import Retries
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import ledger_entries_key, validate_name
 
@@ -148,6 +149,9 @@ class PartitionLog:
         self._index_cache_bytes = index_cache_bytes
         self._ledgers: list[LedgerInfo] = sorted(ledgers, key=lambda x: x.ledger_id)
         self._firsts: dict[int, list[int]] = {}  # ledger -> first entries of its objects
+        self._unsure: set[str] = set()  # object keys whose write failed and may have landed
+        # (the callers retry a failed commit: one line per bout of failures, not per try)
+        self._commit_retries = Retries(log, f"commit to {topic}/{partition}")
         # (ledger, first) -> the object's cancel markers as (index, target); small, and kept
         self._marker_index: dict[tuple[int, int], list[tuple[int, Position]]] = {}
         self._producers: dict[str, _Producer] = {}
@@ -234,10 +238,12 @@ class PartitionLog:
             if self._next_entry >= self._max_entries:
                 self._roll()
         except Exception as exc:  # noqa: BLE001 - every unwritten batch gets the error
-            log.warning("commit to %s/%d failed: %s", self._topic, self._partition, exc)
+            self._commit_retries.failed(exc)
             for i, r in enumerate(results):
                 if r is None:
                     results[i] = exc
+        else:
+            self._commit_retries.ok()
         self.stats_counters["commits"] += 1
         return results  # type: ignore[return-value]
 
@@ -280,12 +286,22 @@ class PartitionLog:
         entries = concat_entries([batches[i].entries for i in group])
         obj = LedgerObject(ledger, first, now_ms, entries, dedup)
         data = encode_object(obj)
+        key = ledger_entries_key(self._topic, self._partition, ledger, first)
         try:
-            self._store.put(ledger_entries_key(self._topic, self._partition, ledger, first), data)
-        except BaseException:
+            # create-only: an object already there means another writer (a second cluster
+            # on this store), unless it is this actor's own earlier attempt whose answer
+            # was lost, which the next group (maybe larger) replaces
+            if key in self._unsure:
+                self._store.put(key, data)
+            else:
+                self._store.put_new(key, data)
+        except BaseException as exc:
             for i in group:
                 results[i] = None  # the caller's handler fills in the error
+            if not isinstance(exc, Conflict):
+                self._unsure.add(key)
             raise
+        self._unsure.discard(key)
         # Durable: make it visible.
         self._next_entry = offset
         self._firsts.setdefault(ledger, []).append(first)

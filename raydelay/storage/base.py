@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from raydelay.errors import InvalidArgument
+from raydelay.errors import Conflict, InvalidArgument, NotFound
 
 
 @runtime_checkable
@@ -12,6 +12,9 @@ class ObjectStore(Protocol):
     """A flat key -> bytes store.
 
     - ``put`` is atomic: a reader sees the whole new value or the old one, never a part.
+    - ``put_new`` is ``put`` for a key that must not exist yet (create-only). If an object
+      is there with the same bytes it returns (a retried write whose answer was lost);
+      with other bytes it raises :class:`~raydelay.errors.Conflict`.
     - ``get`` / ``get_range`` raise NotFound for a missing key.
     - ``get_range(key, start, end)`` returns bytes ``[start, end)`` clipped to the object.
     - ``delete`` of a missing key is a no-op (deletes are idempotent).
@@ -20,6 +23,8 @@ class ObjectStore(Protocol):
     """
 
     def put(self, key: str, data: bytes) -> None: ...
+
+    def put_new(self, key: str, data: bytes) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
@@ -49,3 +54,21 @@ def check_range(start: object, end: object) -> tuple[int, int]:
     if end < start:  # type: ignore[operator]
         raise InvalidArgument(f"end: {end} is before start {start}")
     return start, end  # type: ignore[return-value]
+
+
+def same_or_conflict(store: ObjectStore, key: str, data: bytes) -> None:
+    """After a create-only write found ``key`` taken: fine if it holds ``data``, else a
+    :class:`~raydelay.errors.Conflict`."""
+    try:
+        there = store.get(key)
+    except NotFound:  # deleted meanwhile: whoever did so owns it
+        there = None
+    if there != data:
+        raise conflict(key)
+
+
+def conflict(key: str) -> Conflict:
+    return Conflict(
+        f"put {key!r}: another object is already there (is a second raydelay cluster "
+        "writing this store?)"
+    )

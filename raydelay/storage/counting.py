@@ -25,6 +25,11 @@ class CountingObjectStore:
         with self._lock:
             self.bytes_written += len(data)
 
+    def put_new(self, key: str, data: bytes) -> None:
+        self.inner.put_new(key, data)
+        with self._lock:
+            self.bytes_written += len(data)
+
     def get(self, key: str) -> bytes:
         return self._read(self.inner.get(key))
 

@@ -101,6 +101,10 @@ class FaultyObjectStore:
         self._before("put")
         self.inner.put(key, data)  # type: ignore[attr-defined]
 
+    def put_new(self, key: str, data: bytes) -> None:
+        self._before("put")
+        self.inner.put_new(key, data)  # type: ignore[attr-defined]
+
     def get(self, key: str) -> bytes:
         self._before("get")
         return self.inner.get(key)  # type: ignore[attr-defined]

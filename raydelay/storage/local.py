@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from raydelay.errors import InvalidArgument, NotFound, StorageError
-from raydelay.storage.base import check_data, check_range
+from raydelay.storage.base import check_data, check_range, same_or_conflict
 from raydelay.storage.keys import validate_key, validate_prefix
 
 _TMP_SUFFIX = ".rdtmp"
@@ -57,6 +57,16 @@ class LocalDirObjectStore:
     # -- operations -------------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> None:
+        self._write(key, data, create_only=False)
+
+    def put_new(self, key: str, data: bytes) -> None:
+        data = check_data(data)
+        if not self._write(key, data, create_only=True):
+            same_or_conflict(self, key, data)
+
+    def _write(self, key: str, data: bytes, *, create_only: bool) -> bool:
+        """Write a temp file, fsync it, then rename it over the key (or, create-only, link it
+        to the key: False if the key exists) and fsync the directory."""
         path = self._path(key)
         data = check_data(data)
         parent = path.parent
@@ -74,8 +84,17 @@ class LocalDirObjectStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, path)
+            if create_only:
+                try:
+                    os.link(tmp, path)  # atomic, and fails if the key exists
+                except FileExistsError:
+                    return False
+                finally:
+                    tmp.unlink(missing_ok=True)
+            else:
+                os.replace(tmp, path)
             _fsync_dir(parent)
+            return True
         except InvalidArgument:
             raise
         except OSError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from raydelay.errors import NotFound
-from raydelay.storage.base import check_data, check_range
+from raydelay.storage.base import check_data, check_range, conflict
 from raydelay.storage.keys import validate_key, validate_prefix
 
 
@@ -21,6 +21,14 @@ class MemoryObjectStore:
         data = check_data(data)
         with self._lock:
             self._data[key] = data
+
+    def put_new(self, key: str, data: bytes) -> None:
+        key = validate_key(key)
+        data = check_data(data)
+        with self._lock:
+            there = self._data.setdefault(key, data)
+        if there is not data and there != data:
+            raise conflict(key)
 
     def get(self, key: str) -> bytes:
         key = validate_key(key)

@@ -7,10 +7,11 @@ boto3's standard chain; nothing here reads them from a config file.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from raydelay.errors import InvalidArgument, NotFound, StorageError
-from raydelay.storage.base import check_data, check_range
+from raydelay.storage.base import check_data, check_range, same_or_conflict
 from raydelay.storage.keys import validate_key, validate_prefix
 
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -57,6 +58,7 @@ class S3ObjectStore:
         self._client = client
         self._bucket = bucket
         self._prefix = prefix
+        self._conditional = True  # the endpoint honours If-None-Match (until it says not)
 
     def _full(self, key: str) -> str:
         return self._prefix + validate_key(key)
@@ -68,6 +70,28 @@ class S3ObjectStore:
             self._client.put_object(Bucket=self._bucket, Key=full, Body=data)
         except Exception as exc:
             raise _translate(exc, f"put {key!r}") from exc
+
+    def put_new(self, key: str, data: bytes) -> None:
+        """Create-only, with ``If-None-Match: *`` (AWS, moto and SeaweedFS honour it; a
+        server that answers NotImplemented gets a HEAD first, which narrows the race)."""
+        full = self._full(key)
+        data = check_data(data)
+        try:
+            if self._conditional:
+                self._client.put_object(Bucket=self._bucket, Key=full, Body=data, IfNoneMatch="*")
+                return
+            if not self.exists(key):
+                self._client.put_object(Bucket=self._bucket, Key=full, Body=data)
+                return
+        except Exception as exc:
+            code = _code(exc)
+            if code == "NotImplemented" and self._conditional:
+                log.warning("S3 endpoint ignores If-None-Match: create-only writes check first")
+                self._conditional = False
+                return self.put_new(key, data)
+            if code not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                raise _translate(exc, f"put {key!r}") from exc
+        same_or_conflict(self, key, data)
 
     def get(self, key: str) -> bytes:
         full = self._full(key)
@@ -128,6 +152,9 @@ class S3ObjectStore:
 
     def __repr__(self) -> str:
         return f"S3ObjectStore(bucket={self._bucket!r}, prefix={self._prefix!r})"
+
+
+log = logging.getLogger(__name__)
 
 
 def _code(exc: Exception) -> str | None:

@@ -86,7 +86,7 @@ def run_workload(
         mids = producer.send_many([b"%d" % (r * batch + i) for i in range(batch)], deliver_at=ats)
         ledger.sent.update(zip(mids, ats, strict=True))
         # cancel some of the ones due at least 2 s from now (well before they are due): in
-        # one call a round (cancel_many), but one call per message every tenth round
+        # one call a round (cancel_many), but one call per message every 25th round
         late = now_ms() + 2_000
         doomed = [
             mid
@@ -94,7 +94,7 @@ def run_workload(
             if at is not None and at > late and rng.random() < cancel_share
         ]
         ledger.cancel_attempts.update(doomed)
-        if r % 10 == 0:
+        if r % 25 == 0:
             honoured = [producer.cancel(mid) for mid in doomed]
         else:
             honoured = producer.cancel_many(doomed) if doomed else []

@@ -61,6 +61,8 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
         elif line.startswith("later"):
             counts["later"] = int(parts[1])
     assert counts == {"<=1m": 3, "<=1h": 0, "<=1d": 2, "later": 0}
+    # and the consumers with what they hold and when they were last heard from
+    assert "last heard from" in out and " s of 10 s" in out
     # When one of the soon ones is cancelled
     code, out, _ = run(capsys, "cancel", ids[0])
     assert code == 0 and out.strip() == f"{ids[0]}\tcancelled"
@@ -68,8 +70,9 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
     code, out, err = run(capsys, "consume", topic_name, "audit", "--ack", "--timeout", "1")
     assert code == 0
     lines = out.strip().splitlines()
-    assert len(lines) == 1 and lines[0].endswith("\t-\thello")
-    assert "1 message(s), acknowledged" in err
+    # (id, due, key, properties, redelivery_count, payload)
+    assert len(lines) == 1 and lines[0].split("\t")[1:] == ["-", "k1", "a=b", "0", "hello"]
+    assert "1 message, acknowledged" in err
     # and the topic's table lists the subscription
     code, out, _ = run(capsys, "stats", topic_name)
     assert code == 0 and "audit" in out
@@ -96,6 +99,35 @@ def test_user_mistakes_print_one_line_and_exit_2(argv, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("raydelay: error: ")
     assert message in lines[0]
+
+
+def test_produce_stops_at_an_oversize_line_and_says_how_much_was_sent(
+    cluster, topic_name, capsys, tmp_path
+):
+    cluster.create_topic(topic_name)
+    limit = cluster.config.topic.max_message_bytes
+    lines = tmp_path / "lines.txt"
+    lines.write_bytes(b"one\ntwo\n" + b"x" * (limit + 1) + b"\nfour\n")
+    code, _, err = run(capsys, "produce", topic_name, str(lines))
+    assert code == 2
+    assert "line 3: " in err and "after sending 2 messages (lines 1-2)" in err
+    assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 2
+
+
+def test_stats_into_a_closed_pipe_ends_quietly(cluster, topic_name):
+    # `raydelay stats ... | head`: the reader is gone before the table is written
+    cluster.create_topic(topic_name, partitions=3)
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.Popen(
+        [*RAYDELAY, "--address", address, "stats", topic_name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err
 
 
 def test_an_unknown_topic_is_one_line(cluster, capsys):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 import ray
@@ -99,6 +100,33 @@ def test_bad_input_is_refused_and_nothing_is_written(cluster, topic_name):
         cluster.create_producer("no-such-topic")
     with pytest.raises(NotFound):
         cluster.subscribe("no-such-topic", "s")
+
+
+def test_an_absurd_time_fails_its_own_send_only(cluster, topic_name):
+    # Given eight threads sending 100 good messages each (a timedelta delay)
+    cluster.create_topic(topic_name, partitions=2)
+    producer = cluster.create_producer(topic_name)
+    sent: list = []
+
+    def good() -> None:
+        for j in range(100):
+            sent.append(producer.send(b"ok%d" % j, deliver_after=timedelta(seconds=60)))
+
+    threads = [threading.Thread(target=good) for _ in range(8)]
+    for t in threads:
+        t.start()
+    # When other callers send times past year 9999, at once and in a batch
+    for bad in (dict(deliver_at=2**63), dict(deliver_after=1e300)):
+        with pytest.raises(InvalidArgument, match="after year 9999"):
+            producer.send(b"bad", **bad)
+    with pytest.raises(InvalidArgument, match="message 1"):
+        producer.send_many([b"a", b"b"], deliver_at=[1, 2**63])
+    for t in threads:
+        t.join()
+    # Then each bad send failed alone: all 800 good ones are durable
+    assert len(sent) == 800
+    entries = sum(p["entries"] for p in cluster.stats(topic_name)["partitions"])
+    assert entries == 800
 
 
 def test_max_delay_is_enforced_when_configured(cluster, topic_name, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 from raydelay.clock import ManualClock
 from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryBucketRegistry, codec
 from raydelay.delayed.bucket import cut_segments
-from raydelay.errors import CodecError, RaydelayError, StorageError
+from raydelay.errors import CodecError, InvalidArgument, RaydelayError, StorageError
 from raydelay.storage import FaultyObjectStore, LocalDirObjectStore, MemoryObjectStore
 
 NAME = "subs/orders/0/billing"
@@ -536,3 +536,19 @@ def test_a_segment_not_loaded_is_spread_evenly_over_its_due_range():
     counts = due_window_counts(np.array([33, 66]), [], Membership(), [(0, 99, 10)])
     assert sum(counts) == 10 and max(counts) - min(counts) <= 1
     assert due_window_counts(np.array([50]), [], Membership(), [(70, 70, 3)]) == [0, 3]
+
+
+def test_minus_one_means_one_segment_per_time_step_and_no_merges():
+    env = Env(max_indexes_per_segment=-1, max_num_buckets=-1)
+    t = env.tracker()
+    for ledger in range(1, 13):  # 12 buckets of 10: over the default limit of merges
+        t.add_messages(np.full(10, ledger), np.arange(10), np.full(10, T0 + 1_000 + ledger))
+    t.flush()
+    # 11 sealed (the last ledger's rows wait in the mutable bucket), none merged
+    assert t.immutable_bucket_count() == 11 and t.stats()["merged"] == 0
+    # each bucket is one segment (its 10 rows are within one time step)
+    assert all(env.objects(key) == ["meta", "seg-000001"] for key in env.bucket_keys())
+    env.clock.set(T0 + 2_000)
+    assert len(t.get_scheduled_messages(1_000)) == 120
+    with pytest.raises(InvalidArgument, match="max_num_buckets: must be > 0, or -1"):
+        env.tracker(max_num_buckets=0)

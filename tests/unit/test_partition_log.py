@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from raydelay.clock import ManualClock
-from raydelay.errors import CodecError, InvalidArgument, StorageError
+from raydelay.errors import CodecError, Conflict, InvalidArgument, StorageError
 from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
@@ -139,6 +139,42 @@ def test_a_failed_write_fails_its_batches_and_leaves_nothing_visible():
     # the producer's retry lands where the failed batch would have
     assert log.commit([batch(2, "p", 2, start=2)]) == [[(1, 2, 2)]]
     assert payloads(log) == [b"m0", b"m1", b"m2", b"m3"]
+
+
+class LostAnswers(MemoryObjectStore):
+    """Its next create-only write lands, then fails as if its answer was lost."""
+
+    lose_next = False
+
+    def put_new(self, key: str, data: bytes) -> None:
+        super().put_new(key, data)
+        if self.lose_next:
+            self.lose_next = False
+            raise StorageError("connection reset after the write", retriable=True)
+
+
+def test_a_second_writer_of_a_ledger_gets_a_conflict_and_overwrites_nothing():
+    # Given two logs over one store that both think ledger 1 is theirs (two clusters)
+    store = MemoryObjectStore()
+    first, ledgers = make_log(store)
+    second, _ = make_log(store)
+    first.commit([batch(3)])
+    # When the second writes where the first did
+    results = second.commit([batch(2, start=100)])
+    # Then it fails loudly, and the acknowledged messages are intact
+    assert isinstance(results[0], Conflict) and "second raydelay cluster" in str(results[0])
+    assert payloads(first) == [b"m0", b"m1", b"m2"]
+
+
+def test_a_write_whose_answer_was_lost_is_replaced_by_the_next_attempt():
+    store = LostAnswers()
+    log, _ = make_log(store)
+    store.lose_next = True
+    [result] = log.commit([batch(2, "p", 1)])
+    assert isinstance(result, StorageError) and log.tail() is None or log.tail() == (0, -1)
+    # the retry, grouped with another batch, writes other bytes at the same key: allowed
+    assert log.commit([batch(2, "p", 1), batch(1, start=2)]) == [[(1, 0, 2)], [(1, 2, 1)]]
+    assert payloads(log) == [b"m0", b"m1", b"m2"]
 
 
 def test_a_restarted_log_keeps_dedup_and_never_appends_to_a_ledger_it_did_not_open():

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from raydelay.errors import InvalidArgument, NotFound
+from raydelay.errors import Conflict, InvalidArgument, NotFound
 from raydelay.storage import LocalDirObjectStore, MemoryObjectStore
 
 
@@ -44,6 +44,34 @@ def test_overwrite_replaces_the_whole_value(store):
     store.put("k", b"short")
     assert store.get("k") == b"short"
     assert store.list("") == ["k"]
+
+
+def test_put_new_creates_once_and_refuses_other_bytes(store):
+    store.put_new("led/1", b"first")
+    store.put_new("led/1", b"first")  # a retried write whose answer was lost: fine
+    with pytest.raises(Conflict, match="led/1"):
+        store.put_new("led/1", b"second")
+    assert store.get("led/1") == b"first"
+    assert store.list("") == ["led/1"]  # and no temp file is left behind
+
+
+def test_concurrent_put_new_of_one_key_lets_exactly_one_writer_win(store):
+    outcomes: list[str] = []
+
+    def write(i: int) -> None:
+        try:
+            store.put_new("race", b"writer %d" % i)
+            outcomes.append("won")
+        except Conflict:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["conflict"] * 5 + ["won"]
+    assert store.get("race").startswith(b"writer ")
 
 
 def test_get_range_is_end_exclusive_and_clipped(store):

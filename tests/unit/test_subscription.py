@@ -209,6 +209,97 @@ def test_failover_delivers_only_to_the_oldest_consumer_and_exclusive_to_one():
         make("broadcast")
 
 
+@pytest.mark.parametrize("kind", ["shared", "failover", "exclusive"])
+def test_a_consumer_whose_lease_lapses_is_removed_and_its_messages_go_to_another(kind):
+    # Given c1 holding three unacked messages (and, but for exclusive, c2 waiting)
+    sub, clock = make(kind)
+    read(sub, obj(1, 0, [NO_DELAY] * 3))
+    got = take(sub, clock, "c1")
+    assert got == [(1, 0), (1, 1), (1, 2)]
+    if kind != "exclusive":
+        sub.add_consumer("c2")
+    # When c2 keeps calling and c1 falls silent for longer than the lease
+    clock.advance(6_000)
+    assert sub.touch("c2") == (kind != "exclusive") and not sub.touch("nobody")
+    assert sub.expire_consumers(clock.now_ms(), lease_ms=10_000) == []  # 6 s: not yet
+    assert sub.next_lease_expiry(10_000) == T0 + 10_001
+    clock.advance(4_001)
+    removed = sub.expire_consumers(clock.now_ms(), lease_ms=10_000)
+    # Then c1 is removed with its three messages handed back
+    assert removed == [("c1", 3)]
+    assert sub.consumers() == ([] if kind == "exclusive" else ["c2"])
+    if kind == "exclusive":  # the slot is free for a new consumer
+        sub.add_consumer("c3")
+    nxt = "c3" if kind == "exclusive" else "c2"
+    move_mark(sub)
+    sub.collect_due(clock.now_ms(), 10)
+    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(10), dtype=np.int64))
+    out = wire(sub.deliver(nxt, fetched, 10, clock.now_ms()))
+    assert list(zip(out["ledger_id"], out["entry_id"], strict=True)) == got
+    assert out["redelivery_count"] == [1, 1, 1]
+    age = 0 if kind == "exclusive" else 4_001  # c2 was last heard from at the touch
+    assert sub.consumer_leases(clock.now_ms())[nxt] == {"unacked": 3, "lease_age_ms": age}
+
+
+def _deliver(sub: Subscription, clock: ManualClock, consumer: str) -> dict[str, list]:
+    """One receive, as columns (counts included)."""
+    move_mark(sub)
+    sub.collect_due(clock.now_ms(), 100)
+    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(100), dtype=np.int64))
+    return wire(sub.deliver(consumer, fetched, 100, clock.now_ms()))
+
+
+def test_redeliver_on_demand_takes_back_only_what_the_consumer_holds_on_shared():
+    sub, clock = make("shared")
+    sub.add_consumer("c2")
+    read(sub, obj(1, 0, [NO_DELAY] * 5))
+    mine = take(sub, clock, "c1", n=3)
+    theirs = take(sub, clock, "c2")
+    assert len(mine) == 3 and len(theirs) == 2
+    sub.ack("c1", keys([mine[2]]))
+    # a message held by another consumer, or acknowledged, is named, and nothing goes back
+    with pytest.raises(InvalidArgument, match=r"1:\d \(held by another consumer\)"):
+        sub.redeliver_unacked("c1", np.array(keys([mine[0], theirs[0]])))
+    with pytest.raises(InvalidArgument, match=r"\(acknowledged\)"):
+        sub.redeliver_unacked("c1", np.array(keys([mine[2]])))
+    assert sub.consumer_leases(clock.now_ms())["c1"]["unacked"] == 2
+    # the given ones go back now, with their count raised; then all the rest
+    assert sub.redeliver_unacked("c1", np.array(keys([mine[0]])), dry_run=True) == 1
+    assert sub.redeliver_unacked("c1", np.array(keys([mine[0]]))) == 1
+    again = _deliver(sub, clock, "c2")
+    assert list(zip(again["ledger_id"], again["entry_id"], strict=True)) == [mine[0]]
+    assert again["redelivery_count"] == [1]
+    assert sub.redeliver_unacked("c1") == 1
+    assert _deliver(sub, clock, "c1")["entry_id"] == [mine[1][1]]
+
+
+@pytest.mark.parametrize("kind", ["exclusive", "failover"])
+def test_redeliver_on_demand_rewinds_a_fifo_subscription(kind):
+    sub, clock = make(kind)
+    read(sub, obj(1, 0, [NO_DELAY] * 6))
+    assert take(sub, clock, "c1", n=4) == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    sub.ack("c1", keys([(1, 1)]))
+    # given one message, delivery still rewinds to the first unacked and goes on in order
+    assert sub.redeliver_unacked("c1", np.array(keys([(1, 2)]))) == 3
+    out = _deliver(sub, clock, "c1")
+    assert out["entry_id"] == [0, 2, 3, 4, 5]
+    assert out["redelivery_count"] == [1, 1, 1, 0, 0]
+
+
+def test_an_ack_past_the_end_of_the_log_names_no_message_and_acks_nothing():
+    sub, clock = make()
+    read(sub, obj(1, 0, [NO_DELAY] * 3))
+    sub.on_read([], [(1, None)], (1, 2))  # the log's last entry is 1:2
+    got = take(sub, clock, "c1")
+    with pytest.raises(InvalidArgument, match=r"1048576:5 past the end of t/0/s .*1:2"):
+        sub.ack("c1", keys([got[0], (2**20, 5)]))
+    assert sub.counters["acked"] == 0
+    # any consumer may ack a message that exists, as Pulsar's ack by id; counted once
+    sub.add_consumer("c2")
+    assert sub.ack("c2", keys(got)) == 3 and sub.ack("c1", keys(got)) == 0
+    assert sub.counters["acked"] == 3
+
+
 def test_read_ahead_is_bounded():
     sub, clock = make(read_ahead_entries=5)
     assert sub.wants_read()

@@ -1,0 +1,198 @@
+"""One owner per store: the coordinator of one raydelay cluster at a time.
+
+Two clusters writing one store would hand out the same ledger ids and overwrite each
+other's acknowledged messages. So the coordinator takes the store before it serves
+anything, and a second cluster's coordinator is refused with :class:`StoreOwned`.
+
+The claim is an owner record, ``meta/owner/<epoch>``, written create-only
+(``put_new``): of two coordinators claiming the same epoch exactly one wins. The highest
+epoch is the current claim. Whether it is still held:
+
+- **local dir:** the owner also holds an exclusive ``flock`` on ``<root>/.owner.lock``
+  for as long as its process lives. The kernel drops the lock when the process dies
+  (even by SIGKILL), so a dead owner is noticed at once, with no lease to wait out.
+- **any other store (S3):** the owner renews ``meta/owner-renewed/<epoch>`` every third
+  of ``lease_s``; a claim not renewed for ``lease_s`` has lapsed. The owner checks at each
+  renewal that no higher epoch exists, and stops serving if one does (it lost the store).
+
+A coordinator of the same Ray cluster (the same GCS address) takes over its own claim at
+once: that is Ray restarting it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from raydelay.errors import Conflict, NotFound, StoreOwned
+
+log = logging.getLogger(__name__)
+
+CLAIM_PREFIX = "meta/owner/"
+RENEWED_PREFIX = "meta/owner-renewed/"
+LOCK_FILE = ".owner.lock"
+DEFAULT_LEASE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    epoch: int
+    address: str  # the Ray cluster's GCS address
+    host: str
+    pid: int
+    claimed_ms: int
+    lease_s: float
+
+    def describe(self) -> str:
+        return (
+            f"the raydelay cluster at Ray address {self.address} (host {self.host}, pid {self.pid})"
+        )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _decode(raw: bytes) -> Claim:
+    return Claim(**json.loads(raw))
+
+
+def current_claim(store) -> Claim | None:
+    """The highest claim in the store, or None."""
+    keys = store.list(CLAIM_PREFIX)
+    for key in reversed(keys):
+        try:
+            return _decode(store.get(key))
+        except NotFound:
+            continue
+    return None
+
+
+def _lock_path(store) -> str | None:
+    """The lock file of a local-dir store (through any wrapper), or None for other stores."""
+    while not hasattr(store, "root") and hasattr(store, "inner"):
+        store = store.inner
+    root = getattr(store, "root", None)
+    return None if root is None else os.path.join(str(root), LOCK_FILE)
+
+
+def _open_lock(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def claim_is_live(store, claim: Claim) -> bool:
+    """Whether ``claim``'s owner still holds the store (see the module's docstring)."""
+    path = _lock_path(store)
+    if path is not None:
+        try:
+            fd = _open_lock(path)
+        except OSError:
+            return True  # cannot tell: assume held
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+    try:
+        renewed = int(store.get(f"{RENEWED_PREFIX}{claim.epoch:020d}"))
+    except NotFound:
+        renewed = claim.claimed_ms
+    return _now_ms() - renewed < claim.lease_s * 1000
+
+
+class StoreOwner:
+    """The coordinator's hold on its store: :meth:`acquire` once, then it is kept until
+    the process ends (local dir) or renewed by a thread (other stores)."""
+
+    def __init__(self, store, address: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+        self._store = store
+        self._address = address
+        self._lease_s = lease_s
+        self._fd: int | None = None
+        self.claim: Claim | None = None
+        self.lost: str | None = None  # why this owner lost the store, once it did
+        self._stop = threading.Event()
+
+    def acquire(self) -> Claim:
+        path = _lock_path(self._store)
+        if path is not None:
+            fd = _open_lock(path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self._refuse(current_claim(self._store))
+            self._fd = fd  # held while this process lives
+        prior = current_claim(self._store)
+        if (
+            path is None
+            and prior is not None
+            and prior.address != self._address
+            and claim_is_live(self._store, prior)
+        ):
+            self._refuse(prior)
+        epoch = (prior.epoch if prior else 0) + 1
+        claim = Claim(
+            epoch, self._address, socket.gethostname(), os.getpid(), _now_ms(), self._lease_s
+        )
+        try:
+            self._store.put_new(f"{CLAIM_PREFIX}{epoch:020d}", json.dumps(asdict(claim)).encode())
+        except Conflict:
+            self._refuse(current_claim(self._store))
+        self.claim = claim
+        for key in self._store.list(CLAIM_PREFIX)[:-2]:  # keep the last two claims
+            self._store.delete(key)
+        for key in self._store.list(RENEWED_PREFIX):
+            if int(key.rsplit("/", 1)[1]) < epoch:
+                self._store.delete(key)
+        if path is None:
+            self._renew()
+            threading.Thread(target=self._renewer, name="raydelay-owner", daemon=True).start()
+        log.info("this cluster owns the store (epoch %d)", epoch)
+        return claim
+
+    def _refuse(self, holder: Claim | None) -> None:
+        who = holder.describe() if holder else "another raydelay cluster"
+        raise StoreOwned(
+            f"the store is owned by {who}; attach to it with connect(address=...) or "
+            'start one shared cluster with `raydelay up` and connect(address="auto")',
+            asdict(holder) if holder else None,
+        )
+
+    def _renew(self) -> None:
+        assert self.claim is not None
+        newest = current_claim(self._store)
+        if newest is not None and newest.epoch > self.claim.epoch:
+            self.lost = f"the store was taken over by {newest.describe()}"
+            log.error("this cluster lost its store: %s", self.lost)
+            self._stop.set()
+            return
+        self._store.put(f"{RENEWED_PREFIX}{self.claim.epoch:020d}", str(_now_ms()).encode())
+
+    def _renewer(self) -> None:
+        while not self._stop.wait(self._lease_s / 3):
+            try:
+                self._renew()
+            except Exception as exc:  # noqa: BLE001 - the store failing: try again
+                log.warning("renewing the store's owner record failed: %s", exc)
+
+    def check(self) -> None:
+        """Raise :class:`StoreOwned` if this owner lost the store."""
+        if self.lost is not None:
+            raise StoreOwned(f"this cluster no longer owns its store: {self.lost}")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None

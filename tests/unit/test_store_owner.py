@@ -1,0 +1,109 @@
+"""One owner per store: the claim, the local-dir lock, and the lease of other stores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from raydelay.cluster import owner
+from raydelay.cluster.owner import StoreOwner, claim_is_live, current_claim
+from raydelay.errors import StoreOwned
+from raydelay.storage import LocalDirObjectStore, MemoryObjectStore
+
+
+def test_a_local_store_has_one_owner_until_its_process_ends(tmp_path):
+    store = LocalDirObjectStore(tmp_path / "s")
+    first = StoreOwner(store, "10.0.0.1:6379")
+    assert first.acquire().epoch == 1
+    assert claim_is_live(store, current_claim(store))
+    # a second owner, even in the same process, is refused and told who holds the store
+    with pytest.raises(StoreOwned, match=r"10\.0\.0\.1:6379.*address=\"auto\"") as refused:
+        StoreOwner(store, "10.0.0.2:6379").acquire()
+    assert refused.value.owner["address"] == "10.0.0.1:6379"
+    # once the holder lets go (its process ended), the next takes it with a higher epoch
+    first.release()
+    assert not claim_is_live(store, current_claim(store))
+    second = StoreOwner(store, "10.0.0.2:6379")
+    assert second.acquire().epoch == 2
+    assert current_claim(store).address == "10.0.0.2:6379"
+    second.release()
+
+
+def test_a_sigkilled_owner_process_frees_a_local_store_at_once(tmp_path):
+    root = tmp_path / "s"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from raydelay.cluster.owner import StoreOwner
+        from raydelay.storage import LocalDirObjectStore
+        StoreOwner(LocalDirObjectStore({str(root)!r}), "10.0.0.9:1").acquire()
+        print("owned", flush=True)
+        time.sleep(600)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "owned"
+        store = LocalDirObjectStore(root)
+        with pytest.raises(StoreOwned, match="10.0.0.9:1"):
+            StoreOwner(store, "10.0.0.3:1").acquire()
+    finally:
+        child.kill()
+        child.wait()
+    assert StoreOwner(store, "10.0.0.3:1").acquire().epoch == 2
+
+
+def test_other_stores_use_a_renewed_lease(monkeypatch):
+    store = MemoryObjectStore()
+    clock = [1_000_000]
+    monkeypatch.setattr(owner, "_now_ms", lambda: clock[0])
+    monkeypatch.setattr(StoreOwner, "_renewer", lambda self: None)  # renewals by hand here
+    first = StoreOwner(store, "a:1", lease_s=30)
+    first.acquire()
+    clock[0] += 20_000
+    with pytest.raises(StoreOwned, match="a:1"):
+        StoreOwner(store, "b:1", lease_s=30).acquire()
+    first._renew()
+    clock[0] += 29_000  # renewed 29 s ago: still held
+    with pytest.raises(StoreOwned):
+        StoreOwner(store, "b:1", lease_s=30).acquire()
+    # the same Ray cluster (a restarted coordinator) takes over its own claim at once
+    again = StoreOwner(store, "a:1", lease_s=30)
+    assert again.acquire().epoch == 2
+    # a lease not renewed for lease_s lapses, and the old holder learns it lost the store
+    clock[0] += 31_000
+    third = StoreOwner(store, "b:1", lease_s=30)
+    assert third.acquire().epoch == 3
+    again._renew()
+    with pytest.raises(StoreOwned, match="taken over by .*b:1"):
+        again.check()
+    assert json.loads(store.get("meta/owner/00000000000000000003"))["address"] == "b:1"
+    assert store.list("meta/owner/") == [
+        "meta/owner/00000000000000000002",
+        "meta/owner/00000000000000000003",
+    ]
+
+
+def test_a_store_that_cannot_work_fails_at_once_naming_its_config_keys(moto_server, tmp_path):
+    from raydelay.client.cluster import _store_claim
+    from raydelay.config import config_from_dict
+    from raydelay.errors import StorageError
+
+    missing = config_from_dict(
+        {"storage": {"kind": "s3", "s3": {"bucket": "no-such-bucket", "endpoint_url": moto_server}}}
+    )
+    with pytest.raises(
+        StorageError, match=r"storage \(storage.s3.bucket = 'no-such-bucket'.*NoSuchBucket"
+    ) as err:
+        _store_claim(missing)
+    assert not err.value.retriable and "\n" not in str(err.value)
+    (tmp_path / "a-file").write_text("not a directory")
+    local = config_from_dict(
+        {"storage": {"kind": "local", "local": {"root": str(tmp_path / "a-file" / "x")}}}
+    )
+    with pytest.raises(StorageError, match=r"storage \(storage.local.root = .*a-file/x'\)"):
+        _store_claim(local)
