@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         "coordinator on it. Its actors outlive this command; `raydelay down` stops them.",
     )
     up.add_argument("--num-cpus", type=int, default=None, help="CPUs of a new local Ray")
+    up.add_argument("--port", type=int, default=None, help="GCS port of a new local Ray")
+    up.add_argument("--temp-dir", default=None, help="temp/session directory of a new local Ray")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser(
@@ -270,12 +273,25 @@ def cmd_up(args: argparse.Namespace) -> int:
             if args.num_cpus < 1:
                 raise InvalidArgument(f"num_cpus: expected >= 1, got {args.num_cpus}")
             cmd.append(f"--num-cpus={args.num_cpus}")
+        if args.port is not None:
+            if not 1 <= args.port <= 65535:
+                raise InvalidArgument(f"port: expected 1..65535, got {args.port}")
+            cmd.append(f"--port={args.port}")
+        temp_dir = os.path.abspath(args.temp_dir) if args.temp_dir else "/tmp/ray"
+        if args.temp_dir:
+            cmd.append(f"--temp-dir={temp_dir}")
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             last = (result.stderr or result.stdout).strip().splitlines()[-1:]
             raise Unavailable(f"ray start failed: {' '.join(last)}")
         started = True
-        _UP_MARKER.write_text(json.dumps({"started_at": time.time()}))
+        found = re.search(r"--address='([^']+)'", result.stdout + result.stderr)
+        if found and args.address is None:
+            args.address = found.group(1)
+        session = os.path.basename(os.path.realpath(os.path.join(temp_dir, "session_latest")))
+        _UP_MARKER.write_text(
+            json.dumps({"started_at": time.time(), "address": args.address, "session": session})
+        )
     cluster = _attach(args)
     import ray
 
@@ -309,10 +325,45 @@ def cmd_down(args: argparse.Namespace) -> int:
     ray.shutdown()
     print(f"raydelay: stopped {stopped} actors (cursors persisted, ledgers closed)")
     if _UP_MARKER.exists() and not args.keep_ray and args.address is None:
-        subprocess.run([_ray_binary(), "stop"], capture_output=True, check=False)
+        marker = json.loads(_UP_MARKER.read_text() or "{}")
+        stopped = _stop_ray_session(marker.get("session", ""))
         _UP_MARKER.unlink(missing_ok=True)
-        print("raydelay: stopped the local Ray that `raydelay up` started")
+        print(
+            f"raydelay: stopped the local Ray that `raydelay up` started ({stopped} processes; "
+            "any other Ray on this machine is left alone)"
+        )
     return 0
+
+
+def _stop_ray_session(session: str) -> int:
+    """Stop the Ray cluster of one session (``session_<date>_<pid>``): its head processes
+    carry the session's directory on their command lines, and its workers end with its
+    raylet. A bare ``ray stop`` would stop every Ray of this user on the machine."""
+    import psutil
+
+    if not session.startswith("session_"):
+        return 0
+    procs = []
+    for proc in psutil.process_iter(["cmdline", "uids"]):
+        try:
+            if proc.info["uids"] and proc.info["uids"].real != os.getuid():
+                continue
+            if any(session in part for part in proc.info["cmdline"] or ()):
+                procs.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(procs)
 
 
 # --- topics ------------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the project targets 3.11
     import tomli as tomllib
 
-from raydelay.delayed.common import check_limit
 from raydelay.errors import InvalidArgument
+from raydelay.limits import check_limit
 
 ENV_PREFIX = "RAYDELAY_"
 MIB = 1024 * 1024

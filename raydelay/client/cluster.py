@@ -15,10 +15,15 @@ from raydelay.client.consumer import Consumer
 from raydelay.client.message import check_number
 from raydelay.client.producer import Producer
 from raydelay.cluster import owner, placement, rpc
-from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
+from raydelay.cluster.names import (
+    COORDINATOR,
+    NAMESPACE,
+    subscription_actor_name,
+    topic_actor_name,
+)
 from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
 from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
-from raydelay.errors import InvalidArgument, StorageError, StoreOwned, Unavailable
+from raydelay.errors import InvalidArgument, NotFound, StorageError, StoreOwned, Unavailable
 from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
 
@@ -217,9 +222,14 @@ class Cluster:
         return int(self._call(lambda: self._coordinator.partitions.remote(topic), "coordinator"))
 
     def _topic_handle(self, topic: str, partition: int) -> Any:
+        """The partition's topic actor; created if it does not exist, but only for a topic
+        that does (a retry after the topic was deleted gets NotFound at once, and never
+        brings its actor back)."""
         try:
             return placement.lookup(topic_actor_name(topic, partition))
         except ValueError:
+            if not 0 <= partition < self._partitions(topic):  # NotFound: deleted
+                raise NotFound(f"topic {topic!r} has no partition {partition}") from None
             return placement.topic_actor(topic, partition, self._config_dict)
 
     def _subscription_handle(self, topic: str, partition: int, subscription: str) -> Any:
@@ -227,6 +237,7 @@ class Cluster:
             return placement.lookup(subscription_actor_name(topic, partition, subscription))
         except ValueError:
             self._topic_handle(topic, partition)
+            self._subscription_options(topic, subscription)  # NotFound: deleted
             return placement.subscription_actor(topic, partition, subscription, self._config_dict)
 
     def create_producer(self, topic: str, name: str | None = None) -> Producer:
@@ -444,8 +455,38 @@ class Cluster:
         if self._started_ray:
             try:
                 self._flush_all()
+                self._stop_actors_gracefully()
             finally:
                 ray.shutdown()
+
+    def _stop_actors_gracefully(self, timeout_s: float = 10.0) -> None:
+        """End every raydelay actor between calls (``__ray_terminate__`` waits for the calls
+        queued before it), subscriptions first, the coordinator last, before Ray itself
+        stops: an actor torn down in the middle of a call can crash its process."""
+        names = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE
+        ]
+        for group in (
+            [n for n in names if n.startswith("sub/")],
+            [n for n in names if not n.startswith("sub/") and n != COORDINATOR],
+            [n for n in names if n == COORDINATOR],
+        ):
+            handles = []
+            for name in group:
+                try:
+                    handle = placement.lookup(name)
+                except ValueError:
+                    continue
+                handle.__ray_terminate__.remote()
+                handles.append(name)
+            deadline = time.monotonic() + timeout_s
+            while handles and time.monotonic() < deadline:
+                alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+                handles = [n for n in handles if n in alive]
+                if handles:
+                    time.sleep(0.1)
 
     def _flush_all(self) -> None:
         """Persist every subscription's cursor, then close every partition's open ledger."""
@@ -467,7 +508,7 @@ class Cluster:
                         handle = placement.lookup(subscription_actor_name(topic, p, sub))
                     except ValueError:
                         continue
-                    refs.append(handle.flush.remote())
+                    refs.append(handle.close.remote())  # persists, then stops its loops
         if refs:
             rpc.get(refs, what="subscription")
         if closes:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 from pyroaring import BitMap64
 
@@ -11,6 +9,7 @@ from raydelay.clock import Clock
 from raydelay.delayed.columns import check_deliver_at, check_position, superseded
 from raydelay.delayed.index import Membership
 from raydelay.errors import InvalidArgument
+from raydelay.limits import NO_LIMIT, check_limit  # noqa: F401 - re-exported
 
 Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -26,21 +25,6 @@ def check_positive_int(field: str, value: object, *, allow_zero: bool = False) -
         raise InvalidArgument(f"{field}: expected an int, got {type(value).__name__}")
     if value < 0 or (value == 0 and not allow_zero):
         raise InvalidArgument(f"{field}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-    return value
-
-
-NO_LIMIT = -1  # Pulsar's convention for a limit that is off
-
-
-def check_limit(field: str, value: object) -> int:
-    """A positive limit, or -1 for none (then the largest int, so comparisons need no
-    special case)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{field}: expected an int, got {type(value).__name__}")
-    if value == NO_LIMIT:
-        return sys.maxsize
-    if value <= 0:
-        raise InvalidArgument(f"{field}: must be > 0, or -1 for no limit; got {value}")
     return value
 
 

@@ -886,12 +886,14 @@ class Subscription:
         if self._counts.get(k, 0) > 0:
             return False  # delivered before and waiting for a redelivery
         if (lg, e) >= self.read_position:
+            if k in self._cancelled_ahead:
+                return False  # a second cancel, as for one already applied: counted once
             self._cancelled_ahead.add(k)
             self.counters["cancelled"] += 1
             return True
+        self.counters["cancelled"] += 1
         self.tracker.remove_message(lg, e)
         self._ack_keys(np.array([k], dtype=np.int64))  # out of the redelivery set, read-ahead
-        self.counters["cancelled"] += 1
         return True
 
     # --- timers and stats -----------------------------------------------------------------------

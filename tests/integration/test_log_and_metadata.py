@@ -163,3 +163,19 @@ def test_the_coordinator_restarts_with_its_metadata_intact(cluster, topic_name):
     mid = producer.send(b"after")
     got = receive_all(consumer, 1)
     assert [m.message_id for m, _ in got] == [mid]
+
+
+def test_a_deleted_topics_producer_gets_not_found_at_once(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=2)
+    cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    producer.send(b"before")
+    cluster.delete_topic(topic_name, force=True)
+    # a retry never re-creates the deleted topic's actors: NotFound, not 30 s of retries
+    started = time.monotonic()
+    with pytest.raises(NotFound, match=topic_name):
+        producer.send(b"after")
+    took = time.monotonic() - started
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert not any(topic_name in n for n in names)
+    print(f"NotFound after {took:.2f} s")

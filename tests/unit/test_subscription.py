@@ -186,6 +186,16 @@ def test_a_cancel_marker_read_from_the_log_and_applied_directly_counts_once():
     assert sub.cursor.mark_delete == (1, 1)
 
 
+def test_two_cancels_of_a_message_not_read_yet_count_once():
+    sub, clock = make()
+    # both markers come before the subscription reads the target (1:0 is ahead)
+    assert sub.cancel(1, 0, marker=(2, 0)) is True
+    assert sub.cancel(1, 0, marker=(2, 1)) is False  # as for one applied already
+    assert sub.counters["cancelled"] == 1
+    read(sub, obj(1, 0, [NO_DELAY, NO_DELAY]))
+    assert take(sub, clock) == [(1, 1)]
+
+
 def test_a_consumer_that_leaves_hands_its_messages_back():
     sub, clock = make()
     sub.add_consumer("c2")
