@@ -580,9 +580,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ["pending ack", s["pending_ack"]],
         ["buckets", s["buckets"]],
         ["redelivery queue", s["redelivery"]],
-        ["delivered", s["delivered"]],
-        ["acked", s["acked"]],
-        ["cancelled", s["cancelled"]],
+        # counters of the actors' current lives: a restart starts them again
+        ["delivered (since its actors started)", s["delivered"]],
+        ["acked (since its actors started)", s["acked"]],
+        ["cancelled (since its actors started)", s["cancelled"]],
     ]
     print(table([f"{args.topic}/{args.subscription}", ""], [[k, _num(v)] for k, v in rows]))
     print()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,10 @@ def connect(
         else:
             try:
                 ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
-            except (ConnectionError, RuntimeError) as exc:
-                raise Unavailable(
-                    f"address: no Ray cluster could be reached at {address!r} ({exc})"
-                ) from None
+            except Exception as exc:  # noqa: BLE001 - Ray raises several kinds here
+                if address == "auto":
+                    raise
+                raise Unavailable(_unreachable(address, exc)) from None
     coordinator = placement.existing_coordinator()
     if coordinator is None:
         _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
@@ -99,6 +100,28 @@ def connect(
             cfg.storage,
         )
     return Cluster(coordinator, running, client=cfg.client, started_ray=started)
+
+
+def _unreachable(address: str, exc: BaseException) -> str:
+    """Why ``ray.init(address)`` failed, in one line: nothing listens there, or something
+    does and refused this process (Ray 2.60's token authentication, on by default)."""
+    host, _, port = address.rpartition(":")
+    listening = False
+    if port.isdigit():
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
+                listening = True
+        except OSError:
+            pass
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if not listening:
+        return f"address: no Ray cluster is running at {address!r} ({first})"
+    return (
+        f"address: a Ray cluster answers at {address!r} but refused this process ({first}). "
+        "Ray's token authentication is on by default: give this process that cluster's "
+        "token (the same ~/.ray/auth_token, or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH), or run "
+        "both with RAY_AUTH_MODE=disabled"
+    )
 
 
 def _store_claim(cfg: Config) -> tuple[Any, owner.Claim | None]:
@@ -360,7 +383,10 @@ class Cluster:
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
         """A subscription's numbers summed over partitions (``partitions`` has each one), or,
-        without ``subscription``, the topic's partitions and subscriptions."""
+        without ``subscription``, the topic's partitions and subscriptions. ``delivered``,
+        ``acked``, ``redelivered`` and ``cancelled`` count since the actors started (a
+        restart starts them again); ``consumers`` maps each consumer to ``unacked`` and
+        ``lease_age_s``."""
         self._check_open()
         n = self._partitions(topic)
         if subscription is None:
@@ -479,7 +505,10 @@ class Cluster:
                     handle = placement.lookup(name)
                 except ValueError:
                     continue
-                handle.__ray_terminate__.remote()
+                if name == COORDINATOR:  # idle by now; its calls are retried by Ray, so a
+                    ray.kill(handle, no_restart=True)  # terminate call would be "retried"
+                else:
+                    handle.__ray_terminate__.remote()
                 handles.append(name)
             deadline = time.monotonic() + timeout_s
             while handles and time.monotonic() < deadline:

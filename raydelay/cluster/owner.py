@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import NoReturn
 
 from raydelay.errors import Conflict, NotFound, StoreOwned
 
@@ -126,13 +127,7 @@ class StoreOwner:
     def acquire(self) -> Claim:
         path = _lock_path(self._store)
         if path is not None:
-            fd = _open_lock(path)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                self._refuse(current_claim(self._store))
-            self._fd = fd  # held while this process lives
+            self._fd = self._lock(path)  # held while this process lives
         prior = current_claim(self._store)
         if (
             path is None
@@ -161,7 +156,27 @@ class StoreOwner:
         log.info("this cluster owns the store (epoch %d)", epoch)
         return claim
 
-    def _refuse(self, holder: Claim | None) -> None:
+    def _lock(self, path: str, wait_own_s: float = 60.0) -> int:
+        """Take the local store's lock. Held by an earlier life of this cluster's own
+        coordinator (Ray restarting it while the old process exits), wait for it to go;
+        held by another cluster, refuse at once."""
+        fd = _open_lock(path)
+        deadline = time.monotonic() + wait_own_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                holder = current_claim(self._store)
+                if holder is None or holder.address != self._address:
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        os.close(fd)
+        self._refuse(holder)
+
+    def _refuse(self, holder: Claim | None) -> NoReturn:
         who = holder.describe() if holder else "another raydelay cluster"
         raise StoreOwned(
             f"the store is owned by {who}; attach to it with connect(address=...) or "

@@ -110,6 +110,7 @@ def test_a_graceful_shutdown_persists_cursors_and_closes_ledgers(cluster, topic_
     owner = raydelay.connect(config=cluster.config)
     owner._started_ray = True
     monkeypatch.setattr(cluster_module.ray, "shutdown", lambda: None)
+    monkeypatch.setattr(owner, "_stop_actors_gracefully", lambda: None)  # they serve it too
     owner.shutdown()
     # Then the open ledger is closed at its size and an empty one follows,
     after = ray.get(topic.stats.remote())

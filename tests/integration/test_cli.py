@@ -61,8 +61,10 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
         elif line.startswith("later"):
             counts["later"] = int(parts[1])
     assert counts == {"<=1m": 3, "<=1h": 0, "<=1d": 2, "later": 0}
-    # and the consumers with what they hold and when they were last heard from
+    # and the consumers with what they hold and when they were last heard from, and counts
+    # that say they start again with the actors
     assert "last heard from" in out and " s of 10 s" in out
+    assert "delivered (since its actors started)" in out
     # When one of the soon ones is cancelled
     code, out, _ = run(capsys, "cancel", ids[0])
     assert code == 0 and out.strip() == f"{ids[0]}\tcancelled"
@@ -112,6 +114,18 @@ def test_produce_stops_at_an_oversize_line_and_says_how_much_was_sent(
     assert code == 2
     assert "line 3: " in err and "after sending 2 messages (lines 1-2)" in err
     assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 2
+
+
+def test_an_absurd_delay_is_one_line_and_nothing_is_sent(cluster, topic_name, capsys, tmp_path):
+    cluster.create_topic(topic_name)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a\n")
+    code, _, err = run(capsys, "produce", topic_name, str(lines), "--deliver-after", "1e300")
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "raydelay: error: deliver_after: 1e+300 s from now is after year 9999"
+    ]
+    assert cluster.stats(topic_name)["partitions"][0]["tail"] is None
 
 
 def test_stats_into_a_closed_pipe_ends_quietly(cluster, topic_name):

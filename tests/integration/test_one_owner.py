@@ -108,3 +108,36 @@ def test_two_processes_on_one_store_share_its_owner_and_lose_nothing(tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+CLEAN_EXIT = HEAD + textwrap.dedent(
+    """
+    cluster = raydelay.connect(config=CONFIG)
+    cluster.create_topic("t", partitions=2)
+    consumers = [cluster.subscribe("t", "s") for _ in range(2)]
+    cluster.create_producer("t").send_many([b"m%d" % i for i in range(2000)], deliver_after=0.5)
+    got = 0
+    while got < 2000:
+        for c in consumers:
+            msgs = c.receive(max_messages=500, timeout_s=0.2)
+            c.ack(msgs)
+            got += len(msgs)
+    cluster.shutdown()  # while the subscriptions' loops are busy polling the topics
+    print("done", flush=True)
+    """
+)
+
+
+def test_a_client_that_started_ray_shuts_down_cleanly(tmp_path):
+    # Given a process whose connect() started Ray, busy subscriptions, then shutdown()
+    result = subprocess.run(
+        [sys.executable, "-c", CLEAN_EXIT, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")},
+    )
+    # Then no actor dies in the middle of a call: no crash dump, no traceback
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-3000:]
+    for sign in ("SIGABRT", "bad_optional_access", "Check failed", "Traceback", "*** "):
+        assert sign not in result.stderr, result.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""One owner per store: the claim, the local-dir lock, and the lease of other stores."""
+"""One owner per store (the claim, the local-dir lock, the lease of other stores), and the
+checks connect() makes before it starts anything."""
 
 from __future__ import annotations
 
@@ -31,6 +32,17 @@ def test_a_local_store_has_one_owner_until_its_process_ends(tmp_path):
     assert second.acquire().epoch == 2
     assert current_claim(store).address == "10.0.0.2:6379"
     second.release()
+
+
+def test_a_restarted_coordinator_waits_for_its_old_life_to_let_go(tmp_path):
+    import threading
+
+    store = LocalDirObjectStore(tmp_path / "s")
+    old = StoreOwner(store, "10.0.0.1:6379")
+    old.acquire()
+    # Ray restarts the coordinator while the old process is still exiting
+    threading.Timer(0.5, old.release).start()
+    assert StoreOwner(store, "10.0.0.1:6379").acquire().epoch == 2
 
 
 def test_a_sigkilled_owner_process_frees_a_local_store_at_once(tmp_path):
@@ -107,3 +119,39 @@ def test_a_store_that_cannot_work_fails_at_once_naming_its_config_keys(moto_serv
     )
     with pytest.raises(StorageError, match=r"storage \(storage.local.root = .*a-file/x'\)"):
         _store_claim(local)
+
+
+def test_an_unreachable_address_says_whether_anything_listens_there():
+    import socket
+
+    from raydelay.client.cluster import _unreachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        refused = _unreachable(f"127.0.0.1:{port}", ConnectionError("timed out"))
+    assert "answers at" in refused and "RAY_AUTH_TOKEN" in refused and "RAY_AUTH_MODE" in refused
+    nothing = _unreachable(f"127.0.0.1:{port}", ConnectionError("timed out"))
+    assert nothing.startswith(f"address: no Ray cluster is running at '127.0.0.1:{port}'")
+
+
+def test_down_stops_only_the_processes_of_the_ray_session_up_started():
+    from raydelay.cli import _stop_ray_session
+
+    session = "session_2026-11-23_00-00-00_000000_424242"
+    ours = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", f"--session-dir=/tmp/ray/{session}"]
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--session-dir=/tmp/ray/session_x"]
+    )
+    try:
+        assert _stop_ray_session(session) == 1
+        assert ours.wait(timeout=15) is not None
+        assert other.poll() is None  # another Ray's process is left alone
+        assert _stop_ray_session("not-a-session") == 0
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
