@@ -49,10 +49,12 @@ PAYLOAD_BYTES = 100  # bench/workload.py's payloads
 
 
 class RaydelayPeer:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, config: dict | None = None) -> None:
         self.root = Path(root)
         start_local_ray()
-        self.cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": root}}})
+        self.cluster = raydelay.connect(
+            {"storage": {"kind": "local", "local": {"root": root}}} | (config or {})
+        )
 
     # --- plumbing ---------------------------------------------------------------------------
 

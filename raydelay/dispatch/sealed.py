@@ -13,8 +13,10 @@ subscription reads the same buckets. Per subscription and bucket, this keeps onl
   bucket was sealed; the bucket leaves those out.
 
 A segment is loaded only when its earliest deliver_at comes within ``lookahead_ms``,
-and at most ``max_loaded_rows`` rows ahead per bucket, so the memory held does not grow
-with the number of buckets or pending messages. The actor does the loading (I/O);
+at most ``max_loaded_rows`` rows ahead per bucket and ``max_loaded_total`` rows over all
+buckets (the earliest segments first), so the memory held grows with neither the number
+of buckets nor the pending messages, even when a large backlog is overdue in every
+bucket at once. The actor does the loading (I/O);
 this class says what to load (:meth:`wanted`) and takes it in (:meth:`install`).
 """
 
@@ -64,9 +66,16 @@ class _Bucket:
 
 
 class SealedReader:
-    def __init__(self, *, lookahead_ms: int = 10_000, max_loaded_rows: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        lookahead_ms: int = 10_000,
+        max_loaded_rows: int = 10_000,
+        max_loaded_total: int = 200_000,
+    ) -> None:
         self.lookahead_ms = lookahead_ms
         self.max_loaded_rows = max_loaded_rows
+        self.max_loaded_total = max_loaded_total
         self.buckets: dict[str, _Bucket] = {}
         self.covered = BitMap64()  # the positions of every bucket held
         self.sealed_through = -1
@@ -105,8 +114,12 @@ class SealedReader:
         bucket holds few rows loaded. Marks them as loading."""
         out = []
         horizon = now_ms + self.lookahead_ms
+        held = sum(
+            b.loaded_rows() + (b.meta.segments[b.loading].count if b.loading is not None else 0)
+            for b in self.buckets.values()
+        )
         for key, b in sorted(self.buckets.items(), key=lambda kv: self._next_d(kv[1])):
-            if len(out) >= max_loads:
+            if len(out) >= max_loads or held >= self.max_loaded_total:
                 break
             if b.loading is not None or b.next_load >= len(b.meta.segments):
                 continue
@@ -114,6 +127,7 @@ class SealedReader:
             if seg.min_d > horizon or b.loaded_rows() >= self.max_loaded_rows:
                 continue
             b.loading = b.next_load
+            held += seg.count
             out.append((key, b.next_load, seg.offset, seg.length))
         return out
 

@@ -430,3 +430,33 @@ def test_the_store_finds_positions_through_the_index_or_a_format_1_meta():
     rows = old.read_positions(wanted, buckets)
     assert rows.entries.payloads == [b"p1-0", b"p1-4"]
     assert old.delete(meta.key) == 3 and store.list("") == []
+
+
+def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_overdue():
+    # Given 30 buckets, each with 6 rows overdue (segments of 2), and a total cap of 10 rows
+    metas = {}
+    for ledger in range(1, 31):
+        meta, segs = _meta(ledger, [(key_of(ledger, e), 100 + ledger * 10 + e) for e in range(6)])
+        metas[meta.key] = (meta, segs)
+    reader = SealedReader(lookahead_ms=1_000, max_loaded_rows=4, max_loaded_total=10)
+    for meta, _ in metas.values():
+        reader.adopt(meta)
+    # When the loader asks what to load, again and again, and nothing is taken
+    for _ in range(10):
+        for key, no, _, _ in reader.wanted(10_000, max_loads=100):
+            reader.install(key, no, metas[key][1][no])
+    # Then at most the cap is loaded, and it is the earliest segments
+    assert reader.loaded_rows() == 10
+    first = reader.take_due(10_000, 100)
+    assert sorted(int(k) for g in first for k in g[2])[:2] == [key_of(1, 0), key_of(1, 1)]
+    # and taking them frees room for the next ones, until every row went out, earliest first
+    taken = [int(k) for g in first for k in g[2]]
+    while True:
+        for key, no, _, _ in reader.wanted(10_000, max_loads=100):
+            reader.install(key, no, metas[key][1][no])
+        assert reader.loaded_rows() <= 10
+        more = reader.take_due(10_000, 100)
+        if not more:
+            break
+        taken += [int(k) for g in more for k in g[2]]
+    assert sorted(taken) == sorted(key_of(lg, e) for lg in range(1, 31) for e in range(6))

@@ -1,0 +1,94 @@
+"""Overdue drain against the number of sealed buckets, in one run. Prints a table.
+
+At 100M pending (``make bench-full``) one partition holds about 1,200 sealed buckets, and
+an overdue backlog is spread over every one of them. This bench gets there at a small
+size: the same backlog (``--messages`` in one partition, due over ``--spread`` seconds,
+no consumer until all of it is overdue, then one consumer drains it) is drained twice,
+once with the default ledgers (a few dozen buckets) and once with small ledgers and
+buckets (about a thousand). The ratio of the two drain rates is the cost of many buckets.
+For each run it also reports the subscription actor's peak RSS during the drain and the
+most rows it held loaded from buckets.
+
+Usage: python bench/drain_buckets.py [--messages 2000000] [--spread 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ray  # noqa: E402
+
+from bench import peer_raydelay  # noqa: E402
+from bench.peer_raydelay import RaydelayPeer  # noqa: E402
+from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
+
+SMALL = {
+    "topic": {"max_entries_per_ledger": 2_000},
+    "delayed": {"min_index_count_per_bucket": 2_000},
+}
+
+
+def one_run(label: str, config: dict, n: int, spread_s: int) -> dict:
+    root = tempfile.mkdtemp(prefix="rd-drain-buckets-")
+    peer = RaydelayPeer(root, config)
+    peaks = {"rss": 0, "loaded": 0}
+    stop = threading.Event()
+
+    def sample() -> None:  # the subscription actor of the "drain" topic, once it exists
+        proc = None
+        while not stop.wait(0.5):
+            try:
+                if proc is None:
+                    name = subscription_actor_name("drain", 0, peer_raydelay.SUB)
+                    actor = ray.get_actor(name, NAMESPACE)
+                    proc = psutil.Process(ray.get(actor.pid.remote(), timeout=5))
+                peaks["rss"] = max(peaks["rss"], proc.memory_info().rss)
+                parts = peer.cluster.stats("drain", peer_raydelay.SUB)["partitions"]
+                peaks["loaded"] = max(peaks["loaded"], parts[0]["loaded_indexes"])
+            except Exception:  # noqa: BLE001 - not there yet, or restarting: sample later
+                proc = None
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out = peer.drain(n, spread_s, threads=2)
+    finally:
+        stop.set()
+        sampler.join()
+        peer.close()
+    return out | {"label": label, "peak_rss": peaks["rss"], "peak_loaded": peaks["loaded"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--spread", type=int, default=60, help="seconds the due times cover")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    runs = [
+        one_run("default ledgers", {}, args.messages, args.spread),
+        one_run("small ledgers (2,000 entries)", SMALL, args.messages, args.spread),
+    ]
+    base = runs[0]["rate"]
+    print(f"\n## Overdue drain, {args.messages:,} messages due over {args.spread} s, 1 partition\n")
+    print("| ledgers | buckets | drain msg/s | vs default | complete | "
+          "subscription peak RSS MiB | peak rows loaded |")  # fmt: skip
+    print("|---|---:|---:|---:|---|---:|---:|")
+    for r in runs:
+        print(
+            f"| {r['label']} | {r['buckets']:,} | {r['rate']:,.0f} | {r['rate'] / base:.2f}x "
+            f"| {r['complete']} | {r['peak_rss'] / 2**20:,.0f} | {r['peak_loaded']:,} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
