@@ -61,6 +61,7 @@ bench-parts: venv
 	$(PY) bench/e2e_bench.py
 	$(PY) bench/recovery_bench.py
 	$(PY) bench/ingest_bench.py
+	$(PY) bench/drain_buckets.py
 
 clean:
 	rm -rf $(VENV) .raydelay .pytest_cache .hypothesis
