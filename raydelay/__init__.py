@@ -7,6 +7,7 @@ imports Ray.
 
 from typing import Any
 
+from raydelay._auth import send_token_by_default
 from raydelay.clock import Clock, ManualClock, SystemClock
 from raydelay.errors import (
     CodecError,
@@ -21,6 +22,8 @@ from raydelay.errors import (
 )
 
 __version__ = "0.1.0"
+
+send_token_by_default()  # before Ray is imported: see raydelay/_auth.py
 
 _CLIENT = (
     "connect",

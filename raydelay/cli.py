@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser(
         "up",
         help="start raydelay on a local Ray (or on --address)",
-        description="Start a local Ray (unless one runs, or --address is given) and raydelay's "
-        "coordinator on it. Its actors outlive this command; `raydelay down` stops them.",
+        description="Start a local Ray (unless one runs, or --address is given; --port or "
+        "--temp-dir start one in any case) and raydelay's coordinator on it. Its actors "
+        "outlive this command; `raydelay down` stops them, and the Ray it started.",
     )
     up.add_argument("--num-cpus", type=int, default=None, help="CPUs of a new local Ray")
     up.add_argument("--port", type=int, default=None, help="GCS port of a new local Ray")
@@ -220,7 +221,15 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _address(args: argparse.Namespace) -> str:
-    return args.address or os.environ.get("RAYDELAY_ADDRESS") or "auto"
+    """--address, else RAYDELAY_ADDRESS, else the Ray that `raydelay up` started, else auto."""
+    return args.address or os.environ.get("RAYDELAY_ADDRESS") or _up_address() or "auto"
+
+
+def _up_address() -> str | None:
+    try:
+        return json.loads(_UP_MARKER.read_text()).get("address")
+    except (OSError, ValueError):
+        return None
 
 
 def _attach(args: argparse.Namespace) -> Any:
@@ -260,7 +269,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     started = False
     local = args.address is None and not os.environ.get("RAYDELAY_ADDRESS")
-    if local and not _local_ray_running():
+    # --port or --temp-dir ask for a Ray of its own, even beside another one
+    if local and (args.port is not None or args.temp_dir or not _local_ray_running()):
         cmd = [
             _ray_binary(),
             "start",

@@ -155,3 +155,20 @@ def test_down_stops_only_the_processes_of_the_ray_session_up_started():
         for proc in (ours, other):
             proc.kill()
             proc.wait()
+
+
+def test_import_sends_rays_token_when_the_user_has_one_and_chose_no_mode(monkeypatch, tmp_path):
+    import os
+
+    from raydelay._auth import send_token_by_default
+
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    assert not send_token_by_default()  # no token: nothing to send
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("t" * 64)
+    assert send_token_by_default() and os.environ["RAY_AUTH_MODE"] == "token"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the user's choice stands
+    assert not send_token_by_default() and os.environ["RAY_AUTH_MODE"] == "disabled"
