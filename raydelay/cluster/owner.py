@@ -126,7 +126,7 @@ class StoreOwner:
 
     def acquire(self) -> Claim:
         path = _lock_path(self._store)
-        if path is not None:
+        if path is not None and self._fd is None:  # (a retried acquire holds it already)
             self._fd = self._lock(path)  # held while this process lives
         prior = current_claim(self._store)
         if (
@@ -162,17 +162,21 @@ class StoreOwner:
         held by another cluster, refuse at once."""
         fd = _open_lock(path)
         deadline = time.monotonic() + wait_own_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                holder = current_claim(self._store)
-                if holder is None or holder.address != self._address:
-                    break
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return fd
+                except BlockingIOError:
+                    holder = current_claim(self._store)
+                    if holder is None or holder.address != self._address:
+                        break
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
+        except BaseException:
+            os.close(fd)  # the store failed while we waited: the caller tries again
+            raise
         os.close(fd)
         self._refuse(holder)
 

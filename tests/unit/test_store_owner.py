@@ -45,6 +45,21 @@ def test_a_restarted_coordinator_waits_for_its_old_life_to_let_go(tmp_path):
     assert StoreOwner(store, "10.0.0.1:6379").acquire().epoch == 2
 
 
+def test_an_acquire_retried_after_a_store_failure_keeps_its_own_lock(tmp_path):
+    from raydelay.errors import StorageError
+    from raydelay.storage import FaultyObjectStore
+
+    store = FaultyObjectStore(LocalDirObjectStore(tmp_path / "s"))
+    owner_ = StoreOwner(store, "10.0.0.1:6379")
+    store.fail_next("put")  # the claim's write fails once (an outage), after the lock
+    with pytest.raises(StorageError):
+        owner_.acquire()
+    assert owner_.acquire().epoch == 1  # the retry does not wait on its own lock
+    with pytest.raises(StoreOwned):
+        StoreOwner(store, "10.0.0.2:6379").acquire()
+    owner_.release()
+
+
 def test_a_sigkilled_owner_process_frees_a_local_store_at_once(tmp_path):
     root = tmp_path / "s"
     script = textwrap.dedent(
