@@ -485,37 +485,19 @@ class Cluster:
             finally:
                 ray.shutdown()
 
-    def _stop_actors_gracefully(self, timeout_s: float = 10.0) -> None:
-        """End every raydelay actor between calls (``__ray_terminate__`` waits for the calls
-        queued before it), subscriptions first, the coordinator last, before Ray itself
-        stops: an actor torn down in the middle of a call can crash its process."""
+    def _stop_actors_gracefully(self) -> None:
+        """End every raydelay actor between calls, subscriptions first, the coordinator
+        last, before Ray itself stops: an actor torn down in the middle of a call can crash
+        its process."""
         names = [
             a["name"]
             for a in ray.util.list_named_actors(all_namespaces=True)
             if a["namespace"] == NAMESPACE
         ]
-        for group in (
-            [n for n in names if n.startswith("sub/")],
-            [n for n in names if not n.startswith("sub/") and n != COORDINATOR],
-            [n for n in names if n == COORDINATOR],
-        ):
-            handles = []
-            for name in group:
-                try:
-                    handle = placement.lookup(name)
-                except ValueError:
-                    continue
-                if name == COORDINATOR:  # idle by now; its calls are retried by Ray, so a
-                    ray.kill(handle, no_restart=True)  # terminate call would be "retried"
-                else:
-                    handle.__ray_terminate__.remote()
-                handles.append(name)
-            deadline = time.monotonic() + timeout_s
-            while handles and time.monotonic() < deadline:
-                alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
-                handles = [n for n in handles if n in alive]
-                if handles:
-                    time.sleep(0.1)
+        subs = [n for n in names if n.startswith("sub/")]
+        others = [n for n in names if not n.startswith("sub/") and n != COORDINATOR]
+        for group in (subs, others, [n for n in names if n == COORDINATOR]):
+            _stop_actors(group, graceful=True)
 
     def _flush_all(self) -> None:
         """Persist every subscription's cursor, then close every partition's open ledger."""
@@ -565,21 +547,31 @@ def _span(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _stop_actors(names: list[str]) -> None:
-    """Kill the named actors for good and wait (up to 10 s) until they are gone."""
-    handles = []
+def _stop_actors(names: list[str], *, graceful: bool = False, timeout_s: float = 10) -> None:
+    """Stop the named actors for good and wait (up to ``timeout_s``) until they are gone:
+    killed at once, or, ``graceful``, ended between calls (``__ray_terminate__`` waits for
+    the calls queued before it). The coordinator is always killed: Ray retries its calls,
+    so a terminate call would be "retried"; it is idle by the time it is stopped."""
+    stopping = []
     for name in names:
         try:
             handle = placement.lookup(name)
         except ValueError:
             continue  # not running
-        ray.kill(handle, no_restart=True)
-        handles.append(handle)
-    deadline = time.monotonic() + 10
-    for handle in handles:
-        while time.monotonic() < deadline:
-            try:
-                ray.get(handle.pid.remote(), timeout=1)
-            except Exception:  # noqa: BLE001 - dead (RayActorError), the wanted outcome
-                break
+        if graceful and name != COORDINATOR:
+            handle.__ray_terminate__.remote()
+        else:
+            ray.kill(handle, no_restart=True)
+        stopping.append(name)
+    # gone once its name is free (no call to a dying actor: Ray would retry the
+    # coordinator's, and say so)
+    deadline = time.monotonic() + timeout_s
+    while stopping and time.monotonic() < deadline:
+        alive = {
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE
+        }
+        stopping = [n for n in stopping if n in alive]
+        if stopping:
             time.sleep(0.05)

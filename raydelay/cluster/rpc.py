@@ -66,17 +66,16 @@ def recover(fn: Any, *args: Any, what: str, sleep=time.sleep) -> Any:
     :func:`is_transient`), with a jittered backoff; other errors are raised. In Ray, a
     constructor that raises while the actor restarts ends the actor for good, so a store
     outage must not make recovery raise."""
-    delay, failures, said = 0.1, 0, 0.0
+    delay, retries = 0.1, Retries(log, f"{what}: recovery")
     while True:
         try:
-            return fn(*args)
+            out = fn(*args)
+            retries.ok()
+            return out
         except Exception as exc:  # noqa: BLE001 - sorted out just below
             if not is_transient(exc):
                 raise
-            failures += 1
-            if time.monotonic() - said > 30:
-                log.warning("%s: recovery failed (%s); retrying (attempt %d)", what, exc, failures)
-                said = time.monotonic()
+            retries.failed(exc)
             sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 2.0)
 

@@ -50,7 +50,6 @@ from raydelay.delayed.columns import (
 from raydelay.delayed.common import (
     TrackerBase,
     check_clock,
-    check_limit,
     check_max_messages,
     check_positive_int,
     due_window_counts,
@@ -59,6 +58,7 @@ from raydelay.delayed.index import Membership, RunQueue, sorted_keys, sorted_pos
 from raydelay.delayed.jobs import JobRunner
 from raydelay.delayed.registry import BucketRegistry
 from raydelay.errors import InvalidArgument, NotFound, RaydelayError, StorageError
+from raydelay.limits import check_limit
 from raydelay.storage.keys import bucket_prefix, validate_key
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,6 @@ from raydelay.clock import Clock
 from raydelay.delayed.columns import check_deliver_at, check_position, superseded
 from raydelay.delayed.index import Membership
 from raydelay.errors import InvalidArgument
-from raydelay.limits import NO_LIMIT, check_limit  # noqa: F401 - re-exported
 
 Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
 

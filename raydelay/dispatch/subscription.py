@@ -48,7 +48,7 @@ from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
 from raydelay.dispatch.sealed import SealedReader
-from raydelay.errors import ConsumerBusy, InvalidArgument  # noqa: F401 - ConsumerBusy re-exported
+from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import NO_CANCEL, NO_DELAY, DelayedRun, Entries, LedgerObject, Rows
 
 log = logging.getLogger(__name__)
@@ -222,12 +222,6 @@ class Subscription:
         Returns (consumer, messages handed back) for each one removed."""
         gone = [c.consumer_id for c in self._consumers.values() if now_ms - c.seen_ms > lease_ms]
         return [(cid, self.remove_consumer(cid)) for cid in gone]
-
-    def next_lease_expiry(self, lease_ms: int) -> int | None:
-        """When the earliest lease lapses (ms), or None with no consumers."""
-        if not self._consumers:
-            return None
-        return min(c.seen_ms for c in self._consumers.values()) + lease_ms + 1
 
     def consumer_leases(self, now_ms: int) -> dict[str, dict]:
         """Per consumer: messages it holds unacked and ms since it was last heard from."""

@@ -11,8 +11,8 @@ import textwrap
 
 HEAD = """
 import json, sys, time
+import raydelay  # first, as a user's script would: it sets Ray's token mode (raydelay/_auth.py)
 import ray
-import raydelay
 CONFIG = {"storage": {"kind": "local", "local": {"root": sys.argv[1]}}}
 """
 

@@ -64,7 +64,7 @@ def test_minus_one_means_no_limit_as_in_pulsar():
     import sys
 
     from raydelay.config import DelayedConfig
-    from raydelay.delayed.common import check_limit
+    from raydelay.limits import check_limit
 
     assert check_limit("max_num_buckets", -1) == sys.maxsize
     assert check_limit("max_num_buckets", 7) == 7
