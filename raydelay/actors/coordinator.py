@@ -16,6 +16,7 @@ from raydelay.cluster.metadata import Metadata
 from raydelay.cluster.owner import StoreOwner
 from raydelay.config import config_from_dict, config_to_dict
 from raydelay.storage import make_store
+from raydelay.storage.keys import subscription_prefix
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,19 @@ class CoordinatorActor:
         self._meta.delete_topic(topic)
         return deleted
 
+    def delete_subscription(self, topic: str, subscription: str) -> int:
+        """Delete a subscription's cursors in the store, then its metadata; returns how many
+        objects went. Its actors must be stopped first. Retrying finishes the job."""
+        n = self._meta.partitions(topic)
+        self._meta.subscription(topic, subscription)  # NotFound before touching anything
+        deleted = 0
+        for p in range(n):
+            for key in self._store.list(subscription_prefix(topic, p, subscription) + "/"):
+                self._store.delete(key)
+                deleted += 1
+        self._meta.delete_subscription(topic, subscription)
+        return deleted
+
     def partitions(self, topic: str) -> int:
         return self._meta.partitions(topic)
 
@@ -82,8 +96,10 @@ class CoordinatorActor:
     def drop_ledgers(self, topic: str, partition: int, ledger_ids: list[int]) -> None:
         self._meta.drop_ledgers(topic, partition, ledger_ids)
 
-    def create_subscription(self, topic: str, subscription: str, options: dict) -> dict:
-        return self._meta.create_subscription(topic, subscription, options)
+    def create_subscription(
+        self, topic: str, subscription: str, options: dict, start: list | None = None
+    ) -> dict:
+        return self._meta.create_subscription(topic, subscription, options, start)
 
     def subscriptions(self, topic: str) -> dict[str, dict]:
         return self._meta.subscriptions(topic)

@@ -50,7 +50,7 @@ from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import position_of
 from raydelay.dispatch.objects import Group, ObjectCache
 from raydelay.dispatch.sealed import SealedReader
-from raydelay.dispatch.subscription import Delivery, Subscription
+from raydelay.dispatch.subscription import SPREAD_TYPES, Delivery, Subscription
 from raydelay.dispatch.wire import delivery_batch
 from raydelay.errors import CodecError, ConsumerBusy, InvalidArgument, NotFound
 from raydelay.log.buckets import SealedStore
@@ -117,7 +117,7 @@ class SubscriptionActor:
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
         self._cursor = cursor
         reader = None
-        if self._options["type"] == "shared" and self._config.delayed.tracker == "bucket":
+        if self._options["type"] in SPREAD_TYPES and self._config.delayed.tracker == "bucket":
             reader = SealedReader()
         self._sub = Subscription(
             name=f"{topic}/{partition}/{subscription}",
@@ -394,9 +394,10 @@ class SubscriptionActor:
         self._sub.collect_due(now, max_messages)
         if self._sub.dead:
             await self._flush_dead_letters()
-        fetched = await self._fetch(self._sub.keys_to_fetch(max_messages), _FETCH_MAX)
+        asked = self._sub.keys_to_fetch(max_messages, consumer_id)
+        fetched = await self._fetch(asked, _FETCH_MAX)
         delivered_at = self._clock.now_ms()
-        out = self._sub.deliver(consumer_id, fetched, max_messages, delivered_at)
+        out = self._sub.deliver(consumer_id, fetched, max_messages, delivered_at, asked)
         if out:
             self._metrics.dispatched(sum(map(len, out)), _lateness(out, delivered_at))
             self._space.set()
@@ -450,7 +451,10 @@ class SubscriptionActor:
         """Acknowledge positions: one int64 array of keys ``ledger << 32 | entry``."""
         self._ensure_started()
         self._sub.touch(consumer_id, self._clock.now_ms())
-        return self._sub.ack(consumer_id, _keys(keys))
+        n = self._sub.ack(consumer_id, _keys(keys))
+        if n and self._sub.type == "key_shared" and self._sub.redeliver:
+            await self._notify()  # the acks may free keys another consumer waits for
+        return n
 
     async def nack(self, consumer_id: str, keys, delay_s: float) -> int:
         """Give positions (int64 keys) back for redelivery after ``delay_s`` seconds."""

@@ -283,6 +283,7 @@ class Cluster:
         dead_letter_topic: str | None = None,
         *,
         prefetch: bool = False,
+        initial_position: str = "earliest",
     ) -> Consumer:
         """Create (or join) a subscription and return a consumer of it.
 
@@ -295,9 +296,17 @@ class Cluster:
           (as Pulsar's consumer prefetches). A consumer that stops calling then holds up to
           one round of messages until it closes or their ack timeout passes. Off by
           default: partitions are asked only inside ``receive`` / ``receive_batch``.
-        - A new subscription starts at the oldest retained entry of each partition."""
+        - ``initial_position``: where a *new* subscription starts: ``"earliest"`` (the oldest
+          retained entry of each partition) or ``"latest"`` (after the last entry at the
+          time of this call, Pulsar's default). An existing subscription keeps its cursor.
+        - ``subscription_type`` ``"key_shared"``: as ``"shared"``, but all messages of one
+          key go to one consumer at a time, in order."""
         self._check_open()
         validate_name("subscription", subscription)
+        if initial_position not in ("earliest", "latest"):
+            raise InvalidArgument(
+                f"initial_position: must be 'earliest' or 'latest', got {initial_position!r}"
+            )
         if not isinstance(prefetch, bool):
             raise InvalidArgument(f"prefetch: expected True or False, got {prefetch!r}")
         if subscription_type not in SUBSCRIPTION_TYPES:
@@ -330,14 +339,43 @@ class Cluster:
             "max_redeliveries": max_redeliveries,
             "dead_letter_topic": dead_letter_topic,
         }
+        start = None
+        if initial_position == "latest":
+            tails = self._call(
+                lambda: [self._topic_handle(topic, p).tail.remote() for p in range(n)],
+                f"topic {topic}",
+            )
+            start = [None if t is None else [int(t[0]), int(t[1])] for t in tails]
         self._call(
-            lambda: self._coordinator.create_subscription.remote(topic, subscription, options),
+            lambda: self._coordinator.create_subscription.remote(
+                topic, subscription, options, start
+            ),
             "coordinator",
         )
         handles = [self._subscription_handle(topic, p, subscription) for p in range(n)]
         consumer = Consumer(self, topic, subscription, n, handles, prefetch=prefetch)
         self._consumers.append(consumer)
         return consumer
+
+    def delete_subscription(self, topic: str, subscription: str) -> int:
+        """Delete a subscription: its consumers here are closed, its actors stopped, its
+        cursors and marks deleted (Pulsar's unsubscribe). Returns the number of store
+        objects deleted. Consumers of it elsewhere get NotFound on their next call. If the
+        store fails midway, deleting again finishes."""
+        self._check_open()
+        n = self._partitions(topic)
+        self._subscription_options(topic, subscription)  # NotFound
+        for consumer in [
+            c for c in self._consumers if c.topic == topic and c.subscription == subscription
+        ]:
+            consumer.close()
+        _stop_actors([subscription_actor_name(topic, p, subscription) for p in range(n)])
+        return int(
+            self._call(
+                lambda: self._coordinator.delete_subscription.remote(topic, subscription),
+                "coordinator",
+            )
+        )
 
     # --- cancel and stats ---------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import Future
 from datetime import timedelta
@@ -37,7 +36,7 @@ from raydelay.client.message import (
     deliver_at_of,
 )
 from raydelay.cluster import rpc
-from raydelay.dispatch.keys import position_in_range
+from raydelay.dispatch.keys import key_hash, position_in_range
 from raydelay.errors import InvalidArgument, RaydelayError, StorageError, Unavailable
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from raydelay.storage.keys import validate_name
@@ -54,7 +53,7 @@ STICKY = 5_000  # keyless messages go to one partition in runs of at least this 
 def partition_of(key: str | None, partitions: int, counter: itertools.count) -> int:
     if key is None:
         return next(counter) % partitions
-    return zlib.crc32(key.encode("utf-8")) % partitions
+    return key_hash(key) % partitions
 
 
 class Producer:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
+from raydelay.dispatch.subscription import SPREAD_TYPES, SUBSCRIPTION_TYPES
 from raydelay.errors import CodecError, InvalidArgument, NotFound
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import journal_key, snapshot_key, validate_name
@@ -132,6 +132,19 @@ class Metadata:
                 del s["registry"][name]
         elif op == "create_subscription":
             s["subs"].setdefault(a["topic"], {})[a["subscription"]] = a["options"]
+            if a.get("start") is not None:  # a new subscription: where each partition starts
+                for p, position in enumerate(a["start"]):
+                    key = f"{a['topic']}/{p}/{a['subscription']}"
+                    for table in ("mark_delete", "log_mark", "progress"):
+                        s[table].pop(key, None)
+                    if position is not None:
+                        s["mark_delete"][key] = list(position)
+        elif op == "delete_subscription":
+            t, sub = a["topic"], a["subscription"]
+            s["subs"].get(t, {}).pop(sub, None)
+            for table in ("mark_delete", "log_mark", "progress"):
+                for key in [k for k in s[table] if _sub_of(k) == (t, sub)]:
+                    del s[table][key]
         elif op == "roll":
             ledgers = s["ledgers"][_pk(a["topic"], a["partition"])]
             if a["closed"] is not None:
@@ -246,9 +259,17 @@ class Metadata:
 
     # --- subscriptions ------------------------------------------------------------------------
 
-    def create_subscription(self, topic: str, subscription: str, options: dict[str, Any]) -> dict:
-        """Create (or update the options of) a subscription; its type can never change."""
-        self.partitions(topic)
+    def create_subscription(
+        self,
+        topic: str,
+        subscription: str,
+        options: dict[str, Any],
+        start: list[list[int] | None] | None = None,
+    ) -> dict:
+        """Create (or update the options of) a subscription; its type can never change.
+        ``start``: per partition, the last position a *new* subscription counts as
+        acknowledged (None: from the oldest entry); an existing one keeps its cursor."""
+        n = self.partitions(topic)
         validate_name("subscription", subscription)
         if options.get("type") not in SUBSCRIPTION_TYPES:
             raise InvalidArgument(
@@ -261,11 +282,26 @@ class Metadata:
                 f"subscription_type: {topic}/{subscription} exists as {existing['type']!r}; "
                 f"it cannot become {options['type']!r}"
             )
-        if existing != options:
+        if existing is None:
+            if start is not None and len(start) != n:
+                raise InvalidArgument(f"start: {len(start)} positions for {n} partitions")
+            self._change(
+                "create_subscription",
+                topic=topic,
+                subscription=subscription,
+                options=options,
+                start=[None if x is None else [int(x[0]), int(x[1])] for x in start or [None] * n],
+            )
+        elif existing != options:
             self._change(
                 "create_subscription", topic=topic, subscription=subscription, options=options
             )
         return dict(options)
+
+    def delete_subscription(self, topic: str, subscription: str) -> None:
+        """Forget a subscription and its marks (its actors must be stopped first)."""
+        self.subscription(topic, subscription)  # NotFound
+        self._change("delete_subscription", topic=topic, subscription=subscription)
 
     def subscriptions(self, topic: str) -> dict[str, dict]:
         self.partitions(topic)
@@ -326,7 +362,7 @@ class Metadata:
         if not subs:
             return []
         keys = [k for k in self.state["registry"].get(name, {}) if k != through_key]
-        shared = [s for s, o in subs.items() if o.get("type") == "shared"]
+        shared = [s for s, o in subs.items() if o.get("type") in SPREAD_TYPES]
         done = [self.state["progress"].get(f"{topic}/{partition}/{s}", {}) for s in shared]
         return [k for k in keys if all(d.get(k) == -1 for d in done)]
 
@@ -370,3 +406,9 @@ def _decode(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(raw, dict) or raw.get("v") != FORMAT_VERSION:
         raise CodecError(f"{what}: unknown format version")
     return raw
+
+
+def _sub_of(key: str) -> tuple[str, str]:
+    """(topic, subscription) of a ``topic/partition/subscription`` key."""
+    topic, _, sub = key.rsplit("/", 2)
+    return topic, sub

@@ -6,6 +6,8 @@ so positions move between the two without translation.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 SHIFT = 32
@@ -41,3 +43,10 @@ def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def join_keys(ledger_ids: np.ndarray, entry_ids: np.ndarray) -> np.ndarray:
     """The int64 key column of (ledger id, entry id) columns."""
     return (np.asarray(ledger_ids, dtype=np.int64) << SHIFT) | np.asarray(entry_ids, dtype=np.int64)
+
+
+def key_hash(key: str) -> int:
+    """The one hash of a message key (CRC-32 of its UTF-8): the producer and ingestion
+    route a key to partition ``key_hash(key) % partitions`` with it, and a key_shared
+    subscription derives its hash slot from it."""
+    return zlib.crc32(key.encode("utf-8"))

@@ -12,6 +12,9 @@ moves bytes (reads the log, fetches payloads, answers consumers) and runs timers
   and from the sealed buckets (:meth:`adopt`, :meth:`collect_due`). Without them, it puts
   them into its tracker (position only; the payload is fetched again when due).
   ``exclusive`` and ``failover`` ignore ``deliver_at`` and deliver in log order.
+- **key_shared**: as shared, but one key's messages go to one consumer at a time, in
+  order (:mod:`raydelay.dispatch.keyshared`). Every deliverable row waits in the
+  redelivery set (with its payload staged) until its key's consumer asks.
 - **redelivery set**: positions the tracker popped, positions whose ack timed out,
   nacked positions whose delay elapsed, and the pending positions of consumers that
   left. A position stays there until a consumer has it, so none is lost.
@@ -47,13 +50,17 @@ from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
+from raydelay.dispatch.keyshared import Ring, slots_of
 from raydelay.dispatch.sealed import SealedReader
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import NO_CANCEL, NO_DELAY, DelayedRun, Entries, LedgerObject, Rows
 
 log = logging.getLogger(__name__)
 
-SUBSCRIPTION_TYPES = ("shared", "exclusive", "failover")
+SUBSCRIPTION_TYPES = ("shared", "key_shared", "exclusive", "failover")
+# The types that spread messages over consumers and honour deliver_at; exclusive and
+# failover deliver in log order and ignore it (Pulsar's rule).
+SPREAD_TYPES = ("shared", "key_shared")
 DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
 
@@ -137,7 +144,7 @@ class Subscription:
         self.cursor = cursor or Cursor()
         # The sealed buckets of the partition (shared subscriptions): due rows come from
         # them with their payloads; the log is read for everything else.
-        self.sealed = sealed if subscription_type == "shared" else None
+        self.sealed = sealed if subscription_type in SPREAD_TYPES else None
         # The log as this subscription still needs it: acknowledged or held by a sealed
         # bucket. Its mark-delete is how far the partition's ledgers may be deleted.
         self.log_cursor = self.cursor.copy()
@@ -175,6 +182,10 @@ class Subscription:
         self._counts: dict[int, int] = {}  # key -> deliveries so far, once above zero
         self._counted = BitMap64()  # the keys of _counts, for batch lookups
         self._consumers: dict[str, _Consumer] = {}
+        # key_shared: the hash slot of each position waiting or in flight, and the slot
+        # owners of the consumers (None: to compute again, after a consumer came or went)
+        self._slot: dict[int, int] = {}
+        self._ring: Ring | None = None
         self._cancelled_ahead = BitMap64()  # cancel targets not read from the log yet
         # After a restart: positions before read_position still to be re-read one by one
         # (see resume_after_buckets), and the first unacknowledged position at the start.
@@ -205,6 +216,7 @@ class Subscription:
             )
         seen = self._clock.now_ms() if now_ms is None else now_ms
         self._consumers[consumer_id] = _Consumer(consumer_id, BitMap64(), seen)
+        self._ring = None
 
     def touch(self, consumer_id: str, now_ms: int | None = None) -> bool:
         """The consumer called or sent a heartbeat: its lease starts again. False if it is
@@ -233,6 +245,7 @@ class Subscription:
     def remove_consumer(self, consumer_id: str) -> int:
         """Forget a consumer; its unacked messages go to the redelivery set."""
         c = self._consumers.pop(consumer_id, None)
+        self._ring = None
         if c is None or not c.pending:
             return 0
         self._forget_deadlines(c.pending)
@@ -249,7 +262,7 @@ class Subscription:
     def can_receive(self, consumer_id: str) -> bool:
         if consumer_id not in self._consumers:
             return False
-        return self.type == "shared" or consumer_id == self.active_consumer()
+        return self.type in SPREAD_TYPES or consumer_id == self.active_consumer()
 
     # --- reading the log -------------------------------------------------------------------
 
@@ -398,7 +411,7 @@ class Subscription:
                 self.tail_dirty = True
                 idx, keys, ds = idx[~later], keys[~later], ds[~later]
         now_due = np.ones(len(idx), dtype=bool)
-        if self.type == "shared" and len(idx):
+        if self.type in SPREAD_TYPES and len(idx):
             delayed = ds != NO_DELAY
             if delayed.any():
                 tracked = self.tracker.add_messages(*split_keys(keys[delayed]), ds[delayed])
@@ -566,10 +579,132 @@ class Subscription:
         self.sealed.trim_covered(key_of(*self.read_position))
         return self.sealed.advance(lambda keys: not self._unseen(keys).any())
 
-    def keys_to_fetch(self, max_messages: int) -> np.ndarray:
+    def keys_to_fetch(self, max_messages: int, consumer_id: str | None = None) -> np.ndarray:
         """The redelivery-set positions to hand out next (lowest first); the actor fetches
-        their payloads, then calls :meth:`deliver`."""
-        return _first(self.redeliver, max_messages)
+        their payloads, then calls :meth:`deliver` with them. A key_shared subscription
+        first moves read-ahead rows into the redelivery set, then picks the positions of
+        ``consumer_id``'s keys (and positions whose key it does not know yet)."""
+        if self.type != "key_shared" or consumer_id is None:
+            return _first(self.redeliver, max_messages)
+        self._pool_ready(max(self.read_ahead_entries, max_messages))
+        window = _first(self.redeliver, max(4 * max_messages, self.read_ahead_entries))
+        slots = self._slots_known(window)
+        ok = slots < 0
+        known = ~ok
+        ok[known] = self._eligible(consumer_id, slots[known])
+        return window[ok][:max_messages]
+
+    # --- key_shared ---------------------------------------------------------------------------
+
+    def _pool_ready(self, budget: int) -> None:
+        """key_shared: move read-ahead rows (below the dispatch mark) into the redelivery
+        set, their payloads staged and their slots noted, until it holds ``budget``."""
+        room = budget - len(self.redeliver)
+        if room <= 0:
+            return
+        for source, idx, keys in self._take_ready(room):
+            self._learn_slots(source, idx, keys)
+            self.redeliver |= bitmap64_of(keys)
+            self._staged.append((source, idx, keys))
+            self._staged_rows += len(keys)
+
+    def _learn_slots(self, source: Source, idx: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        slots = slots_of(source.entries.batch.column(2).take(idx))
+        self._slot.update(zip(keys.tolist(), slots.tolist()))
+        return slots
+
+    def _slots_known(self, keys: np.ndarray) -> np.ndarray:
+        """The hash slot of each position, -1 where not known yet."""
+        get = self._slot.get
+        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=len(keys))
+
+    def _eligible(self, consumer_id: str, slots: np.ndarray) -> np.ndarray:
+        """Which of ``slots`` ``consumer_id`` may take messages of now: it owns them, and no
+        other consumer holds messages of them unacknowledged."""
+        if self._ring is None:
+            self._ring = Ring(list(self._consumers))
+        ok = self._ring.owned(consumer_id, slots)
+        held = [
+            self._slots_known(_values(c.pending))
+            for cid, c in self._consumers.items()
+            if cid != consumer_id and c.pending
+        ]
+        if held and ok.any():
+            ok &= ~np.isin(slots, np.concatenate(held))
+        return ok
+
+    def _deliver_keyed(
+        self,
+        consumer_id: str,
+        fetched: list[tuple[Source, np.ndarray, np.ndarray]],
+        asked: np.ndarray | None,
+        room: int,
+        now_ms: int,
+    ) -> list[Delivery]:
+        """key_shared: hand out the fetched rows of ``consumer_id``'s keys, lowest position
+        first. A key whose lower position was asked for and not fetched waits (its order
+        first); rows left for other consumers stay staged."""
+        parts = []
+        for g, (source, idx, keys) in enumerate(fetched):
+            waiting = bitmap64_of(keys) & self.redeliver
+            if len(waiting) < len(keys):
+                keep = np.isin(keys, _values(waiting))
+                idx, keys = idx[keep], keys[keep]
+            if not len(keys):
+                continue
+            slots = self._slots_known(keys)
+            if (slots < 0).any():
+                slots = self._learn_slots(source, idx, keys)
+            parts.append((np.full(len(keys), g), idx, keys, slots))
+        if not parts:
+            return []
+        group, idx, keys, slots = (np.concatenate(c) for c in zip(*parts))
+        order = np.argsort(keys, kind="stable")
+        group, idx, keys, slots = group[order], idx[order], keys[order], slots[order]
+        ok = self._eligible(consumer_id, slots)
+        if asked is not None and len(asked):
+            missing = np.setdiff1d(asked, keys)
+            missing = (
+                missing[np.isin(missing, _values(self.redeliver))] if len(missing) else missing
+            )
+            if len(missing):
+                mslots = self._slots_known(missing)
+                if (mslots < 0).any():  # a key not known yet: nothing after it may go
+                    ok &= keys < int(missing[mslots < 0].min())
+                known = mslots >= 0
+                if known.any():  # per slot, nothing at or after its lowest missing position
+                    lowest: dict[int, int] = {}
+                    for k, sl in zip(missing[known].tolist(), mslots[known].tolist()):
+                        lowest.setdefault(sl, k)
+                    big = np.iinfo(np.int64).max
+                    first = np.fromiter(
+                        (lowest.get(sl, big) for sl in slots.tolist()),
+                        dtype=np.int64,
+                        count=len(slots),
+                    )
+                    ok &= keys < first
+        chosen = np.flatnonzero(ok)[:room]
+        # left for others: keep their rows staged, so that their consumer need not read them
+        left = np.flatnonzero(~ok)
+        if len(left):
+            _, need = self.staged(keys[left])
+            if len(need):
+                for g in np.unique(group[left]).tolist():
+                    sel = left[(group[left] == g) & np.isin(keys[left], need)]
+                    if len(sel):
+                        self._staged.append((fetched[g][0], idx[sel], keys[sel]))
+                        self._staged_rows += len(sel)
+        if not len(chosen):
+            return []
+        self.redeliver -= bitmap64_of(keys[chosen])
+        out = []
+        # runs of one source in position order: one Delivery each, so that order holds
+        g = group[chosen]
+        cuts = np.flatnonzero(np.diff(g)) + 1
+        for run in np.split(chosen, cuts):
+            source = fetched[int(group[run[0]])][0]
+            out.append(self._hand_out(consumer_id, source, idx[run], keys[run], now_ms))
+        return out
 
     def dead_letters(self, max_messages: int) -> list[int]:
         return _first(self.dead, max_messages).tolist()
@@ -580,12 +715,17 @@ class Subscription:
         fetched: list[tuple[Source, np.ndarray, np.ndarray]],
         max_messages: int,
         now_ms: int,
+        asked: np.ndarray | None = None,
     ) -> list[Delivery]:
         """Hand up to ``max_messages`` to ``consumer_id``: fetched redeliveries first (groups
         of (source, row indexes, position keys)), then the read-ahead queue. Returns
-        nothing for a FIFO subscription's standby consumer."""
+        nothing for a FIFO subscription's standby consumer. ``asked``: the positions
+        :meth:`keys_to_fetch` gave (key_shared holds back a key whose lower position is
+        missing from ``fetched``)."""
         if not self.can_receive(consumer_id):
             return []
+        if self.type == "key_shared":
+            return self._deliver_keyed(consumer_id, fetched, asked, max_messages, now_ms)
         out: list[Delivery] = []
         room = max_messages
         for source, idx, keys in sorted(fetched, key=lambda g: int(g[2][0]) if len(g[2]) else 0):
@@ -601,6 +741,14 @@ class Subscription:
                 self.redeliver -= bitmap64_of(keys)
                 out.append(self._hand_out(consumer_id, source, idx, keys, now_ms))
                 room -= len(keys)
+        for source, idx, keys in self._take_ready(room):
+            out.append(self._hand_out(consumer_id, source, idx, keys, now_ms))
+        return out
+
+    def _take_ready(self, room: int) -> list[tuple[Source, np.ndarray, np.ndarray]]:
+        """Up to ``room`` rows off the read-ahead queue, below the dispatch mark, left out
+        the ones acknowledged since they were read (cancels)."""
+        out = []
         mark = key_of(*self.dispatch_mark)
         while self._ready and room > 0:
             run = self._ready[0]
@@ -608,17 +756,16 @@ class Subscription:
             end = min(below, run.pos + room)
             if end <= run.pos:
                 break  # past the dispatch mark: wanted_mark() says where to move it
-
             idx, keys = run.indexes[run.pos : end], run.keys[run.pos : end]
             self._ready_count -= end - run.pos
             run.pos = end
             if run.pos >= len(run.keys):
                 self._ready.popleft()
-            keep = self._unseen(keys)  # acked since (cancels)
+            keep = self._unseen(keys)
             if not keep.all():
                 idx, keys = idx[keep], keys[keep]
             if len(keys):
-                out.append(self._hand_out(consumer_id, run.source, idx, keys, now_ms))
+                out.append((run.source, idx, keys))
                 room -= len(keys)
         return out
 
@@ -716,6 +863,9 @@ class Subscription:
                 self._counted -= done
         if self.redeliver:
             self.redeliver -= bm
+        if self._slot:
+            for k in ks.tolist():
+                self._slot.pop(k, None)
         if self.dead:
             self.dead -= bm
         added = self._ack_cursor(ks)
@@ -777,7 +927,7 @@ class Subscription:
                 raise InvalidArgument(
                     f"msgs: not held unacknowledged by this consumer: {shown}{more}"
                 )
-            if self.type == "shared":
+            if self.type in SPREAD_TYPES:
                 held = wanted & held
         if c is None or not held or dry_run:
             return len(held) if c is not None else 0

@@ -11,7 +11,6 @@ caller picks (deterministically, so a retried chunk lands where the first try di
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from raydelay.dispatch.keys import key_hash
 from raydelay.errors import InvalidArgument
 from raydelay.log.entries import NO_DELAY, Entries, int64_array
 
@@ -135,7 +135,7 @@ def prepare(
             (
                 keyless_partition % partitions
                 if keys[i] is None
-                else zlib.crc32(keys[i].encode("utf-8")) % partitions
+                else key_hash(keys[i]) % partitions
                 for i in good
             ),
             dtype=np.int64,

@@ -156,3 +156,20 @@ def test_a_large_batch_splits_exactly_into_accepted_and_rejected():
     assert out.accepted == int(((delays >= 0) & (delays <= 3600)).sum())
     got = sorted(int(d) for e in out.by_partition.values() for d in e.deliver_at_ms)
     assert got == sorted(NOW + int(d) * 1000 for d in delays if 0 <= d <= 3600)
+
+
+def test_ingestion_routes_every_key_to_the_partition_the_producer_picks():
+    # Given keys of many shapes (ASCII, non-ASCII, empty, long)
+    import itertools
+
+    from raydelay.client.producer import partition_of
+
+    keys = [f"user-{i}" for i in range(500)] + ["", "ключ", "鍵" * 40, "a" * 1000]
+    batch = pa.record_batch({"p": [b"x"] * len(keys), "k": keys})
+    for partitions in (1, 3, 7, 64):
+        # When ingestion prepares them
+        out = prep(batch, R.RowSpec("p", key_col="k"), partitions=partitions, max_delay_ms=0)
+        routed = {int(r): p for p, rows in out.rows.items() for r in rows}
+        # Then each lands where a producer sends that key
+        counter = itertools.count()
+        assert routed == {i: partition_of(k, partitions, counter) for i, k in enumerate(keys)}

@@ -28,11 +28,12 @@ from raydelay.storage import MemoryObjectStore
 T0 = 1_000_000
 
 
-def obj(ledger: int, first: int, deliver_at: list[int], cancels=None) -> LedgerObject:
+def obj(ledger: int, first: int, deliver_at: list[int], cancels=None, keys=None) -> LedgerObject:
     n = len(deliver_at)
     entries = Entries.build(
         [b"%d:%d" % (ledger, first + i) for i in range(n)],
         np.array(deliver_at, np.int64),
+        keys=keys,
         cancels=cancels or {},
     )
     return LedgerObject(ledger, first, T0, entries, {})
@@ -66,8 +67,9 @@ def take(sub: Subscription, clock: ManualClock, consumer="c1", n=100) -> list[tu
     """One receive: collect due, 'fetch' from what on_read saw, deliver; returns positions."""
     move_mark(sub)
     sub.collect_due(clock.now_ms(), n)
-    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(n), dtype=np.int64))
-    out = sub.deliver(consumer, fetched, n, clock.now_ms())
+    asked = sub.keys_to_fetch(n, consumer)
+    fetched, _ = CACHE.lookup(np.array(asked, dtype=np.int64))
+    out = sub.deliver(consumer, fetched, n, clock.now_ms(), asked)
     w = wire(out)
     return list(zip(w["ledger_id"], w["entry_id"], strict=True))
 

@@ -1,0 +1,1 @@
+"""Other systems' client APIs over raydelay: :mod:`raydelay.compat.pulsar`."""
