@@ -62,6 +62,7 @@ bench-parts: venv
 	$(PY) bench/recovery_bench.py
 	$(PY) bench/ingest_bench.py
 	$(PY) bench/drain_buckets.py
+	$(PY) bench/key_shared.py
 
 clean:
 	rm -rf $(VENV) .raydelay .pytest_cache .hypothesis

@@ -43,15 +43,22 @@ def slot_of(key: str | None) -> int:
     return int(_slot_of_hashes(np.array([key_hash(key or NO_KEY)], dtype=np.uint64))[0])
 
 
-def slots_of(keys: pa.Array) -> np.ndarray:
+def slots_of(keys: pa.Array, cache: dict[str, int] | None = None) -> np.ndarray:
     """The hash slot of each key of a string column (null: no key). Hashes each distinct
-    key once."""
+    key once; with ``cache`` (key -> slot), only keys not in it, which it then holds."""
     if len(keys) == 0:
         return np.zeros(0, dtype=np.int64)
     enc = pc.dictionary_encode(keys)
     distinct = enc.dictionary.to_pylist()
-    hashes = np.fromiter((key_hash(k) for k in distinct), dtype=np.uint64, count=len(distinct))
-    slots = _slot_of_hashes(hashes)
+    if cache is None:
+        hashes = np.fromiter((key_hash(k) for k in distinct), np.uint64, count=len(distinct))
+        slots = _slot_of_hashes(hashes)
+    else:
+        new = [k for k in distinct if k not in cache]
+        if new:
+            hashes = np.fromiter((key_hash(k) for k in new), np.uint64, count=len(new))
+            cache.update(zip(new, _slot_of_hashes(hashes).tolist()))
+        slots = np.fromiter((cache[k] for k in distinct), np.int64, count=len(distinct))
     idx = enc.indices
     if idx.null_count:
         out = np.full(len(keys), slot_of(None), dtype=np.int64)

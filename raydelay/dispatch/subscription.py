@@ -39,9 +39,11 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Protocol
 
 import numpy as np
+import pyarrow as pa
 from pyroaring import BitMap, BitMap64
 
 from raydelay.clock import Clock
@@ -50,7 +52,7 @@ from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
-from raydelay.dispatch.keyshared import Ring, slots_of
+from raydelay.dispatch.keyshared import SLOTS, Ring, slots_of
 from raydelay.dispatch.sealed import SealedReader
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import NO_CANCEL, NO_DELAY, DelayedRun, Entries, LedgerObject, Rows
@@ -63,6 +65,7 @@ SUBSCRIPTION_TYPES = ("shared", "key_shared", "exclusive", "failover")
 SPREAD_TYPES = ("shared", "key_shared")
 DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
+_KEY_SLOT_CACHE = 1_000_000  # key_shared: message keys whose hash slot is kept
 
 
 class Source(Protocol):
@@ -105,6 +108,7 @@ class _Consumer:
     consumer_id: str
     pending: BitMap64  # positions handed to it and not yet acked, nacked or expired
     seen_ms: int = 0  # its last call or heartbeat (its lease runs from there)
+    held: np.ndarray | None = None  # key_shared: per hash slot, how many of pending
 
 
 def _keys_of(keys: Iterable[int] | np.ndarray) -> np.ndarray:
@@ -185,7 +189,15 @@ class Subscription:
         # key_shared: the hash slot of each position waiting or in flight, and the slot
         # owners of the consumers (None: to compute again, after a consumer came or went)
         self._slot: dict[int, int] = {}
+        self._key_slots: dict[str, int] = {}  # message key -> slot, for keys seen lately
         self._ring: Ring | None = None
+        # ... and the redelivery set as sorted columns (keys, their slots, -1: not known
+        # yet), kept in step with it (_pool_index); at most _pool_cap rows wait there, so
+        # that a consumer that stops asking holds up only its own keys until then
+        self._pool_keys = np.zeros(0, dtype=np.int64)
+        self._pool_slots = np.zeros(0, dtype=np.int64)
+        self._indexed = BitMap64()
+        self._pool_cap = 10 * read_ahead_entries
         self._cancelled_ahead = BitMap64()  # cancel targets not read from the log yet
         # After a restart: positions before read_position still to be re-read one by one
         # (see resume_after_buckets), and the first unacknowledged position at the start.
@@ -215,7 +227,8 @@ class Subscription:
                 f"subscription {self.name!r} is exclusive and already has a consumer"
             )
         seen = self._clock.now_ms() if now_ms is None else now_ms
-        self._consumers[consumer_id] = _Consumer(consumer_id, BitMap64(), seen)
+        held = np.zeros(SLOTS, dtype=np.int32) if self.type == "key_shared" else None
+        self._consumers[consumer_id] = _Consumer(consumer_id, BitMap64(), seen, held)
         self._ring = None
 
     def touch(self, consumer_id: str, now_ms: int | None = None) -> bool:
@@ -458,17 +471,23 @@ class Subscription:
         Due rows of sealed buckets come with their payloads: they are staged here for
         :meth:`staged` to find."""
         self.expire(now_ms)
-        if self.sealed is not None and len(self.redeliver) < max_messages:
-            for rows, idx, keys in self.sealed.take_due(now_ms, max_messages - len(self.redeliver)):
-                self._stage(rows, idx, keys)
-        if len(self.redeliver) < max_messages and self.tracker.has_message_available():
+        # (key_shared: the redelivery set also holds rows waiting for other consumers)
+        room = (
+            min(max_messages, self._pool_cap - len(self.redeliver))
+            if self.type == "key_shared"
+            else max_messages - len(self.redeliver)
+        )
+        if self.sealed is not None and room > 0:
+            for rows, idx, keys in self.sealed.take_due(now_ms, room):
+                room -= self._stage(rows, idx, keys)
+        if room > 0 and self.tracker.has_message_available():
             take = getattr(self.tracker, "get_scheduled_keys", None)
             if take is not None:
-                due = take(max_messages)
+                due = take(room)
                 if len(due):
                     self.redeliver |= bitmap64_of(due)
             else:
-                due_pairs = self.tracker.get_scheduled_messages(max_messages)
+                due_pairs = self.tracker.get_scheduled_messages(room)
                 self.redeliver.update([(lg << SHIFT) | e for lg, e in due_pairs])
 
     def _stage(self, rows: Rows, idx: np.ndarray, keys: np.ndarray) -> int:
@@ -485,6 +504,8 @@ class Subscription:
             if old.any():
                 self._bump_counts(keys[old], floor=1)
         self.redeliver |= bitmap64_of(keys)
+        if self.type == "key_shared":
+            self._learn_slots(rows, idx, keys)
         order = np.argsort(keys)
         self._staged.append((rows, idx[order], keys[order]))
         self._staged_rows += len(keys)
@@ -587,36 +608,80 @@ class Subscription:
         if self.type != "key_shared" or consumer_id is None:
             return _first(self.redeliver, max_messages)
         self._pool_ready(max(self.read_ahead_entries, max_messages))
-        window = _first(self.redeliver, max(4 * max_messages, self.read_ahead_entries))
-        slots = self._slots_known(window)
-        ok = slots < 0
-        known = ~ok
-        ok[known] = self._eligible(consumer_id, slots[known])
-        return window[ok][:max_messages]
+        while True:
+            keys, slots = self._pool_index()
+            ok = slots < 0
+            known = ~ok
+            ok[known] = self._eligible(consumer_id, slots[known])
+            if int(ok.sum()) >= max_messages:
+                break
+            # too few for this consumer in what waits (the rest wait for others): read on,
+            # as far as the dispatch mark and the pool's cap let
+            budget = min(self._pool_cap, len(self.redeliver) + self.read_ahead_entries)
+            if not self._pool_ready(budget):
+                break
+        return keys[ok][:max_messages]
+
+    def _pool_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """The redelivery set's keys (ascending) and their hash slots (-1: not known)."""
+        gone = self._indexed - self.redeliver
+        if gone:
+            keep = ~np.isin(self._pool_keys, _values(gone))
+            self._pool_keys, self._pool_slots = self._pool_keys[keep], self._pool_slots[keep]
+            self._indexed -= gone
+        new = self.redeliver - self._indexed
+        if new:
+            keys = _values(new)
+            keys = np.concatenate([self._pool_keys, keys])
+            slots = np.concatenate([self._pool_slots, self._slots_known(_values(new))])
+            order = np.argsort(keys, kind="stable")
+            self._pool_keys, self._pool_slots = keys[order], slots[order]
+            self._indexed |= new
+        unknown = self._pool_slots < 0
+        if unknown.any():  # learned since they came in
+            self._pool_slots[unknown] = self._slots_known(self._pool_keys[unknown])
+        return self._pool_keys, self._pool_slots
 
     # --- key_shared ---------------------------------------------------------------------------
 
-    def _pool_ready(self, budget: int) -> None:
+    def _pool_ready(self, budget: int) -> int:
         """key_shared: move read-ahead rows (below the dispatch mark) into the redelivery
-        set, their payloads staged and their slots noted, until it holds ``budget``."""
+        set, their payloads staged and their slots noted, until it holds ``budget``.
+        Returns how many moved."""
         room = budget - len(self.redeliver)
         if room <= 0:
-            return
+            return 0
+        moved = 0
         for source, idx, keys in self._take_ready(room):
             self._learn_slots(source, idx, keys)
             self.redeliver |= bitmap64_of(keys)
             self._staged.append((source, idx, keys))
             self._staged_rows += len(keys)
+            moved += len(keys)
+        return moved
 
     def _learn_slots(self, source: Source, idx: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        slots = slots_of(source.entries.batch.column(2).take(idx))
+        col = source.entries.batch.column(2)
+        if len(idx) and int(idx[-1]) - int(idx[0]) + 1 == len(idx):  # a run: no copy
+            col = col.slice(int(idx[0]), len(idx))
+        else:
+            col = col.take(pa.array(idx, type=pa.int64()))
+        if len(self._key_slots) > _KEY_SLOT_CACHE:
+            self._key_slots.clear()
+        slots = slots_of(col, self._key_slots)
         self._slot.update(zip(keys.tolist(), slots.tolist()))
         return slots
 
     def _slots_known(self, keys: np.ndarray) -> np.ndarray:
         """The hash slot of each position, -1 where not known yet."""
+        ks = keys.tolist()
+        if len(ks) > 1:
+            try:  # every one known (the usual case): one C-level lookup
+                return np.array(itemgetter(*ks)(self._slot), dtype=np.int64)
+            except KeyError:
+                pass
         get = self._slot.get
-        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=len(keys))
+        return np.fromiter((get(k, -1) for k in ks), dtype=np.int64, count=len(ks))
 
     def _eligible(self, consumer_id: str, slots: np.ndarray) -> np.ndarray:
         """Which of ``slots`` ``consumer_id`` may take messages of now: it owns them, and no
@@ -624,14 +689,23 @@ class Subscription:
         if self._ring is None:
             self._ring = Ring(list(self._consumers))
         ok = self._ring.owned(consumer_id, slots)
-        held = [
-            self._slots_known(_values(c.pending))
-            for cid, c in self._consumers.items()
-            if cid != consumer_id and c.pending
-        ]
-        if held and ok.any():
-            ok &= ~np.isin(slots, np.concatenate(held))
+        others = [c.held for cid, c in self._consumers.items() if cid != consumer_id and c.pending]
+        if others and ok.any():
+            blocked = np.zeros(SLOTS, dtype=bool)
+            for held in others:
+                blocked |= held > 0
+            ok &= ~blocked[slots]
         return ok
+
+    def _take_back(self, c: _Consumer, bm: BitMap64) -> BitMap64:
+        """Remove ``bm`` from what ``c`` holds; returns what it held of it."""
+        hit = c.pending & bm
+        if hit:
+            c.pending -= hit
+            if c.held is not None:
+                slots = self._slots_known(_values(hit))
+                np.subtract.at(c.held, slots[slots >= 0], 1)
+        return hit
 
     def _deliver_keyed(
         self,
@@ -785,7 +859,11 @@ class Subscription:
         self, consumer_id: str, source: Source, idx: np.ndarray, keys: np.ndarray, now_ms: int
     ) -> Delivery:
         bm = bitmap64_of(keys)
-        self._consumers[consumer_id].pending |= bm
+        c = self._consumers[consumer_id]
+        c.pending |= bm
+        if c.held is not None:
+            slots = self._slots_known(keys)
+            np.add.at(c.held, slots[slots >= 0], 1)
         if self.ack_timeout_ms:
             deadline = now_ms + self.ack_timeout_ms
             if self._deadlines and self._deadlines[-1][0] == deadline:
@@ -854,7 +932,7 @@ class Subscription:
         bm = bitmap64_of(ks)
         for c in self._consumers.values():
             if c.pending:
-                c.pending -= bm
+                self._take_back(c, bm)
         if self._counted:
             done = self._counted & bm
             if done:
@@ -880,10 +958,9 @@ class Subscription:
         c = self._consumers.get(consumer_id)
         if c is None:
             return 0
-        held = bitmap64_of(_keys_of(keys)) & c.pending
+        held = self._take_back(c, bitmap64_of(_keys_of(keys)))
         if not held:
             return 0
-        c.pending -= held
         self._forget_deadlines(held)
         if delay_ms <= 0:
             self._schedule_redelivery(held)
@@ -931,8 +1008,7 @@ class Subscription:
                 held = wanted & held
         if c is None or not held or dry_run:
             return len(held) if c is not None else 0
-        held = BitMap64(held)  # a copy: c.pending changes below
-        c.pending -= held
+        held = self._take_back(c, BitMap64(held))
         self._forget_deadlines(held)
         self._schedule_redelivery(held)
         return len(held)
@@ -953,9 +1029,8 @@ class Subscription:
         while self._deadlines and self._deadlines[0][0] <= now_ms:
             _, bm = self._deadlines.pop(0)
             for c in self._consumers.values():
-                hit = bm & c.pending
+                hit = self._take_back(c, bm)
                 if hit:
-                    c.pending -= hit
                     self._schedule_redelivery(hit)
                     n += len(hit)
         return n

@@ -343,3 +343,16 @@ def test_key_shared_keeps_each_key_in_order_on_one_consumer_while_one_leaves(clu
     for k in moved:  # only c2's keys changed hands, once, when it left
         assert owners[k][0] == "c2" and len(owners[k]) == 2, (k, owners[k])
     assert len({o[-1] for o in owners.values()}) == 2  # spread over the two that stayed
+
+
+def test_the_migration_example_runs_as_written(cluster, capsys, monkeypatch, tmp_path):
+    # its Client attaches to the session's Ray, as a second program would
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    example = Path(__file__).resolve().parents[2] / "examples" / "pulsar_migration.py"
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "handled 4 timeouts, order-3 failed 3 times and went to the DLQ" in out
+    assert "timeout order-3 (from billing)" in out

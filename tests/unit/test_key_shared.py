@@ -136,3 +136,21 @@ def test_spread_types_take_back_only_the_named_messages(kind):
     assert len(got) == 4
     assert sub.redeliver_unacked("c1", np.array([(1 << 32) | 3])) == 1
     assert sub.pending_count() == 3
+
+
+def test_a_consumer_that_stops_asking_holds_up_only_its_own_keys():
+    sub, clock = make("key_shared", read_ahead_entries=100)  # at most 1,000 wait in the pool
+    sub.add_consumer("c2")
+    names = [f"k{i}" for i in range(60)]
+    o = keyed(600, names)
+    read(sub, o)
+    ring = Ring(["c1", "c2"])
+    mine = [e for e in range(600) if ring.owners[slot_of(o.entries.key(e))] == 1]
+    assert 100 < len(mine) < 500
+    got = []
+    for _ in range(50):  # c1 never asks; its keys' rows pile up in the pool
+        batch = take(sub, clock, "c2", n=20)
+        got += [e for _, e in batch]
+        sub.ack("c2", [(1 << 32) | e for _, e in batch])
+    assert got == mine  # all of c2's, in log order
+    assert len(sub.redeliver) == 600 - len(mine)  # c1's wait for it

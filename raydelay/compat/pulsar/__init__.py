@@ -78,6 +78,7 @@ __all__ = [
     "AuthenticationBasic",
     "AuthenticationTLS",
     "AuthenticationToken",
+    "AutoClusterFailover",
     "Client",
     "CompressionType",
     "ConnectError",
@@ -98,6 +99,8 @@ __all__ = [
     "ProducerAccessMode",
     "PulsarException",
     "Result",
+    "ServiceInfo",
+    "ServiceInfoProvider",
     "Timeout",
     "schema",
 ]
@@ -249,6 +252,30 @@ class AuthenticationOauth2(Authentication): ...
 class CryptoKeyReader:
     def __init__(self, public_key_path: str, private_key_path: str) -> None:
         raise _unsupported("end-to-end encryption (CryptoKeyReader)")
+
+
+class ServiceInfoProvider:
+    """A source of service URLs (Pulsar's cluster failover). raydelay's "cluster" is the
+    Ray it runs in: a Client given one raises ``NotImplementedError``."""
+
+    def initial_service_info(self) -> Any:
+        raise NotImplementedError
+
+    def initialize(self, on_service_info_update: Callable[[Any], None]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class ServiceInfo:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise _unsupported("service info providers (cluster failover)")
+
+
+class AutoClusterFailover:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise _unsupported("automatic cluster failover")
 
 
 # --- policies -------------------------------------------------------------------------------
@@ -625,6 +652,8 @@ class Client:
         config: Any = None,
         address: str | None = None,
     ) -> None:
+        if isinstance(service_url, (ServiceInfoProvider, AutoClusterFailover)):
+            raise _unsupported("service info providers (cluster failover)")
         _check_type(str, service_url, "service_url")
         if not service_url.startswith(("pulsar://", "pulsar+ssl://", "http://", "https://")):
             raise ValueError(
