@@ -974,6 +974,7 @@ class Producer:
         router: Callable[[Message, int], int] | None,
     ) -> None:
         self._client, self._core, self._topic_name = client, core, topic_name
+        self._config = client._cluster.config
         self._partitions, self._schema = partitions, schema_
         self._routing, self._router = routing, router
         # Pulsar's ids count from 0; the log's from 1 (0: none), so the log holds id + 1
@@ -1090,7 +1091,7 @@ class Producer:
         if data is None:
             props[_NULL] = "1"
             data = b""
-        cfg = self._client._cluster.config
+        cfg = self._config
         data = check_payload(data, cfg.topic.max_message_bytes, "content")
         key = check_key(key, "partition_key")
         props = check_properties(props) or {}
@@ -1282,6 +1283,7 @@ class Consumer:
         """Up to ``want`` raydelay messages: buffered ones first, else one ask of at most the
         receiver queue, waiting up to ``timeout_s`` (None: until one comes)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        asked = False
         with self._lock:
             while True:
                 self._check_open()
@@ -1295,12 +1297,14 @@ class Consumer:
                             )
                     return out
                 left = _FOREVER_STEP_S if deadline is None else deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 and asked:
                     return []
-                got = self._core.receive(max_messages=max(self._fill, want), timeout_s=left)
+                # (a timeout of 0 still asks once: what is ready now comes back)
+                got = self._core.receive(
+                    max_messages=max(self._fill, want), timeout_s=max(left, 0.0)
+                )
+                asked = True
                 self._buffer.extend(got)
-                if not got and deadline is not None and time.monotonic() >= deadline:
-                    return []
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; waits up to ``timeout_millis`` (None: until one comes) and
