@@ -52,6 +52,9 @@ class LocalStorageConfig:
     """``storage.local``: the local-directory store."""
 
     root: str = "./.raydelay/data"  # relative paths are taken from the working directory
+    # the root is on a filesystem every node of the Ray cluster shares (NFS and the like);
+    # without it a local store is refused on a cluster of more than one node
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -328,3 +331,18 @@ def _check_type(path: str, value: Any, tp: Any) -> Any:
             f"{path}: expected {base.__name__}, got {type(value).__name__} ({value!r})"
         )
     return value
+
+
+def store_refusal(storage: StorageConfig, nodes: int) -> str | None:
+    """Why ``storage`` cannot serve a Ray cluster of ``nodes`` live nodes (None: it can).
+    A local directory is private to each node unless it is a shared filesystem: on more
+    than one node, each actor would keep its state where the others cannot see it, and a
+    node's loss would take its part of the data with it."""
+    if storage.kind != "local" or storage.local.shared or nodes <= 1:
+        return None
+    return (
+        f"storage.kind: a local store ({storage.local.root}) on a Ray cluster of {nodes} nodes "
+        "scatters the data over the nodes' own disks and loses what a lost node held; use "
+        'S3 (storage.kind = "s3", see configs/s3.toml), or set storage.local.shared = '
+        "true if the root is a filesystem every node shares"
+    )

@@ -13,6 +13,7 @@ from typing import Any
 
 from raydelay.cluster import rpc
 from raydelay.cluster.metadata import Metadata
+from raydelay.cluster.nodes import check_store
 from raydelay.cluster.owner import StoreOwner
 from raydelay.config import config_from_dict, config_to_dict
 from raydelay.storage import make_store
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 class CoordinatorActor:
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config_from_dict(config)
+        check_store(self._config.storage)  # before anything is written where it should not be
         self._store = make_store(self._config)
         # the store is ours before anything is read or written (StoreOwned: another
         # cluster holds it, and this actor must not come up)

@@ -42,6 +42,7 @@ from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
 from raydelay.cluster import rpc
 from raydelay.cluster.names import COORDINATOR, NAMESPACE, topic_actor_name
+from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
@@ -104,6 +105,7 @@ class SubscriptionActor:
         started = time.monotonic()
         self._topic, self._partition, self._name = topic, partition, subscription
         self._config: Config = config_from_dict(config)
+        check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = SubscriptionMetrics(topic, partition, subscription)
         self._clock = SystemClock()
         self._coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)

@@ -37,6 +37,7 @@ from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
 from raydelay.cluster import rpc
 from raydelay.cluster.names import COORDINATOR, NAMESPACE
+from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import config_from_dict
 from raydelay.delayed.sealed import (
@@ -68,6 +69,7 @@ class TopicActor:
     def _init(self, topic: str, partition: int, config: dict[str, Any]) -> None:
         self._topic, self._partition = topic, partition
         self._config = config_from_dict(config)
+        check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = TopicMetrics(topic, partition)
         self._published = 0  # the log's entry count last reported
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-log")

@@ -22,6 +22,7 @@ from raydelay.cluster.names import (
     subscription_actor_name,
     topic_actor_name,
 )
+from raydelay.cluster.nodes import check_store
 from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
 from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
 from raydelay.errors import InvalidArgument, NotFound, StorageError, StoreOwned, Unavailable
@@ -86,12 +87,14 @@ def connect(
                 raise Unavailable(_unreachable(address, exc)) from None
     coordinator = placement.existing_coordinator()
     if coordinator is None:
+        check_store(cfg.storage)  # a local store on several nodes: refused, nothing created
         _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
         coordinator = placement.coordinator(config_to_dict(cfg))
     deadline_s = cfg.client.retry_deadline_s
     running = config_from_dict(
         rpc.call(coordinator.config.remote, what="coordinator", deadline_s=deadline_s)
     )
+    check_store(running.storage)  # (the cluster may have grown since it started)
     if running.storage != cfg.storage:
         # a warning only when the caller chose a config: the default just attaches
         (log.warning if config is not None else log.info)(
@@ -462,7 +465,7 @@ class Cluster:
         numbers asked for next count them."""
         for consumer in self._consumers:
             if consumer.topic == topic and not consumer._closed:
-                consumer._settle_acks(keep=0)
+                consumer._settle_acks()
 
     def _subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""

@@ -10,12 +10,19 @@ consumer (unacknowledged); closing the consumer hands them back to the subscript
 for redelivery.
 
 ``ack`` and ``nack`` send one call per partition with the positions as one int64
-array, whether they are given a MessageBatch, a list of messages or message ids.
-``ack`` does not wait for the subscription's reply: up to ``_ACKS_IN_FLIGHT`` ack
-calls stay outstanding; past that a later ``ack`` confirms the older half (a partition
-that restarted meanwhile gets its acks sent again; any other failure is raised there).
-Calls from one process reach an actor in order, so a later receive, nack or stats
-sees the acks; ``flush()`` and ``close()`` wait for every one.
+array, whether they are given a MessageBatch, a list of messages or message ids. They
+do not wait for the subscription's reply: the calls stay outstanding, and a later
+``ack`` or ``nack`` confirms those that answered (any failure but an unavailable
+partition is raised there). Calls from one process reach an actor in order, so a
+later receive, nack or stats sees the acks; ``flush()`` and ``close()`` wait for every
+one.
+
+**Partitions are independent.** A partition whose actor fails (a restart, a lost node)
+or stops answering is *down* for this consumer: ``receive`` returns what the other
+partitions have, and its acks and nacks are kept and sent again in the background
+(they are idempotent) once it answers, while those of the other partitions go out at
+once. It is tried again with a growing backoff (0.25 s up to 2 s), its handle
+re-resolved by name.
 
 A consumer holds a lease on each subscription partition (``subscription.consumer_lease_s``):
 its calls renew it, and a heartbeat thread renews it every third of the lease while the
@@ -54,7 +61,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_RECEIVE = 100_000
-_ACKS_IN_FLIGHT = 16  # ack calls sent and not yet confirmed, at most
+_ACKS_IN_FLIGHT = 16  # ack calls left unconfirmed before an ack looks at the answers
+_ACKS_QUEUED = 256  # ... and past this many the oldest are waited for, briefly
+_SETTLE_WAIT_S = 0.5  # how long an ack waits for an old one before taking it back
+_HUNG_S = 5.0  # a receive this long past its timeout: its partition is down
+_BACKOFF_S = (0.25, 2.0)  # first and longest wait before a down partition is tried again
 # How long a prefetch call stands at a partition (seconds) before it is renewed. It must
 # not follow the caller's timeout: a call made with the few milliseconds a receive has
 # left returns empty at once, and renewing it spins the subscription actors.
@@ -81,7 +92,15 @@ class Consumer:
         self.prefetch = prefetch
         self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
         self._inflight: dict[Any, int] = {}  # receive ref -> partition
-        self._acks: deque[tuple[int, np.ndarray, Any]] = deque()  # (partition, keys, ref)
+        self._asked: dict[Any, float] = {}  # receive ref -> when it is overdue (monotonic)
+        # acks and nacks sent and not confirmed: (partition, keys, nack delay or None, ref)
+        self._acks: deque[tuple[int, np.ndarray, float | None, Any]] = deque()
+        # partitions found down: when to try again, and the wait after that
+        self._down: dict[int, float] = {}
+        self._backoff: dict[int, float] = {}
+        # acks and nacks of down partitions, to send once they answer: (keys, nack delay)
+        self._deferred: dict[int, list[tuple[np.ndarray, float | None]]] = {}
+        self._lock = threading.Lock()  # _handles, _down, _deferred (the retry thread too)
         self._closed = False
         self._rewinds = 0  # redeliver_unacknowledged() calls without messages so far
         added = []
@@ -102,6 +121,12 @@ class Consumer:
             daemon=True,
         )
         self._heartbeats.start()
+        self._retrier = threading.Thread(
+            target=self._retry_deferred,
+            name=f"raydelay-retry-{self.consumer_id[:8]}",
+            daemon=True,
+        )
+        self._retrier.start()
 
     def _heartbeat(self, every_s: float) -> None:
         """Renew the lease at every partition until the consumer closes. A heartbeat still
@@ -190,27 +215,33 @@ class Consumer:
             call_s, wait_s = timeout_s, timeout_s + 5.0
         self._ask(share, call_s)
         refs = list(self._inflight)
+        if not refs:  # every partition is down: wait for the first retry
+            retry = min(self._down.values(), default=time.monotonic()) - time.monotonic()
+            time.sleep(min(max(retry, 0.01), max(timeout_s, 0.01)))
+            return
         ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)
         if ready:  # take every other reply that is already there too
             more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             ready = list(dict.fromkeys(ready + more))
         for ref in ready:
             p = self._inflight.pop(ref)
+            self._asked.pop(ref, None)
             try:
                 rb = rpc.get(ref, what=f"subscription {p}")
                 if rb.num_rows:
                     self._buffer.append((p, rb))
+                self._up(p)
             except StorageError as exc:
                 if not exc.retriable:
                     raise
-                log.warning(
-                    "%s/%s partition %d: %s; trying again", self.topic, self.subscription, p, exc
-                )
+                self._failed(p, exc)
             except Unavailable as exc:
-                log.warning(
-                    "%s/%s partition %d: %s; re-attaching", self.topic, self.subscription, p, exc
-                )
-                self._register(p)
+                self._failed(p, exc)
+        now = time.monotonic()
+        for ref, overdue in list(self._asked.items()):
+            if now > overdue:  # no answer long after its timeout: the actor hangs
+                self._asked.pop(ref)  # (its reply, if one comes, is still taken)
+                self._failed(self._inflight[ref], Unavailable("no answer"))
         # With prefetch, a call stands at every partition again at once, while the caller
         # works on what arrived: a message falling due meanwhile is answered the moment it is
         # due, not when the next receive reaches the partition (as Pulsar's consumer
@@ -219,12 +250,97 @@ class Consumer:
             self._ask(share, call_s)
 
     def _ask(self, share: int, timeout_s: float) -> None:
-        """A receive call outstanding at every partition that has none."""
+        """A receive call outstanding at every partition that has none and is not down
+        (one that is down is asked again once its backoff ran out)."""
         busy = set(self._inflight.values())
-        for p, h in enumerate(self._handles):
-            if p not in busy:
-                call = h.receive.remote(self.consumer_id, share, timeout_s, self._rewinds)
-                self._inflight[call] = p
+        now = time.monotonic()
+        for p in range(self.partitions):
+            if p in busy or (p in self._down and (now < self._down[p] or not self._refresh(p))):
+                continue
+            call = self._handles[p].receive.remote(
+                self.consumer_id, share, timeout_s, self._rewinds
+            )
+            self._inflight[call] = p
+            self._asked[call] = now + timeout_s + _HUNG_S
+
+    # --- partitions that are down -----------------------------------------------------------
+
+    def _failed(self, p: int, exc: Exception) -> None:
+        """Partition ``p`` failed a call: down until its backoff runs out."""
+        with self._lock:
+            first = p not in self._down
+            wait = _BACKOFF_S[0] if first else min(self._backoff[p] * 2, _BACKOFF_S[1])
+            self._backoff[p] = wait
+            self._down[p] = time.monotonic() + wait
+        if first:
+            log.warning(
+                "%s/%s partition %d: %s; its messages wait, the other partitions go on",
+                self.topic, self.subscription, p, exc,
+            )  # fmt: skip
+
+    def _up(self, p: int) -> None:
+        if p in self._down:
+            with self._lock:
+                self._down.pop(p, None)
+                self._backoff.pop(p, None)
+            log.info("%s/%s partition %d: answering again", self.topic, self.subscription, p)
+
+    def _refresh(self, p: int) -> bool:
+        """Re-resolve a down partition's actor by name (get-or-create); False if that
+        failed too (its backoff grows)."""
+        try:
+            handle = self._cluster._subscription_handle(self.topic, p, self.subscription)
+        except (Unavailable, StorageError) as exc:
+            self._failed(p, exc)
+            return False
+        with self._lock:
+            self._handles[p] = handle
+            self._down[p] = 0.0  # may be asked now; a success brings it up
+        return True
+
+    def _defer(self, p: int, keys: np.ndarray, delay_s: float | None) -> None:
+        with self._lock:
+            self._deferred.setdefault(p, []).append((keys, delay_s))
+
+    def _retry_deferred(self) -> None:
+        """Background: send the acks and nacks kept for down partitions once their backoff
+        ran out; what fails again is kept for the next try."""
+        while not self._stop.wait(_BACKOFF_S[0]):
+            now = time.monotonic()
+            with self._lock:
+                due = [p for p in self._deferred if self._down.get(p, 0.0) <= now]
+            for p in due:
+                if p in self._down and not self._refresh(p):
+                    continue
+                with self._lock:
+                    work = self._deferred.pop(p, [])
+                if not work:
+                    continue
+                try:
+                    rpc.get(self._send(p, work), what=f"subscription {p}", timeout_s=5.0)
+                    self._up(p)
+                except Exception as exc:  # noqa: BLE001 - kept, and tried again later
+                    if self._stop.is_set() or not ray.is_initialized():
+                        return
+                    with self._lock:
+                        self._deferred[p] = work + self._deferred.get(p, [])
+                    self._failed(p, exc)
+
+    def _send(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> list[Any]:
+        """Ack and nack calls for ``work`` (acks merged into one), in their order."""
+        h, cid = self._handles[p], self.consumer_id
+        refs, acks = [], []
+        for keys, delay_s in work:
+            if delay_s is None:
+                acks.append(keys)
+                continue
+            if acks:
+                refs.append(h.ack.remote(cid, np.concatenate(acks)))
+                acks = []
+            refs.append(h.nack.remote(cid, keys, delay_s))
+        if acks:
+            refs.append(h.ack.remote(cid, np.concatenate(acks)))
+        return refs
 
     def _register(self, p: int) -> None:
         """Join partition ``p`` (idempotent; also after its actor restarted and forgot us)."""
@@ -241,34 +357,81 @@ class Consumer:
         """Acknowledge messages: a MessageBatch, a Message or MessageId, or an iterable of
         them (one call per partition)."""
         self._check_open()
-        by_partition = self._group(messages, "messages")
+        self._submit(self._group(messages, "messages"), None)
+
+    def _submit(self, by_partition: dict[int, np.ndarray], delay_s: float | None) -> None:
+        """Send acks (``delay_s`` None) or nacks, one call per partition; a down
+        partition's are kept for the retry thread."""
         for p, keys in by_partition.items():
-            self._acks.append((p, keys, self._handles[p].ack.remote(self.consumer_id, keys)))
-        if len(self._acks) > _ACKS_IN_FLIGHT:  # confirm the older half (long answered, mostly)
-            self._settle_acks(keep=_ACKS_IN_FLIGHT // 2)
+            if p in self._down or self._deferred.get(p):  # (keeps them in order)
+                self._defer(p, keys, delay_s)
+                continue
+            h = self._handles[p]
+            ref = (
+                h.ack.remote(self.consumer_id, keys)
+                if delay_s is None
+                else h.nack.remote(self.consumer_id, keys, delay_s)
+            )
+            self._acks.append((p, keys, delay_s, ref))
+        if len(self._acks) > _ACKS_IN_FLIGHT:
+            self._reap_acks()
 
     def flush(self) -> None:
-        """Wait until every ack sent so far is applied by its subscription."""
+        """Wait until every ack and nack sent so far is applied by its subscription (those
+        of a down partition too, retried until ``client.retry_deadline_s``)."""
         self._check_open()
-        self._settle_acks(keep=0)
+        self._settle_acks()
 
-    def _settle_acks(self, keep: int = 0) -> None:
-        """Confirm the acks sent so far but the newest ``keep``, waiting for their answers.
-        An ack a restart interrupted is sent again (acks are idempotent); any other
-        failure is raised."""
-        while len(self._acks) > keep:
-            p, keys, ref = self._acks.popleft()
+    def _confirm(self, p: int, keys: np.ndarray, delay_s: float | None, ref: Any) -> None:
+        """Take the answer of an ack or nack call: a partition that is down gets the call
+        again later; any other failure is raised."""
+        try:
+            rpc.get(ref, what=f"subscription {p}")
+        except (Unavailable, StorageError) as exc:
+            if isinstance(exc, StorageError) and not exc.retriable:
+                raise
+            self._failed(p, exc)
+            self._defer(p, keys, delay_s)
+
+    def _reap_acks(self) -> None:
+        """Confirm the calls that answered, without waiting; past ``_ACKS_QUEUED`` still
+        open, wait briefly for the oldest, and keep the calls of a partition that does not
+        answer for the retry thread."""
+        refs = [a[3] for a in self._acks]
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        waiting: deque = deque()
+        for item in self._acks:
+            if item[3] in done:
+                self._confirm(*item)
+            else:
+                waiting.append(item)
+        self._acks = waiting
+        while len(self._acks) > _ACKS_QUEUED:
+            p, keys, delay_s, ref = self._acks.popleft()
+            if p not in self._down and ray.wait([ref], timeout=_SETTLE_WAIT_S)[0]:
+                self._confirm(p, keys, delay_s, ref)
+            else:  # (sent again later: acks and nacks are idempotent)
+                self._failed(p, Unavailable("no answer"))
+                self._defer(p, keys, delay_s)
+
+    def _settle_acks(self) -> None:
+        """Confirm every ack and nack sent so far, waiting for the answers, and send the
+        kept ones of down partitions (retried until ``client.retry_deadline_s``)."""
+        while self._acks:
+            self._confirm(*self._acks.popleft())
+        with self._lock:
+            deferred, self._deferred = self._deferred, {}
+        for p, work in sorted(deferred.items()):
             try:
-                rpc.get(ref, what=f"subscription {p}")
-            except (Unavailable, StorageError) as exc:
-                if isinstance(exc, StorageError) and not exc.retriable:
-                    raise
-                log.warning("%s/%s partition %d: ack %s; sending it again",
-                            self.topic, self.subscription, p, exc)  # fmt: skip
                 self._cluster._call(
-                    lambda p=p, keys=keys: self._handles[p].ack.remote(self.consumer_id, keys),
+                    lambda p=p, work=work: self._send(p, work),
                     f"subscription {self.subscription} partition {p}",
                 )
+            except BaseException:
+                with self._lock:  # not lost: kept for the retry thread
+                    self._deferred[p] = work + self._deferred.get(p, [])
+                raise
+            self._up(p)
 
     def nack(
         self,
@@ -279,14 +442,7 @@ class Consumer:
         possible). Takes what :meth:`ack` takes."""
         self._check_open()
         delay_s = check_number("delay_s", delay_s)
-        by_partition = self._group(messages, "messages")
-        self._cluster._call(
-            lambda: [
-                self._handles[p].nack.remote(self.consumer_id, keys, delay_s)
-                for p, keys in by_partition.items()
-            ],
-            "subscription",
-        )
+        self._submit(self._group(messages, "messages"), delay_s)
 
     def redeliver_unacknowledged(
         self,
@@ -401,14 +557,16 @@ class Consumer:
         if self._closed:
             return
         try:
-            self._settle_acks(keep=0)  # what was acked stays acked, not redelivered
+            self._settle_acks()  # what was acked stays acked, not redelivered
         except Exception as exc:  # noqa: BLE001 - closing: report; unconfirmed acks redeliver
             log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         self._closed = True
         self._stop.set()
         refs = [h.remove_consumer.remote(self.consumer_id) for h in self._handles]
         try:
-            rpc.get(refs, what="subscription")
+            # (a partition that does not answer lets this consumer's lease lapse instead)
+            answered, _ = ray.wait(refs, num_returns=len(refs), timeout=_HUNG_S)
+            rpc.get(answered, what="subscription")
             if self._inflight:  # woken by the removal; what they carry is redelivered
                 ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=10)
         except Unavailable as exc:  # its topic was deleted: nothing is left to hand back

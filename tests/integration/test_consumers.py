@@ -187,3 +187,57 @@ def test_an_ack_of_no_message_is_an_invalid_argument(cluster, topic_name):
     consumer.ack(msg)
     consumer.flush()
     assert cluster.stats(topic_name, "s")["acked"] == 1
+
+
+def _key_for(partition: int, partitions: int) -> str:
+    import itertools
+
+    from raydelay.client.producer import partition_of
+
+    return next(
+        k
+        for k in (f"k{i}" for i in itertools.count())
+        if partition_of(k, partitions, itertools.count()) == partition
+    )
+
+
+def test_a_partition_that_stops_answering_holds_up_only_its_own_messages(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=2)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    keys = [_key_for(0, 2), _key_for(1, 2)]
+    for p in (0, 1):
+        producer.send_many([b"first-%d-%d" % (p, i) for i in range(50)], keys=[keys[p]] * 50)
+    held = []
+    deadline = time.monotonic() + 30
+    while len(held) < 100 and time.monotonic() < deadline:
+        held += consumer.receive(max_messages=100, timeout_s=0.5)
+    assert len(held) == 100
+    actors = [
+        ray.get_actor(subscription_actor_name(topic_name, p, "s"), "raydelay") for p in (0, 1)
+    ]
+    # Given partition 1's actor stops answering (SIGSTOP: as a node cut off from the network)
+    pid = ray.get(actors[1].pid.remote())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        consumer.ack(held)  # partition 1's ack cannot be applied now
+        producer.send_many([b"more-0-%d" % i for i in range(100)], keys=[keys[0]] * 100)
+        # When the consumer goes on, acking one message at a time
+        more = []
+        deadline = time.monotonic() + 60
+        while len(more) < 100 and time.monotonic() < deadline:
+            for m in consumer.receive(max_messages=10, timeout_s=0.5):
+                more.append(m)
+                consumer.ack(m)
+        # Then partition 0 delivered everything and has every ack, while partition 1 hangs
+        assert sorted(m.payload for m in more) == sorted(b"more-0-%d" % i for i in range(100))
+        deadline = time.monotonic() + 30
+        while ray.get(actors[0].stats.remote())["acked"] < 150 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ray.get(actors[0].stats.remote())["acked"] == 150
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # And once partition 1 answers again, its ack (kept meanwhile) is applied
+    consumer.flush()
+    assert ray.get(actors[1].stats.remote())["acked"] == 50
+    assert cluster.stats(topic_name, "s")["backlog"] == 0

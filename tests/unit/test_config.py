@@ -170,3 +170,16 @@ def test_shipped_cluster_yaml_is_a_ray_up_config_with_java_and_raydelay():
     assert "openjdk-17" in setup and "pip install" in setup
     assert "configs/s3.toml" in " ".join(cluster["head_start_ray_commands"])
     assert "secret" not in (ROOT / "configs" / "cluster.yaml").read_text().lower()
+
+
+def test_a_local_store_is_refused_on_several_nodes_unless_shared():
+    from raydelay.config import config_from_dict, store_refusal
+
+    local = config_from_dict({"storage": {"kind": "local"}}).storage
+    shared = config_from_dict({"storage": {"local": {"shared": True}}}).storage
+    s3 = config_from_dict({"storage": {"kind": "s3", "s3": {"bucket": "b"}}}).storage
+    assert store_refusal(local, 1) is None
+    why = store_refusal(local, 3)
+    assert why is not None and "3 nodes" in why and "storage.local.shared" in why
+    assert store_refusal(shared, 3) is None
+    assert store_refusal(s3, 3) is None
