@@ -223,6 +223,13 @@ def _check_type_or_none(kind: type | tuple, value: Any, name: str) -> None:
         _check_type(kind, value, name)
 
 
+def _check_types(kind: type, *, optional: bool = False, **named: Any) -> None:
+    """``_check_type`` (or ``_check_type_or_none``) of every keyword argument."""
+    for name, value in named.items():
+        if not (optional and value is None):
+            _check_type(kind, value, name)
+
+
 # --- authentication and encryption: accepted as values, refused when used -------------------
 
 
@@ -661,29 +668,30 @@ class Client:
             )
         if authentication is not None:
             _check_type(Authentication, authentication, "authentication")
-        for name, value in (
-            ("operation_timeout_seconds", operation_timeout_seconds),
-            ("io_threads", io_threads),
-            ("message_listener_threads", message_listener_threads),
-            ("concurrent_lookup_requests", concurrent_lookup_requests),
-            ("stats_interval_in_seconds", stats_interval_in_seconds),
-            ("connection_timeout_ms", connection_timeout_ms),
-        ):
-            _check_type(int, value, name)
-        for name, value in (
-            ("use_tls", use_tls),
-            ("tls_allow_insecure_connection", tls_allow_insecure_connection),
-            ("tls_validate_hostname", tls_validate_hostname),
-        ):
-            _check_type(bool, value, name)
-        for name, value in (
-            ("log_conf_file_path", log_conf_file_path),
-            ("tls_trust_certs_file_path", tls_trust_certs_file_path),
-            ("listener_name", listener_name),
-            ("tls_private_key_file_path", tls_private_key_file_path),
-            ("tls_certificate_file_path", tls_certificate_file_path),
-        ):
-            _check_type_or_none(str, value, name)
+        _check_types(
+            int,
+            operation_timeout_seconds=operation_timeout_seconds,
+            io_threads=io_threads,
+            message_listener_threads=message_listener_threads,
+            concurrent_lookup_requests=concurrent_lookup_requests,
+            stats_interval_in_seconds=stats_interval_in_seconds,
+            connection_timeout_ms=connection_timeout_ms,
+        )
+        _check_types(
+            bool,
+            use_tls=use_tls,
+            tls_allow_insecure_connection=tls_allow_insecure_connection,
+            tls_validate_hostname=tls_validate_hostname,
+        )
+        _check_types(
+            str,
+            optional=True,
+            log_conf_file_path=log_conf_file_path,
+            tls_trust_certs_file_path=tls_trust_certs_file_path,
+            listener_name=listener_name,
+            tls_private_key_file_path=tls_private_key_file_path,
+            tls_certificate_file_path=tls_certificate_file_path,
+        )
         if authentication is not None:
             raise _unsupported("authentication plugins")
         if use_tls or service_url.startswith(("pulsar+ssl://", "https://")):
@@ -744,22 +752,22 @@ class Client:
         _check_type_or_none(str, producer_name, "producer_name")
         _check_type(schema_module.Schema, schema, "schema")
         _check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
-        for name, value in (
-            ("send_timeout_millis", send_timeout_millis),
-            ("max_pending_messages", max_pending_messages),
-            ("max_pending_messages_across_partitions", max_pending_messages_across_partitions),
-            ("batching_max_messages", batching_max_messages),
-            ("batching_max_allowed_size_in_bytes", batching_max_allowed_size_in_bytes),
-            ("batching_max_publish_delay_ms", batching_max_publish_delay_ms),
-        ):
-            _check_type(int, value, name)
-        for name, value in (
-            ("block_if_queue_full", block_if_queue_full),
-            ("batching_enabled", batching_enabled),
-            ("chunking_enabled", chunking_enabled),
-            ("lazy_start_partitioned_producers", lazy_start_partitioned_producers),
-        ):
-            _check_type(bool, value, name)
+        _check_types(
+            int,
+            send_timeout_millis=send_timeout_millis,
+            max_pending_messages=max_pending_messages,
+            max_pending_messages_across_partitions=max_pending_messages_across_partitions,
+            batching_max_messages=batching_max_messages,
+            batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
+            batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+        )
+        _check_types(
+            bool,
+            block_if_queue_full=block_if_queue_full,
+            batching_enabled=batching_enabled,
+            chunking_enabled=chunking_enabled,
+            lazy_start_partitioned_producers=lazy_start_partitioned_producers,
+        )
         _check_type(CompressionType, compression_type, "compression_type")
         _check_type(PartitionsRoutingMode, message_routing_mode, "message_routing_mode")
         _check_type(BatchingType, batching_type, "batching_type")
