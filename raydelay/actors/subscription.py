@@ -396,10 +396,11 @@ class SubscriptionActor:
         self._sub.collect_due(now, max_messages)
         if self._sub.dead:
             await self._flush_dead_letters()
-        asked = self._sub.keys_to_fetch(max_messages, consumer_id)
-        fetched = await self._fetch(asked, _FETCH_MAX)
+        fetched = await self._fetch(self._sub.keys_to_fetch(max_messages, consumer_id), _FETCH_MAX)
         delivered_at = self._clock.now_ms()
-        out = self._sub.deliver(consumer_id, fetched, max_messages, delivered_at, asked)
+        out = self._sub.deliver(consumer_id, fetched, max_messages, delivered_at)
+        if self._sub.wants_read():  # (key_shared moves read-ahead rows on without delivering)
+            self._space.set()
         if out:
             self._metrics.dispatched(sum(map(len, out)), _lateness(out, delivered_at))
             self._space.set()

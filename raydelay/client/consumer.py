@@ -225,7 +225,7 @@ class Consumer:
             ready = list(dict.fromkeys(ready + more))
         for ref in ready:
             p = self._inflight.pop(ref)
-            self._asked.pop(ref, None)
+            self._asked.pop(ref, None)  # (both maps change together)
             try:
                 rb = rpc.get(ref, what=f"subscription {p}")
                 if rb.num_rows:
@@ -241,7 +241,9 @@ class Consumer:
         for ref, overdue in list(self._asked.items()):
             if now > overdue:  # no answer long after its timeout: the actor hangs
                 self._asked.pop(ref)  # (its reply, if one comes, is still taken)
-                self._failed(self._inflight[ref], Unavailable("no answer"))
+                p = self._inflight.get(ref)
+                if p is not None:
+                    self._failed(p, Unavailable("no answer"))
         # With prefetch, a call stands at every partition again at once, while the caller
         # works on what arrived: a message falling due meanwhile is answered the moment it is
         # due, not when the next receive reaches the partition (as Pulsar's consumer
@@ -255,7 +257,8 @@ class Consumer:
         busy = set(self._inflight.values())
         now = time.monotonic()
         for p in range(self.partitions):
-            if p in busy or (p in self._down and (now < self._down[p] or not self._refresh(p))):
+            retry_at = self._down.get(p)
+            if p in busy or (retry_at is not None and (now < retry_at or not self._refresh(p))):
                 continue
             call = self._handles[p].receive.remote(
                 self.consumer_id, share, timeout_s, self._rewinds
@@ -319,12 +322,36 @@ class Consumer:
                 try:
                     rpc.get(self._send(p, work), what=f"subscription {p}", timeout_s=5.0)
                     self._up(p)
-                except Exception as exc:  # noqa: BLE001 - kept, and tried again later
+                except (Unavailable, StorageError) as exc:
                     if self._stop.is_set() or not ray.is_initialized():
                         return
-                    with self._lock:
+                    if isinstance(exc, StorageError) and not exc.retriable:
+                        self._drop_bad(p, work)
+                        continue
+                    with self._lock:  # kept, and tried again later
                         self._deferred[p] = work + self._deferred.get(p, [])
                     self._failed(p, exc)
+                except Exception:  # noqa: BLE001 - a bad call among them: sort them out
+                    if self._stop.is_set() or not ray.is_initialized():
+                        return
+                    self._drop_bad(p, work)
+
+    def _drop_bad(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> None:
+        """Send kept calls one by one: one the partition refuses for good (an ack of no
+        message) is reported and dropped; one that fails for now is kept."""
+        for item in work:
+            try:
+                rpc.get(self._send(p, [item]), what=f"subscription {p}", timeout_s=5.0)
+            except (Unavailable, StorageError) as exc:
+                if isinstance(exc, StorageError) and not exc.retriable:
+                    log.error("%s/%s partition %d: dropped a kept call: %s",
+                              self.topic, self.subscription, p, exc)  # fmt: skip
+                    continue
+                with self._lock:
+                    self._deferred.setdefault(p, []).append(item)
+            except Exception as exc:  # noqa: BLE001 - refused for good: reported, dropped
+                log.error("%s/%s partition %d: dropped a kept call: %s",
+                          self.topic, self.subscription, p, exc)  # fmt: skip
 
     def _send(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> list[Any]:
         """Ack and nack calls for ``work`` (acks merged into one), in their order."""
@@ -382,11 +409,19 @@ class Consumer:
         self._check_open()
         self._settle_acks()
 
-    def _confirm(self, p: int, keys: np.ndarray, delay_s: float | None, ref: Any) -> None:
-        """Take the answer of an ack or nack call: a partition that is down gets the call
-        again later; any other failure is raised."""
+    def _confirm(
+        self,
+        p: int,
+        keys: np.ndarray,
+        delay_s: float | None,
+        ref: Any,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Take the answer of an ack or nack call: a partition that is down (or does not
+        answer within ``timeout_s``) gets the call again later; any other failure is
+        raised."""
         try:
-            rpc.get(ref, what=f"subscription {p}")
+            rpc.get(ref, what=f"subscription {p}", timeout_s=timeout_s)
         except (Unavailable, StorageError) as exc:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise
@@ -399,13 +434,15 @@ class Consumer:
         answer for the retry thread."""
         refs = [a[3] for a in self._acks]
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-        waiting: deque = deque()
-        for item in self._acks:
-            if item[3] in done:
+        answered = [item for item in self._acks if item[3] in done]
+        self._acks = deque(item for item in self._acks if item[3] not in done)
+        for i, item in enumerate(answered):
+            try:
                 self._confirm(*item)
-            else:
-                waiting.append(item)
-        self._acks = waiting
+            except BaseException:  # raised once; the answers after it are still taken
+                for later in answered[i + 1 :]:
+                    self._acks.appendleft(later)
+                raise
         while len(self._acks) > _ACKS_QUEUED:
             p, keys, delay_s, ref = self._acks.popleft()
             if p not in self._down and ray.wait([ref], timeout=_SETTLE_WAIT_S)[0]:
@@ -417,21 +454,31 @@ class Consumer:
     def _settle_acks(self) -> None:
         """Confirm every ack and nack sent so far, waiting for the answers, and send the
         kept ones of down partitions (retried until ``client.retry_deadline_s``)."""
+        give_up = time.monotonic() + self._cluster._client.retry_deadline_s
+
+        def left() -> float:
+            return max(0.1, give_up - time.monotonic())
+
         while self._acks:
-            self._confirm(*self._acks.popleft())
+            self._confirm(*self._acks.popleft(), timeout_s=left())
         with self._lock:
             deferred, self._deferred = self._deferred, {}
-        for p, work in sorted(deferred.items()):
-            try:
-                self._cluster._call(
+        pending = sorted(deferred.items())
+        try:
+            while pending:
+                p, work = pending[0]
+                rpc.call(
                     lambda p=p, work=work: self._send(p, work),
-                    f"subscription {self.subscription} partition {p}",
+                    what=f"subscription {self.subscription} partition {p}",
+                    deadline_s=left(),
+                    wait=lambda refs, what: rpc.get(refs, what=what, timeout_s=left()),
                 )
-            except BaseException:
-                with self._lock:  # not lost: kept for the retry thread
+                pending.pop(0)
+                self._up(p)
+        finally:
+            with self._lock:  # what did not go through is kept for the retry thread
+                for p, work in pending:
                     self._deferred[p] = work + self._deferred.get(p, [])
-                raise
-            self._up(p)
 
     def nack(
         self,
@@ -478,6 +525,7 @@ class Consumer:
             if self._inflight:
                 ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=10)
             self._inflight.clear()
+            self._asked.clear()
             self._buffer.clear()
             return n
         by_partition = self._group(msgs, "msgs")
@@ -573,6 +621,7 @@ class Consumer:
             log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         finally:
             self._inflight.clear()
+            self._asked.clear()
             self._buffer.clear()
 
     def _check_open(self) -> None:

@@ -711,12 +711,11 @@ class Subscription:
         self,
         consumer_id: str,
         fetched: list[tuple[Source, np.ndarray, np.ndarray]],
-        asked: np.ndarray | None,
         room: int,
         now_ms: int,
     ) -> list[Delivery]:
         """key_shared: hand out the fetched rows of ``consumer_id``'s keys, lowest position
-        first. A key whose lower position was asked for and not fetched waits (its order
+        first. A key with a lower position waiting that was not fetched waits (its order
         first); rows left for other consumers stay staged."""
         parts = []
         for g, (source, idx, keys) in enumerate(fetched):
@@ -736,27 +735,19 @@ class Subscription:
         order = np.argsort(keys, kind="stable")
         group, idx, keys, slots = group[order], idx[order], keys[order], slots[order]
         ok = self._eligible(consumer_id, slots)
-        if asked is not None and len(asked):
-            missing = np.setdiff1d(asked, keys)
-            missing = (
-                missing[np.isin(missing, _values(self.redeliver))] if len(missing) else missing
-            )
-            if len(missing):
-                mslots = self._slots_known(missing)
-                if (mslots < 0).any():  # a key not known yet: nothing after it may go
-                    ok &= keys < int(missing[mslots < 0].min())
-                known = mslots >= 0
-                if known.any():  # per slot, nothing at or after its lowest missing position
-                    lowest: dict[int, int] = {}
-                    for k, sl in zip(missing[known].tolist(), mslots[known].tolist()):
-                        lowest.setdefault(sl, k)
-                    big = np.iinfo(np.int64).max
-                    first = np.fromiter(
-                        (lowest.get(sl, big) for sl in slots.tolist()),
-                        dtype=np.int64,
-                        count=len(slots),
-                    )
-                    ok &= keys < first
+        # a key goes out only ahead of its positions still waiting that were not fetched
+        # (cut by the fetch, or back in the redelivery set while it was fetched)
+        pool_keys, pool_slots = self._pool_index()
+        behind = ~np.isin(pool_keys, keys)
+        if behind.any():
+            b_keys, b_slots = pool_keys[behind], pool_slots[behind]
+            unknown = b_slots < 0
+            if unknown.any():  # its key could be any: nothing after it may go
+                ok &= keys < int(b_keys[unknown].min())
+            if not unknown.all():
+                first = np.full(SLOTS, np.iinfo(np.int64).max, dtype=np.int64)
+                np.minimum.at(first, b_slots[~unknown], b_keys[~unknown])
+                ok &= keys < first[slots]
         chosen = np.flatnonzero(ok)[:room]
         # left for others: keep their rows staged, so that their consumer need not read them
         left = np.flatnonzero(~ok)
@@ -789,17 +780,14 @@ class Subscription:
         fetched: list[tuple[Source, np.ndarray, np.ndarray]],
         max_messages: int,
         now_ms: int,
-        asked: np.ndarray | None = None,
     ) -> list[Delivery]:
         """Hand up to ``max_messages`` to ``consumer_id``: fetched redeliveries first (groups
         of (source, row indexes, position keys)), then the read-ahead queue. Returns
-        nothing for a FIFO subscription's standby consumer. ``asked``: the positions
-        :meth:`keys_to_fetch` gave (key_shared holds back a key whose lower position is
-        missing from ``fetched``)."""
+        nothing for a FIFO subscription's standby consumer."""
         if not self.can_receive(consumer_id):
             return []
         if self.type == "key_shared":
-            return self._deliver_keyed(consumer_id, fetched, asked, max_messages, now_ms)
+            return self._deliver_keyed(consumer_id, fetched, max_messages, now_ms)
         out: list[Delivery] = []
         room = max_messages
         for source, idx, keys in sorted(fetched, key=lambda g: int(g[2][0]) if len(g[2]) else 0):

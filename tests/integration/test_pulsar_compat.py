@@ -209,7 +209,16 @@ def test_sequence_ids_dedup_across_a_producer_of_the_same_name(client, topic):
     again.send(b"m2", sequence_id=2)
     again.send(b"m3")  # the next id: 3
     assert again.last_sequence_id() == 3
-    assert [m.data() for m in drain(consumer)] == [b"m0", b"m1", b"m2", b"m3"]
+    ids = []
+    for i in range(4, 44):  # queued together: they share log batches, ids 4..43
+        again.send_async(b"m%d" % i, lambda res, mid: ids.append(mid))
+    again.flush()
+    assert again.last_sequence_id() == 43 and len(set(ids)) == 40
+    again.close()
+    assert client.create_producer(topic, producer_name="p").last_sequence_id() == 43
+    got = drain(consumer)
+    assert [m.data() for m in got] == [b"m%d" % i for i in range(44)]
+    assert [m.message_id() for m in got[4:]] == ids
 
 
 def test_argument_errors_are_pulsars(client, topic):

@@ -95,7 +95,7 @@ def test_a_consumer_leaving_hands_its_keys_over_in_order():
         for c in ("c1", "c3"):
             asked = sub.keys_to_fetch(9, c)
             fetched, _ = CACHE.lookup(np.asarray(asked, dtype=np.int64))
-            w = wire(sub.deliver(c, fetched, 9, clock.now_ms(), asked))
+            w = wire(sub.deliver(c, fetched, 9, clock.now_ms()))
             for e, n in zip(w["entry_id"], w["redelivery_count"], strict=True):
                 seen[o.entries.key(e)].append((e, n))
             sub.ack(c, [(1 << 32) | e for e in w["entry_id"]])
@@ -154,3 +154,24 @@ def test_a_consumer_that_stops_asking_holds_up_only_its_own_keys():
         sub.ack("c2", [(1 << 32) | e for _, e in batch])
     assert got == mine  # all of c2's, in log order
     assert len(sub.redeliver) == 600 - len(mine)  # c1's wait for it
+
+
+def test_a_key_given_back_while_a_later_one_was_fetched_still_goes_first():
+    # Given key k's first message held by c1, and its second due from the tracker (its
+    # slot not known yet) once c2, k's new owner, has joined
+    sub, clock = make("key_shared")
+    ring = Ring(["c1", "c2"])
+    k = next(f"k{i}" for i in range(1000) if ring.owners[slot_of(f"k{i}")] == 1)
+    read(sub, obj(1, 0, [NO_DELAY, T0 + 100], keys=[k, k]))
+    assert take(sub, clock, "c1", n=10) == [(1, 0)]
+    sub.add_consumer("c2")
+    clock.advance(100)
+    sub.collect_due(clock.now_ms(), 10)
+    asked = sub.keys_to_fetch(10, "c2")
+    assert asked.tolist() == [(1 << 32) | 1]
+    # When c1 gives the first back while c2's fetch of the second is under way
+    sub.nack("c1", [(1 << 32) | 0], 0, clock.now_ms())
+    fetched, _ = CACHE.lookup(np.asarray(asked, dtype=np.int64))
+    # Then the second waits, and the first goes out before it
+    assert wire(sub.deliver("c2", fetched, 10, clock.now_ms()))["entry_id"] == []
+    assert take(sub, clock, "c2", n=10) == [(1, 0), (1, 1)]

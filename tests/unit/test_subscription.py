@@ -69,7 +69,7 @@ def take(sub: Subscription, clock: ManualClock, consumer="c1", n=100) -> list[tu
     sub.collect_due(clock.now_ms(), n)
     asked = sub.keys_to_fetch(n, consumer)
     fetched, _ = CACHE.lookup(np.array(asked, dtype=np.int64))
-    out = sub.deliver(consumer, fetched, n, clock.now_ms(), asked)
+    out = sub.deliver(consumer, fetched, n, clock.now_ms())
     w = wire(out)
     return list(zip(w["ledger_id"], w["entry_id"], strict=True))
 

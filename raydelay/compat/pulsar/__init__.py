@@ -66,7 +66,7 @@ from raydelay.client.producer import partition_of
 from raydelay.compat.pulsar import schema
 from raydelay.errors import ConsumerBusy as _CoreBusy
 from raydelay.errors import InvalidArgument, NotFound
-from raydelay.log.entries import Entries
+from raydelay.log.entries import Entries, concat_entries
 from raydelay.log.partition import StaleSequence
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,8 @@ _EVENT_TIME = _RESERVED + "event_timestamp"
 _NULL = _RESERVED + "null_value"
 _FILL_MAX = 1_000  # messages a consumer asks for at a time at most (its receiver queue)
 _SEND_BATCH = 1_000  # queued sends carried by one append call at most
-_FOREVER_STEP_S = 1.0  # a receive without a timeout asks in steps of this long
+_BATCHES_PER_CALL = 16  # log batches per partition in one call (the log's dedup memory)
+_STEP_S = 0.25  # a receive asks in steps of at most this long
 
 
 # --- enums and errors (Pulsar's names) ---------------------------------------------------
@@ -958,12 +959,43 @@ _TYPES = {
 
 
 class _Send:
-    __slots__ = ("partition", "seq", "entries", "future", "callback")
+    __slots__ = ("partition", "seq", "auto", "entries", "future", "callback")
 
-    def __init__(self, partition: int, seq: int, entries: Entries, callback: Any) -> None:
-        self.partition, self.seq, self.entries = partition, seq, entries
+    def __init__(
+        self, partition: int, seq: int, auto: bool, entries: Entries, callback: Any
+    ) -> None:
+        self.partition, self.seq, self.auto, self.entries = partition, seq, auto, entries
         self.future: Future = Future()
         self.callback = callback
+
+
+def _groups(batch: list[_Send]) -> tuple[list[list[_Send]], list[_Send]]:
+    """The sends of one append call as batches of the log, and the sends left for the
+    next call. Consecutive sends to a partition with ids given here share one batch (its
+    id is their last); a send with the caller's own id is a batch of its own. At most
+    ``_BATCHES_PER_CALL`` batches go to a partition in one call: as many as the log
+    remembers per producer, so that a call that must be retried one batch at a time gets
+    every position back."""
+    groups: list[list[_Send]] = []
+    open_group: dict[int, list[_Send]] = {}  # partition -> its group of auto ids
+    count: dict[int, int] = {}
+    left: list[_Send] = []
+    for s in batch:
+        p = s.partition
+        if left or (count.get(p, 0) >= _BATCHES_PER_CALL and not (s.auto and p in open_group)):
+            left.append(s)  # (everything after it waits too: order per producer)
+            continue
+        if s.auto and p in open_group:
+            open_group[p].append(s)
+            continue
+        group = [s]
+        groups.append(group)
+        count[p] = count.get(p, 0) + 1
+        if s.auto:
+            open_group[p] = group
+        else:
+            open_group.pop(p, None)
+    return groups, left
 
 
 class Producer:
@@ -1108,10 +1140,13 @@ class Producer:
         partition = self._route(data, key, props)
         entries = Entries.build([data], np.array([at], dtype=np.int64), [key], [props])
         with self._cv:
-            if sequence_id is None:
+            if self._closed:  # (checked again here: a close may have come meanwhile)
+                raise AlreadyClosed(f"producer {self.producer_name()!r} is closed")
+            auto = sequence_id is None
+            if auto:
                 sequence_id = self._next
             self._next = max(self._next, sequence_id + 1)
-            item = _Send(partition, sequence_id, entries, callback)
+            item = _Send(partition, sequence_id, auto, entries, callback)
             self._queue.append(item)
             self._cv.notify_all()
         return item
@@ -1143,35 +1178,41 @@ class Producer:
                         break  # one id twice in one call: the second waits for the next
                     seen.add((nxt.partition, nxt.seq))
                     batch.append(self._queue.popleft())
+                groups, left = _groups(batch)
+                self._queue.extendleft(reversed(left))
                 self._busy += 1
             try:
-                self._append(batch)
+                self._append(groups)
             finally:
                 with self._cv:
                     self._busy -= 1
                     self._cv.notify_all()
 
-    def _append(self, batch: list[_Send]) -> None:
+    def _append(self, groups: list[list[_Send]]) -> None:
+        def batch(g: list[_Send]) -> tuple[int, int, Entries]:
+            entries = g[0].entries if len(g) == 1 else concat_entries([s.entries for s in g])
+            return (g[0].partition, g[-1].seq + 1, entries)
+
+        results: list[Any] = []
         try:
-            ranges = self._core.append_sequenced(
-                [(s.partition, s.seq + 1, s.entries) for s in batch]
-            )
-            results: list[Any] = [self._id_of(s, r) for s, r in zip(batch, ranges, strict=True)]
+            ranges = self._core.append_sequenced([batch(g) for g in groups])
+            for g, r in zip(groups, ranges, strict=True):
+                results += self._ids_of(g, r)
         except StaleSequence:
-            # an id older than the topic remembers, so published already: one at a time
-            # to tell the duplicates from the rest
+            # an id the topic holds already but no longer knows the position of: one batch
+            # at a time, to tell that one (a duplicate) from the rest
             results = []
-            for s in batch:
+            for g in groups:
                 try:
-                    results.append(self._id_of(s, self._core.append_sequenced(
-                        [(s.partition, s.seq + 1, s.entries)])[0]))  # fmt: skip
+                    results += self._ids_of(g, self._core.append_sequenced([batch(g)])[0])
                 except StaleSequence:
-                    results.append(MessageId(s.partition, -1, -1, -1))
-                except Exception as exc:  # noqa: BLE001 - handed to the sender
-                    results.append(exc)
+                    results += [MessageId(s.partition, -1, -1, -1) for s in g]
+                except Exception as exc:  # noqa: BLE001 - handed to the senders
+                    results += [exc] * len(g)
         except Exception as exc:  # noqa: BLE001 - handed to each sender
-            results = [exc] * len(batch)
-        for s, r in zip(batch, results, strict=True):
+            results = [exc] * sum(map(len, groups))
+        sends = [s for g in groups for s in g]
+        for s, r in zip(sends, results, strict=True):
             if isinstance(r, Exception):
                 s.future.set_exception(r)
                 outcome: tuple[Result, MessageId | None] = (Result.UnknownError, None)
@@ -1186,9 +1227,17 @@ class Producer:
                 except Exception:  # noqa: BLE001 - a user's callback must not stop sends
                     log.exception("send_async callback failed")
 
-    def _id_of(self, s: _Send, ranges: list) -> MessageId:
-        ledger, first, _ = ranges[0]
-        return MessageId(s.partition, int(ledger), int(first), -1, topic=self._core.topic)
+    def _ids_of(self, group: list[_Send], ranges: list) -> list[MessageId]:
+        """The ids of a batch's messages, from the position ranges the log gave it."""
+        p, topic = group[0].partition, self._core.topic
+        ids = [
+            MessageId(p, int(ledger), int(first) + i, -1, topic=topic)
+            for ledger, first, n in ranges
+            for i in range(int(n))
+        ]
+        if len(ids) != len(group):
+            raise PulsarException(f"partition {p} gave {len(ids)} positions for {len(group)}")
+        return ids
 
     def flush(self) -> None:
         """Wait until every message sent so far is durable (or failed)."""
@@ -1292,8 +1341,10 @@ class Consumer:
         receiver queue, waiting up to ``timeout_s`` (None: until one comes)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         asked = False
-        with self._lock:
-            while True:
+        while True:
+            # the lock is held one step at a time (at most _STEP_S), so that an ack or a
+            # redelivery from another thread never waits for a long receive
+            with self._lock:
                 self._check_open()
                 if self._buffer:
                     out = [self._buffer.popleft() for _ in range(min(want, len(self._buffer)))]
@@ -1304,12 +1355,12 @@ class Consumer:
                                 (mid.ledger_id, mid.entry_id)
                             )
                     return out
-                left = _FOREVER_STEP_S if deadline is None else deadline - time.monotonic()
+                left = _STEP_S if deadline is None else deadline - time.monotonic()
                 if left <= 0 and asked:
                     return []
                 # (a timeout of 0 still asks once: what is ready now comes back)
                 got = self._core.receive(
-                    max_messages=max(self._fill, want), timeout_s=max(left, 0.0)
+                    max_messages=max(self._fill, want), timeout_s=min(max(left, 0.0), _STEP_S)
                 )
                 asked = True
                 self._buffer.extend(got)
@@ -1375,10 +1426,11 @@ class Consumer:
         ids = self._ids(message, "acknowledge")
         if any(i.topic != self._core.topic for i in ids):
             raise OperationNotSupported(f"acknowledge: {message} is not of {self._topic_name}")
-        self._core.ack(ids)
-        if self._handed is not None:
-            for i in ids:
-                self._handed.get(i.partition, set()).discard((i.ledger_id, i.entry_id))
+        with self._lock:
+            self._core.ack(ids)
+            if self._handed is not None:
+                for i in ids:
+                    self._handed.get(i.partition, set()).discard((i.ledger_id, i.entry_id))
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge a message and every message before it in its partition that this
@@ -1395,12 +1447,14 @@ class Consumer:
             upto = (mid.ledger_id, mid.entry_id)
             done = {pos for pos in held if pos <= upto} | {upto}
             held -= done
-        self._core.ack([_CoreId(mid.topic, mid.partition, lg, e) for lg, e in sorted(done)])
+            self._core.ack([_CoreId(mid.topic, mid.partition, lg, e) for lg, e in sorted(done)])
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Give a message back: it is redelivered after ``negative_ack_redelivery_delay_ms``."""
         self._check_open()
-        self._core.nack(self._ids(message, "negative_acknowledge"), delay_s=self._nack_delay_s)
+        ids = self._ids(message, "negative_acknowledge")
+        with self._lock:
+            self._core.nack(ids, delay_s=self._nack_delay_s)
 
     def redeliver_unacknowledged_messages(self) -> None:
         """Everything this consumer holds unacknowledged goes out again now."""
