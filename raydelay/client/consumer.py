@@ -101,6 +101,8 @@ class Consumer:
         # acks and nacks of down partitions, to send once they answer: (keys, nack delay)
         self._deferred: dict[int, list[tuple[np.ndarray, float | None]]] = {}
         self._lock = threading.Lock()  # _handles, _down, _deferred (the retry thread too)
+        self._retrying = threading.Condition(self._lock)  # notified as _sending empties
+        self._sending = 0  # kept calls the retry thread is sending now
         self._closed = False
         self._rewinds = 0  # redeliver_unacknowledged() calls without messages so far
         added = []
@@ -317,24 +319,33 @@ class Consumer:
                     continue
                 with self._lock:
                     work = self._deferred.pop(p, [])
-                if not work:
-                    continue
+                    self._sending += 1
                 try:
-                    rpc.get(self._send(p, work), what=f"subscription {p}", timeout_s=5.0)
-                    self._up(p)
-                except (Unavailable, StorageError) as exc:
-                    if self._stop.is_set() or not ray.is_initialized():
-                        return
-                    if isinstance(exc, StorageError) and not exc.retriable:
-                        self._drop_bad(p, work)
-                        continue
-                    with self._lock:  # kept, and tried again later
-                        self._deferred[p] = work + self._deferred.get(p, [])
-                    self._failed(p, exc)
-                except Exception:  # noqa: BLE001 - a bad call among them: sort them out
-                    if self._stop.is_set() or not ray.is_initialized():
-                        return
-                    self._drop_bad(p, work)
+                    if work:
+                        self._resend(p, work)
+                finally:
+                    with self._lock:
+                        self._sending -= 1
+                        self._retrying.notify_all()
+
+    def _resend(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> None:
+        """Send kept calls of partition ``p`` (the retry thread)."""
+        try:
+            rpc.get(self._send(p, work), what=f"subscription {p}", timeout_s=5.0)
+            self._up(p)
+        except (Unavailable, StorageError) as exc:
+            if self._stop.is_set() or not ray.is_initialized():
+                return
+            if isinstance(exc, StorageError) and not exc.retriable:
+                self._drop_bad(p, work)
+                return
+            with self._lock:  # kept, and tried again later
+                self._deferred[p] = work + self._deferred.get(p, [])
+            self._failed(p, exc)
+        except Exception:  # noqa: BLE001 - a bad call among them: sort them out
+            if self._stop.is_set() or not ray.is_initialized():
+                return
+            self._drop_bad(p, work)
 
     def _drop_bad(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> None:
         """Send kept calls one by one: one the partition refuses for good (an ack of no
@@ -461,24 +472,28 @@ class Consumer:
 
         while self._acks:
             self._confirm(*self._acks.popleft(), timeout_s=left())
-        with self._lock:
-            deferred, self._deferred = self._deferred, {}
-        pending = sorted(deferred.items())
-        try:
-            while pending:
-                p, work = pending[0]
-                rpc.call(
-                    lambda p=p, work=work: self._send(p, work),
-                    what=f"subscription {self.subscription} partition {p}",
-                    deadline_s=left(),
-                    wait=lambda refs, what: rpc.get(refs, what=what, timeout_s=left()),
-                )
-                pending.pop(0)
-                self._up(p)
-        finally:
-            with self._lock:  # what did not go through is kept for the retry thread
-                for p, work in pending:
-                    self._deferred[p] = work + self._deferred.get(p, [])
+        while True:
+            with self._lock:  # what the retry thread is sending now comes back or goes
+                self._retrying.wait_for(lambda: self._sending == 0, timeout=left())
+                deferred, self._deferred = self._deferred, {}
+            if not deferred:
+                return
+            pending = sorted(deferred.items())
+            try:
+                while pending:
+                    p, work = pending[0]
+                    rpc.call(
+                        lambda p=p, work=work: self._send(p, work),
+                        what=f"subscription {self.subscription} partition {p}",
+                        deadline_s=left(),
+                        wait=lambda refs, what: rpc.get(refs, what=what, timeout_s=left()),
+                    )
+                    pending.pop(0)
+                    self._up(p)
+            finally:
+                with self._lock:  # what did not go through is kept for the retry thread
+                    for p, work in pending:
+                        self._deferred[p] = work + self._deferred.get(p, [])
 
     def nack(
         self,
