@@ -483,12 +483,13 @@ class Subscription:
         if room > 0 and self.tracker.has_message_available():
             take = getattr(self.tracker, "get_scheduled_keys", None)
             if take is not None:
-                due = take(room)
-                if len(due):
-                    self.redeliver |= bitmap64_of(due)
+                due = np.asarray(take(room), dtype=np.int64)
             else:
                 due_pairs = self.tracker.get_scheduled_messages(room)
-                self.redeliver.update([(lg << SHIFT) | e for lg, e in due_pairs])
+                due = np.array([(lg << SHIFT) | e for lg, e in due_pairs], dtype=np.int64)
+            if len(due):  # (one nacked with a delay may have been acked since)
+                due = due[self._unseen(due)]
+                self.redeliver |= bitmap64_of(due)
 
     def _stage(self, rows: Rows, idx: np.ndarray, keys: np.ndarray) -> int:
         """Due delayed rows taken from the topic's index: into the redelivery set, with

@@ -460,3 +460,15 @@ def test_the_object_cache_finds_positions_in_overlapping_runs():
     found = sorted((g[0].first_entry, g[0].count, int(i)) for g in groups for i in g[1])
     assert found == [(0, 10, 5), (0, 10, 9), (6, 3, 2)]  # 5 and 9: from the whole object
     assert missing.tolist() == keys([(7, 10)])
+
+
+def test_a_message_nacked_with_a_delay_then_acked_does_not_come_back():
+    sub, clock = make()
+    read(sub, obj(1, 0, [NO_DELAY, NO_DELAY]))
+    got = take(sub, clock)
+    sub.nack("c1", keys(got), 100, clock.now_ms())
+    sub.ack("c1", keys(got[:1]))  # acked while it waits out its nack delay
+    clock.advance(100)
+    assert take(sub, clock) == [(1, 1)]
+    clock.advance(1_000)
+    assert take(sub, clock) == []
