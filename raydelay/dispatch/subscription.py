@@ -708,6 +708,15 @@ class Subscription:
                 np.subtract.at(c.held, slots[slots >= 0], 1)
         return hit
 
+    def _still_waiting(self, idx: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The fetched rows still in the redelivery set (another receive, an ack or a
+        cancel may have taken some while they were fetched)."""
+        waiting = bitmap64_of(keys) & self.redeliver
+        if len(waiting) < len(keys):
+            keep = np.isin(keys, _values(waiting))
+            idx, keys = idx[keep], keys[keep]
+        return idx, keys
+
     def _deliver_keyed(
         self,
         consumer_id: str,
@@ -720,10 +729,7 @@ class Subscription:
         first); rows left for other consumers stay staged."""
         parts = []
         for g, (source, idx, keys) in enumerate(fetched):
-            waiting = bitmap64_of(keys) & self.redeliver
-            if len(waiting) < len(keys):
-                keep = np.isin(keys, _values(waiting))
-                idx, keys = idx[keep], keys[keep]
+            idx, keys = self._still_waiting(idx, keys)
             if not len(keys):
                 continue
             slots = self._slots_known(keys)
@@ -795,10 +801,7 @@ class Subscription:
             if room <= 0:
                 break
             # only what is still waiting: another receive, an ack or a cancel may have won
-            waiting = bitmap64_of(keys) & self.redeliver
-            if len(waiting) < len(keys):
-                keep = np.isin(keys, _values(waiting))
-                idx, keys = idx[keep], keys[keep]
+            idx, keys = self._still_waiting(idx, keys)
             idx, keys = idx[:room], keys[:room]
             if len(keys):
                 self.redeliver -= bitmap64_of(keys)
