@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: venv java demo test lint bench bench-full bench-parts chaos clean
+.PHONY: venv java demo test lint bench bench-full bench-parts chaos cluster clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,12 @@ lint: venv
 
 chaos: venv
 	CHAOS_MESSAGES=500000 CHAOS_SECONDS=300 $(PY) -m pytest -q -s --timeout 3600 tests/chaos -p no:cacheprovider
+	$(MAKE) cluster
+
+# The multi-node tier: a head and 3 workers (ray.cluster_utils) over SeaweedFS, one failure
+# per test; about 2 minutes each. RAYDELAY_CLUSTER_RESULTS=<file> keeps each run's figures.
+cluster: venv
+	RAYDELAY_CLUSTER_TIER=1 $(PY) -m pytest -q -s --timeout 3600 tests/cluster -p no:cacheprovider
 
 # The side-by-side suites (bench/compare.py) also need the Redis client and matplotlib;
 # the bench script installs Debian's redis-server itself when it is missing.

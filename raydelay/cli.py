@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("subscription", nargs="?")
     stats.set_defaults(func=cmd_stats)
 
+    where = sub.add_parser(
+        "placement", help="which Ray node holds which raydelay actor (and the actors per node)"
+    )
+    where.set_defaults(func=cmd_placement)
+
     demo = sub.add_parser(
         "demo",
         help="the main job: order timeouts ingested with Spark-on-Ray, cancelled and delivered",
@@ -265,7 +270,8 @@ def _local_ray_running() -> bool:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from raydelay.client.cluster import RAY_SYSTEM_CONFIG
+    from raydelay.client.cluster import ray_system_config
+    from raydelay.config import load_config
 
     started = False
     local = args.address is None and not os.environ.get("RAYDELAY_ADDRESS")
@@ -277,7 +283,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             "--head",
             "--disable-usage-stats",
             "--include-dashboard=false",
-            f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
+            f"--system-config={json.dumps(ray_system_config(load_config(args.config)))}",
         ]
         if args.num_cpus is not None:
             if args.num_cpus < 1:
@@ -623,6 +629,32 @@ def _num(v: object) -> str:
 
 
 # --- demo / ingest -----------------------------------------------------------------------------
+
+
+def cmd_placement(args: argparse.Namespace) -> int:
+    cluster = _attach(args)
+    rows = cluster.placement()
+    nodes: dict[str, list[dict]] = {}
+    for r in rows:
+        nodes.setdefault(r["node"] or "-", []).append(r)
+    summary = [
+        [
+            node[:12],
+            (rs[0]["address"] or "-") + (" (head)" if rs[0]["head"] else ""),
+            sum(r["class"] == "TopicActor" for r in rs),
+            sum(r["class"] == "SubscriptionActor" for r in rs),
+            "yes" if any(r["class"] == "CoordinatorActor" for r in rs) else "",
+        ]
+        for node, rs in sorted(nodes.items())
+    ]
+    print(table(["node", "address", "topic actors", "subscription actors", "coordinator"], summary))
+    print()
+    detail = [
+        [r["name"], (r["node"] or "-")[:12], r["state"].lower(), r["pid"], r["restarts"]]
+        for r in rows
+    ]
+    print(table(["actor", "node", "state", "pid", "restarts"], detail))
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -185,6 +185,37 @@ class ClientConfig:
 
 
 @dataclass(frozen=True)
+class PlacementConfig:
+    """``placement``: which nodes raydelay's actors go to (see raydelay/cluster/placement.py)."""
+
+    # keep actors off the head node (it runs Ray's control service) while a worker is alive
+    avoid_head: bool = True
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """``ray``: health checks of a Ray that raydelay starts itself (``connect()`` without an
+    address, ``raydelay up``); on a cluster started with ``ray start``, pass the same values
+    as ``--system-config`` on the head. A node is declared dead after
+    ``health_check_failure_threshold`` failed checks ``health_check_period_ms`` apart (Ray's
+    own defaults: 3000 ms x 5, about 15 s); a check slower than ``health_check_timeout_ms``
+    fails."""
+
+    health_check_period_ms: int = 1_000
+    health_check_timeout_ms: int = 5_000
+    health_check_failure_threshold: int = 3
+
+    def __post_init__(self) -> None:
+        _positive("ray.health_check_period_ms", self.health_check_period_ms)
+        _positive("ray.health_check_timeout_ms", self.health_check_timeout_ms)
+        _positive("ray.health_check_failure_threshold", self.health_check_failure_threshold)
+
+    def system_config(self) -> dict[str, int]:
+        """The values as Ray's ``_system_config`` (``--system-config``) keys."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. ``Config()`` is the embedded default."""
 
@@ -193,6 +224,8 @@ class Config:
     topic: TopicConfig = field(default_factory=TopicConfig)
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def load_config(

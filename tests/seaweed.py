@@ -379,7 +379,10 @@ def _wait_ready(server: SeaweedS3, deadline: float) -> None:
         if proc is not None and proc.poll() is not None:
             raise SeaweedError(f"weed exited with status {proc.returncode} while starting")
         try:
-            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            # (after a restart SeaweedFS calls its own bucket BucketAlreadyExists)
+            with contextlib.suppress(
+                client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists
+            ):
                 client.create_bucket(Bucket=READY_BUCKET)
             client.put_object(Bucket=READY_BUCKET, Key="probe", Body=b"ok")
             client.delete_object(Bucket=READY_BUCKET, Key="probe")

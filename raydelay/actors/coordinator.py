@@ -34,7 +34,8 @@ class CoordinatorActor:
         self._owner = StoreOwner(self._store, ray.get_runtime_context().gcs_address)
         self.claim = rpc.recover(self._owner.acquire, what="coordinator: owning the store")
         self._meta = rpc.recover(
-            lambda: Metadata(self._store, guard=self._owner.check), what="coordinator"
+            lambda: Metadata(self._store, guard=self._owner.check, fence=self._owner.fence),
+            what="coordinator",
         )
 
     def owner(self) -> dict[str, Any]:

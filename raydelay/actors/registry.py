@@ -8,26 +8,21 @@ already one call per large batch.
 
 from __future__ import annotations
 
-from typing import Any
-
-from raydelay.cluster import rpc
+from raydelay.cluster.handles import Peer
 
 
 class CoordinatorRegistry:
     """Calls ride out a coordinator restart (they are idempotent: a put names its key, a
     remove of a missing key does nothing), for up to ``deadline_s`` seconds."""
 
-    def __init__(self, coordinator: Any, deadline_s: float = 30.0) -> None:
+    def __init__(self, coordinator: Peer, deadline_s: float = 30.0) -> None:
         self._coordinator = coordinator
         self._deadline_s = deadline_s
 
-    def _call(self, submit: Any) -> Any:
-        return rpc.call(
-            submit, what="coordinator", deadline_s=self._deadline_s, wait=rpc.get_blocking
-        )
-
     def list(self, name: str) -> dict[str, bytes]:
-        return self._call(lambda: self._coordinator.registry_list.remote(name))
+        return self._coordinator.call_from_thread(
+            "registry_list", name, deadline_s=self._deadline_s
+        )
 
     def put(self, name: str, bucket_key: str, record: bytes) -> None:
         self.apply([("put", name, bucket_key, record)])
@@ -37,4 +32,4 @@ class CoordinatorRegistry:
 
     def apply(self, ops: list[tuple[str, str, str, bytes | None]]) -> None:
         """Several puts and removes in one coordinator call (one journal write)."""
-        self._call(lambda: self._coordinator.registry_apply.remote(ops))
+        self._coordinator.call_from_thread("registry_apply", ops, deadline_s=self._deadline_s)

@@ -35,13 +35,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import ray
 
 from raydelay.actors.metrics import SubscriptionMetrics
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
 from raydelay.cluster import rpc
-from raydelay.cluster.names import COORDINATOR, NAMESPACE, topic_actor_name
+from raydelay.cluster.handles import coordinator_peer, topic_peer
 from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
@@ -105,13 +104,16 @@ class SubscriptionActor:
         started = time.monotonic()
         self._topic, self._partition, self._name = topic, partition, subscription
         self._config: Config = config_from_dict(config)
+        self._config_dict = config
+        self._dlq_peers: dict[str, Any] = {}  # dead-letter topic -> its partition 0's actor
         check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = SubscriptionMetrics(topic, partition, subscription)
         self._clock = SystemClock()
-        self._coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-        self._topic_actor = ray.get_actor(topic_actor_name(topic, partition), namespace=NAMESPACE)
-        self._options = rpc.get_blocking(
-            self._coordinator.subscription.remote(topic, subscription), what="coordinator"
+        self._deadline_s = self._config.client.retry_deadline_s
+        self._coordinator = coordinator_peer(config)
+        self._topic_actor = topic_peer(topic, partition, config)
+        self._options = self._coordinator.call_from_thread(
+            "subscription", topic, subscription, deadline_s=self._deadline_s
         )
         self._store = CountingObjectStore(make_store(self._config))
         self._prefix = subscription_prefix(topic, partition, subscription)
@@ -145,9 +147,9 @@ class SubscriptionActor:
         self._persisted: tuple[Any, ...] | None = None
         self._started = False
         self._closed = False
-        ledgers = rpc.get_blocking(self._topic_actor.ledgers.remote(), what="topic actor")
+        ledgers = self._topic_actor.call_from_thread("ledgers", deadline_s=self._deadline_s)
         loose = self._sub.resume_after_buckets(ledgers)
-        tail = rpc.get_blocking(self._topic_actor.tail.remote(), what="topic actor")
+        tail = self._topic_actor.call_from_thread("tail", deadline_s=self._deadline_s)
         self._sub.tail = None if tail is None else (int(tail[0]), int(tail[1]))
         self._learn_cancels()
         # Filled in until the first delivery after this start: what recovery cost.
@@ -182,10 +184,9 @@ class SubscriptionActor:
 
     def _recover_buckets(self) -> None:
         """Take up the partition's sealed buckets where this subscription left them."""
-        info = rpc.get_blocking(self._topic_actor.buckets.remote(), what="topic actor")
-        progress = rpc.get_blocking(
-            self._coordinator.progress.remote(self._topic, self._partition, self._name),
-            what="coordinator",
+        info = self._topic_actor.call_from_thread("buckets", deadline_s=self._deadline_s)
+        progress = self._coordinator.call_from_thread(
+            "progress", self._topic, self._partition, self._name, deadline_s=self._deadline_s
         )
         for meta in self._load_metas(info["buckets"]):
             self._sub.adopt(meta, done=progress.get(meta.key, 0))
@@ -212,7 +213,7 @@ class SubscriptionActor:
         """Adopt the new buckets that end at or before ledger ``upto`` and forget the ones
         deleted. Only the timer calls it, before it takes in a due query's answer that
         reports them sealed (see ``Subscription.adopt``)."""
-        info = await rpc.wait(self._topic_actor.buckets.remote(), what="topic actor")
+        info = await self._topic_actor.once("buckets")
         sealed = self._sub.sealed
         keys = set(info["buckets"])
         for gone in [k for k in sealed.buckets if k not in keys]:
@@ -232,9 +233,7 @@ class SubscriptionActor:
         self._sub.tail_dirty = False
         self._tail_asked = time.monotonic()
         below, through = self._sub.tail_taken
-        reply = await rpc.wait(
-            self._topic_actor.due_unsealed.remote(below, through, now), what="topic actor"
-        )
+        reply = await self._topic_actor.once("due_unsealed", below, through, now)
         if (
             reply["through"] > self._sub.sealed.sealed_through
             or reply["version"] != self._bucket_version
@@ -284,17 +283,16 @@ class SubscriptionActor:
                 log.error("cursor %s unusable, trying an older one: %s", key, exc)
                 continue
             return cursor, read, int(key.rsplit("/", 1)[1])
-        md = rpc.get_blocking(
-            self._coordinator.mark_delete.remote(self._topic, self._partition, self._name),
-            what="coordinator",
+        md = self._coordinator.call_from_thread(
+            "mark_delete", self._topic, self._partition, self._name, deadline_s=self._deadline_s
         )
         return Cursor((md[0], md[1])), (-1, -1), 0
 
     def _learn_cancels(self) -> None:
         """Before delivering anything, learn every cancel marker ahead of the read position:
         a cancel this subscription applied before it died stays applied."""
-        pairs = rpc.get_blocking(
-            self._topic_actor.cancel_markers.remote(self._sub.read_position), what="topic actor"
+        pairs = self._topic_actor.call_from_thread(
+            "cancel_markers", self._sub.read_position, deadline_s=self._deadline_s
         )
         learned = self._sub.learn_cancels(pairs)
         if learned:
@@ -388,10 +386,10 @@ class SubscriptionActor:
         if self._sub.needs_delayed_mark(self._clock.now_ms()):
             # delayed rows due by then may go out: a restart must know they may have
             self._sub.cursor.delayed_mark = self._clock.now_ms() + _DELAYED_MARK_STEP_MS
-            await self._persist(force=True)
+            await self._persist(force=True, report=False)
         mark = self._sub.wanted_mark()
         if mark is not None:
-            await self._persist(force=True, mark=mark)
+            await self._persist(force=True, mark=mark, report=False)
         now = self._clock.now_ms()
         self._sub.collect_due(now, max_messages)
         if self._sub.dead:
@@ -439,9 +437,7 @@ class SubscriptionActor:
         return groups
 
     async def _read_rows(self, keys: np.ndarray) -> Rows:
-        batch = await rpc.wait(
-            self._topic_actor.read_positions.remote(keys.astype(np.int64)), what="topic actor"
-        )
+        batch = await self._topic_actor.once("read_positions", keys.astype(np.int64))
         self._count_log_bytes(int(batch.nbytes))
         return Rows.from_batch(batch)
 
@@ -572,10 +568,10 @@ class SubscriptionActor:
             props,
         )
         keys = found.tolist()
-        target = ray.get_actor(topic_actor_name(dlq, 0), namespace=NAMESPACE)
-        await rpc.wait(
-            target.append.remote(encode_batch(AppendBatch("", 0, entries))), what="DLQ topic"
-        )
+        target = self._dlq_peers.get(dlq)
+        if target is None:
+            target = self._dlq_peers[dlq] = topic_peer(dlq, 0, self._config_dict)
+        await target.once("append", encode_batch(AppendBatch("", 0, entries)))
         self._sub.dead_lettered(keys)
         log.info("%s: %d messages dead-lettered to %s", self._sub.name, len(keys), dlq)
 
@@ -594,11 +590,8 @@ class SubscriptionActor:
                     await self._reread(min(room, _READ_CHUNK))
                     continue
                 sealed = self._sub.sealed is not None
-                reply = await rpc.wait(
-                    self._topic_actor.read.remote(
-                        self._sub.read_position, min(room, _READ_CHUNK), _LONG_POLL_S, sealed
-                    ),
-                    what="topic actor",
+                reply = await self._topic_actor.once(
+                    "read", self._sub.read_position, min(room, _READ_CHUNK), _LONG_POLL_S, sealed
                 )
                 retries.ok()
                 self._count_log_bytes(sum(len(b) for b in reply["objects"] if isinstance(b, bytes)))
@@ -747,9 +740,8 @@ class SubscriptionActor:
         out = np.asarray(self._sub.tracker.due_histogram(edges_arr), dtype=np.int64)
         if self._sub.sealed is not None:
             out += np.asarray(self._sub.sealed.due_histogram(edges_arr), dtype=np.int64)
-            unsealed = await rpc.wait(
-                self._topic_actor.unsealed_histogram.remote(list(edges), self._clock.now_ms()),
-                what="topic actor",
+            unsealed = await self._topic_actor.once(
+                "unsealed_histogram", list(edges), self._clock.now_ms()
             )
             out += np.asarray(unsealed, dtype=np.int64)
         return out.tolist()
@@ -765,15 +757,20 @@ class SubscriptionActor:
             except Exception as exc:  # noqa: BLE001 - reported and retried
                 retries.failed(exc)
 
-    async def _persist(self, force: bool = False, mark: Position | None = None) -> None:
+    async def _persist(
+        self, force: bool = False, mark: Position | None = None, report: bool = True
+    ) -> None:
+        """Write the cursor (when it changed, or ``force``), then, with ``report``, tell
+        the coordinator the progress. Delivery writes the cursor ahead of what it hands out,
+        but never waits on the coordinator: the persister reports soon after."""
         async with self._persist_lock:
             if mark is not None and mark <= self._sub.dispatch_mark:
                 return  # another call moved it meanwhile
-            await self._persist_locked(force, mark or self._sub.dispatch_mark)
+            await self._persist_locked(force, mark or self._sub.dispatch_mark, report)
             if mark is not None:
                 self._sub.dispatch_mark = mark
 
-    async def _persist_locked(self, force: bool, mark: Position) -> None:
+    async def _persist_locked(self, force: bool, mark: Position, report: bool) -> None:
         cursor = self._sub.cursor
         state = (cursor.mark_delete, cursor.individually_acked(), mark)
         if state != self._persisted or force:
@@ -782,7 +779,8 @@ class SubscriptionActor:
             key = cursor_key(self._topic, self._partition, self._name, version)
             await asyncio.to_thread(self._write_cursor, key, data)
             self._cursor_version, self._persisted = version, state
-        await self._report_progress()
+        if report:
+            await self._report_progress()
 
     async def _report_progress(self) -> None:
         """Tell the coordinator mark-delete, the log mark and the progress through each
@@ -794,11 +792,8 @@ class SubscriptionActor:
         report = (md, lm, tuple(sorted(progress.items())))
         if report == self._reported_progress:
             return
-        await rpc.wait(
-            self._coordinator.set_progress.remote(
-                self._topic, self._partition, self._name, list(md), list(lm), progress
-            ),
-            what="coordinator",
+        await self._coordinator.once(
+            "set_progress", self._topic, self._partition, self._name, list(md), list(lm), progress
         )
         self._reported_progress = report
 

@@ -30,13 +30,12 @@ from typing import Any
 import msgpack
 import numpy as np
 import pyarrow as pa
-import ray
 
 from raydelay.actors.metrics import TopicMetrics
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
 from raydelay.cluster import rpc
-from raydelay.cluster.names import COORDINATOR, NAMESPACE
+from raydelay.cluster.handles import coordinator_peer
 from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import config_from_dict
@@ -73,9 +72,9 @@ class TopicActor:
         self._metrics = TopicMetrics(topic, partition)
         self._published = 0  # the log's entry count last reported
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-log")
-        self._coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-        ledgers = rpc.get_blocking(
-            self._coordinator.ledgers.remote(topic, partition), what="coordinator"
+        self._coordinator = coordinator_peer(config)
+        ledgers = self._coordinator.call_from_thread(
+            "ledgers", topic, partition, deadline_s=self._config.client.retry_deadline_s
         )
         store = make_store(self._config)
         self._log = PartitionLog(
@@ -324,8 +323,16 @@ class TopicActor:
             }
 
     def _roll(self, closed: int | None, count: int) -> int:
-        ref = self._coordinator.roll_ledger.remote(self._topic, self._partition, closed, count)
-        return int(rpc.get_blocking(ref, what="coordinator"))
+        return int(
+            self._coordinator.call_from_thread(
+                "roll_ledger",
+                self._topic,
+                self._partition,
+                closed,
+                count,
+                deadline_s=self._config.client.retry_deadline_s,
+            )
+        )
 
     def _ensure_started(self) -> None:
         if self._started:
@@ -574,11 +581,8 @@ class TopicActor:
 
     async def _trim_buckets(self) -> None:
         name = registry_name(self._topic, self._partition)
-        keys = await rpc.wait(
-            self._coordinator.bucket_retention.remote(
-                self._topic, self._partition, name, THROUGH_KEY
-            ),
-            what="coordinator",
+        keys = await self._coordinator.once(
+            "bucket_retention", self._topic, self._partition, name, THROUGH_KEY
         )
         if not keys:
             return
@@ -602,9 +606,7 @@ class TopicActor:
         subscription needs; returns the ledger ids."""
         self._ensure_started()
         await self._trim_buckets()
-        ids = await rpc.wait(
-            self._coordinator.retention.remote(self._topic, self._partition), what="coordinator"
-        )
+        ids = await self._coordinator.once("retention", self._topic, self._partition)
         ids = [i for i in ids if i != self._log.current_ledger]
         if not ids:
             return []
@@ -612,10 +614,7 @@ class TopicActor:
         gone = set(ids)
         for key in [k for k in self._delayed_runs if k[0] in gone]:
             del self._delayed_runs[key]
-        await rpc.wait(
-            self._coordinator.drop_ledgers.remote(self._topic, self._partition, ids),
-            what="coordinator",
-        )
+        await self._coordinator.once("drop_ledgers", self._topic, self._partition, ids)
         log.info(
             "%s/%d: deleted ledgers %s (%d objects)", self._topic, self._partition, ids, deleted
         )

@@ -16,6 +16,7 @@ from raydelay.client.consumer import Consumer
 from raydelay.client.message import check_number
 from raydelay.client.producer import Producer
 from raydelay.cluster import owner, placement, rpc
+from raydelay.cluster.handles import coordinator_peer
 from raydelay.cluster.names import (
     COORDINATOR,
     NAMESPACE,
@@ -34,6 +35,13 @@ log = logging.getLogger(__name__)
 # For a Ray that connect() starts: batches of a few hundred KB travel inline with the call
 # instead of through the shared-memory object store (cheaper at these sizes).
 RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1024 * 1024}
+
+
+def ray_system_config(cfg: Config) -> dict[str, Any]:
+    """Ray's ``_system_config`` for a Ray that raydelay starts: the above, and the health
+    checks of ``cfg.ray`` (how soon a lost node is noticed)."""
+    return {**RAY_SYSTEM_CONFIG, **cfg.ray.system_config()}
+
 
 _SUMMED = (
     "delayed",
@@ -75,7 +83,7 @@ def connect(
                 include_dashboard=False,
                 logging_level=logging.WARNING,
                 configure_logging=False,
-                _system_config=RAY_SYSTEM_CONFIG,
+                _system_config=ray_system_config(cfg),
             )
             started = True
         else:
@@ -198,7 +206,7 @@ class Cluster:
     def __init__(
         self, coordinator: Any, config: Config, *, client: ClientConfig, started_ray: bool
     ) -> None:
-        self._coordinator = coordinator
+        self._coordinator = coordinator_peer(config_to_dict(config), handle=coordinator)
         self.config = config  # the cluster's (the coordinator's) config
         self._client = client  # this client's own settings
         self._config_dict = config_to_dict(config)
@@ -213,7 +221,7 @@ class Cluster:
         """Create a topic with ``partitions`` partitions (idempotent for the same count)."""
         self._check_open()
         validate_name("topic", topic)
-        self._call(lambda: self._coordinator.create_topic.remote(topic, partitions), "coordinator")
+        self._coord("create_topic", topic, partitions)
         self._call(
             lambda: [self._topic_handle(topic, p).tail.remote() for p in range(partitions)],
             f"topic {topic}",
@@ -222,7 +230,7 @@ class Cluster:
     def topics(self) -> dict[str, int]:
         """Every topic and its partition count."""
         self._check_open()
-        return dict(self._call(self._coordinator.topics.remote, "coordinator"))
+        return dict(self._coord("topics"))
 
     def delete_topic(self, topic: str, *, force: bool = False) -> int:
         """Delete a topic with its log and its subscriptions' state; returns the number of
@@ -230,7 +238,7 @@ class Cluster:
         Its actors are stopped first; if the store fails midway, deleting again finishes."""
         self._check_open()
         n = self._partitions(topic)
-        subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
+        subs = self._coord("subscriptions", topic)
         if subs and not force:
             raise InvalidArgument(
                 f"topic: {topic!r} has subscriptions ({', '.join(sorted(subs))}); "
@@ -241,11 +249,11 @@ class Cluster:
         # subscriptions first (they read from the topic's actors), and wait until they are gone
         _stop_actors([subscription_actor_name(topic, p, s) for s in subs for p in range(n)])
         _stop_actors([topic_actor_name(topic, p) for p in range(n)])
-        return int(self._call(lambda: self._coordinator.delete_topic.remote(topic), "coordinator"))
+        return int(self._coord("delete_topic", topic))
 
     def _partitions(self, topic: str) -> int:
         validate_name("topic", topic)
-        return int(self._call(lambda: self._coordinator.partitions.remote(topic), "coordinator"))
+        return int(self._coord("partitions", topic))
 
     def _topic_handle(self, topic: str, partition: int) -> Any:
         """The partition's topic actor; created if it does not exist, but only for a topic
@@ -349,12 +357,7 @@ class Cluster:
                 f"topic {topic}",
             )
             start = [None if t is None else [int(t[0]), int(t[1])] for t in tails]
-        self._call(
-            lambda: self._coordinator.create_subscription.remote(
-                topic, subscription, options, start
-            ),
-            "coordinator",
-        )
+        self._coord("create_subscription", topic, subscription, options, start)
         handles = [self._subscription_handle(topic, p, subscription) for p in range(n)]
         consumer = Consumer(self, topic, subscription, n, handles, prefetch=prefetch)
         self._consumers.append(consumer)
@@ -373,12 +376,7 @@ class Cluster:
         ]:
             consumer.close()
         _stop_actors([subscription_actor_name(topic, p, subscription) for p in range(n)])
-        return int(
-            self._call(
-                lambda: self._coordinator.delete_subscription.remote(topic, subscription),
-                "coordinator",
-            )
-        )
+        return int(self._coord("delete_subscription", topic, subscription))
 
     # --- cancel and stats ---------------------------------------------------------------------
 
@@ -402,9 +400,7 @@ class Cluster:
             ]
 
         markers = dict(zip(parts, self._call(send_markers, f"topic {topic}"), strict=True))
-        subs = list(
-            self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
-        )
+        subs = list(self._coord("subscriptions", topic))
         pairs = [(p, s) for p in parts for s in subs]
         answers = (
             self._call(
@@ -435,7 +431,7 @@ class Cluster:
                 lambda: [self._topic_handle(topic, p).stats.remote() for p in range(n)],
                 f"topic {topic}",
             )
-            subs = self._call(lambda: self._coordinator.subscriptions.remote(topic), "coordinator")
+            subs = self._coord("subscriptions", topic)
             return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
         options = self._subscription_options(topic, subscription)
         self._flush_acks(topic)
@@ -470,9 +466,7 @@ class Cluster:
     def _subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""
         validate_name("subscription", subscription)
-        return self._call(
-            lambda: self._coordinator.subscription.remote(topic, subscription), "coordinator"
-        )
+        return self._coord("subscription", topic, subscription)
 
     def due_histogram(
         self, topic: str, subscription: str, windows_s: tuple[float, ...] = (60, 3600, 86400)
@@ -543,7 +537,7 @@ class Cluster:
     def _flush_all(self) -> None:
         """Persist every subscription's cursor, then close every partition's open ledger."""
         refs = []
-        topics = self._call(self._coordinator.topics.remote, "coordinator")
+        topics = self._coord("topics")
         closes = []
         for topic, n in topics.items():
             for p in range(n):
@@ -551,9 +545,7 @@ class Cluster:
                     closes.append(placement.lookup(topic_actor_name(topic, p)).close_ledger)
                 except ValueError:
                     continue
-            subs = self._call(
-                lambda t=topic: self._coordinator.subscriptions.remote(t), "coordinator"
-            )
+            subs = self._coord("subscriptions", topic)
             for sub in subs:
                 for p in range(n):
                     try:
@@ -565,6 +557,18 @@ class Cluster:
             rpc.get(refs, what="subscription")
         if closes:
             rpc.get([close.remote() for close in closes], what="topic")
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Which node holds which raydelay actor: one dict per live actor (``name``,
+        ``class``, ``state``, ``node`` id, ``address``, ``head``, ``pid``, ``restarts``),
+        sorted by node then name."""
+        self._check_open()
+        return placement.placement_table()
+
+    def _coord(self, method: str, *args: Any) -> Any:
+        """A coordinator call, retried while it restarts (or is re-created after it ended),
+        for up to client.retry_deadline_s."""
+        return self._coordinator.call(method, *args, deadline_s=self._client.retry_deadline_s)
 
     def _call(self, submit, what: str):
         """An idempotent call, retried while the actor restarts (client.retry_deadline_s)."""

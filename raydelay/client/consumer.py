@@ -260,7 +260,9 @@ class Consumer:
         now = time.monotonic()
         for p in range(self.partitions):
             retry_at = self._down.get(p)
-            if p in busy or (retry_at is not None and (now < retry_at or not self._refresh(p))):
+            # a down partition is looked up again by the retry thread (it may be re-created:
+            # slow, and never on this thread); it is asked once that is done (retry_at 0)
+            if p in busy or (retry_at is not None and retry_at > 0):
                 continue
             call = self._handles[p].receive.remote(
                 self.consumer_id, share, timeout_s, self._rewinds
@@ -293,11 +295,16 @@ class Consumer:
     def _refresh(self, p: int) -> bool:
         """Re-resolve a down partition's actor by name (get-or-create); False if that
         failed too (its backoff grows)."""
+        started = time.monotonic()
         try:
             handle = self._cluster._subscription_handle(self.topic, p, self.subscription)
-        except (Unavailable, StorageError) as exc:
+        except Exception as exc:  # noqa: BLE001 - this runs on the retry thread: keep it alive
             self._failed(p, exc)
             return False
+        log.info(
+            "%s/%s partition %d: looked its actor up again (%.1f s)",
+            self.topic, self.subscription, p, time.monotonic() - started,
+        )  # fmt: skip
         with self._lock:
             self._handles[p] = handle
             self._down[p] = 0.0  # may be asked now; a success brings it up
@@ -308,15 +315,18 @@ class Consumer:
             self._deferred.setdefault(p, []).append((keys, delay_s))
 
     def _retry_deferred(self) -> None:
-        """Background: send the acks and nacks kept for down partitions once their backoff
-        ran out; what fails again is kept for the next try."""
+        """Background: look the actors of down partitions up again once their backoff ran
+        out (receive asks them again after that), and send the acks and nacks kept for
+        them; what fails again is kept for the next try."""
         while not self._stop.wait(_BACKOFF_S[0]):
             now = time.monotonic()
             with self._lock:
-                due = [p for p in self._deferred if self._down.get(p, 0.0) <= now]
+                lapsed = [p for p, at in self._down.items() if 0 < at <= now]
+            for p in lapsed:
+                self._refresh(p)
+            with self._lock:
+                due = [p for p in self._deferred if self._down.get(p, 0.0) == 0.0]
             for p in due:
-                if p in self._down and not self._refresh(p):
-                    continue
                 with self._lock:
                     work = self._deferred.pop(p, [])
                     self._sending += 1

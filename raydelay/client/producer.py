@@ -294,10 +294,12 @@ class Producer:
                 raise
             log.warning("append to %s/%d failed (%s); retrying", self.topic, p, exc)
             self.retries += 1
-        return self._cluster._call(
-            lambda: self._cluster._topic_handle(self.topic, p).append.remote(data),
-            f"topic {self.topic}/{p}",
-        )
+
+        def again() -> Any:  # looked up again: a topic actor that ended is re-created
+            self._handles[p] = self._cluster._topic_handle(self.topic, p)
+            return self._handles[p].append.remote(data)
+
+        return self._cluster._call(again, f"topic {self.topic}/{p}")
 
     def _flusher(self) -> None:
         while True:

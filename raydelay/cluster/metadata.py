@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from raydelay.dispatch.subscription import SPREAD_TYPES, SUBSCRIPTION_TYPES
-from raydelay.errors import CodecError, InvalidArgument, NotFound
+from raydelay.errors import CodecError, Conflict, InvalidArgument, NotFound
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import journal_key, snapshot_key, validate_name
 
@@ -50,11 +50,18 @@ def _empty_state() -> dict[str, Any]:
 
 class Metadata:
     def __init__(
-        self, store: ObjectStore, *, snapshot_every: int = 1000, guard=lambda: None
+        self,
+        store: ObjectStore,
+        *,
+        snapshot_every: int = 1000,
+        guard=lambda: None,
+        fence=lambda: None,
     ) -> None:
         self._store = store
         self._snapshot_every = snapshot_every
         self._guard = guard  # raises when this cluster must not write (it lost the store)
+        # called when a journal number is taken: raises if a newer coordinator owns the store
+        self._fence = fence
         self.state = _empty_state()
         self._seq = 0  # last journal sequence written
         self._since_snapshot = 0
@@ -87,16 +94,45 @@ class Metadata:
     def _change(self, op: str, **args: Any) -> Any:
         """Journal ``op`` durably, then apply it. A failed write leaves the state unchanged."""
         self._guard()
-        seq = self._seq + 1
-        # create-only: a record already at this number was written by another coordinator
-        # (a second cluster on this store); the same bytes are our own retried write
-        self._store.put_new(journal_key(seq), _encode({"op": op, "args": args}))
+        record = _encode({"op": op, "args": args})
+        while True:
+            seq = self._seq + 1
+            # create-only: the journal's numbers fence coordinators. The same bytes at this
+            # number are our own retried write; other bytes were written by another
+            # coordinator (one that Ray replaced while this process still ran, or another
+            # cluster). Then ``fence`` raises StoreOwned if a newer one owns the store;
+            # otherwise this one catches up with the records it missed and tries again.
+            try:
+                self._store.put_new(journal_key(seq), record)
+                break
+            except Conflict:
+                self._fence()
+                before = self._seq
+                if not self.catch_up():
+                    self.recover()  # it snapshotted past our number meanwhile
+                if self._seq <= before:
+                    raise
         self._seq = seq
         result = self._apply(op, args)
         self._since_snapshot += 1
         if self._since_snapshot >= self._snapshot_every:
             self.snapshot()
         return result
+
+    def catch_up(self) -> int:
+        """Apply the journal records written after this one's sequence by another
+        coordinator; returns how many."""
+        applied = 0
+        for key in self._store.list(JOURNAL_PREFIX):
+            seq = int(key.rsplit("/", 1)[1])
+            if seq != self._seq + 1:
+                continue
+            record = _decode(self._store.get(key), key)
+            self._apply(record["op"], record["args"])
+            self._seq, applied = seq, applied + 1
+        if applied:
+            log.warning("metadata: caught up with %d records another coordinator wrote", applied)
+        return applied
 
     def snapshot(self) -> None:
         seq = self._seq

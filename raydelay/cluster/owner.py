@@ -210,6 +210,17 @@ class StoreOwner:
         if self.lost is not None:
             raise StoreOwned(f"this cluster no longer owns its store: {self.lost}")
 
+    def fence(self) -> None:
+        """Raise :class:`StoreOwned` (and stop serving) if a newer claim than this owner's
+        is in the store: another coordinator took over (called when a journal write finds
+        its number taken)."""
+        newest = current_claim(self._store)
+        if self.claim is not None and newest is not None and newest.epoch > self.claim.epoch:
+            self.lost = f"the store was taken over by {newest.describe()} (epoch {newest.epoch})"
+            self._stop.set()
+            log.error("this coordinator is fenced off: %s", self.lost)
+        self.check()
+
     def release(self) -> None:
         self._stop.set()
         if self._fd is not None:

@@ -4,23 +4,43 @@ Every actor is named in the ``raydelay`` namespace, detached (it outlives the
 client that created it) and restarted by Ray after a crash (``max_restarts=-1``);
 a restarted actor rebuilds itself from the store in its constructor. Actors are
 created with ``get_if_exists=True``, so any client may create or attach to them.
+
+**Placement.** Ray would scatter actors that ask for no CPU at random, so raydelay
+chooses each actor's node itself and pins it there (a hard node affinity):
+
+- a topic actor goes to the live node that holds the fewest topic actors, ties broken by
+  a hash of its name; the coordinator goes to the node with the fewest raydelay actors;
+- a partition's subscription actors go to the node of that partition's topic actor.
+  They are its busiest callers (every receive asks it for due rows and payloads),
+  so the calls stay on one machine, and a node's loss takes a partition whole;
+- the head node (it runs Ray's control service) is left out while a worker node is
+  alive, unless ``placement.avoid_head = false``.
+
+A crashed actor process is restarted by Ray on the same node. When the node itself is
+lost, the pinned actor cannot be scheduled and Ray ends it; whoever needs it next
+re-creates it through here (``raydelay.cluster.handles``), on the least loaded node
+that is left, so the actors of a lost node spread over the survivors.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+import zlib
+from collections import Counter
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydelay.actors.coordinator import CoordinatorActor
-from raydelay.actors.subscription import SubscriptionActor
-from raydelay.actors.topic import TopicActor
 from raydelay.cluster.names import (
     COORDINATOR,
     NAMESPACE,
     subscription_actor_name,
     topic_actor_name,
 )
+
+log = logging.getLogger(__name__)
 
 _COMMON: dict[str, Any] = {
     "namespace": NAMESPACE,
@@ -30,14 +50,26 @@ _COMMON: dict[str, Any] = {
     "num_cpus": 0,  # I/O-bound shells: never hold a CPU slot
 }
 
+ACTOR_CLASSES = ("CoordinatorActor", "TopicActor", "SubscriptionActor")
+_LIVE_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
+_NEAR_WAIT_S = 2.0  # how long a new subscription actor waits to learn its topic actor's node
+
 
 def coordinator(config: dict[str, Any]) -> Any:
     """The cluster's coordinator, created from ``config`` if it does not exist yet."""
+    from raydelay.actors.coordinator import CoordinatorActor
+
     return (
         ray.remote(CoordinatorActor)
         # Its calls are idempotent (or harmless when repeated: an extra empty ledger), so
         # Ray may retry them across a restart.
-        .options(name=COORDINATOR, max_concurrency=1, max_task_retries=-1, **_COMMON)
+        .options(
+            name=COORDINATOR,
+            max_concurrency=1,
+            max_task_retries=-1,
+            **_COMMON,
+            **_pinned(COORDINATOR, config),
+        )
         .remote(config)
     )
 
@@ -50,17 +82,28 @@ def existing_coordinator() -> Any | None:
 
 
 def topic_actor(topic: str, partition: int, config: dict[str, Any]) -> Any:
+    from raydelay.actors.topic import TopicActor
+
+    name = topic_actor_name(topic, partition)
     return (
         ray.remote(TopicActor)
-        .options(name=topic_actor_name(topic, partition), **_COMMON)
+        .options(name=name, **_COMMON, **_pinned(name, config))
         .remote(topic, partition, config)
     )
 
 
 def subscription_actor(topic: str, partition: int, subscription: str, config: dict) -> Any:
+    """A subscription actor, on the node of its partition's topic actor (which is created
+    first when it is missing)."""
+    from raydelay.actors.subscription import SubscriptionActor
+
+    name = subscription_actor_name(topic, partition, subscription)
+    near = topic_actor_name(topic, partition)
+    if lookup_or_none(name) is None and _node_of(near) is None:
+        topic_actor(topic, partition, config)
     return (
         ray.remote(SubscriptionActor)
-        .options(name=subscription_actor_name(topic, partition, subscription), **_COMMON)
+        .options(name=name, **_COMMON, **_pinned(name, config, near=near))
         .remote(topic, partition, subscription, config)
     )
 
@@ -68,3 +111,120 @@ def subscription_actor(topic: str, partition: int, subscription: str, config: di
 def lookup(name: str) -> Any:
     """An existing actor by name (raises ValueError when there is none)."""
     return ray.get_actor(name, namespace=NAMESPACE)
+
+
+def lookup_or_none(name: str) -> Any | None:
+    try:
+        return lookup(name)
+    except ValueError:
+        return None
+
+
+# --- choosing a node ---------------------------------------------------------------------------
+
+
+def nodes() -> tuple[list[str], str | None]:
+    """The live nodes' ids (sorted) and the head node's id (None if not among them)."""
+    alive, head = [], None
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        alive.append(n["NodeID"])
+        if "node:__internal_head__" in n.get("Resources", {}):
+            head = n["NodeID"]
+    return sorted(alive), head
+
+
+def candidate_nodes(avoid_head: bool) -> list[str]:
+    """The nodes raydelay's actors may go to: the live ones, without the head while a
+    worker is alive (when ``avoid_head``)."""
+    alive, head = nodes()
+    workers = [n for n in alive if n != head]
+    return workers if avoid_head and workers else alive
+
+
+def actors() -> list[dict[str, Any]]:
+    """raydelay's actors that are alive or on their way: name, class, state, node, pid,
+    restarts (from Ray's actor table)."""
+    out = []
+    for info in ray._private.state.actors().values():  # noqa: SLF001 - no public equivalent
+        if info["ActorClassName"] not in ACTOR_CLASSES or info["State"] not in _LIVE_STATES:
+            continue
+        out.append(
+            {
+                "name": info["Name"],
+                "class": info["ActorClassName"],
+                "state": info["State"],
+                "node": info["Address"]["NodeID"] or None,
+                "pid": info["Pid"],
+                "restarts": info["NumRestarts"],
+                "started_ms": int(info["StartTime"]),  # when its process was started
+            }
+        )
+    return out
+
+
+def _node_of(name: str) -> str | None:
+    for a in actors():
+        if a["name"] == name and a["node"]:
+            return a["node"]
+    return None
+
+
+def choose_node(name: str, avoid_head: bool, near: str | None = None) -> str | None:
+    """The node for a new actor called ``name`` (see the module's docstring); None when
+    Ray reports no node at all."""
+    candidates = candidate_nodes(avoid_head)
+    if not candidates:
+        return None
+    if near is not None:
+        deadline = time.monotonic() + _NEAR_WAIT_S
+        while True:
+            node = _node_of(near)
+            if node in candidates:
+                return node
+            if node is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # the actor was just created: Ray has not placed it yet
+    live = actors()
+    kind = _class_of(name)
+    same = Counter(a["node"] for a in live if a["node"] and a["class"] == kind)
+    every = Counter(a["node"] for a in live if a["node"])
+    salt = zlib.crc32(name.encode())
+    if kind == "CoordinatorActor":  # (one of them: the least loaded node)
+        return min(candidates, key=lambda n: (every[n], zlib.crc32(n.encode()) ^ salt))
+    # by actors of its kind only: actors re-created at once after a node loss see the same
+    # counts, and the hash of their names then sends them to different nodes
+    return min(candidates, key=lambda n: (same[n], zlib.crc32(n.encode()) ^ salt))
+
+
+def _class_of(name: str) -> str:
+    if name == COORDINATOR:
+        return "CoordinatorActor"
+    return "TopicActor" if name.startswith("topic/") else "SubscriptionActor"
+
+
+def _pinned(name: str, config: dict[str, Any], near: str | None = None) -> dict[str, Any]:
+    """The scheduling option that pins actor ``name`` to its chosen node."""
+    avoid_head = bool(config.get("placement", {}).get("avoid_head", True))
+    node = choose_node(name, avoid_head, near)
+    if node is None:
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
+
+def placement_table() -> list[dict[str, Any]]:
+    """Which node holds which raydelay actor: one row per actor, with the node's address
+    and whether it is the head, sorted by node then name."""
+    info = {n["NodeID"]: n for n in ray.nodes()}
+    rows = []
+    for a in actors():
+        node = info.get(a["node"] or "", {})
+        rows.append(
+            {
+                **a,
+                "address": node.get("NodeManagerAddress", ""),
+                "head": "node:__internal_head__" in node.get("Resources", {}),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["node"] or "", r["name"]))

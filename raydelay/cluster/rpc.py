@@ -14,12 +14,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import (
+    ActorUnavailableError,
+    ActorUnschedulableError,
+    GetTimeoutError,
+    RayActorError,
+    RayTaskError,
+)
 
 from raydelay.errors import RaydelayError, StorageError, Unavailable
 from raydelay.retries import Retries, is_transient  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
+
+_RAY_ERRORS = (RayTaskError, RayActorError, ActorUnavailableError, ActorUnschedulableError)
 
 
 def translate(exc: BaseException, what: str = "") -> BaseException:
@@ -28,10 +36,11 @@ def translate(exc: BaseException, what: str = "") -> BaseException:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, RaydelayError):
             return cause
-        if isinstance(cause, RayActorError):
+        if isinstance(cause, (RayActorError, ActorUnschedulableError)):
             return Unavailable(f"{what or 'actor'} is unavailable: {cause}")
         return RaydelayError(f"{what or 'actor call'} failed: {cause!r}")
-    if isinstance(exc, (RayActorError, ActorUnavailableError)):
+    if isinstance(exc, (RayActorError, ActorUnavailableError, ActorUnschedulableError)):
+        # (unschedulable: the node it was pinned to is gone, and Ray ended it)
         return Unavailable(f"{what or 'actor'} is unavailable: {exc}")
     if isinstance(exc, GetTimeoutError):
         return Unavailable(f"{what or 'actor call'} timed out")
@@ -42,7 +51,7 @@ def get(refs: Any, *, what: str = "", timeout_s: float | None = None) -> Any:
     """``ray.get`` with errors translated."""
     try:
         return ray.get(refs, timeout=timeout_s)
-    except (RayTaskError, RayActorError, ActorUnavailableError, GetTimeoutError) as exc:
+    except _RAY_ERRORS + (GetTimeoutError,) as exc:
         raise translate(exc, what) from None
 
 
@@ -50,7 +59,7 @@ async def wait(ref: Any, *, what: str = "") -> Any:
     """Await an ObjectRef inside an async actor, errors translated."""
     try:
         return await ref
-    except (RayTaskError, RayActorError, ActorUnavailableError) as exc:
+    except _RAY_ERRORS as exc:
         raise translate(exc, what) from None
 
 
@@ -85,17 +94,26 @@ def get_blocking(ref: Any, *, what: str = "", timeout_s: float | None = None) ->
     does not warn about blocking its event loop: this thread is not the loop's)."""
     try:
         return ref.future().result(timeout=timeout_s)
-    except (RayTaskError, RayActorError, ActorUnavailableError) as exc:
+    except _RAY_ERRORS as exc:
         raise translate(exc, what) from None
     except TimeoutError:
         raise Unavailable(f"{what or 'actor call'} timed out") from None
 
 
-def call(submit: Any, *, what: str, deadline_s: float, sleep=time.sleep, wait: Any = None) -> Any:
+def call(
+    submit: Any,
+    *,
+    what: str,
+    deadline_s: float,
+    sleep=time.sleep,
+    wait: Any = None,
+    on_failure: Any = None,
+) -> Any:
     """Submit (``submit()`` returns an ObjectRef or a list of them) and wait; while the actor is
     dead or restarting, or the store fails retriably, submit again after a jittered backoff,
     until ``deadline_s`` seconds have passed. Only for idempotent calls. ``wait`` is how to
-    wait for the reply (default :func:`get`; :func:`get_blocking` on an async actor's thread)."""
+    wait for the reply (default :func:`get`; :func:`get_blocking` on an async actor's thread).
+    ``on_failure()`` runs after each failed attempt (a Peer looks its actor up again)."""
     wait = wait or get
     give_up = time.monotonic() + deadline_s
     delay = 0.05
@@ -105,6 +123,8 @@ def call(submit: Any, *, what: str, deadline_s: float, sleep=time.sleep, wait: A
         except (Unavailable, StorageError) as exc:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise
+            if on_failure is not None and isinstance(exc, Unavailable):
+                on_failure()
             if time.monotonic() + delay > give_up:
                 raise Unavailable(
                     f"{what} still failing after {deadline_s:.0f} s (client.retry_deadline_s): "

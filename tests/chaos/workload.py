@@ -21,22 +21,42 @@ class Ledger:
     # every cancel tried: after a restart a retried cancel may say False for a cancel that
     # did take effect, so only these may be missing without counting as lost
     cancel_attempts: set[MessageId] = field(default_factory=set)
-    received: dict[str, list[tuple[MessageId, int, int]]] = field(default_factory=dict)
+    # subscription -> (id, deliver_at, received at, redelivery_count) per delivery
+    received: dict[str, list[tuple[MessageId, int, int, int]]] = field(default_factory=dict)
     producer_retries: int = 0
 
+    def record(self, name: str, msgs, t: int) -> None:
+        self.received[name].extend(
+            (m.message_id, m.deliver_at_ms, t, m.redelivery_count) for m in msgs
+        )
+
+    def ids(self, name: str) -> set[MessageId]:
+        return {r[0] for r in self.received[name]}
+
+    def all_received(self) -> bool:
+        expected = set(self.sent) - self.cancel_attempts
+        return all(expected <= self.ids(name) for name in self.received)
+
     def check(self) -> dict:
-        """Lost, early, cancelled-but-delivered and duplicates, per subscription."""
+        """Lost, early, cancelled-but-delivered and duplicates (with those that came back
+        without a raised ``redelivery_count``), per subscription."""
         report = {}
         expected = set(self.sent) - self.cancel_attempts
         for name, got in self.received.items():
-            ids = [m for m, _, _ in got]
+            ids = [r[0] for r in got]
+            seen: set[MessageId] = set()
+            unmarked = 0
+            for m, _, _, count in got:
+                unmarked += m in seen and count == 0
+                seen.add(m)
             report[name] = {
-                "lost": len(expected - set(ids)),
+                "lost": len(expected - seen),
                 "early": sum(
-                    1 for m, at, t in got if self.sent.get(m) is not None and t < self.sent[m]
+                    1 for m, at, t, _ in got if self.sent.get(m) is not None and t < self.sent[m]
                 ),
-                "cancelled_delivered": len(set(ids) & self.cancelled),
-                "duplicates": len(ids) - len(set(ids)),
+                "cancelled_delivered": len(seen & self.cancelled),
+                "duplicates": len(ids) - len(seen),
+                "unmarked_duplicates": unmarked,
                 "received": len(ids),
             }
         return report
@@ -68,7 +88,7 @@ def run_workload(
         while not stop.is_set():
             msgs = consumer.receive(max_messages=1_000, timeout_s=0.5)
             t = now_ms()
-            ledger.received[name].extend((m.message_id, m.deliver_at_ms, t) for m in msgs)
+            ledger.record(name, msgs, t)
             if msgs:
                 consumer.ack(msgs)
 
@@ -105,9 +125,8 @@ def run_workload(
     if chaos_thread:
         chaos_thread.join()
     deadline = time.monotonic() + 90
-    expected = set(ledger.sent) - ledger.cancel_attempts
     while time.monotonic() < deadline:
-        if all(expected <= {m for m, _, _ in got} for got in ledger.received.values()):
+        if ledger.all_received():
             break
         time.sleep(0.5)
     time.sleep(1.0)

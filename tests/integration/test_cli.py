@@ -204,3 +204,17 @@ def test_ingest_a_csv_through_a_plain_local_spark(cluster, topic_name, tmp_path)
 
     bad = pq.read_table(rejects).to_pylist()
     assert [(r["order_id"], r["reject_reason"]) for r in bad] == [("o-bad", "delay: negative")]
+
+
+def test_placement_lists_every_actor_with_its_node(cluster, topic_name, capsys):
+    cluster.create_topic(topic_name, partitions=2)
+    cluster.subscribe(topic_name, "s")
+    code, out, _ = run(capsys, "placement")
+    assert code == 0
+    node = ray.get_runtime_context().get_node_id()
+    # one node here: it holds the coordinator and this topic's 2 + 2 actors (the table of
+    # nodes counts the whole session's actors, so it is checked per actor)
+    assert f"{node[:12]}" in out and "coordinator" in out
+    for name in (f"topic/{topic_name}/0", f"topic/{topic_name}/1", f"sub/{topic_name}/1/s"):
+        line = next(ln for ln in out.splitlines() if name in ln)
+        assert node[:12] in line and "alive" in line, line

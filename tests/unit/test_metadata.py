@@ -96,3 +96,46 @@ def test_topics_and_subscriptions_are_checked():
         m.ledgers("t", 3)
     with pytest.raises(InvalidArgument, match="registry op"):
         m.registry_apply([("upsert", "n", "k", b"")])
+
+
+# --- fencing: two coordinators of one store -------------------------------------------------
+
+
+def _coordinator(store, address: str = "10.0.0.1:6379"):
+    from raydelay.cluster.owner import StoreOwner
+
+    owner = StoreOwner(store, address)
+    owner.acquire()
+    return owner, Metadata(store, guard=owner.check, fence=owner.fence)
+
+
+def test_a_replaced_coordinator_is_fenced_off_at_its_next_journal_write():
+    from raydelay.errors import StoreOwned
+
+    store = MemoryObjectStore()
+    old_owner, old = _coordinator(store)
+    old.create_topic("a", 1)
+    # Ray replaced the coordinator (its node was lost) while the old process still runs
+    new_owner, new = _coordinator(store)
+    assert new.topics() == {"a": 1}
+    new.create_topic("b", 1)
+    with pytest.raises(StoreOwned, match="taken over"):
+        old.create_topic("c", 1)  # its journal number is taken, and a newer claim exists
+    with pytest.raises(StoreOwned):
+        old.create_topic("d", 1)  # and it stays fenced off
+    assert Metadata(store).topics() == {"a": 1, "b": 1}
+    old_owner.release()
+    new_owner.release()
+
+
+def test_the_new_coordinator_takes_in_what_the_old_one_wrote_before_it_knew():
+    store = MemoryObjectStore()
+    old_owner, old = _coordinator(store)
+    old.create_topic("a", 1)
+    new_owner, new = _coordinator(store)
+    old.create_topic("late", 2)  # the old one wrote once more, before the new one's write
+    new.create_topic("b", 1)  # its number was taken: it catches up, then writes after it
+    assert new.topics() == {"a": 1, "late": 2, "b": 1}
+    assert Metadata(store).topics() == new.topics()
+    old_owner.release()
+    new_owner.release()

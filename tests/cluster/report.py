@@ -1,0 +1,89 @@
+"""Markdown tables from the multi-node tier's runs.
+
+``RAYDELAY_CLUSTER_RESULTS=runs.jsonl make cluster`` keeps one JSON line per run; then
+``python -m tests.cluster.report runs.jsonl`` prints a table of the runs (the failure, the
+pause in delivery of the lost node's partitions and of the others, lost, early, duplicates)
+and the placement of the actors before and after the failure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+KINDS = {
+    "worker_kill": "SIGKILL of a worker node",
+    "worker_kill_ray_defaults": "SIGKILL of a worker node, Ray's default health checks",
+    "coordinator_node_kill": "SIGKILL of the coordinator's node",
+    "kill_with_store_outage": "SIGKILL of a worker node, S3 down for 10 s",
+    "drain": "graceful removal of a worker node",
+}
+
+
+def _span(values: list[float]) -> str:
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return f"{lo:.1f}" if hi - lo < 0.05 else f"{lo:.1f}-{hi:.1f}"
+
+
+def runs_table(runs: list[dict]) -> str:
+    head = (
+        "| failure | health checks | lost node's partitions: pause (s) | other partitions: "
+        "longest pause (s) | lost | early | cancelled delivered | duplicates (unmarked) | "
+        "longest send (s) | actors alive |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [head]
+    for r in runs:
+        if r["scenario"] not in KINDS:
+            continue
+        parts = r["partitions"]
+        lost = [p["longest_pause_s"] for p in parts if p["on_lost_node"]]
+        other = [p["longest_pause_s"] for p in parts if not p["on_lost_node"]]
+        rep = r["report"].values()
+        h = r["health"]
+        rows.append(
+            f"| {KINDS[r['scenario']]} | {h['health_check_period_ms']} ms x "
+            f"{h['health_check_failure_threshold']} | {_span(lost)} | "
+            f"{max(other, default=0):.1f} | {sum(x['lost'] for x in rep)} | "
+            f"{sum(x['early'] for x in rep)} | {sum(x['cancelled_delivered'] for x in rep)} | "
+            f"{sum(x['duplicates'] for x in rep)} ({sum(x['unmarked_duplicates'] for x in rep)}) "
+            f"| {r['longest_send_s']:.1f} | {'all' if r['all_alive'] else r['missing']} |"
+        )
+    return "\n".join(rows)
+
+
+def placement_table(rows: list[dict]) -> str:
+    """Actors per node: topic, subscription, coordinator."""
+    nodes = sorted({r["node"] for r in rows}, key=lambda n: (not _head(rows, n), n))
+    out = ["| node | topic actors | subscription actors | coordinator |", "|---|---|---|---|"]
+    count = Counter((r["node"], r["class"]) for r in rows)
+    for i, n in enumerate(nodes):
+        name = "head" if _head(rows, n) else f"worker {i + 1} ({n[:8]})"
+        out.append(
+            f"| {name} | {count[(n, 'TopicActor')]} | {count[(n, 'SubscriptionActor')]} | "
+            f"{'yes' if count[(n, 'CoordinatorActor')] else ''} |"
+        )
+    return "\n".join(out)
+
+
+def _head(rows: list[dict], node: str) -> bool:
+    return any(r["head"] for r in rows if r["node"] == node)
+
+
+def main(path: str) -> None:
+    with open(path) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    print(runs_table(runs))
+    for r in runs:
+        if r["scenario"] == "placement":
+            print("\nPlacement of 6 partitions x 2 subscriptions on a head and 3 workers:\n")
+            print(placement_table(r["placement"]))
+        if r["scenario"] == "worker_kill":
+            print(f"\nAfter {KINDS['worker_kill']} ({r['lost_node'][:8]}):\n")
+            print(placement_table(r["placement_after"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

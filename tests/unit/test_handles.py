@@ -1,0 +1,113 @@
+"""A Peer looks its actor up again (creating it when it ended) after a call found it
+unavailable; fakes stand in for Ray's handles."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from raydelay.cluster import handles, placement
+from raydelay.errors import InvalidArgument, Unavailable
+
+
+class FakeActor:
+    """A handle whose calls return ``(actor, method, args)``; a dead one's calls fail."""
+
+    ids = itertools.count(1)
+
+    def __init__(self, dead: bool) -> None:
+        self.dead, self.ident = dead, next(self.ids)
+
+    def __getattr__(self, method: str):
+        actor = self
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                return (actor, method, args)
+
+        return Method
+
+
+def fake_wait(ref, what=""):
+    actor, method, args = ref
+    if actor.dead:
+        raise Unavailable(f"{what} is unavailable: the actor died")
+    return (actor.ident, method, args)
+
+
+@pytest.fixture
+def actors(monkeypatch):
+    """The actors ``create`` hands out, dead or alive, in order; no name is registered."""
+    monkeypatch.setattr(placement, "lookup_or_none", lambda name: None)
+    made: list[FakeActor] = []
+    plan: list[bool] = []
+
+    def create():
+        made.append(FakeActor(dead=plan.pop(0) if plan else False))
+        return made[-1]
+
+    return made, plan, create
+
+
+def test_a_call_to_an_ended_actor_re_creates_it_and_succeeds(actors):
+    made, plan, create = actors
+    plan += [True]  # the first actor is dead for good; the re-created one answers
+    peer = handles.Peer("topic/t/0", create)
+    out = peer.call("append", b"x", deadline_s=5, wait=fake_wait, sleep=lambda s: None)
+    assert out == (made[1].ident, "append", (b"x",))
+    assert len(made) == 2 and peer.re_resolved == 1
+    # the new handle is kept: the next call creates nothing
+    peer.call("tail", deadline_s=5, wait=fake_wait, sleep=lambda s: None)
+    assert len(made) == 2
+
+
+def test_a_call_gives_up_with_unavailable_after_its_deadline(actors):
+    made, plan, create = actors
+    plan += [True] * 1000
+    peer = handles.Peer("coordinator", create, "coordinator")
+    with pytest.raises(Unavailable, match="coordinator still failing after 0 s"):
+        peer.call("ping", deadline_s=0.2, wait=fake_wait, sleep=lambda s: None)
+    assert len(made) >= 2  # each failed attempt looked the actor up again
+
+
+def test_other_errors_are_raised_at_once_and_keep_the_handle(actors):
+    made, plan, create = actors
+    peer = handles.Peer("coordinator", create)
+
+    def refuses(ref, what=""):
+        raise InvalidArgument("topic: bad")
+
+    with pytest.raises(InvalidArgument):
+        peer.call("create_topic", deadline_s=5, wait=refuses, sleep=lambda s: None)
+    assert len(made) == 1 and peer.re_resolved == 0
+
+
+def test_an_async_caller_re_resolves_on_its_next_try(actors, monkeypatch):
+    made, plan, create = actors
+    plan += [True]
+
+    async def wait(ref, what=""):
+        return fake_wait(ref, what)
+
+    monkeypatch.setattr(handles.rpc, "wait", wait)
+    peer = handles.Peer("topic/t/0", create)
+
+    async def run():
+        with pytest.raises(Unavailable):
+            await peer.once("read", 1)  # one try: the caller's own loop retries
+        return await peer.once("read", 1)
+
+    assert asyncio.run(run()) == (made[1].ident, "read", (1,))
+
+
+def test_a_lookup_that_fails_is_unavailable(monkeypatch):
+    def broken(name):
+        raise ValueError("Failed to look up actor: GCS unreachable")
+
+    monkeypatch.setattr(placement, "lookup_or_none", broken)
+    peer = handles.Peer("coordinator", lambda: None, "coordinator")
+    with pytest.raises(Unavailable, match="coordinator: cannot look it up"):
+        peer.remote("ping")
