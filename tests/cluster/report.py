@@ -54,6 +54,24 @@ def runs_table(runs: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def partitions_table(runs: list[dict]) -> str:
+    """Per run and partition: the longest pause in delivery after the failure began (the
+    larger of the two subscriptions'); * marks a partition of the lost node."""
+    n = max((p["partition"] for r in runs for p in r.get("partitions", [])), default=-1) + 1
+    head = "| failure | " + " | ".join(f"p{i}" for i in range(n)) + " |"
+    rows = [head, "|---" * (n + 1) + "|"]
+    for r in runs:
+        if r["scenario"] not in KINDS:
+            continue
+        worst: dict[int, tuple[float, bool]] = {}
+        for p in r["partitions"]:
+            old = worst.get(p["partition"], (0.0, False))
+            worst[p["partition"]] = (max(old[0], p["longest_pause_s"]), p["on_lost_node"])
+        cells = [f"{worst[i][0]:.1f}{'*' if worst[i][1] else ''}" for i in range(n)]
+        rows.append(f"| {KINDS[r['scenario']]} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def placement_table(rows: list[dict]) -> str:
     """Actors per node: topic, subscription, coordinator."""
     nodes = sorted({r["node"] for r in rows}, key=lambda n: (not _head(rows, n), n))
@@ -76,6 +94,8 @@ def main(path: str) -> None:
     with open(path) as f:
         runs = [json.loads(line) for line in f if line.strip()]
     print(runs_table(runs))
+    print("\nLongest pause in delivery per partition, in seconds (* on the lost node):\n")
+    print(partitions_table(runs))
     for r in runs:
         if r["scenario"] == "placement":
             print("\nPlacement of 6 partitions x 2 subscriptions on a head and 3 workers:\n")
