@@ -136,6 +136,8 @@ def ray_cluster(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("raydelay-store")
     ray.init(
+        # a Ray of its own, even when a killed run left /tmp/ray/ray_current_cluster behind
+        address="local",
         num_cpus=2,
         namespace="raydelay",
         include_dashboard=False,
