@@ -1,7 +1,8 @@
 """End-to-end benchmarks of the Ray data path (issue: the Ray data path). Prints a table.
 
 1. Sustained throughput: one topic with 4 partitions, one shared subscription, 100-byte
-   payloads, a local-dir store. Four threads share one producer and call ``send_many``
+   payloads, a local-dir store (``--store s3``: S3 on SeaweedFS; ``--store local,s3``: both,
+   one row each, with the ratio). Four threads share one producer and call ``send_many``
    with batches of 1,000; a consumer thread calls ``receive_batch`` (up to 10,000 per call)
    and acks each batch whole, concurrently. Measured from the
    first send to the last ack, so it covers produce -> durable -> indexed -> delivered ->
@@ -15,6 +16,7 @@
    early (strict mode: must be 0).
 
 Usage: python bench/e2e_bench.py [--messages 1000000] [--lateness-seconds 10] [--batch 1000]
+       [--store local|s3|local,s3]
 """
 
 from __future__ import annotations
@@ -34,7 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 
 import raydelay  # noqa: E402
-from bench.common import cpu_times, ray_processes, start_local_ray  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_store_args,
+    bench_store,
+    cpu_times,
+    ratio,
+    ray_processes,
+    run_per_store,
+    start_local_ray,
+    write_result,
+)
 
 PAYLOAD = b"x" * 100
 BATCH = 1_000
@@ -126,53 +137,84 @@ def lateness(cluster, topic: str, seconds: int, rate: int = 10_000) -> dict:
     }
 
 
+def measure(args, store: str) -> dict:
+    """One store's figures: the throughput rows (label -> result) and the lateness run."""
+    with tempfile.TemporaryDirectory() as tmp, bench_store(store, Path(tmp)) as st:
+        start_local_ray()
+        cluster = raydelay.connect({"storage": st.config})
+        rows = {}
+        for label, delay in KINDS:
+            rows[label] = throughput(cluster, f"tput-{label[:3]}", args.messages, delay, args.batch)
+        late = lateness(cluster, "late", args.lateness_seconds)
+        cluster.shutdown()
+        ray.shutdown()
+    return {"throughput": rows, "lateness": late}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--lateness-seconds", type=int, default=10)
     ap.add_argument("--batch", type=int, default=BATCH, help="messages per send_many call")
+    add_store_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    with tempfile.TemporaryDirectory() as root:
-        start_local_ray()
-        cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": root}}})
-        rows = []
-        for label, delay in KINDS:
-            r = throughput(cluster, f"tput-{label[:3]}", args.messages, delay, args.batch)
-            rows.append((label, r))
-        late = lateness(cluster, "late", args.lateness_seconds)
-        cluster.shutdown()
-        ray.shutdown()
+    if len(args.store) > 1:
+        results = run_per_store(args.store)
+    else:
+        results = {args.store[0]: measure(args, args.store[0])}
+        if args.result_json:
+            write_result(args.result_json, results[args.store[0]])
+            return
+    report(results, args)
 
+
+def report(results: dict[str, dict], args) -> None:
+    stores = list(results)
+    base = results.get("local")
     print(
         f"\n## Sustained throughput (4 partitions, 1 shared subscription, 100 B, "
-        f"send_many x{args.batch}, local dir)\n"
+        f"send_many x{args.batch}, store: {' vs '.join(stores)})\n"
     )
     print(
-        "| messages | kind | end to end msg/s | without the last delay | produce msg/s "
-        "| acked | seconds |"
+        "| messages | kind | store | end to end msg/s | vs local | without the last delay "
+        "| produce msg/s | acked | seconds |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|")
-    for (label, r), (_, delay) in zip(rows, KINDS, strict=True):
-        steady = r["acked"] / (r["elapsed"] - (delay or 0))
-        print(
-            f"| {r['n']:,} | {label} | {r['acked'] / r['elapsed']:,.0f} | {steady:,.0f} | "
-            f"{r['n'] / r['produce']:,.0f} | {r['acked']:,} | {r['elapsed']:.1f} |"
-        )
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    for label, delay in KINDS:
+        for store in stores:
+            r = results[store]["throughput"][label]
+            e2e = r["acked"] / r["elapsed"]
+            steady = r["acked"] / (r["elapsed"] - (delay or 0))
+            vs = ""
+            if base is not None and store != "local":
+                b = base["throughput"][label]
+                vs = ratio(e2e, b["acked"] / b["elapsed"])
+            print(
+                f"| {r['n']:,} | {label} | {store} | {e2e:,.0f} | {vs} | {steady:,.0f} | "
+                f"{r['n'] / r['produce']:,.0f} | {r['acked']:,} | {r['elapsed']:.1f} |"
+            )
     print("\n## Where the time goes (CPU seconds per process during each run)\n")
-    roles = sorted({k for _, r in rows for k in r["cpu"]})
-    print("| process | " + " | ".join(label for label, _ in rows) + " |")
-    print("|---|" + "---:|" * len(rows))
+    runs = [
+        (f"{label}, {store}", results[store]["throughput"][label])
+        for label, _ in KINDS
+        for store in stores
+    ]
+    roles = sorted({k for _, r in runs for k in r["cpu"]})
+    print("| process | " + " | ".join(label for label, _ in runs) + " |")
+    print("|---|" + "---:|" * len(runs))
     for role in roles:
-        cells = " | ".join(f"{r['cpu'].get(role, 0):.1f}" for _, r in rows)
+        cells = " | ".join(f"{r['cpu'].get(role, 0):.1f}" for _, r in runs)
         print(f"| {role} | {cells} |")
     print(f"\n## Lateness at 10k msg/s due for {args.lateness_seconds} s (strict mode)\n")
-    print("| messages | received | p50 ms | p99 ms | max ms | early |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    print(
-        f"| {late['n']:,} | {late['got']:,} | {late['p50']:.0f} | {late['p99']:.0f} | "
-        f"{late['max']} | {late['early']} |"
-    )
+    print("| store | messages | received | p50 ms | p99 ms | max ms | early |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for store in stores:
+        late = results[store]["lateness"]
+        print(
+            f"| {store} | {late['n']:,} | {late['got']:,} | {late['p50']:.0f} | "
+            f"{late['p99']:.0f} | {late['max']} | {late['early']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 Writes a parquet input of N rows (default 2M): a key, a 100-byte payload and a deliver_at
 uniform over the next hour, in 8 files of row groups of 50k rows. Starts a local Ray with
-raydelay on a local-dir store (one topic, 2 partitions) and Spark on that Ray (RayDP, 2
-executors of 1 core), then ingests the file three ways, each into a fresh topic:
+raydelay on a local-dir store (one topic, 2 partitions; ``--store s3``: S3 on SeaweedFS;
+``--store local,s3``: both, each in a process of its own, one row each with the ratio) and
+Spark on that Ray (RayDP, 2 executors of 1 core), then ingests the file three ways, each
+into a fresh topic:
 
 - **cold**: the first job; it includes each Spark Python worker attaching to Ray;
 - **warm**: the same input again (a new job id), with workers that are attached already;
@@ -14,6 +16,7 @@ Rows/s is rows over the time from the job's start until every row is durable (th
 returns only then). Spark's own start-up (the JVM and executors) is shown apart.
 
 Usage: python bench/ingest_bench.py [--rows 2000000] [--out bench/results/<date>-ingest.md]
+       [--store local|s3|local,s3]
 """
 
 from __future__ import annotations
@@ -32,8 +35,17 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import ray  # noqa: E402
+
 import raydelay  # noqa: E402
-from bench.common import start_local_ray  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_store_args,
+    bench_store,
+    ratio,
+    run_per_store,
+    start_local_ray,
+    write_result,
+)
 from raydelay.console import table  # noqa: E402
 from raydelay.ingest import ingest_dataframe, start_spark, stop_spark  # noqa: E402
 
@@ -86,64 +98,103 @@ def entries(cluster, topic: str) -> int:
     return sum(p["entries"] for p in cluster.stats(topic)["partitions"])
 
 
+def measure(args, store: str) -> dict:
+    """One store's figures: (path, seconds, input splits) rows and Spark's start-up time."""
+    with tempfile.TemporaryDirectory(prefix="raydelay-ingest-bench-") as tmp:
+        return _measure(args, store, Path(tmp))
+
+
+def _measure(args, store: str, work: Path) -> dict:
+    size = write_input(work / "input", args.rows)
+    print(f"input: {args.rows:,} rows, {size / 1e6:,.0f} MB of parquet in 8 files", flush=True)
+    with bench_store(store, work) as st:
+        start_local_ray()
+        cluster = raydelay.connect({"storage": st.config})
+        t = time.perf_counter()
+        spark = start_spark("raydp", executors=2, executor_cores=1, executor_memory="1g")
+        spark_s = time.perf_counter() - t
+        results = []
+        try:
+            for label in ("cold", "warm"):
+                topic = f"bench-{label}"
+                cluster.create_topic(topic, PARTITIONS)
+                df = spark.read.parquet(str(work / "input"))
+                report = ingest_dataframe(
+                    df,
+                    topic,
+                    payload_col="payload",
+                    deliver_at_col="deliver_at",
+                    key_col="order_id",
+                    cluster=cluster,
+                    total_rows=args.rows,
+                )
+                assert report.accepted == args.rows == entries(cluster, topic), "rows went missing"
+                results.append((f"Spark on Ray (RayDP), {label}", report.elapsed_s, report.splits))
+        finally:
+            stop_spark(spark)
+        cluster.create_topic("bench-driver", PARTITIONS)
+        driver_s = driver_send_many(cluster, "bench-driver", work / "input")
+        assert entries(cluster, "bench-driver") == args.rows
+        results.append(("peer: driver send_many, no Spark", driver_s, 1))
+        cluster.shutdown()
+        ray.shutdown()  # before the store goes
+    return {"rows": results, "spark_s": spark_s}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--out", default=None, help="write the table to this markdown file too")
+    add_store_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    work = Path(tempfile.mkdtemp(prefix="raydelay-ingest-bench-"))
-    size = write_input(work / "input", args.rows)
-    print(f"input: {args.rows:,} rows, {size / 1e6:,.0f} MB of parquet in 8 files", flush=True)
-    start_local_ray()
-    cluster = raydelay.connect(
-        {"storage": {"kind": "local", "local": {"root": str(work / "store")}}}
-    )
-    t = time.perf_counter()
-    spark = start_spark("raydp", executors=2, executor_cores=1, executor_memory="1g")
-    spark_s = time.perf_counter() - t
-    results = []
-    try:
-        for label in ("cold", "warm"):
-            topic = f"bench-{label}"
-            cluster.create_topic(topic, PARTITIONS)
-            df = spark.read.parquet(str(work / "input"))
-            report = ingest_dataframe(
-                df,
-                topic,
-                payload_col="payload",
-                deliver_at_col="deliver_at",
-                key_col="order_id",
-                cluster=cluster,
-                total_rows=args.rows,
-            )
-            assert report.accepted == args.rows == entries(cluster, topic), "rows went missing"
-            results.append((f"Spark on Ray (RayDP), {label}", report.elapsed_s, report.splits))
-    finally:
-        stop_spark(spark)
-    cluster.create_topic("bench-driver", PARTITIONS)
-    driver_s = driver_send_many(cluster, "bench-driver", work / "input")
-    assert entries(cluster, "bench-driver") == args.rows
-    results.append(("peer: driver send_many, no Spark", driver_s, 1))
-    cluster.shutdown()
+    if len(args.store) > 1:
+        by_store = run_per_store(args.store)
+    else:
+        by_store = {args.store[0]: measure(args, args.store[0])}
+        if args.result_json:
+            write_result(args.result_json, by_store[args.store[0]])
+            return 0
 
-    base = args.rows / driver_s
-    rows = [
+    stores = list(by_store)
+    local = {what: secs for what, secs, _ in by_store.get("local", {}).get("rows", [])}
+    rows = []
+    for i, (what, _, _) in enumerate(by_store[stores[0]]["rows"]):
+        for store in stores:
+            _, secs, splits = by_store[store]["rows"][i]
+            base = args.rows / by_store[store]["rows"][-1][1]  # this store's driver send_many
+            rows.append(
+                [
+                    what,
+                    store,
+                    args.rows,
+                    round(secs, 2),
+                    round(args.rows / secs),
+                    f"{args.rows / secs / base:.2f}x",
+                    ratio(args.rows / secs, args.rows / local[what])
+                    if what in local and store != "local"
+                    else "",
+                    splits,
+                ]
+            )
+    text = table(
         [
-            what,
-            args.rows,
-            round(secs, 2),
-            round(args.rows / secs),
-            f"{args.rows / secs / base:.2f}x",
-            splits,
-        ]
-        for what, secs, splits in results
-    ]
-    text = table(["path", "rows", "seconds", "rows/s", "vs driver send_many", "input splits"], rows)
+            "path",
+            "store",
+            "rows",
+            "seconds",
+            "rows/s",
+            "vs driver send_many",
+            "vs local",
+            "input splits",
+        ],
+        rows,
+    )
+    spark = ", ".join(f"{by_store[s]['spark_s']:.1f} s ({s})" for s in stores)
     notes = (
-        f"Spark start-up (JVM, 2 RayDP executors of 1 core): {spark_s:.1f} s, not included. "
+        f"Spark start-up (JVM, 2 RayDP executors of 1 core): {spark}, not included. "
         f"{PARTITIONS} partitions, 100-byte payloads, keyed, deliver_at over the next hour, "
-        "local-dir store, 2-core machine."
+        f"store: {' vs '.join(stores)} (s3: SeaweedFS on this machine), 2-core machine."
     )
     print(text)
     print(notes)
@@ -151,7 +202,8 @@ def main() -> int:
         out = Path(args.out)
         out.write_text(
             f"# Ingestion benchmark, {dt.date.today()}\n\n`python bench/ingest_bench.py "
-            f"--rows {args.rows}`\n\n```text\n{text}\n```\n\n{notes}\n"
+            f"--rows {args.rows} --store {','.join(stores)}`\n\n```text\n{text}\n```\n\n"
+            f"{notes}\n"
         )
         print(f"written to {out}")
     return 0

@@ -2,7 +2,8 @@
 
 For each pending count (default 1M and 10M): one topic with one partition (so one
 subscription actor holds every pending message), one shared subscription, 100-byte
-payloads on a local-dir store. Messages are published with deliver_at uniform over the
+payloads on a local-dir store (``--store s3``: S3 on SeaweedFS; ``--store local,s3``:
+both, one row each, with the ratio). Messages are published with deliver_at uniform over the
 next hour, so about pending/3600 fall due every second; a consumer thread receives and
 acks all along. Once everything is published and the tracker holds it, the bench kills
 the subscription actor (``ray.kill(no_restart=False)``: Ray restarts it) and measures:
@@ -19,7 +20,7 @@ the subscription actor (``ray.kill(no_restart=False)``: Ray restarts it) and mea
   re-read from mark-delete would have read;
 - the delayed count the tracker holds before the kill and after the restart.
 
-Usage: python bench/recovery_bench.py [--pending 1000000 10000000]
+Usage: python bench/recovery_bench.py [--pending 1000000 10000000] [--store local|s3|local,s3]
 """
 
 from __future__ import annotations
@@ -39,7 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 
 import raydelay  # noqa: E402
-from bench.common import ask, start_local_ray  # noqa: E402
+from bench.common import (  # noqa: E402
+    BenchStore,
+    add_store_args,
+    ask,
+    bench_store,
+    ratio,
+    run_per_store,
+    start_local_ray,
+    write_result,
+)
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
 
 PAYLOAD = b"x" * 100
@@ -52,11 +62,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def run(cluster, root: Path, topic: str, pending: int) -> dict:
+def run(cluster, store: BenchStore, topic: str, pending: int) -> dict:
     cluster.create_topic(topic, partitions=1)
     consumer = cluster.subscribe(topic, "s")
     producer = cluster.create_producer(topic)
@@ -108,7 +114,7 @@ def run(cluster, root: Path, topic: str, pending: int) -> dict:
     reader.join(timeout=5)
     consumer.close()
     producer.close()
-    log_bytes = dir_bytes(root / "topics" / topic)
+    log_bytes = store.bytes_under(f"topics/{topic}/")
     return {
         "pending": pending,
         "publish_rate": pending / publish_s,
@@ -128,43 +134,72 @@ def run(cluster, root: Path, topic: str, pending: int) -> dict:
     }
 
 
+def measure(args, store: str) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, bench_store(store, Path(tmp)) as st:
+        start_local_ray()
+        cluster = raydelay.connect({"storage": st.config})
+        for pending in args.pending:
+            rows.append(run(cluster, st, f"rec{pending}", pending))
+        cluster.shutdown()
+        ray.shutdown()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pending", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    add_store_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        start_local_ray()
-        cluster = raydelay.connect({"storage": {"kind": "local", "local": {"root": tmp}}})
-        for pending in args.pending:
-            rows.append(run(cluster, root, f"rec{pending}", pending))
-        cluster.shutdown()
-        ray.shutdown()
+    if len(args.store) > 1:
+        results = run_per_store(args.store)
+    else:
+        results = {args.store[0]: measure(args, args.store[0])}
+        if args.result_json:
+            write_result(args.result_json, results[args.store[0]])
+            return
+    report(results)
 
+
+def report(results: dict[str, list[dict]]) -> None:
     def mb(n: int) -> str:
         return f"{n / 1e6:,.1f}"
 
-    print("\n## Subscription actor recovery (1 partition, shared, 100 B, local dir)\n")
+    stores = list(results)
+    base = {r["pending"]: r for r in results.get("local", [])}
+    print(f"\n## Subscription actor recovery (1 partition, shared, 100 B, {' vs '.join(stores)})\n")
     print(
-        "| pending | buckets | kill -> first delivery s | init -> first delivery s "
-        "| constructor s | first receive -> first delivery s | store MB read | log MB read "
-        "| loose re-read | log MB (a full re-read) | delayed before -> after |"
+        "| pending | store | buckets | kill -> first delivery s | vs local "
+        "| init -> first delivery s | constructor s | vs local | first receive -> first delivery s "
+        "| store MB read | log MB read | loose re-read | log MB (a full re-read) "
+        "| delayed before -> after |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        k2f = "none in 120 s" if r["kill_to_first_s"] is None else f"{r['kill_to_first_s']:.2f}"
-        print(
-            f"| {r['pending']:,} | {r['buckets']} | {k2f} | {r['init_to_first_s']} "
-            f"| {r['init_s']} | {r['receive_to_first_s']} "
-            f"| {mb(r['store_bytes'])} | {mb(r['log_read_bytes'])} "
-            f"| {r['loose']:,} | {mb(r['log_size'])} "
-            f"| {r['delayed_before']:,} -> {r['delayed_after']:,} |"
-        )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    by_pending = sorted({r["pending"] for rows in results.values() for r in rows})
+    for pending in by_pending:
+        for store in stores:
+            for r in (r for r in results[store] if r["pending"] == pending):
+                k2f = r["kill_to_first_s"]
+                shown = "none in 120 s" if k2f is None else f"{k2f:.2f}"
+                b = base.get(pending)
+                vs = ratio(k2f, b["kill_to_first_s"]) if b and store != "local" else ""
+                vs_init = ratio(r["init_s"], b["init_s"]) if b and store != "local" else ""
+                print(
+                    f"| {r['pending']:,} | {store} | {r['buckets']} | {shown} | {vs} "
+                    f"| {r['init_to_first_s']} | {r['init_s']} | {vs_init} "
+                    f"| {r['receive_to_first_s']} "
+                    f"| {mb(r['store_bytes'])} | {mb(r['log_read_bytes'])} "
+                    f"| {r['loose']:,} | {mb(r['log_size'])} "
+                    f"| {r['delayed_before']:,} -> {r['delayed_after']:,} |"
+                )
     print(
         "\nPublish rate while loading: "
-        + ", ".join(f"{r['pending']:,}: {r['publish_rate']:,.0f} msg/s" for r in rows)
+        + ", ".join(
+            f"{r['pending']:,} ({store}): {r['publish_rate']:,.0f} msg/s"
+            for store in stores
+            for r in results[store]
+        )
     )
 
 
