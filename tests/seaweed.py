@@ -140,10 +140,11 @@ class SeaweedS3:
         if self._admin is None:
             self._admin = self.client()
         client = self._admin
-        try:
+        # (just after a restart SeaweedFS may call its own bucket BucketAlreadyExists)
+        with contextlib.suppress(
+            client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists
+        ):
             client.create_bucket(Bucket=name)
-        except client.exceptions.BucketAlreadyOwnedByYou:
-            pass
         return name
 
     def env(self) -> dict[str, str]:
