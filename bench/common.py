@@ -170,6 +170,19 @@ def run_per_store(stores: list[str]) -> dict[str, Any]:
     return results
 
 
+def measure_stores(args: argparse.Namespace, measure: Any) -> dict[str, Any] | None:
+    """``measure(args, store)`` for each store of ``--store``: with several, each in a child
+    process of its own; with one, here. None when this is such a child (``--result-json``:
+    it wrote its result for the parent)."""
+    if len(args.store) > 1:
+        return run_per_store(args.store)
+    results = {args.store[0]: measure(args, args.store[0])}
+    if args.result_json:
+        write_result(args.result_json, results[args.store[0]])
+        return None
+    return results
+
+
 def write_result(path: str, result: Any) -> None:
     Path(path).write_text(json.dumps(result))
 

@@ -41,10 +41,9 @@ import raydelay  # noqa: E402
 from bench.common import (  # noqa: E402
     add_store_args,
     bench_store,
+    measure_stores,
     ratio,
-    run_per_store,
     start_local_ray,
-    write_result,
 )
 from raydelay.console import table  # noqa: E402
 from raydelay.ingest import ingest_dataframe, start_spark, stop_spark  # noqa: E402
@@ -148,13 +147,9 @@ def main() -> int:
     add_store_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if len(args.store) > 1:
-        by_store = run_per_store(args.store)
-    else:
-        by_store = {args.store[0]: measure(args, args.store[0])}
-        if args.result_json:
-            write_result(args.result_json, by_store[args.store[0]])
-            return 0
+    by_store = measure_stores(args, measure)
+    if by_store is None:  # a child run for one store: its result is written
+        return 0
 
     stores = list(by_store)
     local = {what: secs for what, secs, _ in by_store.get("local", {}).get("rows", [])}

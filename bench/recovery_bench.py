@@ -45,10 +45,9 @@ from bench.common import (  # noqa: E402
     add_store_args,
     ask,
     bench_store,
+    measure_stores,
     ratio,
-    run_per_store,
     start_local_ray,
-    write_result,
 )
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
 
@@ -152,13 +151,9 @@ def main() -> None:
     add_store_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if len(args.store) > 1:
-        results = run_per_store(args.store)
-    else:
-        results = {args.store[0]: measure(args, args.store[0])}
-        if args.result_json:
-            write_result(args.result_json, results[args.store[0]])
-            return
+    results = measure_stores(args, measure)
+    if results is None:  # a child run for one store: its result is written
+        return
     report(results)
 
 
