@@ -75,10 +75,7 @@ def coordinator(config: dict[str, Any]) -> Any:
 
 
 def existing_coordinator() -> Any | None:
-    try:
-        return ray.get_actor(COORDINATOR, namespace=NAMESPACE)
-    except ValueError:
-        return None
+    return lookup_or_none(COORDINATOR)
 
 
 def topic_actor(topic: str, partition: int, config: dict[str, Any]) -> Any:
