@@ -37,6 +37,7 @@ test: venv java
 lint: venv
 	$(VENV)/bin/ruff check raydelay tests bench
 	$(VENV)/bin/ruff format --check raydelay tests bench
+	$(VENV)/bin/mypy
 
 chaos: venv
 	CHAOS_MESSAGES=500000 CHAOS_SECONDS=300 $(PY) -m pytest -q -s --timeout 3600 tests/chaos -p no:cacheprovider

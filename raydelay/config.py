@@ -65,7 +65,7 @@ class S3StorageConfig:
     prefix: str = ""
     endpoint_url: str = ""  # empty: AWS; set it for MinIO, moto and the like
     region: str = "us-east-1"
-    max_attempts: int = 10  # boto3 adaptive-mode retry budget per call
+    max_attempts: int = 3  # boto3 standard-mode budget per call; our retries stack on it
 
     def __post_init__(self) -> None:
         _positive("storage.s3.max_attempts", self.max_attempts)

@@ -8,7 +8,6 @@ raised (not as a Ray traceback); a dead or unreachable actor becomes
 from __future__ import annotations
 
 import logging
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,7 +22,7 @@ from ray.exceptions import (
 )
 
 from raydelay.errors import RaydelayError, StorageError, Unavailable
-from raydelay.retries import Retries, is_transient  # noqa: F401 - re-exported
+from raydelay.retries import PEER_CALL, RECOVERY, Retries, is_transient, retry  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +74,10 @@ def recover(fn: Any, *args: Any, what: str, sleep=time.sleep) -> Any:
     :func:`is_transient`), with a jittered backoff; other errors are raised. In Ray, a
     constructor that raises while the actor restarts ends the actor for good, so a store
     outage must not make recovery raise."""
-    delay, retries = 0.1, Retries(log, f"{what}: recovery")
-    while True:
-        try:
-            out = fn(*args)
-            retries.ok()
-            return out
-        except Exception as exc:  # noqa: BLE001 - sorted out just below
-            if not is_transient(exc):
-                raise
-            retries.failed(exc)
-            sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 2.0)
+    retries = Retries(log, f"{what}: recovery")
+    out = retry(lambda: fn(*args), RECOVERY, sleep=sleep, on_failure=retries.failed)
+    retries.ok()
+    return out
 
 
 def get_blocking(ref: Any, *, what: str = "", timeout_s: float | None = None) -> Any:
@@ -116,7 +107,7 @@ def call(
     ``on_failure()`` runs after each failed attempt (a Peer looks its actor up again)."""
     wait = wait or get
     give_up = time.monotonic() + deadline_s
-    delay = 0.05
+    delays = PEER_CALL.delays_s()
     while True:
         try:
             return wait(submit(), what=what)
@@ -125,10 +116,10 @@ def call(
                 raise
             if on_failure is not None and isinstance(exc, Unavailable):
                 on_failure()
+            delay = next(delays)
             if time.monotonic() + delay > give_up:
                 raise Unavailable(
                     f"{what} still failing after {deadline_s:.0f} s (client.retry_deadline_s): "
                     f"{exc}"
                 ) from exc
-            sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 2.0)
+            sleep(delay)

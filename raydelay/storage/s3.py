@@ -31,14 +31,15 @@ _RETRIABLE_CODES = {
 
 
 def make_s3_client(
-    *, endpoint_url: str | None = None, region: str = "us-east-1", max_attempts: int = 10
+    *, endpoint_url: str | None = None, region: str = "us-east-1", max_attempts: int = 3
 ) -> Any:
-    """A boto3 S3 client with adaptive-mode retries. Credentials: boto3's standard chain."""
+    """A boto3 S3 client with standard-mode retries, ``max_attempts`` tries per call (keep
+    it small: raydelay's own retries stack on it). Credentials: boto3's standard chain."""
     import boto3
     from botocore.config import Config as BotoConfig
 
     cfg = BotoConfig(
-        retries={"mode": "adaptive", "max_attempts": max_attempts},
+        retries={"mode": "standard", "max_attempts": max_attempts},
         connect_timeout=5,
         read_timeout=30,
         max_pool_connections=32,
