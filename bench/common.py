@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import ray
 
-from raydelay.client.cluster import RAY_SYSTEM_CONFIG
+from raydelay.cluster.local import RAY_SYSTEM_CONFIG
 
 STORES = ("local", "s3")
 

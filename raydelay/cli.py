@@ -9,14 +9,9 @@ one line (``raydelay: error: ...``) and exits with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +21,6 @@ from raydelay import __version__
 from raydelay.console import table
 from raydelay.errors import InvalidArgument, NotFound, RaydelayError, Unavailable
 
-_UP_MARKER = Path(tempfile.gettempdir()) / f"raydelay-up-{os.getuid()}.json"
 _BATCH = 10_000  # lines per send_many in ``produce``
 
 
@@ -227,19 +221,14 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def _address(args: argparse.Namespace) -> str:
     """--address, else RAYDELAY_ADDRESS, else the Ray that `raydelay up` started, else auto."""
-    return args.address or os.environ.get("RAYDELAY_ADDRESS") or _up_address() or "auto"
+    from raydelay.cluster.local import up_address
 
-
-def _up_address() -> str | None:
-    try:
-        return json.loads(_UP_MARKER.read_text()).get("address")
-    except (OSError, ValueError):
-        return None
+    return args.address or os.environ.get("RAYDELAY_ADDRESS") or up_address() or "auto"
 
 
 def _attach(args: argparse.Namespace) -> Any:
     """A client of the running raydelay (its coordinator is created if missing)."""
-    from raydelay.client.cluster import connect
+    from raydelay.client.connection import connect
 
     address = _address(args)
     try:
@@ -251,70 +240,31 @@ def _attach(args: argparse.Namespace) -> Any:
         ) from exc
 
 
-def _ray_binary() -> str:
-    local = Path(sys.executable).parent / "ray"
-    found = str(local) if local.exists() else shutil.which("ray")
-    if found is None:
-        raise Unavailable("ray: the `ray` command is not installed next to this Python")
-    return found
-
-
-def _local_ray_running() -> bool:
-    result = subprocess.run(
-        [_ray_binary(), "status"], capture_output=True, text=True, timeout=60, check=False
-    )
-    return result.returncode == 0
-
-
 # --- up / down ---------------------------------------------------------------------------------
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from raydelay.client.cluster import ray_system_config
+    from raydelay.cluster import local
     from raydelay.config import load_config
 
     started = False
-    local = args.address is None and not os.environ.get("RAYDELAY_ADDRESS")
+    is_local = args.address is None and not os.environ.get("RAYDELAY_ADDRESS")
     # --port or --temp-dir ask for a Ray of its own, even beside another one
-    if local and (args.port is not None or args.temp_dir or not _local_ray_running()):
-        cmd = [
-            _ray_binary(),
-            "start",
-            "--head",
-            "--disable-usage-stats",
-            "--include-dashboard=false",
-            f"--system-config={json.dumps(ray_system_config(load_config(args.config)))}",
-        ]
-        if args.num_cpus is not None:
-            if args.num_cpus < 1:
-                raise InvalidArgument(f"num_cpus: expected >= 1, got {args.num_cpus}")
-            cmd.append(f"--num-cpus={args.num_cpus}")
-        if args.port is not None:
-            if not 1 <= args.port <= 65535:
-                raise InvalidArgument(f"port: expected 1..65535, got {args.port}")
-            cmd.append(f"--port={args.port}")
-        temp_dir = os.path.abspath(args.temp_dir) if args.temp_dir else "/tmp/ray"
-        if args.temp_dir:
-            cmd.append(f"--temp-dir={temp_dir}")
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            last = (result.stderr or result.stdout).strip().splitlines()[-1:]
-            raise Unavailable(f"ray start failed: {' '.join(last)}")
-        started = True
-        found = re.search(r"--address='([^']+)'", result.stdout + result.stderr)
-        if found and args.address is None:
-            args.address = found.group(1)
-        session = os.path.basename(os.path.realpath(os.path.join(temp_dir, "session_latest")))
-        _UP_MARKER.write_text(
-            json.dumps({"started_at": time.time(), "address": args.address, "session": session})
+    if is_local and (args.port is not None or args.temp_dir or not local.local_ray_running()):
+        address = local.start_head(
+            load_config(args.config),
+            num_cpus=args.num_cpus,
+            port=args.port,
+            temp_dir=args.temp_dir,
         )
+        started = True
+        if address and args.address is None:
+            args.address = address
     cluster = _attach(args)
-    import ray
-
     storage = cluster.config.storage
     where = storage.local.root if storage.kind == "local" else f"s3://{storage.s3.bucket}"
     rows = [
-        ["Ray", ray.get_runtime_context().gcs_address],
+        ["Ray", cluster._ray_address],
         ["Ray started by this command", started],
         ["store", f"{storage.kind}: {where}"],
         ["topics", len(cluster.topics())],
@@ -324,62 +274,19 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    import ray
-
-    from raydelay.cluster.names import NAMESPACE
+    from raydelay.cluster import local
 
     cluster = _attach(args)
-    cluster._flush_all()
-    stopped = 0
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == NAMESPACE:
-            try:
-                ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
-                stopped += 1
-            except ValueError:
-                continue
-    ray.shutdown()
+    stopped = cluster._stop_everything()
     print(f"raydelay: stopped {stopped} actors (cursors persisted, ledgers closed)")
-    if _UP_MARKER.exists() and not args.keep_ray and args.address is None:
-        marker = json.loads(_UP_MARKER.read_text() or "{}")
-        stopped = _stop_ray_session(marker.get("session", ""))
-        _UP_MARKER.unlink(missing_ok=True)
-        print(
-            f"raydelay: stopped the local Ray that `raydelay up` started ({stopped} processes; "
-            "any other Ray on this machine is left alone)"
-        )
+    if not args.keep_ray and args.address is None:
+        procs = local.stop_started_ray()
+        if procs is not None:
+            print(
+                f"raydelay: stopped the local Ray that `raydelay up` started ({procs} processes;"
+                " any other Ray on this machine is left alone)"
+            )
     return 0
-
-
-def _stop_ray_session(session: str) -> int:
-    """Stop the Ray cluster of one session (``session_<date>_<pid>``): its head processes
-    carry the session's directory on their command lines, and its workers end with its
-    raylet. A bare ``ray stop`` would stop every Ray of this user on the machine."""
-    import psutil
-
-    if not session.startswith("session_"):
-        return 0
-    procs = []
-    for proc in psutil.process_iter(["cmdline", "uids"]):
-        try:
-            if proc.info["uids"] and proc.info["uids"].real != os.getuid():
-                continue
-            if any(session in part for part in proc.info["cmdline"] or ()):
-                procs.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return len(procs)
 
 
 # --- topics ------------------------------------------------------------------------------------
@@ -527,19 +434,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_message_id(text: str) -> Any:
+def cmd_cancel(args: argparse.Namespace) -> int:
     from raydelay.client.message import MessageId
 
-    try:
-        topic, partition, rest = text.rsplit("/", 2)
-        ledger, entry = rest.split(":")
-        return MessageId(topic, int(partition), int(ledger), int(entry))
-    except ValueError:
-        raise InvalidArgument(f"message_id: {text!r} is not topic/partition/ledger:entry") from None
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    ids = [parse_message_id(t) for t in args.message_ids]
+    ids = [MessageId.parse(t) for t in args.message_ids]
     cluster = _attach(args)
     by_topic: dict[str, list] = {}
     for mid in ids:

@@ -174,9 +174,9 @@ def run_demo(
 def _demo_config(config: Any) -> Any:
     """The config, with ledgers and buckets small enough that a demo of this size shows
     buckets being sealed, loaded and deleted."""
-    from raydelay.client.cluster import _load
+    from raydelay.client.connection import resolve_config
 
-    cfg = _load(config)
+    cfg = resolve_config(config)
     return dataclasses.replace(
         cfg,
         topic=dataclasses.replace(cfg.topic, max_entries_per_ledger=10_000),
@@ -241,11 +241,11 @@ def _write_parquet(orders: _Orders, path: Path, files: int) -> None:
 def _read_ids(path: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
-    from raydelay.cli import parse_message_id
+    from raydelay.client.message import MessageId
 
     t = pq.read_table(path)
     return {
-        oid: parse_message_id(mid)
+        oid: MessageId.parse(mid)
         for oid, mid in zip(
             t.column("order_id").to_pylist(), t.column("message_id").to_pylist(), strict=True
         )

@@ -11,8 +11,12 @@ import logging
 import os
 from typing import Any
 
-from raydelay.cluster import rpc
+import ray
+
+from raydelay.cluster import placement, rpc
+from raydelay.cluster.handles import Peer
 from raydelay.cluster.metadata import Metadata
+from raydelay.cluster.names import COORDINATOR
 from raydelay.cluster.nodes import check_store
 from raydelay.cluster.owner import StoreOwner
 from raydelay.config import config_from_dict, config_to_dict
@@ -134,3 +138,20 @@ class CoordinatorActor:
 
     def registry_apply(self, ops: list) -> None:
         self._meta.registry_apply(ops)
+
+
+def spawn_coordinator(config: dict[str, Any]) -> Any:
+    """The cluster's coordinator, created from ``config`` if it does not exist yet."""
+    return (
+        ray.remote(CoordinatorActor)
+        # Its calls are idempotent (or harmless when repeated: an extra empty ledger), so
+        # Ray may retry them across a restart.
+        .options(
+            max_concurrency=1, max_task_retries=-1, **placement.actor_options(COORDINATOR, config)
+        )
+        .remote(config)
+    )
+
+
+def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer:
+    return Peer(COORDINATOR, lambda: spawn_coordinator(config), "coordinator", handle)

@@ -8,6 +8,8 @@ already one call per large batch.
 
 from __future__ import annotations
 
+import builtins
+
 from raydelay.cluster.handles import Peer
 
 
@@ -30,6 +32,6 @@ class CoordinatorRegistry:
     def remove(self, name: str, bucket_key: str) -> None:
         self.apply([("remove", name, bucket_key, None)])
 
-    def apply(self, ops: list[tuple[str, str, str, bytes | None]]) -> None:
+    def apply(self, ops: builtins.list[tuple[str, str, str, bytes | None]]) -> None:
         """Several puts and removes in one coordinator call (one journal write)."""
         self._coordinator.call_from_thread("registry_apply", ops, deadline_s=self._deadline_s)

@@ -35,12 +35,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import ray
 
+from raydelay.actors.coordinator import coordinator_peer
 from raydelay.actors.metrics import SubscriptionMetrics
 from raydelay.actors.registry import CoordinatorRegistry
+from raydelay.actors.topic import spawn_topic, topic_peer
 from raydelay.clock import SystemClock
-from raydelay.cluster import rpc
-from raydelay.cluster.handles import coordinator_peer, topic_peer
+from raydelay.cluster import placement, rpc
+from raydelay.cluster.handles import Peer
+from raydelay.cluster.names import subscription_actor_name, topic_actor_name
 from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
@@ -825,3 +829,25 @@ def _keys(keys) -> np.ndarray:
 
 def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(round(float(seconds) * 1000))
+
+
+def spawn_subscription(topic: str, partition: int, subscription: str, config: dict) -> Any:
+    """A subscription actor, on the node of its partition's topic actor (which is created
+    first when it is missing)."""
+    name = subscription_actor_name(topic, partition, subscription)
+    near = topic_actor_name(topic, partition)
+    if placement.lookup_or_none(name) is None and placement.node_of(near) is None:
+        spawn_topic(topic, partition, config)
+    return (
+        ray.remote(SubscriptionActor)
+        .options(**placement.actor_options(name, config, near=near))
+        .remote(topic, partition, subscription, config)
+    )
+
+
+def subscription_peer(topic: str, partition: int, subscription: str, config: dict) -> Peer:
+    return Peer(
+        subscription_actor_name(topic, partition, subscription),
+        lambda: spawn_subscription(topic, partition, subscription, config),
+        f"subscription {subscription} of {topic}/{partition}",
+    )

@@ -30,12 +30,15 @@ from typing import Any
 import msgpack
 import numpy as np
 import pyarrow as pa
+import ray
 
+from raydelay.actors.coordinator import coordinator_peer
 from raydelay.actors.metrics import TopicMetrics
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
-from raydelay.cluster import rpc
-from raydelay.cluster.handles import coordinator_peer
+from raydelay.cluster import placement, rpc
+from raydelay.cluster.handles import Peer
+from raydelay.cluster.names import topic_actor_name
 from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import config_from_dict
@@ -105,11 +108,18 @@ class TopicActor:
         self._queue: list[tuple[AppendBatch, asyncio.Future]] = []
         self._queued_bytes = 0
         self._started = False
-        self._tail_changed: asyncio.Condition | None = None
-        self._work: asyncio.Event | None = None
-        self._full: asyncio.Event | None = None
+        # (asyncio's primitives bind to the event loop on first use, not here)
+        self._tail_changed = asyncio.Condition()
+        self._work = asyncio.Event()
+        self._full = asyncio.Event()
 
     # --- the partition's delayed index -----------------------------------------------------
+
+    @property
+    def _bucket_index(self) -> TopicIndex:
+        if self._index is None:  # (callers check the tracker kind first)
+            raise InvalidArgument("delayed.tracker: the partition index needs tracker = 'bucket'")
+        return self._index
 
     def _recover_index(self) -> None:
         """Load the registered buckets, delete orphans of a seal that died half-way, and
@@ -154,7 +164,7 @@ class TopicActor:
     def _on_object(self, obj) -> None:
         """A committed object (on the log's thread): into the index; an object of delayed
         entries only is remembered, so that log reads of shared subscriptions skip it."""
-        if self._index.add(obj) == obj.count:
+        if self._bucket_index.add(obj) == obj.count:
             d = int(obj.entries.deliver_at_ms.min())
             self._delayed_runs[(obj.ledger_id, obj.first_entry)] = DelayedRun(
                 obj.ledger_id, obj.first_entry, obj.count, d
@@ -162,7 +172,7 @@ class TopicActor:
 
     def _on_roll(self, closed: int) -> None:
         """A ledger closed (on the log's thread): seal the range off the append path."""
-        job = self._index.ledger_closed(closed)
+        job = self._bucket_index.ledger_closed(closed)
         if job is not None:
             self._seal_exec.submit(self._seal_retrying, self._with_ledgers(job))
 
@@ -269,7 +279,7 @@ class TopicActor:
                 self._buckets = sorted(self._buckets + [entry])
                 self._buckets_version += 1
             self._published_through = max(self._published_through, end_ledger)
-            self._index.published(end_ledger)
+            self._bucket_index.published(end_ledger)
 
     def _in_bucket(self, ledger_id: int, entry_id: int) -> bool:
         """Whether a position lies in a ledger a live bucket covers (its ledger may be gone)."""
@@ -289,7 +299,7 @@ class TopicActor:
         self._ensure_started()
 
         def query() -> dict:
-            rows, below, next_d, waiting = self._index.due(
+            rows, below, next_d, waiting = self._bucket_index.due(
                 int(taken_below), int(taken_through), int(now_ms)
             )
             with self._seal_lock:
@@ -308,7 +318,7 @@ class TopicActor:
         """Rows of the unsealed ledgers not due yet, per due window."""
         self._ensure_started()
         edges_arr = np.asarray(edges, dtype=np.int64)
-        out = await self._run(self._index.waiting_histogram, edges_arr, int(now_ms))
+        out = await self._run(self._bucket_index.waiting_histogram, edges_arr, int(now_ms))
         return out.tolist()
 
     async def buckets(self) -> dict:
@@ -338,9 +348,6 @@ class TopicActor:
         if self._started:
             return
         self._started = True
-        self._tail_changed = asyncio.Condition()
-        self._work = asyncio.Event()
-        self._full = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.create_task(self._committer())
         loop.create_task(self._retention())
@@ -357,7 +364,7 @@ class TopicActor:
         is checked before any is queued."""
         self._ensure_started()
         many = isinstance(batch, list)
-        decoded = [self._check(b) for b in (batch if many else [batch])]
+        decoded = [self._check(b) for b in (batch if isinstance(batch, list) else [batch])]
         futures = [self._queue_batch(b) for b in decoded]
         results = await asyncio.gather(*futures)
         return list(results) if many else results[0]
@@ -619,3 +626,21 @@ class TopicActor:
             "%s/%d: deleted ledgers %s (%d objects)", self._topic, self._partition, ids, deleted
         )
         return ids
+
+
+def spawn_topic(topic: str, partition: int, config: dict[str, Any]) -> Any:
+    """A partition's topic actor, created if it does not exist yet."""
+    name = topic_actor_name(topic, partition)
+    return (
+        ray.remote(TopicActor)
+        .options(**placement.actor_options(name, config))
+        .remote(topic, partition, config)
+    )
+
+
+def topic_peer(topic: str, partition: int, config: dict[str, Any]) -> Peer:
+    return Peer(
+        topic_actor_name(topic, partition),
+        lambda: spawn_topic(topic, partition, config),
+        f"topic actor {topic}/{partition}",
+    )

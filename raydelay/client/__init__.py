@@ -1,7 +1,7 @@
 """The client API (DESIGN.md §5.4): connect, Cluster, Producer, Consumer, Message, MessageBatch,
 MessageId."""
 
-from raydelay.client.cluster import Cluster, connect
+from raydelay.client.connection import Cluster, connect
 from raydelay.client.consumer import Consumer
 from raydelay.client.message import Message, MessageBatch, MessageId, MessageIds
 from raydelay.client.producer import Producer

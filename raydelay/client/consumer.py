@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import ray
 
 from raydelay.client.message import (
     Message,
@@ -51,12 +50,11 @@ from raydelay.client.message import (
     check_number,
     messages_from_batch,
 )
-from raydelay.cluster import rpc
 from raydelay.dispatch.keys import LOW, MAX_LEDGER_ID, join_keys, position_in_range
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
 
 if TYPE_CHECKING:
-    from raydelay.client.cluster import Cluster
+    from raydelay.client.links import SubscriptionLink
 
 log = logging.getLogger(__name__)
 
@@ -73,21 +71,23 @@ _STANDING_S = 2.0
 
 
 class Consumer:
+    """One consumer of a subscription (``Cluster.subscribe``). ``link`` carries its calls
+    to the subscription's partitions (:class:`raydelay.client.links.SubscriptionLink`);
+    ``lease_s`` is ``subscription.consumer_lease_s``."""
+
     def __init__(
         self,
-        cluster: Cluster,
+        link: SubscriptionLink,
         topic: str,
         subscription: str,
-        partitions: int,
-        handles: list[Any],
         *,
+        lease_s: float,
         prefetch: bool = False,
     ) -> None:
-        self._cluster = cluster
+        self._link = link
         self.topic = topic
         self.subscription = subscription
-        self.partitions = partitions
-        self._handles = handles
+        self.partitions = partitions = link.partitions
         self.consumer_id = uuid.uuid4().hex
         self.prefetch = prefetch
         self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
@@ -100,7 +100,7 @@ class Consumer:
         self._backoff: dict[int, float] = {}
         # acks and nacks of down partitions, to send once they answer: (keys, nack delay)
         self._deferred: dict[int, list[tuple[np.ndarray, float | None]]] = {}
-        self._lock = threading.Lock()  # _handles, _down, _deferred (the retry thread too)
+        self._lock = threading.Lock()  # _down, _deferred (the retry thread too)
         self._retrying = threading.Condition(self._lock)  # notified as _sending empties
         self._sending = 0  # kept calls the retry thread is sending now
         self._closed = False
@@ -112,10 +112,9 @@ class Consumer:
                 added.append(p)
         except BaseException:
             for p in added:  # nothing half-registered
-                handles[p].remove_consumer.remote(self.consumer_id)
+                link.remove_consumer(p, self.consumer_id)
             raise
         self._stop = threading.Event()
-        lease_s = cluster.config.subscription.consumer_lease_s
         self._heartbeats = threading.Thread(
             target=self._heartbeat,
             args=(lease_s / 3,),
@@ -137,14 +136,13 @@ class Consumer:
         refused: set[int] = set()
         while not self._stop.wait(every_s):
             try:
-                for p, handle in enumerate(list(self._handles)):
+                for p in range(self.partitions):
                     ref = sent.get(p)
                     if ref is not None:
-                        done, _ = ray.wait([ref], timeout=0)
-                        if not done:
+                        if not self._link.ready([ref], 1, 0):
                             continue
                         try:
-                            kept = ray.get(ref)
+                            kept = self._link.get(ref, what=f"subscription {p}")
                         except Exception:  # noqa: BLE001 - the actor is down: try again later
                             kept = True
                         if kept:
@@ -158,9 +156,9 @@ class Consumer:
                                 self.subscription,
                                 p,
                             )
-                    sent[p] = handle.heartbeat.remote(self.consumer_id)
+                    sent[p] = self._link.heartbeat(p, self.consumer_id)
             except Exception as exc:  # noqa: BLE001 - Ray went away (shutdown): stop quietly
-                if self._stop.is_set() or not ray.is_initialized():
+                if self._stop.is_set() or not self._link.connected():
                     return
                 log.warning("%s/%s: heartbeat failed: %s", self.topic, self.subscription, exc)
 
@@ -221,15 +219,15 @@ class Consumer:
             retry = min(self._down.values(), default=time.monotonic()) - time.monotonic()
             time.sleep(min(max(retry, 0.01), max(timeout_s, 0.01)))
             return
-        ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)
+        ready = self._link.ready(refs, 1, wait_s)
         if ready:  # take every other reply that is already there too
-            more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            more = self._link.ready(refs, len(refs), 0)
             ready = list(dict.fromkeys(ready + more))
         for ref in ready:
             p = self._inflight.pop(ref)
             self._asked.pop(ref, None)  # (both maps change together)
             try:
-                rb = rpc.get(ref, what=f"subscription {p}")
+                rb = self._link.get(ref, what=f"subscription {p}")
                 if rb.num_rows:
                     self._buffer.append((p, rb))
                 self._up(p)
@@ -243,9 +241,9 @@ class Consumer:
         for ref, overdue in list(self._asked.items()):
             if now > overdue:  # no answer long after its timeout: the actor hangs
                 self._asked.pop(ref)  # (its reply, if one comes, is still taken)
-                p = self._inflight.get(ref)
-                if p is not None:
-                    self._failed(p, Unavailable("no answer"))
+                hung = self._inflight.get(ref)
+                if hung is not None:
+                    self._failed(hung, Unavailable("no answer"))
         # With prefetch, a call stands at every partition again at once, while the caller
         # works on what arrived: a message falling due meanwhile is answered the moment it is
         # due, not when the next receive reaches the partition (as Pulsar's consumer
@@ -264,9 +262,7 @@ class Consumer:
             # slow, and never on this thread); it is asked once that is done (retry_at 0)
             if p in busy or (retry_at is not None and retry_at > 0):
                 continue
-            call = self._handles[p].receive.remote(
-                self.consumer_id, share, timeout_s, self._rewinds
-            )
+            call = self._link.receive(p, self.consumer_id, share, timeout_s, self._rewinds)
             self._inflight[call] = p
             self._asked[call] = now + timeout_s + _HUNG_S
 
@@ -297,7 +293,7 @@ class Consumer:
         failed too (its backoff grows)."""
         started = time.monotonic()
         try:
-            handle = self._cluster._subscription_handle(self.topic, p, self.subscription)
+            self._link.reconnect(p)
         except Exception as exc:  # noqa: BLE001 - this runs on the retry thread: keep it alive
             self._failed(p, exc)
             return False
@@ -306,7 +302,6 @@ class Consumer:
             self.topic, self.subscription, p, time.monotonic() - started,
         )  # fmt: skip
         with self._lock:
-            self._handles[p] = handle
             self._down[p] = 0.0  # may be asked now; a success brings it up
         return True
 
@@ -341,10 +336,10 @@ class Consumer:
     def _resend(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> None:
         """Send kept calls of partition ``p`` (the retry thread)."""
         try:
-            rpc.get(self._send(p, work), what=f"subscription {p}", timeout_s=5.0)
+            self._link.get(self._send(p, work), what=f"subscription {p}", timeout_s=5.0)
             self._up(p)
         except (Unavailable, StorageError) as exc:
-            if self._stop.is_set() or not ray.is_initialized():
+            if self._stop.is_set() or not self._link.connected():
                 return
             if isinstance(exc, StorageError) and not exc.retriable:
                 self._drop_bad(p, work)
@@ -353,7 +348,7 @@ class Consumer:
                 self._deferred[p] = work + self._deferred.get(p, [])
             self._failed(p, exc)
         except Exception:  # noqa: BLE001 - a bad call among them: sort them out
-            if self._stop.is_set() or not ray.is_initialized():
+            if self._stop.is_set() or not self._link.connected():
                 return
             self._drop_bad(p, work)
 
@@ -362,7 +357,7 @@ class Consumer:
         message) is reported and dropped; one that fails for now is kept."""
         for item in work:
             try:
-                rpc.get(self._send(p, [item]), what=f"subscription {p}", timeout_s=5.0)
+                self._link.get(self._send(p, [item]), what=f"subscription {p}", timeout_s=5.0)
             except (Unavailable, StorageError) as exc:
                 if isinstance(exc, StorageError) and not exc.retriable:
                     log.error("%s/%s partition %d: dropped a kept call: %s",
@@ -376,28 +371,28 @@ class Consumer:
 
     def _send(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> list[Any]:
         """Ack and nack calls for ``work`` (acks merged into one), in their order."""
-        h, cid = self._handles[p], self.consumer_id
+        link, cid = self._link, self.consumer_id
         refs, acks = [], []
         for keys, delay_s in work:
             if delay_s is None:
                 acks.append(keys)
                 continue
             if acks:
-                refs.append(h.ack.remote(cid, np.concatenate(acks)))
+                refs.append(link.ack(p, cid, np.concatenate(acks)))
                 acks = []
-            refs.append(h.nack.remote(cid, keys, delay_s))
+            refs.append(link.nack(p, cid, keys, delay_s))
         if acks:
-            refs.append(h.ack.remote(cid, np.concatenate(acks)))
+            refs.append(link.ack(p, cid, np.concatenate(acks)))
         return refs
 
     def _register(self, p: int) -> None:
         """Join partition ``p`` (idempotent; also after its actor restarted and forgot us)."""
 
-        def submit():
-            self._handles[p] = self._cluster._subscription_handle(self.topic, p, self.subscription)
-            return self._handles[p].add_consumer.remote(self.consumer_id)
-
-        self._cluster._call(submit, f"subscription {self.subscription} partition {p}")
+        self._link.retried(
+            lambda: self._link.add_consumer(p, self.consumer_id),
+            f"subscription {self.subscription} partition {p}",
+            partition=p,
+        )
 
     def ack(
         self, messages: MessageBatch | Message | MessageId | Iterable[Message | MessageId]
@@ -414,11 +409,10 @@ class Consumer:
             if p in self._down or self._deferred.get(p):  # (keeps them in order)
                 self._defer(p, keys, delay_s)
                 continue
-            h = self._handles[p]
             ref = (
-                h.ack.remote(self.consumer_id, keys)
+                self._link.ack(p, self.consumer_id, keys)
                 if delay_s is None
-                else h.nack.remote(self.consumer_id, keys, delay_s)
+                else self._link.nack(p, self.consumer_id, keys, delay_s)
             )
             self._acks.append((p, keys, delay_s, ref))
         if len(self._acks) > _ACKS_IN_FLIGHT:
@@ -442,7 +436,7 @@ class Consumer:
         answer within ``timeout_s``) gets the call again later; any other failure is
         raised."""
         try:
-            rpc.get(ref, what=f"subscription {p}", timeout_s=timeout_s)
+            self._link.get(ref, what=f"subscription {p}", timeout_s=timeout_s)
         except (Unavailable, StorageError) as exc:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise
@@ -454,7 +448,7 @@ class Consumer:
         open, wait briefly for the oldest, and keep the calls of a partition that does not
         answer for the retry thread."""
         refs = [a[3] for a in self._acks]
-        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        done = set(self._link.ready(refs, len(refs), 0))
         answered = [item for item in self._acks if item[3] in done]
         self._acks = deque(item for item in self._acks if item[3] not in done)
         for i, item in enumerate(answered):
@@ -466,7 +460,7 @@ class Consumer:
                 raise
         while len(self._acks) > _ACKS_QUEUED:
             p, keys, delay_s, ref = self._acks.popleft()
-            if p not in self._down and ray.wait([ref], timeout=_SETTLE_WAIT_S)[0]:
+            if p not in self._down and self._link.ready([ref], 1, _SETTLE_WAIT_S):
                 self._confirm(p, keys, delay_s, ref)
             else:  # (sent again later: acks and nacks are idempotent)
                 self._failed(p, Unavailable("no answer"))
@@ -475,7 +469,7 @@ class Consumer:
     def _settle_acks(self) -> None:
         """Confirm every ack and nack sent so far, waiting for the answers, and send the
         kept ones of down partitions (retried until ``client.retry_deadline_s``)."""
-        give_up = time.monotonic() + self._cluster._client.retry_deadline_s
+        give_up = time.monotonic() + self._link.deadline_s
 
         def left() -> float:
             return max(0.1, give_up - time.monotonic())
@@ -492,11 +486,16 @@ class Consumer:
             try:
                 while pending:
                     p, work = pending[0]
-                    rpc.call(
-                        lambda p=p, work=work: self._send(p, work),
-                        what=f"subscription {self.subscription} partition {p}",
+
+                    def send(p: int = p, work: list = work) -> list:
+                        return self._send(p, work)
+
+                    self._link.retried(
+                        send,
+                        f"subscription {self.subscription} partition {p}",
+                        partition=p,
                         deadline_s=left(),
-                        wait=lambda refs, what: rpc.get(refs, what=what, timeout_s=left()),
+                        timeout_s=left(),
                     )
                     pending.pop(0)
                     self._up(p)
@@ -537,10 +536,10 @@ class Consumer:
         if msgs is None:
             self._rewinds += 1
             n = sum(
-                self._cluster._call(
+                self._link.retried(
                     lambda: [
-                        h.redeliver.remote(self.consumer_id, None, self._rewinds)
-                        for h in self._handles
+                        self._link.redeliver(p, self.consumer_id, None, self._rewinds)
+                        for p in range(self.partitions)
                     ],
                     "subscription",
                 )
@@ -548,26 +547,25 @@ class Consumer:
             # receive calls sent before answer empty, or with messages that just went back:
             # what they and the buffer hold is dropped, or it would arrive twice
             if self._inflight:
-                ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=10)
+                self._link.ready(list(self._inflight), len(self._inflight), 10)
             self._inflight.clear()
             self._asked.clear()
             self._buffer.clear()
             return n
         by_partition = self._group(msgs, "msgs")
         for p, keys in by_partition.items():  # check every partition before any goes back
+
+            def check(p: int = p, keys: np.ndarray = keys) -> list:
+                return [self._link.redeliver(p, self.consumer_id, keys, 0, True)]
+
             try:
-                self._cluster._call(
-                    lambda p=p, keys=keys: [
-                        self._handles[p].redeliver.remote(self.consumer_id, keys, 0, True)
-                    ],
-                    "subscription",
-                )
+                self._link.retried(check, "subscription")
             except InvalidArgument as exc:
                 raise InvalidArgument(f"{exc} (in {self.topic}/{p})") from None
         return sum(
-            self._cluster._call(
+            self._link.retried(
                 lambda: [
-                    self._handles[p].redeliver.remote(self.consumer_id, keys)
+                    self._link.redeliver(p, self.consumer_id, keys)
                     for p, keys in by_partition.items()
                 ],
                 "subscription",
@@ -635,13 +633,13 @@ class Consumer:
             log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         self._closed = True
         self._stop.set()
-        refs = [h.remove_consumer.remote(self.consumer_id) for h in self._handles]
+        refs = [self._link.remove_consumer(p, self.consumer_id) for p in range(self.partitions)]
         try:
             # (a partition that does not answer lets this consumer's lease lapse instead)
-            answered, _ = ray.wait(refs, num_returns=len(refs), timeout=_HUNG_S)
-            rpc.get(answered, what="subscription")
+            answered = self._link.ready(refs, len(refs), _HUNG_S)
+            self._link.get(answered, what="subscription")
             if self._inflight:  # woken by the removal; what they carry is redelivered
-                ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=10)
+                self._link.ready(list(self._inflight), len(self._inflight), 10)
         except Unavailable as exc:  # its topic was deleted: nothing is left to hand back
             log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         finally:

@@ -30,6 +30,23 @@ class MessageId(NamedTuple):
     def __str__(self) -> str:
         return f"{self.topic}/{self.partition}/{self.ledger_id}:{self.entry_id}"
 
+    @classmethod
+    def parse(cls, text: str) -> MessageId:
+        """The MessageId that ``str()`` printed: ``topic/partition/ledger:entry``."""
+        if not isinstance(text, str):
+            raise InvalidArgument(f"message_id: expected a str, got {type(text).__name__}")
+        try:
+            topic, partition, rest = text.rsplit("/", 2)
+            ledger, entry = rest.split(":")
+            mid = cls(topic, int(partition), int(ledger), int(entry))
+        except ValueError:
+            raise InvalidArgument(
+                f"message_id: {text!r} is not topic/partition/ledger:entry"
+            ) from None
+        if not topic or min(mid.partition, mid.ledger_id, mid.entry_id) < 0:
+            raise InvalidArgument(f"message_id: {text!r} has an empty topic or a negative number")
+        return mid
+
 
 class MessageIds(Sequence[MessageId]):
     """The MessageIds of one ``send_many``, in input order, kept as three int64 columns

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -35,14 +35,14 @@ from raydelay.client.message import (
     check_properties,
     deliver_at_of,
 )
-from raydelay.cluster import rpc
 from raydelay.dispatch.keys import key_hash, position_in_range
 from raydelay.errors import InvalidArgument, RaydelayError, StorageError, Unavailable
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from raydelay.storage.keys import validate_name
 
 if TYPE_CHECKING:
-    from raydelay.client.cluster import Cluster
+    from raydelay.client.links import TopicLink
+    from raydelay.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +57,22 @@ def partition_of(key: str | None, partitions: int, counter: itertools.count) -> 
 
 
 class Producer:
+    """Sends messages to one topic (``Cluster.create_producer``). ``link`` carries its
+    calls to the topic's partitions (:class:`raydelay.client.links.TopicLink`); ``on_close``
+    runs once when it closes."""
+
     def __init__(
         self,
-        cluster: Cluster,
+        link: TopicLink,
         topic: str,
-        partitions: int,
-        handles: list[Any],
+        config: Config,
         name: str | None = None,
+        on_close: Callable[[Producer], None] | None = None,
     ) -> None:
-        self._cluster = cluster
+        self._link = link
+        self._on_close = on_close
         self.topic = topic
-        self.partitions = partitions
-        self._handles = handles
+        self.partitions = partitions = link.partitions
         self.name = validate_name("name", name) if name is not None else uuid.uuid4().hex
         self._seq = [0] * partitions
         # appends (of messages or cancel markers) that had to be sent again (an actor
@@ -76,8 +80,9 @@ class Producer:
         self.retries = 0
         if name is not None:  # a named producer continues its sequence ids where it left off
             self._seq = list(
-                cluster._call(
-                    lambda: [h.last_sequence.remote(self.name) for h in handles], f"topic {topic}"
+                link.retried(
+                    lambda: [link.last_sequence(p, self.name) for p in range(partitions)],
+                    f"topic {topic}",
                 )
             )
         self._seq_lock = threading.Lock()
@@ -87,7 +92,7 @@ class Producer:
         self._inflight = 0
         self._closed = False
         self._thread: threading.Thread | None = None
-        cfg = cluster.config
+        cfg = config
         self._max_bytes = cfg.topic.max_message_bytes
         self._max_delay_ms = cfg.delayed.max_delay_ms
         self._chunk = min(cfg.topic.max_entries_per_ledger, 10_000)
@@ -169,8 +174,10 @@ class Producer:
                 n, deliver_at_of(deliver_at, deliver_after, now, self._max_delay_ms), dtype=np.int64
             )
         else:
-            d = _due_column(deliver_at, deliver_after, n, now, self._max_delay_ms)
-            if d is None:  # mixed: None, datetimes or floats among them; one by one
+            column = _due_column(deliver_at, deliver_after, n, now, self._max_delay_ms)
+            if column is not None:
+                d = column
+            else:  # mixed: None, datetimes or floats among them; one by one
                 d = np.fromiter(
                     (
                         deliver_at_of(ats[i], afters[i], now, self._max_delay_ms, f"message {i}")
@@ -231,12 +238,12 @@ class Producer:
                 for _, entries in chunks:
                     self._seq[p] += 1
                     datas.append(encode_batch(AppendBatch(self.name, self._seq[p], entries)))
-                ref = self._handles[p].append.remote(datas)
+                ref = self._link.append(p, datas)
                 submitted.append((p, [idx for idx, _ in chunks], datas, ref))
         for p, idxs, datas, ref in submitted:
             for idx, ranges in zip(idxs, self._await_append(p, datas, ref), strict=True):
                 ledgers = np.concatenate([np.full(c, lg, dtype=np.int64) for lg, _, c in ranges])
-                entries = np.concatenate(
+                positions = np.concatenate(
                     [np.arange(f, f + c, dtype=np.int64) for _, f, c in ranges]
                 )
                 if len(ledgers) != len(idx):
@@ -244,7 +251,7 @@ class Producer:
                         f"partition {p} returned {len(ledgers)} positions for {len(idx)} messages"
                     )
                 ledger_col[idx] = ledgers
-                entry_col[idx] = entries
+                entry_col[idx] = positions
         return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col)
 
     @property
@@ -273,7 +280,7 @@ class Producer:
                 encode_batch(AppendBatch(self.name, int(batches[i][1]), batches[i][2]))
                 for i in which
             ]
-            submitted.append((p, which, datas, self._handles[p].append.remote(datas)))
+            submitted.append((p, which, datas, self._link.append(p, datas)))
         with self._seq_lock:
             for p, seq, _ in batches:
                 self._seq[p] = max(self._seq[p], int(seq))
@@ -283,23 +290,22 @@ class Producer:
                 out[i] = ranges
         return out
 
-    def _await_append(self, p: int, data: bytes | list[bytes], ref: Any) -> list:
-        """The batch's position ranges (for a list of batches, a list of them). While the partition's actor restarts or the store
-        fails retriably, the same bytes (same sequence id) are sent again: the partition
+    def _await_append(self, p: int, data: list[bytes], ref: Any) -> list:
+        """Each batch's position ranges. While the
+        partition's actor restarts or the store fails retriably, the same bytes (same sequence id) are sent again: the partition
         recognises a batch it already holds, so nothing is appended twice."""
         try:
-            return rpc.get(ref, what=f"topic {self.topic}/{p}")
+            return self._link.get(ref, what=f"topic {self.topic}/{p}")
         except (Unavailable, StorageError) as exc:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise
             log.warning("append to %s/%d failed (%s); retrying", self.topic, p, exc)
             self.retries += 1
 
-        def again() -> Any:  # looked up again: a topic actor that ended is re-created
-            self._handles[p] = self._cluster._topic_handle(self.topic, p)
-            return self._handles[p].append.remote(data)
-
-        return self._cluster._call(again, f"topic {self.topic}/{p}")
+        # the partition's actor is looked up again: one that ended is re-created
+        return self._link.retried(
+            lambda: self._link.append(p, data), f"topic {self.topic}/{p}", partition=p
+        )
 
     def _flusher(self) -> None:
         while True:
@@ -364,7 +370,7 @@ class Producer:
                 self._seq[p] += 1
                 positions = [(message_ids[i].ledger_id, message_ids[i].entry_id) for i in idx]
                 batches[p] = (positions, self._seq[p])
-        results, resent = self._cluster._cancel(self.topic, batches, self.name)
+        results, resent = self._link.cancel(batches, self.name)
         self.retries += resent
         out = [False] * len(message_ids)
         for p, idx in by_partition.items():
@@ -385,8 +391,8 @@ class Producer:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        if self in self._cluster._producers:
-            self._cluster._producers.remove(self)
+        if self._on_close is not None:
+            self._on_close(self)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -6,8 +6,11 @@ failed during a restart) leaves its handles dead, and every call on them fails.
 A :class:`Peer` holds the current handle to one named actor; after a call found the
 actor unavailable, the next use looks the name up again and, when there is no such
 actor any more, re-creates it (``raydelay.cluster.placement`` chooses its node and
-the new actor recovers from the store). Every actor-to-actor and client-to-actor
-handle goes through one.
+the new actor recovers from the store). :func:`stop` and :func:`stop_all` end actors for
+good, the one place that does. Every actor-to-actor and client-to-actor
+handle goes through one; the actor modules make them (``coordinator_peer`` in
+``raydelay.actors.coordinator``, ``topic_peer`` in ``raydelay.actors.topic``,
+``subscription_peer`` in ``raydelay.actors.subscription``).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from ray.exceptions import RayError
 
 from raydelay.cluster import placement, rpc
-from raydelay.cluster.names import COORDINATOR, topic_actor_name
+from raydelay.cluster.names import COORDINATOR, NAMESPACE
 from raydelay.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -101,13 +105,144 @@ class Peer:
             raise
 
 
-def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer:
-    return Peer(COORDINATOR, lambda: placement.coordinator(config), "coordinator", handle)
+def named_actors() -> list[str]:
+    """The names of raydelay's live named actors (in its namespace)."""
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE
+    ]
 
 
-def topic_peer(topic: str, partition: int, config: dict[str, Any]) -> Peer:
-    return Peer(
-        topic_actor_name(topic, partition),
-        lambda: placement.topic_actor(topic, partition, config),
-        f"topic actor {topic}/{partition}",
-    )
+def stop(names: list[str], *, graceful: bool = False, timeout_s: float = 10) -> int:
+    """Stop the named actors for good and wait (up to ``timeout_s``) until they are gone:
+    killed at once, or, ``graceful``, ended between calls (``__ray_terminate__`` waits for
+    the calls queued before it). The coordinator is always killed: Ray retries its calls,
+    so a terminate call would be "retried"; it is idle by the time it is stopped. Returns
+    how many were running."""
+    stopping = []
+    for name in names:
+        handle = placement.lookup_or_none(name)
+        if handle is None:
+            continue  # not running
+        if graceful and name != COORDINATOR:
+            handle.__ray_terminate__.remote()
+        else:
+            ray.kill(handle, no_restart=True)
+        stopping.append(name)
+    stopped = len(stopping)
+    # gone once its name is free (no call to a dying actor: Ray would retry the
+    # coordinator's, and say so)
+    deadline = time.monotonic() + timeout_s
+    while stopping and time.monotonic() < deadline:
+        alive = set(named_actors())
+        stopping = [n for n in stopping if n in alive]
+        if stopping:
+            time.sleep(0.05)
+    if stopping:
+        log.warning("still stopping after %.0f s: %s", timeout_s, ", ".join(stopping))
+    return stopped
+
+
+def stop_all(*, graceful: bool) -> int:
+    """Stop every raydelay actor: subscriptions first (they call the topic actors), the
+    coordinator last (everyone calls it). Returns how many were running."""
+    names = named_actors()
+    subs = [n for n in names if n.startswith("sub/")]
+    others = [n for n in names if not n.startswith("sub/") and n != COORDINATOR]
+    coordinator = [n for n in names if n == COORDINATOR]
+    return sum(stop(group, graceful=graceful) for group in (subs, others, coordinator))
+
+
+class PartitionPeers:
+    """The partition actors of one topic or one subscription, one :class:`Peer` each: the
+    Ray side of ``raydelay.client.links`` (a Producer or Consumer calls these)."""
+
+    def __init__(self, peers: list[Peer], *, deadline_s: float) -> None:
+        self._peers = peers
+        self.partitions = len(peers)
+        self.deadline_s = deadline_s  # how long a retried call goes on
+
+    def _submit(self, partition: int, method: str, *args: Any) -> Any:
+        return self._peers[partition].remote(method, *args)
+
+    def ready(self, replies: Any, num: int, timeout_s: float) -> list[Any]:
+        if not replies:
+            return []
+        return ray.wait(list(replies), num_returns=num, timeout=timeout_s)[0]
+
+    def get(self, replies: Any, what: str, timeout_s: float | None = None) -> Any:
+        return rpc.get(replies, what=what, timeout_s=timeout_s)
+
+    def retried(
+        self,
+        submit: Callable[[], Any],
+        what: str,
+        *,
+        partition: int | None = None,
+        deadline_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        wait = None
+        if timeout_s is not None:
+
+            def wait(refs: Any, what: str) -> Any:
+                return rpc.get(refs, what=what, timeout_s=timeout_s)
+
+        return rpc.call(
+            submit,
+            what=what,
+            deadline_s=self.deadline_s if deadline_s is None else deadline_s,
+            wait=wait,
+            on_failure=None if partition is None else self._peers[partition].lost,
+        )
+
+    def reconnect(self, partition: int) -> None:
+        peer = self._peers[partition]
+        peer.lost()
+        peer.handle  # noqa: B018 - looks it up (or re-creates it) now; raises if that fails
+
+    def connected(self) -> bool:
+        return ray.is_initialized()
+
+
+class TopicPartitions(PartitionPeers):
+    """A topic's partition actors, as a producer calls them (``links.TopicLink``)."""
+
+    def __init__(self, peers: list[Peer], *, deadline_s: float, cancel: Callable) -> None:
+        super().__init__(peers, deadline_s=deadline_s)
+        self.cancel = cancel  # markers through the topic, outcomes from every subscription
+
+    def append(self, partition: int, batches: list[bytes]) -> Any:
+        return self._submit(partition, "append", batches)
+
+    def last_sequence(self, partition: int, producer: str) -> Any:
+        return self._submit(partition, "last_sequence", producer)
+
+
+class SubscriptionPartitions(PartitionPeers):
+    """A subscription's partition actors, as a consumer calls them
+    (``links.SubscriptionLink``)."""
+
+    def receive(self, partition: int, consumer: str, max_messages: int, timeout_s: float,
+                rewinds: int) -> Any:  # fmt: skip
+        return self._submit(partition, "receive", consumer, max_messages, timeout_s, rewinds)
+
+    def ack(self, partition: int, consumer: str, keys: Any) -> Any:
+        return self._submit(partition, "ack", consumer, keys)
+
+    def nack(self, partition: int, consumer: str, keys: Any, delay_s: float) -> Any:
+        return self._submit(partition, "nack", consumer, keys, delay_s)
+
+    def heartbeat(self, partition: int, consumer: str) -> Any:
+        return self._submit(partition, "heartbeat", consumer)
+
+    def add_consumer(self, partition: int, consumer: str) -> Any:
+        return self._submit(partition, "add_consumer", consumer)
+
+    def remove_consumer(self, partition: int, consumer: str) -> Any:
+        return self._submit(partition, "remove_consumer", consumer)
+
+    def redeliver(self, partition: int, consumer: str, keys: Any, rewinds: int = 0,
+                  check_only: bool = False) -> Any:  # fmt: skip
+        return self._submit(partition, "redeliver", consumer, keys, rewinds, check_only)

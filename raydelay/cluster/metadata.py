@@ -18,10 +18,10 @@ from typing import Any
 
 import msgpack
 
-from raydelay.dispatch.subscription import SPREAD_TYPES, SUBSCRIPTION_TYPES
 from raydelay.errors import CodecError, Conflict, InvalidArgument, NotFound
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import journal_key, snapshot_key, validate_name
+from raydelay.subscription_types import SPREAD_TYPES, check_subscription_type
 
 log = logging.getLogger(__name__)
 
@@ -307,11 +307,7 @@ class Metadata:
         acknowledged (None: from the oldest entry); an existing one keeps its cursor."""
         n = self.partitions(topic)
         validate_name("subscription", subscription)
-        if options.get("type") not in SUBSCRIPTION_TYPES:
-            raise InvalidArgument(
-                f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
-                f"got {options.get('type')!r}"
-            )
+        check_subscription_type(options.get("type"))
         existing = self.state["subs"].get(topic, {}).get(subscription)
         if existing is not None and existing["type"] != options["type"]:
             raise InvalidArgument(

@@ -1,4 +1,8 @@
-"""Where raydelay's actors are created, with their Ray options (STYLE.md 1).
+"""Where raydelay's actors go, and the Ray options they are created with (STYLE.md 1).
+
+The actor classes are plain classes; each actor module applies ``ray.remote`` with
+:func:`actor_options` where it creates its actor (``spawn_*`` and ``*_peer``), so this
+module knows no actor class and ``cluster`` never imports ``actors``.
 
 Every actor is named in the ``raydelay`` namespace, detached (it outlives the
 client that created it) and restarted by Ray after a crash (``max_restarts=-1``);
@@ -36,8 +40,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydelay.cluster.names import (
     COORDINATOR,
     NAMESPACE,
-    subscription_actor_name,
-    topic_actor_name,
 )
 
 log = logging.getLogger(__name__)
@@ -55,54 +57,19 @@ _LIVE_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING
 _NEAR_WAIT_S = 2.0  # how long a new subscription actor waits to learn its topic actor's node
 
 
-def coordinator(config: dict[str, Any]) -> Any:
-    """The cluster's coordinator, created from ``config`` if it does not exist yet."""
-    from raydelay.actors.coordinator import CoordinatorActor
-
-    return (
-        ray.remote(CoordinatorActor)
-        # Its calls are idempotent (or harmless when repeated: an extra empty ledger), so
-        # Ray may retry them across a restart.
-        .options(
-            name=COORDINATOR,
-            max_concurrency=1,
-            max_task_retries=-1,
-            **_COMMON,
-            **_pinned(COORDINATOR, config),
-        )
-        .remote(config)
-    )
+def actor_options(name: str, config: dict[str, Any], near: str | None = None) -> dict[str, Any]:
+    """The Ray options every raydelay actor is created with: its name, the common options
+    above, and the node it is pinned to (near actor ``near`` when given)."""
+    return {"name": name, **_COMMON, **_pinned(name, config, near)}
 
 
-def existing_coordinator() -> Any | None:
-    return lookup_or_none(COORDINATOR)
-
-
-def topic_actor(topic: str, partition: int, config: dict[str, Any]) -> Any:
-    from raydelay.actors.topic import TopicActor
-
-    name = topic_actor_name(topic, partition)
-    return (
-        ray.remote(TopicActor)
-        .options(name=name, **_COMMON, **_pinned(name, config))
-        .remote(topic, partition, config)
-    )
-
-
-def subscription_actor(topic: str, partition: int, subscription: str, config: dict) -> Any:
-    """A subscription actor, on the node of its partition's topic actor (which is created
-    first when it is missing)."""
-    from raydelay.actors.subscription import SubscriptionActor
-
-    name = subscription_actor_name(topic, partition, subscription)
-    near = topic_actor_name(topic, partition)
-    if lookup_or_none(name) is None and _node_of(near) is None:
-        topic_actor(topic, partition, config)
-    return (
-        ray.remote(SubscriptionActor)
-        .options(name=name, **_COMMON, **_pinned(name, config, near=near))
-        .remote(topic, partition, subscription, config)
-    )
+def node_of(name: str) -> str | None:
+    """The node of the live actor called ``name`` (None when there is none, or Ray has not
+    placed it yet)."""
+    for a in actors():
+        if a["name"] == name and a["node"]:
+            return a["node"]
+    return None
 
 
 def lookup(name: str) -> Any:
@@ -161,13 +128,6 @@ def actors() -> list[dict[str, Any]]:
     return out
 
 
-def _node_of(name: str) -> str | None:
-    for a in actors():
-        if a["name"] == name and a["node"]:
-            return a["node"]
-    return None
-
-
 def choose_node(name: str, avoid_head: bool, near: str | None = None) -> str | None:
     """The node for a new actor called ``name`` (see the module's docstring); None when
     Ray reports no node at all."""
@@ -177,7 +137,7 @@ def choose_node(name: str, avoid_head: bool, near: str | None = None) -> str | N
     if near is not None:
         deadline = time.monotonic() + _NEAR_WAIT_S
         while True:
-            node = _node_of(near)
+            node = node_of(near)
             if node in candidates:
                 return node
             if node is not None or time.monotonic() > deadline:

@@ -182,7 +182,7 @@ def ingest_dataframe(
     - ``total_rows``: the row count for the ETA; default: ``df.count()`` when
       ``progress`` is on.
     """
-    from raydelay.client.cluster import connect
+    from raydelay.client.connection import connect
     from raydelay.config import config_to_dict
 
     if not hasattr(df, "mapInArrow") or not hasattr(df, "schema"):
@@ -347,7 +347,7 @@ _CLUSTERS: dict[str, Any] = {}
 
 def _worker_cluster(job: _Job) -> Any:
     """This worker process's raydelay client (Spark reuses Python workers across tasks)."""
-    from raydelay.client.cluster import connect
+    from raydelay.client.connection import connect
 
     cluster = _CLUSTERS.get(job.address)
     if cluster is None:

@@ -1,14 +1,15 @@
 """The ObjectStore layer: one bytes-only interface and its backends (DESIGN.md §5.1).
 
-The S3 backend is imported lazily, so that importing this package (as the pure
-core does, for the protocol and keys) never pulls in boto3.
+The S3 backend and the config are imported lazily, so that importing this package (as
+the pure core does, for the protocol and keys) pulls in neither boto3 nor the config.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from raydelay.config import Config, StorageConfig
+if TYPE_CHECKING:
+    from raydelay.config import Config, StorageConfig
 from raydelay.errors import InvalidArgument
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.counting import CountingObjectStore
@@ -34,6 +35,8 @@ __all__ = [
 
 def make_store(config: Config | StorageConfig, *, s3_client: Any = None) -> ObjectStore:
     """Build the store a config names. ``s3_client`` overrides the boto3 client (tests)."""
+    from raydelay.config import Config, StorageConfig
+
     storage = config.storage if isinstance(config, Config) else config
     if not isinstance(storage, StorageConfig):
         raise InvalidArgument(

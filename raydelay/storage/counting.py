@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 
+from raydelay.storage.base import ObjectStore
+
 
 class CountingObjectStore:
     """Wraps ``inner`` and counts ``bytes_read`` (get, get_range) and ``bytes_written``
     (put). Thread-safe: the bucket tracker's I/O threads share it."""
 
-    def __init__(self, inner: object) -> None:
+    def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
         self._lock = threading.Lock()
         self.bytes_read = 0

@@ -60,7 +60,7 @@ def main(scenario: str, workdir: str) -> dict:
     from ray.cluster_utils import Cluster
 
     import raydelay
-    from raydelay.client.cluster import RAY_SYSTEM_CONFIG
+    from raydelay.cluster.local import RAY_SYSTEM_CONFIG
     from raydelay.config import RayConfig
 
     work = Path(workdir)

@@ -24,3 +24,21 @@ def test_message_ids_index_slice_iterate_and_compare_like_a_list():
     with pytest.raises(IndexError):
         m[3]
     assert m != [expected[0]] and "n=3" in repr(m)
+
+
+def test_a_message_id_parses_back_from_its_text():
+    from raydelay.client.message import MessageId
+
+    mid = MessageId("orders/eu", 3, 12, 40_000)  # a topic name may hold "/"
+    assert MessageId.parse(str(mid)) == mid
+
+
+def test_a_malformed_message_id_text_is_refused_naming_the_field():
+    import pytest
+
+    from raydelay.client.message import MessageId
+    from raydelay.errors import InvalidArgument
+
+    for bad in ("orders/3/12", "orders/x/12:4", "/3/12:4", "orders/3/-1:4", "", 17):
+        with pytest.raises(InvalidArgument, match="message_id"):
+            MessageId.parse(bad)

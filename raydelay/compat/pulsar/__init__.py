@@ -1306,7 +1306,7 @@ class Consumer:
         self._buffer: deque[Any] = deque()
         # FIFO types: what it handed out and no ack covered yet, per partition (what a
         # cumulative ack acknowledges)
-        self._handed: dict[int, set[int]] | None = (
+        self._handed: dict[int, set[tuple[int, int]]] | None = (
             {} if kind in (ConsumerType.Exclusive, ConsumerType.Failover) else None
         )
         self._lock = threading.RLock()

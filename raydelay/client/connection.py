@@ -1,4 +1,6 @@
-"""``raydelay.connect()`` and the :class:`Cluster` handle (DESIGN.md §5.4)."""
+"""``raydelay.connect()`` and :class:`Cluster`, a client's connection to one raydelay
+cluster (DESIGN.md §5.4). Not to be confused with the ``raydelay.cluster`` package, the
+Ray plumbing it stands on."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ from typing import Any
 
 import ray
 
+from raydelay.actors.coordinator import coordinator_peer, spawn_coordinator
+from raydelay.actors.subscription import spawn_subscription
+from raydelay.actors.topic import spawn_topic
 from raydelay.client.consumer import Consumer
 from raydelay.client.message import check_number
 from raydelay.client.producer import Producer
-from raydelay.cluster import owner, placement, rpc
-from raydelay.cluster.handles import coordinator_peer
+from raydelay.cluster import handles, owner, placement, rpc
+from raydelay.cluster.handles import Peer, SubscriptionPartitions, TopicPartitions
+from raydelay.cluster.local import RAY_SYSTEM_CONFIG, ray_system_config  # noqa: F401 - re-exported
 from raydelay.cluster.names import (
     COORDINATOR,
     NAMESPACE,
@@ -25,23 +31,12 @@ from raydelay.cluster.names import (
 )
 from raydelay.cluster.nodes import check_store
 from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
-from raydelay.dispatch.subscription import SUBSCRIPTION_TYPES
 from raydelay.errors import InvalidArgument, NotFound, StorageError, StoreOwned, Unavailable
 from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
+from raydelay.subscription_types import check_subscription_type
 
 log = logging.getLogger(__name__)
-
-# For a Ray that connect() starts: batches of a few hundred KB travel inline with the call
-# instead of through the shared-memory object store (cheaper at these sizes).
-RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1024 * 1024}
-
-
-def ray_system_config(cfg: Config) -> dict[str, Any]:
-    """Ray's ``_system_config`` for a Ray that raydelay starts: the above, and the health
-    checks of ``cfg.ray`` (how soon a lost node is noticed)."""
-    return {**RAY_SYSTEM_CONFIG, **cfg.ray.system_config()}
-
 
 _SUMMED = (
     "delayed",
@@ -71,7 +66,7 @@ def connect(
 
     The coordinator is created on first use and attached to afterwards; if it already
     runs with another storage config, its config wins (a warning says so)."""
-    cfg = _load(config)
+    cfg = resolve_config(config)
     started = False
     if not ray.is_initialized():
         if address is None:
@@ -93,11 +88,11 @@ def connect(
                 if address == "auto":
                     raise
                 raise Unavailable(_unreachable(address, exc)) from None
-    coordinator = placement.existing_coordinator()
+    coordinator = placement.lookup_or_none(COORDINATOR)
     if coordinator is None:
         check_store(cfg.storage)  # a local store on several nodes: refused, nothing created
         _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
-        coordinator = placement.coordinator(config_to_dict(cfg))
+        coordinator = spawn_coordinator(config_to_dict(cfg))
     deadline_s = cfg.client.retry_deadline_s
     running = config_from_dict(
         rpc.call(coordinator.config.remote, what="coordinator", deadline_s=deadline_s)
@@ -178,7 +173,10 @@ def _refuse_if_owned(cfg: Config) -> None:
         )
 
 
-def _load(config: Any) -> Config:
+def resolve_config(config: Any) -> Config:
+    """The Config that ``connect(config)`` uses: loaded from a path (or the embedded
+    default for None, with ``RAYDELAY_*`` overrides), taken as is, or built from a dict;
+    a local store's root made absolute (the actors run in other directories)."""
     if config is None or isinstance(config, (str, os.PathLike)):
         cfg = load_config(config)
     elif isinstance(config, Config):
@@ -247,38 +245,56 @@ class Cluster:
         for consumer in [c for c in self._consumers if c.topic == topic]:
             consumer.close()
         # subscriptions first (they read from the topic's actors), and wait until they are gone
-        _stop_actors([subscription_actor_name(topic, p, s) for s in subs for p in range(n)])
-        _stop_actors([topic_actor_name(topic, p) for p in range(n)])
+        handles.stop([subscription_actor_name(topic, p, s) for s in subs for p in range(n)])
+        handles.stop([topic_actor_name(topic, p) for p in range(n)])
         return int(self._coord("delete_topic", topic))
 
     def _partitions(self, topic: str) -> int:
         validate_name("topic", topic)
         return int(self._coord("partitions", topic))
 
-    def _topic_handle(self, topic: str, partition: int) -> Any:
+    def _topic_peer(self, topic: str, partition: int) -> Peer:
         """The partition's topic actor; created if it does not exist, but only for a topic
         that does (a retry after the topic was deleted gets NotFound at once, and never
         brings its actor back)."""
-        try:
-            return placement.lookup(topic_actor_name(topic, partition))
-        except ValueError:
-            if not 0 <= partition < self._partitions(topic):  # NotFound: deleted
-                raise NotFound(f"topic {topic!r} has no partition {partition}") from None
-            return placement.topic_actor(topic, partition, self._config_dict)
 
-    def _subscription_handle(self, topic: str, partition: int, subscription: str) -> Any:
-        try:
-            return placement.lookup(subscription_actor_name(topic, partition, subscription))
-        except ValueError:
+        def create() -> Any:
+            if not 0 <= partition < self._partitions(topic):  # NotFound: deleted
+                raise NotFound(f"topic {topic!r} has no partition {partition}")
+            return spawn_topic(topic, partition, self._config_dict)
+
+        return Peer(topic_actor_name(topic, partition), create, f"topic {topic}/{partition}")
+
+    def _topic_handle(self, topic: str, partition: int) -> Any:
+        return self._topic_peer(topic, partition).handle
+
+    def _subscription_peer(self, topic: str, partition: int, subscription: str) -> Peer:
+        """A subscription's partition actor; created if missing, only while its topic and
+        the subscription exist (NotFound otherwise)."""
+
+        def create() -> Any:
             self._topic_handle(topic, partition)
             self._subscription_options(topic, subscription)  # NotFound: deleted
-            return placement.subscription_actor(topic, partition, subscription, self._config_dict)
+            return spawn_subscription(topic, partition, subscription, self._config_dict)
+
+        name = subscription_actor_name(topic, partition, subscription)
+        return Peer(name, create, f"subscription {subscription} of {topic}/{partition}")
+
+    def _subscription_handle(self, topic: str, partition: int, subscription: str) -> Any:
+        return self._subscription_peer(topic, partition, subscription).handle
 
     def create_producer(self, topic: str, name: str | None = None) -> Producer:
         """A producer for an existing topic (NotFound otherwise)."""
         self._check_open()
-        n = self._partitions(topic)
-        producer = Producer(self, topic, n, [self._topic_handle(topic, p) for p in range(n)], name)
+        peers = [self._topic_peer(topic, p) for p in range(self._partitions(topic))]
+        for peer in peers:
+            peer.handle  # noqa: B018 - resolved now: a failure shows here, not at the first send
+
+        def cancel(batches: dict, producer: str) -> tuple[dict[int, list[bool]], int]:
+            return self._cancel(topic, batches, producer)
+
+        link = TopicPartitions(peers, deadline_s=self._client.retry_deadline_s, cancel=cancel)
+        producer = Producer(link, topic, self.config, name, on_close=self._producers.remove)
         self._producers.append(producer)
         return producer
 
@@ -320,11 +336,7 @@ class Cluster:
             )
         if not isinstance(prefetch, bool):
             raise InvalidArgument(f"prefetch: expected True or False, got {prefetch!r}")
-        if subscription_type not in SUBSCRIPTION_TYPES:
-            raise InvalidArgument(
-                f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
-                f"got {subscription_type!r}"
-            )
+        check_subscription_type(subscription_type)
         if ack_timeout_s is None:
             ack_timeout_s = self.config.subscription.ack_timeout_s
         if ack_timeout_s is not None:
@@ -358,8 +370,17 @@ class Cluster:
             )
             start = [None if t is None else [int(t[0]), int(t[1])] for t in tails]
         self._coord("create_subscription", topic, subscription, options, start)
-        handles = [self._subscription_handle(topic, p, subscription) for p in range(n)]
-        consumer = Consumer(self, topic, subscription, n, handles, prefetch=prefetch)
+        peers = [self._subscription_peer(topic, p, subscription) for p in range(n)]
+        for peer in peers:
+            peer.handle  # noqa: B018 - resolved now: a failure shows here, not later
+        link = SubscriptionPartitions(peers, deadline_s=self._client.retry_deadline_s)
+        consumer = Consumer(
+            link,
+            topic,
+            subscription,
+            lease_s=self.config.subscription.consumer_lease_s,
+            prefetch=prefetch,
+        )
         self._consumers.append(consumer)
         return consumer
 
@@ -375,7 +396,7 @@ class Cluster:
             c for c in self._consumers if c.topic == topic and c.subscription == subscription
         ]:
             consumer.close()
-        _stop_actors([subscription_actor_name(topic, p, subscription) for p in range(n)])
+        handles.stop([subscription_actor_name(topic, p, subscription) for p in range(n)])
         return int(self._coord("delete_subscription", topic, subscription))
 
     # --- cancel and stats ---------------------------------------------------------------------
@@ -516,23 +537,11 @@ class Cluster:
         if self._started_ray:
             try:
                 self._flush_all()
-                self._stop_actors_gracefully()
+                # between calls, before Ray itself stops: an actor torn down in the middle
+                # of a call can crash its process
+                handles.stop_all(graceful=True)
             finally:
                 ray.shutdown()
-
-    def _stop_actors_gracefully(self) -> None:
-        """End every raydelay actor between calls, subscriptions first, the coordinator
-        last, before Ray itself stops: an actor torn down in the middle of a call can crash
-        its process."""
-        names = [
-            a["name"]
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == NAMESPACE
-        ]
-        subs = [n for n in names if n.startswith("sub/")]
-        others = [n for n in names if not n.startswith("sub/") and n != COORDINATOR]
-        for group in (subs, others, [n for n in names if n == COORDINATOR]):
-            _stop_actors(group, graceful=True)
 
     def _flush_all(self) -> None:
         """Persist every subscription's cursor, then close every partition's open ledger."""
@@ -557,6 +566,26 @@ class Cluster:
             rpc.get(refs, what="subscription")
         if closes:
             rpc.get([close.remote() for close in closes], what="topic")
+
+    def _stop_everything(self) -> int:
+        """``raydelay down``: persist every subscription's cursor, close every partition's
+        open ledger, stop every raydelay actor of this Ray for good, and disconnect.
+        Returns how many actors were stopped. Ray itself keeps running."""
+        self._check_open()
+        for producer in list(self._producers):
+            producer.close()
+        for consumer in list(self._consumers):
+            consumer.close()
+        self._flush_all()
+        stopped = handles.stop_all(graceful=False)
+        self._closed = True
+        ray.shutdown()
+        return stopped
+
+    @property
+    def _ray_address(self) -> str:
+        """The address of the Ray cluster this client is connected to."""
+        return ray.get_runtime_context().gcs_address
 
     def placement(self) -> list[dict[str, Any]]:
         """Which node holds which raydelay actor: one dict per live actor (``name``,
@@ -590,33 +619,3 @@ def _span(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
-
-
-def _stop_actors(names: list[str], *, graceful: bool = False, timeout_s: float = 10) -> None:
-    """Stop the named actors for good and wait (up to ``timeout_s``) until they are gone:
-    killed at once, or, ``graceful``, ended between calls (``__ray_terminate__`` waits for
-    the calls queued before it). The coordinator is always killed: Ray retries its calls,
-    so a terminate call would be "retried"; it is idle by the time it is stopped."""
-    stopping = []
-    for name in names:
-        try:
-            handle = placement.lookup(name)
-        except ValueError:
-            continue  # not running
-        if graceful and name != COORDINATOR:
-            handle.__ray_terminate__.remote()
-        else:
-            ray.kill(handle, no_restart=True)
-        stopping.append(name)
-    # gone once its name is free (no call to a dying actor: Ray would retry the
-    # coordinator's, and say so)
-    deadline = time.monotonic() + timeout_s
-    while stopping and time.monotonic() < deadline:
-        alive = {
-            a["name"]
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == NAMESPACE
-        }
-        stopping = [n for n in stopping if n in alive]
-        if stopping:
-            time.sleep(0.05)

@@ -1,0 +1,111 @@
+"""What a :class:`Producer` and a :class:`Consumer` need from the partition actors they talk
+to, as two small protocols. The producer and the consumer hold no Ray code: the Ray
+implementation is :class:`raydelay.cluster.handles.PartitionPeers` (built by
+``raydelay.client.connection``), and unit tests pass fakes (``tests/unit/fakes.py``).
+
+A call method *submits* and returns a reply at once (a Ray ObjectRef, for the Ray
+implementation); :meth:`Link.ready` and :meth:`Link.get` wait for replies, so that one
+consumer can keep a call standing at every partition and take whichever answers first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+Reply = Any  # a pending answer of one call
+
+
+class Link(Protocol):
+    """Calls to the partition actors of one topic, or of one subscription."""
+
+    partitions: int
+    deadline_s: float  # how long a retried call goes on (``client.retry_deadline_s``)
+
+    def ready(self, replies: Sequence[Reply], num: int, timeout_s: float) -> list[Reply]:
+        """The replies among ``replies`` that have answered, waiting up to ``timeout_s``
+        seconds until ``num`` of them have."""
+        ...
+
+    def get(self, replies: Reply | list[Reply], what: str, timeout_s: float | None = None) -> Any:
+        """The answer (or answers) of ``replies``; raises what the call raised, with
+        ``Unavailable`` for an actor that is down (or did not answer in ``timeout_s``)."""
+        ...
+
+    def retried(
+        self,
+        submit: Callable[[], Reply | list[Reply]],
+        what: str,
+        *,
+        partition: int | None = None,
+        deadline_s: float | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Submit and wait, again while the actor is down or the store fails retriably,
+        for up to ``deadline_s`` (default ``client.retry_deadline_s``); ``partition``'s
+        actor is looked up again after each failure. Only for idempotent calls."""
+        ...
+
+    def reconnect(self, partition: int) -> None:
+        """Look the partition's actor up again, re-creating it if it ended (raises if that
+        fails; ``NotFound`` once its topic or subscription is deleted)."""
+        ...
+
+    def connected(self) -> bool:
+        """False once this process left the cluster (its background threads then stop)."""
+        ...
+
+
+class TopicLink(Link, Protocol):
+    """What a producer calls: a topic's partitions."""
+
+    def append(self, partition: int, batches: list[bytes]) -> Reply:
+        """Append encoded batches in order; the answer is each batch's position ranges."""
+        ...
+
+    def last_sequence(self, partition: int, producer: str) -> Reply:
+        """The largest sequence id the partition holds from ``producer``."""
+        ...
+
+    def cancel(
+        self, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
+    ) -> tuple[dict[int, list[bool]], int]:
+        """Cancel markers for ``{partition: (positions, sequence id)}``, applied by every
+        subscription; per partition whether each target was cancelled before delivery, and
+        how many times the markers were sent again."""
+        ...
+
+
+class SubscriptionLink(Link, Protocol):
+    """What a consumer calls: a subscription's partitions."""
+
+    def receive(
+        self, partition: int, consumer: str, max_messages: int, timeout_s: float, rewinds: int
+    ) -> Reply:
+        """Up to ``max_messages`` messages for ``consumer``, as one Arrow record batch."""
+        ...
+
+    def ack(self, partition: int, consumer: str, keys: np.ndarray) -> Reply: ...
+
+    def nack(self, partition: int, consumer: str, keys: np.ndarray, delay_s: float) -> Reply: ...
+
+    def heartbeat(self, partition: int, consumer: str) -> Reply:
+        """Renew the consumer's lease; the answer is False when it lost its place."""
+        ...
+
+    def add_consumer(self, partition: int, consumer: str) -> Reply: ...
+
+    def remove_consumer(self, partition: int, consumer: str) -> Reply: ...
+
+    def redeliver(
+        self,
+        partition: int,
+        consumer: str,
+        keys: np.ndarray | None,
+        rewinds: int = 0,
+        check_only: bool = False,
+    ) -> Reply:
+        """Give back ``keys`` (None: all the consumer holds); the answer is how many."""
+        ...

@@ -1,0 +1,141 @@
+"""The local Ray that raydelay starts and stops itself: ``raydelay up`` / ``raydelay down``,
+and the ``_system_config`` of any Ray that raydelay starts (``connect()`` too).
+
+``up`` runs ``ray start --head`` and writes a marker file (address and session) so that
+later commands attach to that Ray and ``down`` stops exactly it, leaving any other Ray of
+the same user alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from raydelay.config import Config
+from raydelay.errors import InvalidArgument, Unavailable
+
+# Batches of a few hundred KB travel inline with the call instead of through the
+# shared-memory object store (cheaper at these sizes).
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1024 * 1024}
+
+UP_MARKER = Path(tempfile.gettempdir()) / f"raydelay-up-{os.getuid()}.json"
+
+
+def ray_system_config(cfg: Config) -> dict[str, Any]:
+    """Ray's ``_system_config`` for a Ray that raydelay starts: the above, and the health
+    checks of ``cfg.ray`` (how soon a lost node is noticed)."""
+    return {**RAY_SYSTEM_CONFIG, **cfg.ray.system_config()}
+
+
+def up_address() -> str | None:
+    """The address of the Ray that ``raydelay up`` started, if its marker is there."""
+    try:
+        return json.loads(UP_MARKER.read_text()).get("address")
+    except (OSError, ValueError):
+        return None
+
+
+def ray_binary() -> str:
+    local = Path(sys.executable).parent / "ray"
+    found = str(local) if local.exists() else shutil.which("ray")
+    if found is None:
+        raise Unavailable("ray: the `ray` command is not installed next to this Python")
+    return found
+
+
+def local_ray_running() -> bool:
+    result = subprocess.run(
+        [ray_binary(), "status"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return result.returncode == 0
+
+
+def start_head(
+    cfg: Config,
+    *,
+    num_cpus: int | None = None,
+    port: int | None = None,
+    temp_dir: str | None = None,
+) -> str | None:
+    """``ray start --head`` with raydelay's system config; writes the marker and returns
+    the new Ray's address (None if Ray did not print one)."""
+    if num_cpus is not None and (isinstance(num_cpus, bool) or num_cpus < 1):
+        raise InvalidArgument(f"num_cpus: expected >= 1, got {num_cpus}")
+    if port is not None and not 1 <= port <= 65535:
+        raise InvalidArgument(f"port: expected 1..65535, got {port}")
+    cmd = [
+        ray_binary(),
+        "start",
+        "--head",
+        "--disable-usage-stats",
+        "--include-dashboard=false",
+        f"--system-config={json.dumps(ray_system_config(cfg))}",
+    ]
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={num_cpus}")
+    if port is not None:
+        cmd.append(f"--port={port}")
+    root = os.path.abspath(temp_dir) if temp_dir else "/tmp/ray"
+    if temp_dir:
+        cmd.append(f"--temp-dir={root}")
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        last = (result.stderr or result.stdout).strip().splitlines()[-1:]
+        raise Unavailable(f"ray start failed: {' '.join(last)}")
+    found = re.search(r"--address='([^']+)'", result.stdout + result.stderr)
+    address = found.group(1) if found else None
+    session = os.path.basename(os.path.realpath(os.path.join(root, "session_latest")))
+    UP_MARKER.write_text(
+        json.dumps({"started_at": time.time(), "address": address, "session": session})
+    )
+    return address
+
+
+def stop_started_ray() -> int | None:
+    """Stop the Ray that ``raydelay up`` started (its marker's session) and remove the
+    marker; the number of processes stopped, or None when there was no marker."""
+    if not UP_MARKER.exists():
+        return None
+    marker = json.loads(UP_MARKER.read_text() or "{}")
+    stopped = _stop_session(marker.get("session", ""))
+    UP_MARKER.unlink(missing_ok=True)
+    return stopped
+
+
+def _stop_session(session: str) -> int:
+    """Stop the Ray cluster of one session (``session_<date>_<pid>``): its head processes
+    carry the session's directory on their command lines, and its workers end with its
+    raylet. A bare ``ray stop`` would stop every Ray of this user on the machine."""
+    import psutil
+
+    if not session.startswith("session_"):
+        return 0
+    procs = []
+    for proc in psutil.process_iter(["cmdline", "uids"]):
+        try:
+            if proc.info["uids"] and proc.info["uids"].real != os.getuid():
+                continue
+            if any(session in part for part in proc.info["cmdline"] or ()):
+                procs.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(procs)

@@ -1,0 +1,188 @@
+"""In-process fakes of ``raydelay.client.links`` (no Ray): a Producer or a Consumer runs
+against them in unit tests, as Ray Serve tests its managers against fake handles."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from raydelay.dispatch.keys import join_keys
+from raydelay.dispatch.wire import DELIVERY_SCHEMA
+from raydelay.errors import Unavailable
+from raydelay.log.entries import decode_batch
+
+
+class Reply:
+    """An answered call: its value, or the error it raised."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+
+class FakeLink:
+    """The waiting side of a link. ``down`` holds the partitions whose calls fail with
+    Unavailable (until ``reconnect`` brings them back, when ``comes_back``)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.deadline_s = 5.0
+        self.down: set[int] = set()
+        self.comes_back = True
+        self.reconnects: list[int] = []
+        self.calls: list[tuple[str, int, Any]] = []  # (method, partition, args)
+
+    def _call(self, method: str, partition: int, *args: Any) -> Reply:
+        self.calls.append((method, partition, args))
+        if partition in self.down:
+            return Reply(error=Unavailable(f"partition {partition} is down"))
+        try:
+            return Reply(getattr(self, f"_{method}")(partition, *args))
+        except Exception as exc:  # noqa: BLE001 - handed back as the call's error
+            return Reply(error=exc)
+
+    def ready(self, replies, num, timeout_s):
+        return list(replies)  # every fake call has answered
+
+    def get(self, replies, what, timeout_s=None):
+        if isinstance(replies, list):
+            return [self.get(r, what) for r in replies]
+        if replies.error is not None:
+            raise replies.error
+        return replies.value
+
+    def retried(self, submit, what, *, partition=None, deadline_s=None, timeout_s=None):
+        for _ in range(3):
+            try:
+                return self.get(submit(), what)
+            except Unavailable:
+                if partition is not None:
+                    self.reconnect(partition)
+        raise Unavailable(f"{what}: still down")
+
+    def reconnect(self, partition: int) -> None:
+        self.reconnects.append(partition)
+        if self.comes_back:
+            self.down.discard(partition)
+        else:
+            raise Unavailable(f"partition {partition}: cannot look it up")
+
+    def connected(self) -> bool:
+        return True
+
+
+class FakeTopic(FakeLink):
+    """A topic whose partitions append in memory, one ledger each, and deduplicate by
+    (producer, sequence id) as the real log does."""
+
+    def __init__(self, partitions: int) -> None:
+        super().__init__(partitions)
+        self.payloads: dict[int, list[bytes]] = defaultdict(list)
+        self.seen: dict[int, dict[tuple[str, int], list]] = defaultdict(dict)
+
+    def append(self, partition, batches):
+        return self._call("append", partition, batches)
+
+    def last_sequence(self, partition, producer):
+        return self._call("last_sequence", partition, producer)
+
+    def cancel(self, batches, producer):
+        return {p: [True] * len(positions) for p, (positions, _) in batches.items()}, 0
+
+    def _append(self, partition, batches):
+        out = []
+        for data in batches:
+            batch = decode_batch(data)
+            known = self.seen[partition].get((batch.producer, batch.sequence_id))
+            if known is None:  # a batch sent again after a failure is not appended twice
+                first = len(self.payloads[partition])
+                payloads = batch.entries.batch.column(0).to_pylist()
+                self.payloads[partition].extend(payloads)
+                known = [(partition, first, len(payloads))]  # (ledger, first entry, count)
+                self.seen[partition][(batch.producer, batch.sequence_id)] = known
+            out.append(known)
+        return out
+
+    def _last_sequence(self, partition, producer):
+        return max((s for name, s in self.seen[partition] if name == producer), default=0)
+
+
+class FakeSubscription(FakeLink):
+    """A subscription whose partitions hand out what ``publish`` put there and record
+    what was acked and nacked."""
+
+    def __init__(self, partitions: int) -> None:
+        super().__init__(partitions)
+        self.waiting: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        self.acked: dict[int, set[int]] = defaultdict(set)
+        self.nacked: dict[int, list[int]] = defaultdict(list)
+        self.consumers: dict[int, set[str]] = defaultdict(set)
+
+    def publish(self, partition: int, *payloads: bytes) -> None:
+        start = len(self.waiting[partition]) + len(self.acked[partition])
+        self.waiting[partition].extend((start + i, p) for i, p in enumerate(payloads))
+
+    def receive(self, partition, consumer, max_messages, timeout_s, rewinds):
+        return self._call("receive", partition, consumer, max_messages)
+
+    def ack(self, partition, consumer, keys):
+        return self._call("ack", partition, keys)
+
+    def nack(self, partition, consumer, keys, delay_s):
+        return self._call("nack", partition, keys)
+
+    def heartbeat(self, partition, consumer):
+        return self._call("heartbeat", partition)
+
+    def add_consumer(self, partition, consumer):
+        return self._call("add_consumer", partition, consumer)
+
+    def remove_consumer(self, partition, consumer):
+        return self._call("remove_consumer", partition, consumer)
+
+    def redeliver(self, partition, consumer, keys, rewinds=0, check_only=False):
+        return self._call("redeliver", partition)
+
+    def _receive(self, partition, consumer, max_messages):
+        taken = self.waiting[partition][:max_messages]
+        del self.waiting[partition][:max_messages]
+        entries = np.array([e for e, _ in taken], dtype=np.int64)
+        n = len(taken)
+        return pa.RecordBatch.from_pydict(
+            {
+                "ledger_id": np.full(n, 1, np.int64),
+                "entry_id": entries,
+                "publish_time_ms": np.zeros(n, np.int64),
+                "deliver_at_ms": np.full(n, -1, np.int64),
+                "redelivery_count": np.zeros(n, np.int64),
+                "payload": [p for _, p in taken],
+                "key": [None] * n,
+                "properties": [None] * n,
+            },
+            schema=DELIVERY_SCHEMA,
+        )
+
+    def _ack(self, partition, keys):
+        self.acked[partition].update(int(k) for k in keys)
+
+    def _nack(self, partition, keys):
+        self.nacked[partition].extend(int(k) for k in keys)
+
+    def _heartbeat(self, partition):
+        return True
+
+    def _add_consumer(self, partition, consumer):
+        self.consumers[partition].add(consumer)
+
+    def _remove_consumer(self, partition, consumer):
+        self.consumers[partition].discard(consumer)
+
+    def _redeliver(self, partition):
+        return 0
+
+    @staticmethod
+    def key(entry: int) -> int:
+        """The position key of entry ``entry`` of ledger 1 (what the consumer acks)."""
+        return int(join_keys(np.array([1]), np.array([entry]))[0])

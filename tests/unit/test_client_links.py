@@ -1,0 +1,129 @@
+"""The Producer and the Consumer against fake links (no Ray): routing, retries that do not
+append twice, acks to the right partition, and a down partition that does not hold up the
+others."""
+
+from __future__ import annotations
+
+import pytest
+
+from raydelay.client.consumer import Consumer
+from raydelay.client.producer import Producer
+from raydelay.config import load_config
+from raydelay.errors import InvalidArgument, Unavailable
+from tests.unit.fakes import FakeSubscription, FakeTopic
+
+
+@pytest.fixture
+def config():
+    return load_config(None)
+
+
+def test_a_producer_routes_each_key_to_one_partition_and_returns_the_positions(config):
+    topic = FakeTopic(partitions=3)
+    producer = Producer(topic, "orders", config, name="p")
+    keys = [f"customer-{i % 5}" for i in range(60)]
+    ids = producer.send_many([f"m{i}".encode() for i in range(60)], keys=keys)
+    partition_of_key = {}
+    for key, mid in zip(keys, ids, strict=True):
+        assert partition_of_key.setdefault(key, mid.partition) == mid.partition
+    assert sum(len(v) for v in topic.payloads.values()) == 60
+    for mid in ids:  # each id points at its own payload
+        assert topic.payloads[mid.partition][mid.entry_id] == f"m{ids.index(mid)}".encode()
+
+
+def test_an_append_retried_after_a_failure_sends_the_same_batch_and_is_not_appended_twice(
+    config,
+):
+    topic = FakeTopic(partitions=1)
+    producer = Producer(topic, "orders", config, name="p")
+    topic.down.add(0)  # the first append fails; the retry reconnects and sends it again
+    ids = producer.send_many([b"a", b"b", b"c"])
+    appends = [args for method, _, args in topic.calls if method == "append"]
+    assert len(appends) >= 2 and all(a == appends[0] for a in appends)  # same bytes, same id
+    assert topic.reconnects == [0]
+    assert topic.payloads[0] == [b"a", b"b", b"c"]
+    assert [m.entry_id for m in ids] == [0, 1, 2]
+    assert producer.retries == 1
+
+
+def test_a_named_producer_goes_on_from_the_sequence_ids_its_partitions_hold(config):
+    topic = FakeTopic(partitions=2)
+    first = Producer(topic, "orders", config, name="p")
+    for _ in range(3):
+        first.send_many([b"x"] * 40, keys=[f"k{i}" for i in range(40)])
+    held = [topic._last_sequence(p, "p") for p in range(2)]
+    assert min(held) > 0  # both partitions hold batches of "p"
+    assert Producer(topic, "orders", config, name="p").last_sequences == held
+    assert Producer(topic, "orders", config, name="other").last_sequences == [0, 0]
+
+
+def test_a_closed_producer_reports_once_and_refuses_sends(config):
+    closed = []
+    producer = Producer(FakeTopic(1), "orders", config, on_close=closed.append)
+    producer.close()
+    producer.close()
+    assert closed == [producer]
+    with pytest.raises(InvalidArgument, match="producer"):
+        producer.send(b"late")
+
+
+def consumer_of(subscription: FakeSubscription) -> Consumer:
+    return Consumer(subscription, "orders", "billing", lease_s=60.0)
+
+
+def test_a_consumer_receives_from_every_partition_and_acks_each_message_where_it_came_from():
+    sub = FakeSubscription(partitions=2)
+    sub.publish(0, b"a0", b"b0")
+    sub.publish(1, b"a1")
+    consumer = consumer_of(sub)
+    try:
+        got = consumer.receive(max_messages=10, timeout_s=0)
+        assert sorted(m.payload for m in got) == [b"a0", b"a1", b"b0"]
+        consumer.ack(got)
+        consumer.flush()
+        assert sub.acked == {0: {sub.key(0), sub.key(1)}, 1: {sub.key(0)}}
+        assert all(consumer.consumer_id in sub.consumers[p] for p in (0, 1))
+    finally:
+        consumer.close()
+    assert not sub.consumers[0] and not sub.consumers[1]
+
+
+def test_a_down_partition_keeps_its_acks_until_it_answers_while_the_others_go_on():
+    sub = FakeSubscription(partitions=2)
+    sub.publish(0, b"p0")
+    sub.publish(1, b"p1")
+    consumer = consumer_of(sub)
+    try:
+        got = consumer.receive(max_messages=10, timeout_s=0)
+        sub.down.add(0)
+        consumer.ack(got)  # partition 0's ack fails; partition 1's goes through
+        sub.publish(1, b"more")
+        assert [m.payload for m in consumer.receive(max_messages=10, timeout_s=0)] == [b"more"]
+        assert sub.acked[1] == {sub.key(0)}
+        consumer.flush()  # reconnects partition 0 and sends the kept ack
+        assert sub.acked[0] == {sub.key(0)}
+        assert 0 in sub.reconnects
+    finally:
+        consumer.close()
+
+
+def test_a_nack_goes_to_the_partition_of_each_message():
+    sub = FakeSubscription(partitions=2)
+    sub.publish(1, b"x", b"y")
+    consumer = consumer_of(sub)
+    try:
+        got = consumer.receive(max_messages=10, timeout_s=0)
+        consumer.nack(got[1:])
+        consumer.flush()
+        assert sub.nacked == {1: [sub.key(1)]}
+    finally:
+        consumer.close()
+
+
+def test_a_consumer_that_cannot_join_every_partition_leaves_none_joined():
+    sub = FakeSubscription(partitions=3)
+    sub.down.add(2)
+    sub.comes_back = False  # partition 2 cannot be reached at all
+    with pytest.raises(Unavailable):
+        consumer_of(sub)
+    assert not any(sub.consumers[p] for p in range(3))
