@@ -412,10 +412,9 @@ def test_orphan_objects_are_swept_on_recovery():
 # -- background I/O --------------------------------------------------------------------------
 
 
-def test_background_mode_on_a_local_dir_store(tmp_path):
-    env = Env(store=LocalDirObjectStore(tmp_path), max_num_buckets=3)
+def test_threaded_io_on_a_local_dir_store_loses_nothing_across_a_restart(tmp_path):
+    env = Env(store=LocalDirObjectStore(tmp_path), max_num_buckets=3, io="threads")
     t = env.tracker()
-    assert t._jobs.background is True
     expected = []
     for ledger in range(1, 9):
         expected += fill(t, ledger, 10, first_delay_ms=1_000 + ledger)
@@ -445,7 +444,7 @@ def test_a_slow_store_does_not_block_adds_or_pops():
             super().put(key, data)
 
     env = Env(store=GatedStore())
-    t = env.tracker(background=True)
+    t = env.tracker(io="threads")
     first = fill(t, 1, 10, first_delay_ms=10)
     fill(t, 2, 1)  # seals: the write now waits on the gate
     assert env.store.list("") == []  # not written yet, and add_messages has returned
@@ -468,7 +467,7 @@ def test_copies_handed_out_while_sealing_never_return_even_through_a_merge():
             super().put(key, data)
 
     env = Env(store=GatedStore(), max_num_buckets=1)
-    t = env.tracker(background=True)
+    t = env.tracker(io="threads")
     fill(t, 1, 10, first_delay_ms=10)  # due at T0+10, +20, ... +100
     fill(t, 2, 1, first_delay_ms=10_000)  # seals ledger 1; its write waits on the gate
     env.clock.set(T0 + 60)  # six due: segment 1 (four) and two of segment 2, served while sealing
