@@ -54,7 +54,7 @@ from raydelay.delayed.common import (
     check_positive_int,
     due_window_counts,
 )
-from raydelay.delayed.index import Membership, RunQueue, sorted_keys, sorted_positions
+from raydelay.delayed.index import Membership, RunQueue
 from raydelay.delayed.jobs import JobRunner
 from raydelay.delayed.registry import BucketRegistry
 from raydelay.errors import InvalidArgument, RaydelayError, StorageError
@@ -187,14 +187,6 @@ class BucketDelayedDeliveryTracker(TrackerBase):
                 self._route(ds, ls, es)
         self._settle()
         return result
-
-    def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
-        return sorted_positions(*self._take_due(max_messages))
-
-    def get_scheduled_keys(self, max_messages: int) -> np.ndarray:
-        """:meth:`get_scheduled_messages` as one sorted int64 column of position keys
-        (``ledger << 32 | entry``), for callers that work on columns."""
-        return sorted_keys(*self._take_due(max_messages))
 
     def _take_due(self, max_messages: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         self._check_open()
