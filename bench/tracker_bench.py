@@ -39,6 +39,7 @@ from raydelay.delayed import (  # noqa: E402
     InMemoryBucketRegistry,
     InMemoryDelayedDeliveryTracker,
 )
+from raydelay.delayed.bucket import IoMode  # noqa: E402
 from raydelay.storage import LocalDirObjectStore  # noqa: E402
 
 T0 = 1_700_000_000_000
@@ -55,9 +56,13 @@ def batches(n: int, seed: int = 7):
         yield idx // LEDGER + 1, idx % LEDGER, T0 + 1_000 + rng.integers(0, HOUR_MS, len(idx))
 
 
-def bucket_tracker(tmp: str, clock, name: str, **kw) -> BucketDelayedDeliveryTracker:
-    """The bench's bucket tracker: local dir store, tick 10 ms, strict, other settings as given."""
+def bucket_tracker(
+    tmp: str, clock, name: str, io: IoMode = "threads", **kw
+) -> BucketDelayedDeliveryTracker:
+    """The bench's bucket tracker: local dir store, I/O threads unless ``io`` says otherwise,
+    tick 10 ms, strict, other settings as given."""
     return BucketDelayedDeliveryTracker(
+        io=io,
         store=LocalDirObjectStore(tmp),
         registry=InMemoryBucketRegistry(),
         name=f"subs/bench/0/{name}",
@@ -81,7 +86,7 @@ def run_tracker(kind: str, n: int, tmp: str) -> dict:
     if kind == "memory":
         t = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=10, strict=True)
     else:
-        t = bucket_tracker(tmp, clock, kind, background=kind == "bucket-bg")
+        t = bucket_tracker(tmp, clock, kind, io="threads" if kind == "bucket-bg" else "inline")
     data = list(batches(n))
     add_lat, pop_lat = [], []
     started = time.perf_counter()

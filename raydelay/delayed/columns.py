@@ -54,24 +54,24 @@ def check_positions(
     return ls, es, ds
 
 
+def _as_int(field: str, value: object, what: str = "an int") -> int:
+    """``value`` as an int: a Python or numpy integer, never a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(f"{field}: expected {what}, got {type(value).__name__}")
+    return int(value)
+
+
 def check_position(ledger_id: object, entry_id: object) -> tuple[int, int]:
-    for field, v in (("ledger_id", ledger_id), ("entry_id", entry_id)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise InvalidArgument(f"{field}: expected an int, got {type(v).__name__}")
-    ledger_id, entry_id = int(ledger_id), int(entry_id)  # type: ignore[arg-type]
-    if not 0 <= ledger_id <= MAX_LEDGER_ID:
-        raise InvalidArgument(f"ledger_id: must be in [0, {MAX_LEDGER_ID}], got {ledger_id}")
-    if not 0 <= entry_id <= MAX_ENTRY_ID:
-        raise InvalidArgument(f"entry_id: must be in [0, {MAX_ENTRY_ID}], got {entry_id}")
-    return ledger_id, entry_id
+    ledger, entry = _as_int("ledger_id", ledger_id), _as_int("entry_id", entry_id)
+    if not 0 <= ledger <= MAX_LEDGER_ID:
+        raise InvalidArgument(f"ledger_id: must be in [0, {MAX_LEDGER_ID}], got {ledger}")
+    if not 0 <= entry <= MAX_ENTRY_ID:
+        raise InvalidArgument(f"entry_id: must be in [0, {MAX_ENTRY_ID}], got {entry}")
+    return ledger, entry
 
 
 def check_deliver_at(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgument(
-            f"deliver_at_ms: expected an int of epoch ms, got {type(value).__name__}"
-        )
-    return int(value)  # type: ignore[arg-type]
+    return _as_int("deliver_at_ms", value, "an int of epoch ms")
 
 
 def bitmap_of(entries: np.ndarray) -> BitMap:

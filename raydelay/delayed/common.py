@@ -1,13 +1,16 @@
-"""What both trackers share: argument checks, the cutoff, and the rules of adding."""
+"""What both trackers share: argument checks, the cutoff, the rules of adding, and how a
+pop is returned (positions or keys)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from pyroaring import BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.columns import check_deliver_at, check_position, superseded
-from raydelay.delayed.index import Membership
+from raydelay.delayed.index import Membership, sorted_keys, sorted_positions
 from raydelay.errors import InvalidArgument
 
 Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -38,6 +41,8 @@ class TrackerBase:
     _tick_time_ms: int
     _strict: bool
     _members: Membership
+    # each tracker's pop: up to max_messages due positions, as (ledger ids, entry ids) parts
+    _take_due: Callable[[int], tuple[list[np.ndarray], list[np.ndarray]]]
 
     def _cutoff(self) -> int:
         now = self._clock.now_ms()
@@ -63,6 +68,14 @@ class TrackerBase:
 
     def number_of_delayed_messages(self) -> int:
         return self._members.count
+
+    def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
+        return sorted_positions(*self._take_due(max_messages))
+
+    def get_scheduled_keys(self, max_messages: int) -> np.ndarray:
+        """:meth:`get_scheduled_messages` as one sorted int64 column of position keys
+        (``ledger << 32 | entry``), for callers that work on columns."""
+        return sorted_keys(*self._take_due(max_messages))
 
     def persisted_through(self) -> int:
         """The last ledger whose delayed positions are all in persisted buckets (-1: none).

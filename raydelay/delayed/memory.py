@@ -21,7 +21,7 @@ from raydelay.delayed.common import (
     check_positive_int,
     due_window_counts,
 )
-from raydelay.delayed.index import Membership, RunQueue, sorted_keys, sorted_positions
+from raydelay.delayed.index import Membership, RunQueue
 
 
 class InMemoryDelayedDeliveryTracker(TrackerBase):
@@ -77,14 +77,6 @@ class InMemoryDelayedDeliveryTracker(TrackerBase):
         )
 
     # -- popping ---------------------------------------------------------------------
-
-    def get_scheduled_messages(self, max_messages: int) -> list[tuple[int, int]]:
-        return sorted_positions(*self._take_due(max_messages))
-
-    def get_scheduled_keys(self, max_messages: int) -> np.ndarray:
-        """:meth:`get_scheduled_messages` as one sorted int64 column of position keys
-        (``ledger << 32 | entry``), for callers that work on columns."""
-        return sorted_keys(*self._take_due(max_messages))
 
     def _take_due(self, max_messages: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         n = check_max_messages(max_messages)

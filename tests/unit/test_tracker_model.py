@@ -51,7 +51,7 @@ class TrackerModel(RuleBasedStateMachine):
                 clock=self.clock, tick_time_ms=TICK, strict=self.strict
             )
         return BucketDelayedDeliveryTracker(
-            background="manual" if self.kind == "async" else False,
+            io="manual" if self.kind == "async" else "inline",
             store=self.store,
             registry=self.registry,
             name="subs/t/0/s",
