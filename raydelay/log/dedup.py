@@ -17,6 +17,7 @@ import msgpack
 
 from raydelay.errors import CodecError, NotFound, RaydelayError
 from raydelay.log.entries import AppendBatch
+from raydelay.retries import is_transient
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import validate_name
 
@@ -129,7 +130,9 @@ class ProducerDedup:
             self._store.delete(old)
 
     def load_snapshot(self) -> int:
-        """Load the newest readable snapshot; returns the ledger it was taken at (-1: none)."""
+        """Load the newest readable snapshot; returns the ledger it was taken at (-1: none).
+        A snapshot that does not decode is skipped for an older one; a transient store
+        failure is raised, for the caller's retry (``retries.RECOVERY`` in the actor)."""
         for key in reversed(self._store.list(self._prefix)):
             try:
                 raw = msgpack.unpackb(self._store.get(key), raw=False)
@@ -138,6 +141,8 @@ class ProducerDedup:
             except NotFound:
                 continue
             except Exception as exc:
+                if is_transient(exc):
+                    raise  # an older snapshot would lose the records of deleted ledgers
                 log.error("dedup snapshot %s unreadable, trying an older one: %s", key, exc)
                 continue
             for name, (floor, used, history) in raw["producers"].items():
