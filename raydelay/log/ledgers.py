@@ -6,9 +6,9 @@ exist (:meth:`LedgerTable.count_of` is a binary search, not a scan) and changes 
 when an object is committed, a ledger rolls or retention drops ledgers.
 
 Thread-safety: the log's thread changes it, while the actor's event loop asks
-:meth:`~LedgerTable.contains` and :meth:`~LedgerTable.tail`. Each state is therefore
-a value replaced whole (never changed in place), and a roll publishes the closed ledger
-before the new open one, so a reader between the two still sees the right count.
+:meth:`~LedgerTable.contains`, :meth:`~LedgerTable.tail` and the ledger list. So the
+whole table is one frozen value, replaced (never changed in place) by each change: every
+answer comes from one consistent state, without a lock.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ class LedgerInfo:
 
 
 @dataclass(frozen=True)
-class _Closed:
-    """The closed ledgers: ids ascending, and the entry count of each (None: not known)."""
+class _State:
+    """The closed ledgers (ids ascending, the entry count of each or None: not known),
+    and the open ledger's id (None: none) and entries committed to it."""
 
-    ids: tuple[int, ...]
-    counts: tuple[int | None, ...]
+    closed_ids: tuple[int, ...]
+    closed_counts: tuple[int | None, ...]
+    open_id: int | None
+    open_count: int
 
 
 class LedgerTable:
@@ -42,44 +45,43 @@ class LedgerTable:
         """``ledgers`` in any order; the last by id is open when its count is None (then
         with no entries yet: recovery counts them and calls :meth:`set_open_count`)."""
         infos = sorted(ledgers, key=lambda x: x.ledger_id)
-        self._open: tuple[int, int] | None = None  # (ledger_id, entries committed to it)
-        if infos and infos[-1].count is None:
-            self._open = (infos.pop().ledger_id, 0)
-        self._closed = _Closed(tuple(x.ledger_id for x in infos), tuple(x.count for x in infos))
+        open_id = infos.pop().ledger_id if infos and infos[-1].count is None else None
+        self._state = _State(
+            tuple(x.ledger_id for x in infos), tuple(x.count for x in infos), open_id, 0
+        )
 
     @property
     def has_open(self) -> bool:
-        return self._open is not None
+        return self._state.open_id is not None
 
     @property
     def current(self) -> int:
         """The open ledger's id."""
-        return self._opened()[0]
+        return _open_id(self._state)
 
     @property
     def open_count(self) -> int:
         """Entries committed to the open ledger."""
-        return self._opened()[1]
+        return self._state.open_count
 
     @property
     def infos(self) -> list[LedgerInfo]:
         """Every ledger in id order, the open one last (count None)."""
-        closed, open_ = self._closed, self._open
-        out = [LedgerInfo(i, c) for i, c in zip(closed.ids, closed.counts, strict=True)]
-        if open_ is not None:
-            out.append(LedgerInfo(open_[0], None))
+        s = self._state
+        out = [LedgerInfo(i, c) for i, c in zip(s.closed_ids, s.closed_counts, strict=True)]
+        if s.open_id is not None:
+            out.append(LedgerInfo(s.open_id, None))
         return out
 
     def count_of(self, ledger_id: int) -> int | None:
         """Entries in ``ledger_id`` (committed so far, when open); None when the ledger is
         not in the table or its count is not known."""
-        open_ = self._open
-        if open_ is not None and ledger_id == open_[0]:
-            return open_[1]
-        closed = self._closed
-        i = bisect_left(closed.ids, ledger_id)
-        if i < len(closed.ids) and closed.ids[i] == ledger_id:
-            return closed.counts[i]
+        s = self._state
+        if ledger_id == s.open_id:
+            return s.open_count
+        i = bisect_left(s.closed_ids, ledger_id)
+        if i < len(s.closed_ids) and s.closed_ids[i] == ledger_id:
+            return s.closed_counts[i]
         return None
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
@@ -89,48 +91,53 @@ class LedgerTable:
 
     def tail(self) -> Position | None:
         """The last committed position, or None when nothing was ever committed."""
-        open_, closed = self._open, self._closed
-        if open_ is not None and open_[1] > 0:
-            return (open_[0], open_[1] - 1)
-        for ledger_id, count in zip(reversed(closed.ids), reversed(closed.counts), strict=True):
+        s = self._state
+        if s.open_id is not None and s.open_count > 0:
+            return (s.open_id, s.open_count - 1)
+        for i in range(len(s.closed_ids) - 1, -1, -1):
+            count = s.closed_counts[i]
             if count:
-                return (ledger_id, count - 1)
+                return (s.closed_ids[i], count - 1)
         return None
 
     # --- changes (on the log's thread) ---------------------------------------------------------
 
     def set_open_count(self, count: int) -> None:
         """The open ledger now holds ``count`` entries."""
-        self._open = (self.current, count)
+        s = self._state
+        self._state = _State(s.closed_ids, s.closed_counts, _open_id(s), count)
 
     def open(self, ledger_id: int) -> None:
         """Open ``ledger_id`` after the closed ledgers (there is no open one)."""
-        if self._open is not None:
-            raise RaydelayError(f"open {ledger_id}: ledger {self._open[0]} is open")
-        ids = self._closed.ids
-        if ids and ledger_id <= ids[-1]:
-            raise RaydelayError(f"open: new ledger {ledger_id} is not above {ids[-1]}")
-        self._open = (ledger_id, 0)
+        s = self._state
+        if s.open_id is not None:
+            raise RaydelayError(f"open {ledger_id}: ledger {s.open_id} is open")
+        if s.closed_ids and ledger_id <= s.closed_ids[-1]:
+            raise RaydelayError(f"open: new ledger {ledger_id} is not above {s.closed_ids[-1]}")
+        self._state = _State(s.closed_ids, s.closed_counts, ledger_id, 0)
 
     def roll(self, new_id: int) -> None:
         """Close the open ledger at its count and open ``new_id``."""
-        closing, count = self._opened()
+        s = self._state
+        closing = _open_id(s)
         if new_id <= closing:
             raise RaydelayError(f"roll: new ledger {new_id} is not above {closing}")
-        closed = self._closed
-        self._closed = _Closed((*closed.ids, closing), (*closed.counts, count))
-        self._open = (new_id, 0)
+        self._state = _State((*s.closed_ids, closing), (*s.closed_counts, s.open_count), new_id, 0)
 
     def drop(self, ledger_ids: set[int]) -> None:
         """Forget closed ledgers (the open one stays)."""
-        closed = self._closed
+        s = self._state
         kept = [
-            (i, c) for i, c in zip(closed.ids, closed.counts, strict=True) if i not in ledger_ids
+            (i, c)
+            for i, c in zip(s.closed_ids, s.closed_counts, strict=True)
+            if i not in ledger_ids
         ]
-        self._closed = _Closed(tuple(i for i, _ in kept), tuple(c for _, c in kept))
+        self._state = _State(
+            tuple(i for i, _ in kept), tuple(c for _, c in kept), s.open_id, s.open_count
+        )
 
-    def _opened(self) -> tuple[int, int]:
-        open_ = self._open
-        if open_ is None:
-            raise RaydelayError("the log has no open ledger")
-        return open_
+
+def _open_id(state: _State) -> int:
+    if state.open_id is None:
+        raise RaydelayError("the log has no open ledger")
+    return state.open_id
