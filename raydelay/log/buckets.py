@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
@@ -28,10 +27,13 @@ from raydelay.delayed.sealed import (
 )
 from raydelay.dispatch.keys import SHIFT
 from raydelay.errors import CodecError, NotFound
+from raydelay.log.cache import LruCache
 from raydelay.log.entries import Rows
 from raydelay.storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
+
+_INDEXES_KEPT = 4  # a few: lookups of gone ledgers are rare
 
 
 class SealedStore:
@@ -40,9 +42,8 @@ class SealedStore:
     ) -> None:
         self._store = store
         self._topic, self._partition = topic, partition
-        self._metas: OrderedDict[str, SealedMeta] = OrderedDict()
-        self._indexes: OrderedDict[str, tuple] = OrderedDict()
-        self._meta_cache = meta_cache
+        self._metas: LruCache[str, SealedMeta] = LruCache(meta_cache)
+        self._indexes: LruCache[str, tuple] = LruCache(_INDEXES_KEPT)
         self._lock = threading.Lock()  # the seal thread and readers share the caches
 
     def write(self, meta: SealedMeta, data: bytes, index: bytes) -> int:
@@ -56,14 +57,11 @@ class SealedStore:
     def meta(self, key: str) -> SealedMeta:
         with self._lock:
             found = self._metas.get(key)
-            if found is not None:
-                self._metas.move_to_end(key)
-                return found
+        if found is not None:
+            return found
         meta = decode_meta(self._store.get(self._key(key, "meta")), f"bucket {key} meta")
         with self._lock:
-            self._metas[key] = meta
-            while len(self._metas) > self._meta_cache:
-                self._metas.popitem(last=False)
+            self._metas.put(key, meta)
         return meta
 
     def segment_keys(self, meta: SealedMeta) -> tuple:
@@ -72,9 +70,8 @@ class SealedStore:
             return meta.segment_keys
         with self._lock:
             found = self._indexes.get(meta.key)
-            if found is not None:
-                self._indexes.move_to_end(meta.key)
-                return found
+        if found is not None:
+            return found
         raw = self._store.get(self._key(meta.key, "index"))
         found = decode_index(raw, f"bucket {meta.key} index")
         if len(found) != len(meta.segments):
@@ -82,9 +79,7 @@ class SealedStore:
                 f"bucket {meta.key} index: {len(found)} segments, its meta has {len(meta.segments)}"
             )
         with self._lock:
-            self._indexes[meta.key] = found
-            while len(self._indexes) > 4:  # a few: lookups of gone ledgers are rare
-                self._indexes.popitem(last=False)
+            self._indexes.put(meta.key, found)
         return found
 
     def segment(self, key: str, offset: int, length: int) -> Rows:
@@ -123,8 +118,8 @@ class SealedStore:
         for what in ("meta", "index", "data"):
             self._store.delete(self._key(key, what))
         with self._lock:
-            self._metas.pop(key, None)
-            self._indexes.pop(key, None)
+            self._metas.pop(key)
+            self._indexes.pop(key)
         return 3
 
     def stored_keys(self) -> set[str]:

@@ -1,4 +1,8 @@
-"""The partition log (pure): group commits, ledgers, producer dedup, reads, recovery."""
+"""The partition log (pure), through PartitionLog: group commits, ledger rolls, dedup of
+re-sent batches, reads and their caches, recovery and retention, and the formats.
+
+The parts on their own: test_log_ledgers.py (counts and positions), test_log_dedup.py
+(the producer table and its snapshots), test_log_cache.py (the LRU cache)."""
 
 from __future__ import annotations
 
@@ -242,6 +246,58 @@ def test_the_tail_cache_is_bounded_and_misses_read_the_store():
     gets = store.calls["get"]
     assert payloads(log)[:3] == [b"m0", b"m1", b"m2"]
     assert store.calls["get"] > gets
+
+
+class RangeRecorder(MemoryObjectStore):
+    """Records the (key, start) of each ranged read: start 0 is an index probe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ranges: list[tuple[str, int]] = []
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        self.ranges.append((key.rsplit("/", 1)[1], start))
+        return super().get_range(key, start, end)
+
+    def probes(self) -> list[str]:
+        return [key for key, start in self.ranges if start == 0]
+
+
+def test_the_index_cache_is_bounded_and_an_evicted_index_is_read_again():
+    # Given two objects of 20 entries, and an index cache with room for one index only
+    store = RangeRecorder()
+    log = PartitionLog(
+        store=store,
+        topic="t",
+        partition=0,
+        ledgers=[],
+        roll=Ledgers().roll,
+        clock=ManualClock(1_000),
+        max_entries_per_ledger=1_000,
+        cache_bytes=0,  # no whole objects: every point read goes by the index
+        index_cache_bytes=1_000,  # room for one index of 20 entries (about 650 B), not two
+    )
+    log.commit([batch(20)])
+    log.commit([batch(20, start=20)])
+    first, second = "00000000000000000000.entries", "00000000000000000020.entries"
+    # When an entry of the first is read twice, then one of the second, then the first's
+    for position in [(1, 1), (1, 2), (1, 21), (1, 3)]:
+        assert log.read_positions([position]).entries.payloads == [b"m%d" % position[1]]
+    # Then the first's index was probed, kept, evicted by the second's, and probed again
+    assert store.probes() == [first, second, first]
+
+
+def test_deleting_a_ledger_empties_its_share_of_the_tail_cache():
+    # Given two closed ledgers whose objects are in the tail cache
+    log, _ = make_log(max_entries=4)
+    for i in range(2):
+        log.commit([batch(4, start=4 * i)])
+    assert log.cached_bytes > 0
+    # When both are deleted, then nothing of them is cached, nor readable
+    log.delete_ledgers([1, 2])
+    assert log.cached_bytes == 0
+    assert log.read((1, 0), 100).objects == []
+    assert not log.contains(1, 0) and log.count_of(2) is None
 
 
 def test_deleting_ledgers_removes_their_objects_but_never_the_open_one():
