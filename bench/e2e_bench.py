@@ -45,16 +45,13 @@ from bench.common import (  # noqa: E402
     ray_processes,
     start_local_ray,
 )
+from raydelay.clock import now_ms  # noqa: E402
 
 PAYLOAD = b"x" * 100
 BATCH = 1_000
 PRODUCER_THREADS = 4
 RECEIVE = 10_000  # max_messages per receive (a quarter asked of each partition)
 KINDS = (("immediate", None), ("delayed 1 s", 1.0))  # (label, deliver_after seconds)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def throughput(cluster, topic: str, n: int, delay_s: float | None, batch: int = BATCH) -> dict:

@@ -17,14 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from raydelay.clock import now_ms
+
 PAYLOAD_BYTES = 100
 HEADER = np.dtype([("seq", "<i8"), ("at", "<i8"), ("pad", "V84")])
 assert HEADER.itemsize == PAYLOAD_BYTES
 HOUR_MS = 3_600_000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def payloads(seq0: int, deliver_at_ms: np.ndarray) -> list[bytes]:

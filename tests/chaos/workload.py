@@ -8,10 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from raydelay import Cluster, MessageId
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from raydelay.clock import now_ms
 
 
 @dataclass

@@ -7,10 +7,7 @@ import time
 import ray
 
 from raydelay import Consumer, Message
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from raydelay.clock import now_ms
 
 
 def receive_all(
