@@ -18,7 +18,7 @@ milliseconds since the epoch. Pure Python and numpy: no Ray.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,19 +163,29 @@ def account(
         if at is not None:
             lateness.append(d.received_at_ms - at)
     seen = first_count.keys()
-    must_not_arrive = set(cancelled)
-    may_be_missing = must_not_arrive | set(excused)
     return Result(
         sent=len(sent),
         received=len(ordered),
-        lost=frozenset(m for m in sent if m not in seen and m not in may_be_missing),
+        lost=lost(sent, seen, cancelled=cancelled, excused=excused),
         early=tuple(early),
-        cancelled_delivered=frozenset(must_not_arrive & seen),
+        cancelled_delivered=frozenset(m for m in cancelled if m in seen),
         duplicates=duplicates,
         unmarked_duplicates=unmarked,
         unknown=frozenset(m for m in seen if m not in sent),
         lateness_ms=np.asarray(lateness, dtype=np.int64),
     )
+
+
+def lost(
+    sent: Iterable[Hashable],
+    seen: Container[Hashable],
+    *,
+    cancelled: Container[Hashable] = (),
+    excused: Container[Hashable] = (),
+) -> frozenset:
+    """The ids of ``sent`` that are neither in ``seen`` (received), ``cancelled`` (cancel
+    honoured) nor ``excused`` (see :func:`account`)."""
+    return frozenset(m for m in sent if m not in seen and m not in cancelled and m not in excused)
 
 
 class Ledger:
@@ -260,8 +270,8 @@ class Ledger:
         (``excuse_refused``: as in :meth:`result`)."""
         with self._lock:
             seen = self._seen.get(subscription, set())
-            skip = self._cancelled | (self._refused if excuse_refused else set())
-            return sum(1 for m in self._sent if m not in seen and m not in skip)
+            excused = self._refused if excuse_refused else set()
+            return len(lost(self._sent, seen, cancelled=self._cancelled, excused=excused))
 
     def result(self, subscription: str = DEFAULT, *, excuse_refused: bool = False) -> Result:
         """The accounting of ``subscription``. ``excuse_refused``: a message whose cancel
