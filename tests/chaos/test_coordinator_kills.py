@@ -77,13 +77,14 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
     kills_done.set()
     writer.join()
     n = len(sent)
-    assert n >= 20_000 and now_ms() < due
+    assert n >= 20_000
     sub = ray.get_actor(subscription_actor_name(topic_name, 0, "s"), namespace=NAMESPACE)
     deadline = time.monotonic() + 20
     while ray.get(sub.stats.remote())["delayed"] < n and time.monotonic() < deadline:
         time.sleep(0.2)
     stats = ray.get(sub.stats.remote())
-    assert stats["delayed"] == n and stats["buckets"] >= 3
+    # every one indexed and still waiting (a message due already would be missing here)
+    assert stats["delayed"] == n and stats["buckets"] >= 3, (stats, n, due - now_ms())
     # Then every bucket the topic registered is whole in the store, and every bucket in
     # the store is registered (none orphaned)
     coordinator = ray.get_actor(COORDINATOR, namespace=NAMESPACE)
