@@ -45,16 +45,14 @@ from bench.common import (  # noqa: E402
     ray_processes,
     start_local_ray,
 )
+from raydelay.accounting import Lateness  # noqa: E402
+from raydelay.clock import now_ms  # noqa: E402
 
 PAYLOAD = b"x" * 100
 BATCH = 1_000
 PRODUCER_THREADS = 4
 RECEIVE = 10_000  # max_messages per receive (a quarter asked of each partition)
 KINDS = (("immediate", None), ("delayed 1 s", 1.0))  # (label, deliver_after seconds)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def throughput(cluster, topic: str, n: int, delay_s: float | None, batch: int = BATCH) -> dict:
@@ -126,14 +124,7 @@ def lateness(cluster, topic: str, seconds: int, rate: int = 10_000) -> dict:
             consumer.ack(batch)
     arr = np.concatenate(lates) if lates else np.zeros(0, dtype=np.int64)
     consumer.close()
-    return {
-        "n": n,
-        "got": len(arr),
-        "p50": float(np.percentile(arr, 50)),
-        "p99": float(np.percentile(arr, 99)),
-        "max": int(arr.max()),
-        "early": int((arr < 0).sum()),
-    }
+    return Lateness.of(arr).as_dict() | {"n": n, "got": len(arr)}
 
 
 def measure(args, store: str) -> dict:

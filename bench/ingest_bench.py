@@ -45,6 +45,7 @@ from bench.common import (  # noqa: E402
     ratio,
     start_local_ray,
 )
+from raydelay.clock import now_ms  # noqa: E402
 from raydelay.console import table  # noqa: E402
 from raydelay.ingest import ingest_dataframe, start_spark, stop_spark  # noqa: E402
 
@@ -53,7 +54,7 @@ PARTITIONS = 2
 
 def write_input(path: Path, rows: int) -> int:
     rng = np.random.default_rng(7)
-    now = int(time.time() * 1000)
+    now = now_ms()
     path.mkdir(parents=True)
     files = 8
     per = -(-rows // files)

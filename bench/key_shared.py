@@ -29,10 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import raydelay  # noqa: E402
-from raydelay.clock import SystemClock  # noqa: E402
+from raydelay.clock import now_ms  # noqa: E402
 
 TOPIC = "ks-bench"
-now_ms = SystemClock().now_ms
 
 
 def drain(cluster, sub: str, kind: str, n: int, consumers: int) -> dict:

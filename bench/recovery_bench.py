@@ -49,16 +49,13 @@ from bench.common import (  # noqa: E402
     ratio,
     start_local_ray,
 )
+from raydelay.clock import now_ms  # noqa: E402
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
 
 PAYLOAD = b"x" * 100
 BATCH = 5_000
 SPREAD_MS = 3_600_000
 RECEIVE = 10_000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def run(cluster, store: BenchStore, topic: str, pending: int) -> dict:

@@ -11,6 +11,8 @@ matplotlib.use("Agg")  # no screen here
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from raydelay.accounting import Lateness  # noqa: E402
+
 NAMES = {"raydelay": "raydelay", "redis": "Redis sorted set", "heapq": "heapq"}
 COLORS = {"raydelay": "tab:blue", "redis": "tab:red", "heapq": "tab:gray"}
 MIB = 2**20
@@ -371,7 +373,7 @@ def _plots(results: dict, stem: Path) -> list[str]:
         if lates is not None and len(lates):
             xs = np.sort(lates)
             ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), color=COLORS[peer],
-                    label=f"{NAMES[peer]} (p99 {np.percentile(xs, 99):.0f} ms)")  # fmt: skip
+                    label=f"{NAMES[peer]} (p99 {Lateness.of(xs).p99_ms:.0f} ms)")  # fmt: skip
             drew = True
     if drew:
         ax.set_xscale("symlog", linthresh=1)

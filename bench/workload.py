@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from raydelay.accounting import Lateness
+from raydelay.clock import now_ms
+
 PAYLOAD_BYTES = 100
 HEADER = np.dtype([("seq", "<i8"), ("at", "<i8"), ("pad", "V84")])
 assert HEADER.itemsize == PAYLOAD_BYTES
 HOUR_MS = 3_600_000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def payloads(seq0: int, deliver_at_ms: np.ndarray) -> list[bytes]:
@@ -150,15 +149,8 @@ class Drain:
 
 
 def lateness_summary(lates: np.ndarray) -> dict:
-    if len(lates) == 0:
-        return {"p50": None, "p99": None, "max": None, "early": 0, "n": 0}
-    return {
-        "p50": float(np.percentile(lates, 50)),
-        "p99": float(np.percentile(lates, 99)),
-        "max": int(lates.max()),
-        "early": int((lates < 0).sum()),
-        "n": len(lates),
-    }
+    """p50, p99, max, early and n of lateness values (ms): raydelay.accounting's."""
+    return Lateness.of(lates).as_dict()
 
 
 def dir_bytes(path: str | os.PathLike) -> int:
@@ -251,7 +243,7 @@ def run_burst(
         "delivered": drain.received,
         "drain_s": (drain.times_ms[-1] - due_ms) / 1000 if drain.times_ms else None,
         "curve": drain.curve(due_ms),
-        "early": int((drain.lateness() < 0).sum()),
+        "early": Lateness.of(drain.lateness()).early,
         "cpu": {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()},
     }
 

@@ -20,11 +20,16 @@ class Clock(Protocol):
         ...
 
 
+def now_ms() -> int:
+    """The wall-clock time in integer milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
 class SystemClock:
     """Wall-clock time in milliseconds since the epoch."""
 
     def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
+        return now_ms()
 
     def __repr__(self) -> str:
         return "SystemClock()"

@@ -29,6 +29,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from raydelay.accounting import Lateness, Ledger
+from raydelay.clock import now_ms
 from raydelay.console import table
 from raydelay.errors import InvalidArgument
 
@@ -60,15 +62,12 @@ class DemoReport:
     peak_rss_mb: float = 0.0
     elapsed_s: float = 0.0
 
-    def percentile(self, q: float) -> float:
-        return float(np.percentile(self.lateness_ms, q)) if self.lateness_ms else 0.0
-
     @property
     def ok(self) -> bool:
         return self.early == 0 and self.lost == 0 and self.cancelled_delivered == 0
 
     def table(self) -> str:
-        late = self.lateness_ms
+        late = Lateness.of(self.lateness_ms)
         rows = [
             ["order timeouts scheduled", f"{self.messages:,}"],
             [
@@ -84,7 +83,7 @@ class DemoReport:
             ["duplicates", f"{self.duplicates:,}"],
             [
                 "lateness p50 / p99 / max",
-                f"{self.percentile(50):.0f} / {self.percentile(99):.0f} / {max(late, default=0):,} ms",
+                f"{late.p50_ms or 0:.0f} / {late.p99_ms or 0:.0f} / {late.max_ms or 0:,} ms",
             ],
             ["buckets sealed / segments loaded", f"{self.buckets_sealed} / {self.buckets_loaded}"],
             ["peak RSS of subscription actors", f"{self.peak_rss_mb:,.0f} MB"],
@@ -263,7 +262,8 @@ class _Run:
         self.pay_at: list[tuple[int, str]] = []
         self.paid: set[str] = set()
         self.cancelled_ok: set[str] = set()
-        self.seen: set[str] = set()
+        self.ledger = Ledger()  # keyed by order id
+        self.ledger.record_sent(list(self.due), list(self.due.values()))
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -302,12 +302,11 @@ class _Run:
         while time.monotonic() < end:
             time.sleep(1.0)
             self._sample_rss(pids)
+            delivered = self.ledger.distinct_received()
+            bins = np.bincount(
+                np.searchsorted(_EDGES_MS, self.ledger.lateness_so_far()), minlength=len(_LABELS)
+            )
             with self.lock:
-                delivered = len(self.seen)
-                bins = np.bincount(
-                    np.searchsorted(_EDGES_MS, np.asarray(self.report.lateness_ms, dtype=np.int64)),
-                    minlength=len(_LABELS),
-                )
                 cancelled = len(self.cancelled_ok)
             late = int(bins[np.searchsorted(_EDGES_MS, LATE_MS) + 1 :].sum())
             hist = "  ".join(f"{label} {int(n):,}" for label, n in zip(_LABELS, bins, strict=True))
@@ -341,6 +340,7 @@ class _Run:
                 if batch:
                     mids = [self.ids[o] for o in batch]
                     results = producer.cancel_many(mids)
+                    self.ledger.record_cancels(batch, results)
                     with self.lock:
                         self.paid.update(batch)
                         self.cancelled_ok.update(
@@ -356,18 +356,8 @@ class _Run:
             msgs = consumer.receive(max_messages=2_000, timeout_s=0.2)
             if not msgs:
                 continue
-            now = time.time_ns() // 1_000_000
-            with self.lock:
-                for m in msgs:
-                    oid = m.key  # the order id
-                    if oid in self.seen:
-                        self.report.duplicates += 1
-                        continue
-                    self.seen.add(oid)
-                    lateness = now - self.due[oid]
-                    if lateness < 0:
-                        self.report.early += 1
-                    self.report.lateness_ms.append(lateness)
+            order_ids = [m.key for m in msgs]
+            self.ledger.record_received(order_ids, now_ms(), [m.redelivery_count for m in msgs])
             consumer.ack(msgs)
 
     def _actor_pids(self) -> list[int]:
@@ -399,9 +389,12 @@ class _Run:
         r.buckets_sealed = sum(p["tracker"].get("sealed", 0) for p in stats["partitions"])
         r.buckets_loaded = sum(p["tracker"].get("loaded", 0) for p in stats["partitions"])
         r.peak_rss_mb = self.peak_rss / 1e6
-        r.delivered = len(self.seen)
-        r.cancels_honoured = len(self.cancelled_ok - self.seen)
-        r.cancelled_delivered = len(self.cancelled_ok & self.seen)
-        unpaid = set(self.due) - self.paid
-        # a paid order whose cancel came too late was delivered: that is not lost
-        r.lost = len(unpaid - self.seen) + len((self.paid - self.cancelled_ok) - self.seen)
+        # a paid order whose cancel came too late must be delivered: missing, it is lost
+        result = self.ledger.result()
+        r.delivered = result.distinct
+        r.duplicates = result.duplicates
+        r.early = len(result.early)
+        r.cancelled_delivered = len(result.cancelled_delivered)
+        r.cancels_honoured = len(self.cancelled_ok) - r.cancelled_delivered
+        r.lost = len(result.lost)
+        r.lateness_ms = result.lateness_ms.tolist()

@@ -35,6 +35,7 @@ from raydelay.client.message import (
     check_properties,
     deliver_at_of,
 )
+from raydelay.clock import now_ms as _now_ms
 from raydelay.dispatch.keys import key_hash, position_in_range
 from raydelay.errors import InvalidArgument, RaydelayError, StorageError, Unavailable
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
@@ -403,10 +404,6 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _check_payloads(payloads: Sequence[object], max_bytes: int) -> list[bytes]:

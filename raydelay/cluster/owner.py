@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import NoReturn
 
+from raydelay.clock import now_ms as _now_ms
 from raydelay.errors import Conflict, NotFound, StoreOwned
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,6 @@ class Claim:
         return (
             f"the raydelay cluster at Ray address {self.address} (host {self.host}, pid {self.pid})"
         )
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _decode(raw: bytes) -> Claim:

@@ -1,4 +1,7 @@
-"""A produce / cancel / consume workload with a ledger of what must and must not arrive."""
+"""A produce / cancel / consume workload with a ledger of what must and must not arrive.
+
+The ledger keeps the records (tests/cluster/harness.py reads them too); what they add up
+to (lost, early, cancelled-delivered, duplicates) is raydelay.accounting's."""
 
 from __future__ import annotations
 
@@ -8,10 +11,9 @@ import time
 from dataclasses import dataclass, field
 
 from raydelay import Cluster, MessageId
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from raydelay.accounting import Delivery, account, lost
+from raydelay.clock import now_ms
+from tests.integration.helpers import send_markers
 
 
 @dataclass
@@ -24,6 +26,8 @@ class Ledger:
     # subscription -> (id, deliver_at, received at, redelivery_count) per delivery
     received: dict[str, list[tuple[MessageId, int, int, int]]] = field(default_factory=dict)
     producer_retries: int = 0
+    # id -> deliver_at of the markers sent once everything arrived (not counted in ``sent``)
+    markers: dict[MessageId, int | None] = field(default_factory=dict)
 
     def record(self, name: str, msgs, t: int) -> None:
         self.received[name].extend(
@@ -34,30 +38,40 @@ class Ledger:
         return {r[0] for r in self.received[name]}
 
     def all_received(self) -> bool:
-        expected = set(self.sent) - self.cancel_attempts
-        return all(expected <= self.ids(name) for name in self.received)
+        sent = self.sent | self.markers
+        excused = self.cancel_attempts
+        return not any(
+            lost(sent, self.ids(name), cancelled=self.cancelled, excused=excused)
+            for name in self.received
+        )
+
+    def result(self, name: str):
+        """The accounting of subscription ``name``: a message whose cancel was tried may be
+        missing (after a restart a retried cancel may say False for one that took effect)."""
+        deliveries = [Delivery(m, t, count) for m, _, t, count in self.received[name]]
+        return account(
+            self.sent | self.markers,
+            deliveries,
+            cancelled=self.cancelled,
+            excused=self.cancel_attempts,
+        )
 
     def check(self) -> dict:
         """Lost, early, cancelled-but-delivered and duplicates (with those that came back
         without a raised ``redelivery_count``), per subscription."""
         report = {}
-        expected = set(self.sent) - self.cancel_attempts
-        for name, got in self.received.items():
-            ids = [r[0] for r in got]
-            seen: set[MessageId] = set()
-            unmarked = 0
-            for m, _, _, count in got:
-                unmarked += m in seen and count == 0
-                seen.add(m)
+        for name in self.received:
+            counts = self.result(name).counts()
             report[name] = {
-                "lost": len(expected - seen),
-                "early": sum(
-                    1 for m, at, t, _ in got if self.sent.get(m) is not None and t < self.sent[m]
-                ),
-                "cancelled_delivered": len(seen & self.cancelled),
-                "duplicates": len(ids) - len(seen),
-                "unmarked_duplicates": unmarked,
-                "received": len(ids),
+                k: counts[k]
+                for k in (
+                    "lost",
+                    "early",
+                    "cancelled_delivered",
+                    "duplicates",
+                    "unmarked_duplicates",
+                    "received",
+                )
             }
         return report
 
@@ -124,13 +138,25 @@ def run_workload(
     ledger.producer_retries = producer.retries
     if chaos_thread:
         chaos_thread.join()
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if ledger.all_received():
-            break
-        time.sleep(0.5)
-    time.sleep(1.0)
+    wait_for(ledger, timeout_s=90)
+    # then markers on every partition, read after everything and due after everything: a
+    # duplicate or a cancelled message, from the log or the delayed index, comes before them
+    last_due = max((at for at in ledger.sent.values() if at is not None), default=0)
+    ledger.markers = send_markers(producer, [None, max(last_due, now_ms()) + 300])
+    if not wait_for(ledger, timeout_s=60):
+        raise AssertionError(f"not everything arrived, markers included: {ledger.check()}")
     stop.set()
     for t in threads:
         t.join(timeout=10)
     return ledger
+
+
+def wait_for(ledger: Ledger, timeout_s: float) -> bool:
+    """Wait until every subscription received everything it must; False after
+    ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not ledger.all_received():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True

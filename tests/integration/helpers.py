@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Collection, Sequence
 
 import ray
 
-from raydelay import Consumer, Message
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from raydelay import Consumer, Message, MessageId, Producer
+from raydelay.clock import now_ms
+from raydelay.dispatch.keys import key_hash
 
 
 def receive_all(
@@ -34,13 +34,52 @@ def receive_all(
     return got
 
 
-def quiet(consumer: Consumer, seconds: float) -> list[Message]:
-    """Everything received during ``seconds`` (expected to be nothing, usually)."""
-    out: list[Message] = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        out.extend(consumer.receive(max_messages=1_000, timeout_s=0.2))
-    return out
+def key_on(partition: int, partitions: int) -> str:
+    """A message key that the producer routes to ``partition`` (of ``partitions``)."""
+    for i in itertools.count():
+        key = f"marker-{i}"
+        if key_hash(key) % partitions == partition:
+            return key
+    raise AssertionError("unreachable")
+
+
+def send_markers(
+    producer: Producer, deliver_at_ms: Sequence[int | None] = (None,)
+) -> dict[MessageId, int | None]:
+    """Marker messages, sent now: one on every partition for each deliver_at (epoch ms;
+    None: immediate). Returns their ids, each with its deliver_at.
+
+    A marker is the positive event a test waits for instead of sleeping: a partition hands
+    out what is due earliest first (and what is waiting for redelivery before that), and
+    what it reads in log order, so a message that must not arrive would arrive on its
+    partition no later than a marker sent after it and due after it."""
+    n = producer.partitions
+    keys = [key_on(p, n) for p in range(n)] * len(deliver_at_ms)
+    ats = [at for at in deliver_at_ms for _ in range(n)]
+    ids = producer.send_many([b"marker"] * len(keys), deliver_at=ats, keys=keys)
+    return dict(zip(ids, ats, strict=True))
+
+
+def received_before(
+    consumer: Consumer, markers: Collection[MessageId], *, timeout_s: float = 60.0
+) -> list[Message]:
+    """Receive (and ack) until every one of ``markers`` arrived; returns the other messages
+    received meanwhile. Fails if the markers have not all arrived within ``timeout_s``."""
+    waiting = set(markers)
+    others: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(waiting)} of {len(markers)} markers not received")
+        msgs = consumer.receive(max_messages=1_000, timeout_s=0.5)
+        if msgs:
+            consumer.ack(msgs)
+        for m in msgs:
+            if m.message_id in waiting:
+                waiting.discard(m.message_id)
+            else:
+                others.append(m)
+    return others
 
 
 def restart(name: str):

@@ -53,6 +53,7 @@ def test_basic_flow(kind):
     for i, d in enumerate([1_010, 1_020, 1_030, 1_040, 1_050]):
         assert t.add_message(1, i, d) is True
     assert t.number_of_delayed_messages() == 5
+    assert t.buffer_memory_usage() > 0  # what it tracks takes room
     assert t.has_message_available() is False
     assert t.next_delivery_time() == 1_010
     assert t.get_scheduled_messages(10) == []
@@ -64,7 +65,6 @@ def test_basic_flow(kind):
     assert t.get_scheduled_messages(10) == [(1, 3), (1, 4)]
     assert t.number_of_delayed_messages() == 0
     assert t.next_delivery_time() is None
-    assert t.buffer_memory_usage() >= 0
 
 
 def test_add_within_the_tick_is_delivered_now(kind):
@@ -267,11 +267,3 @@ def test_draining_resets_the_fixed_delay_state():
     for i in range(2, 5):
         t.add_message(1, i, 100 + i)
     assert t.should_pause_all_deliveries() is True
-
-
-def test_the_bucket_tracker_never_pauses():
-    clock = ManualClock(0)
-    t = make("bucket", clock, tick_time_ms=1)
-    for i in range(100):
-        t.add_message(1, i, 1_000 + i)
-    assert t.should_pause_all_deliveries() is False
