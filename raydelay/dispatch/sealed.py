@@ -29,9 +29,8 @@ import numpy as np
 from pyroaring import BitMap64
 
 from raydelay.delayed.common import due_window_counts
-from raydelay.delayed.index import Membership, smallest_counts
+from raydelay.delayed.index import Membership, smallest_counts, split_keys
 from raydelay.delayed.sealed import SealedMeta
-from raydelay.dispatch.keys import LOW, SHIFT
 from raydelay.log.entries import Rows
 
 FINISHED = -1  # the progress of a bucket every row of which is acknowledged
@@ -112,7 +111,7 @@ class SealedReader:
         """Segments to load now, as (bucket key, segment no, byte offset, length): the next
         segment of each bucket whose deliver_at comes within the lookahead, while the
         bucket holds few rows loaded. Marks them as loading."""
-        out = []
+        out: list[tuple[str, int, int, int]] = []
         horizon = now_ms + self.lookahead_ms
         held = sum(
             b.loaded_rows() + (b.meta.segments[b.loading].count if b.loading is not None else 0)
@@ -174,7 +173,7 @@ class SealedReader:
                     if n > 0:
                         s = b.loaded[0]
                         ks = s.keys[s.pos : s.pos + n]
-                        parts.append((s.d[s.pos : s.pos + n], ks >> SHIFT, ks & LOW))
+                        parts.append((s.d[s.pos : s.pos + n], *split_keys(ks)))
                         owners.append(b)
                 took = dict(zip(map(id, owners), smallest_counts(parts, room), strict=True))
                 counts = [took.get(id(b), 0) for b in heads]
@@ -264,7 +263,3 @@ class SealedReader:
         for d in loaded:
             out += np.bincount(np.searchsorted(edges, d, side="right"), minlength=len(out))
         return out.tolist()
-
-
-def _values(bm: BitMap64) -> np.ndarray:
-    return np.frombuffer(bm.to_array(), dtype=np.uint64).astype(np.int64)

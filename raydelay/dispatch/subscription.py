@@ -27,7 +27,7 @@ moves bytes (reads the log, fetches payloads, answers consumers) and runs timers
 - **dead letters**: a position due for its ``max_redeliveries + 1``-th redelivery goes
   to the dead-letter set instead; the actor publishes it and then acks it.
 
-Positions are ints: ``ledger_id << 32 | entry_id``.
+Positions are int64 keys (:func:`raydelay.delayed.index.key_of`).
 """
 
 from __future__ import annotations
@@ -48,10 +48,17 @@ from pyroaring import BitMap, BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
-from raydelay.delayed.index import bitmap64_of, bitmap64_values
+from raydelay.delayed.index import (
+    KEY_DTYPE,
+    bitmap64_of,
+    bitmap64_values,
+    key_of,
+    position_keys,
+    position_of,
+    split_keys,
+)
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
-from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
 from raydelay.dispatch.keyshared import SLOTS, Ring, slots_of
 from raydelay.dispatch.sealed import SealedReader
 from raydelay.errors import ConsumerBusy, InvalidArgument
@@ -113,12 +120,8 @@ class _Consumer:
 
 def _keys_of(keys: Iterable[int] | np.ndarray) -> np.ndarray:
     if isinstance(keys, np.ndarray):
-        return keys.astype(np.int64, copy=False)
-    return np.fromiter(keys, dtype=np.int64)
-
-
-def _values(bm: BitMap64) -> np.ndarray:
-    return bitmap64_values(bm).astype(np.int64)
+        return keys.astype(KEY_DTYPE, copy=False)
+    return np.fromiter(keys, dtype=KEY_DTYPE)
 
 
 class Subscription:
@@ -312,7 +315,7 @@ class Subscription:
                     done = span & self._cancelled_ahead
                     if done:
                         self._cancelled_ahead -= done
-                        self._ack_cursor(_values(done))
+                        self._ack_cursor(bitmap64_values(done))
             else:
                 idx = np.arange(start, obj.count, dtype=np.int64)
                 taken += self._take_in(obj, idx, first_key + idx)
@@ -360,8 +363,8 @@ class Subscription:
             span.add_range(key_of(ledger_id, lo), key_of(ledger_id, size))
             acked = self.cursor.acked.get(ledger_id)
             if acked:
-                entries = np.frombuffer(acked.to_array(), dtype=np.uint32).astype(np.uint64)
-                span -= BitMap64((np.uint64(ledger_id) << np.uint64(SHIFT)) | entries)
+                entries = np.frombuffer(acked.to_array(), dtype=np.uint32)
+                span -= bitmap64_of(position_keys(np.full(len(entries), ledger_id), entries))
             loose |= span
         if loose:
             loose -= self.tracker.tracked_among(loose)
@@ -380,7 +383,7 @@ class Subscription:
         position the log no longer has is dropped). Returns entries taken in."""
         chunk = bitmap64_of(_keys_of(keys)) & self.unread
         self.unread -= chunk
-        wanted = _values(chunk)
+        wanted = bitmap64_values(chunk)
         idx = np.flatnonzero(np.isin(rows.positions, wanted))
         taken = self._take_in(rows, idx, rows.positions[idx]) if len(idx) else 0
         gone = np.setdiff1d(wanted, rows.positions)
@@ -411,7 +414,7 @@ class Subscription:
             ahead = bitmap64_of(keys[~keep]) & self._cancelled_ahead
             if ahead:
                 self._cancelled_ahead -= ahead
-                done = _values(ahead)
+                done = bitmap64_values(ahead)
                 self._ack_cursor(done)
         idx, keys = idx[keep], keys[keep]
         ds = ents.deliver_at_ms[idx]
@@ -445,7 +448,7 @@ class Subscription:
             return keep
         md_key = key_of(*self.cursor.mark_delete) if self.cursor.mark_delete[1] >= 0 else None
         md_l = self.cursor.mark_delete[0]
-        ledgers = keys >> SHIFT
+        ledgers, entries = split_keys(keys)
         keep &= ledgers >= md_l
         if md_key is not None:
             keep &= keys > md_key
@@ -454,14 +457,14 @@ class Subscription:
             if not bm:
                 continue
             same = ledgers == ledger_id
-            es = keys[same] & LOW
+            es = entries[same]
             if bm.range_cardinality(int(es.min()), int(es.max()) + 1):
                 both = BitMap(array("I", es.astype(np.uint32).tobytes())) & bm
                 keep[same] &= ~np.isin(es, np.frombuffer(both.to_array(), dtype=np.uint32))
         if self._cancelled_ahead:
             hit = bitmap64_of(keys) & self._cancelled_ahead
             if hit:
-                keep &= ~np.isin(keys, _values(hit))
+                keep &= ~np.isin(keys, bitmap64_values(hit))
         return keep
 
     # --- delivering -------------------------------------------------------------------------
@@ -483,10 +486,10 @@ class Subscription:
         if room > 0 and self.tracker.has_message_available():
             take = getattr(self.tracker, "get_scheduled_keys", None)
             if take is not None:
-                due = np.asarray(take(room), dtype=np.int64)
+                due = np.asarray(take(room), dtype=KEY_DTYPE)
             else:
                 due_pairs = self.tracker.get_scheduled_messages(room)
-                due = np.array([(lg << SHIFT) | e for lg, e in due_pairs], dtype=np.int64)
+                due = position_keys(*np.array(due_pairs, dtype=KEY_DTYPE).reshape(-1, 2).T)
             if len(due):  # (one nacked with a delay may have been acked since)
                 due = due[self._unseen(due)]
                 self.redeliver |= bitmap64_of(due)
@@ -575,7 +578,7 @@ class Subscription:
             self._apply_marker(marker, target)
         positions = meta.positions()
         self.sealed.adopt(meta, done=done, taken=self.tail_taken)
-        self.log_cursor.ack(*split_keys(_values(positions)))
+        self.log_cursor.ack(*split_keys(bitmap64_values(positions)))
 
     def _ack_gone_ledgers(self, present: set[int]) -> None:
         """Entries of a bucket's ledgers that are gone from the log and not in the bucket
@@ -591,7 +594,7 @@ class Subscription:
                 gone.add_range(key_of(ledger_id, 0), key_of(ledger_id, size))
                 gone -= b.meta.positions()
                 if gone:
-                    self._ack_cursor(_values(gone))
+                    self._ack_cursor(bitmap64_values(gone))
 
     def advance_buckets(self) -> list[str]:
         """Move each bucket's progress over segments whose rows are all acknowledged;
@@ -627,14 +630,14 @@ class Subscription:
         """The redelivery set's keys (ascending) and their hash slots (-1: not known)."""
         gone = self._indexed - self.redeliver
         if gone:
-            keep = ~np.isin(self._pool_keys, _values(gone))
+            keep = ~np.isin(self._pool_keys, bitmap64_values(gone))
             self._pool_keys, self._pool_slots = self._pool_keys[keep], self._pool_slots[keep]
             self._indexed -= gone
         new = self.redeliver - self._indexed
         if new:
-            keys = _values(new)
+            keys = bitmap64_values(new)
             keys = np.concatenate([self._pool_keys, keys])
-            slots = np.concatenate([self._pool_slots, self._slots_known(_values(new))])
+            slots = np.concatenate([self._pool_slots, self._slots_known(bitmap64_values(new))])
             order = np.argsort(keys, kind="stable")
             self._pool_keys, self._pool_slots = keys[order], slots[order]
             self._indexed |= new
@@ -704,7 +707,7 @@ class Subscription:
         if hit:
             c.pending -= hit
             if c.held is not None:
-                slots = self._slots_known(_values(hit))
+                slots = self._slots_known(bitmap64_values(hit))
                 np.subtract.at(c.held, slots[slots >= 0], 1)
         return hit
 
@@ -713,7 +716,7 @@ class Subscription:
         cancel may have taken some while they were fetched)."""
         waiting = bitmap64_of(keys) & self.redeliver
         if len(waiting) < len(keys):
-            keep = np.isin(keys, _values(waiting))
+            keep = np.isin(keys, bitmap64_values(waiting))
             idx, keys = idx[keep], keys[keep]
         return idx, keys
 
@@ -873,7 +876,7 @@ class Subscription:
         if self._counted:
             hit = (bm if bm is not None else bitmap64_of(keys)) & self._counted
             if hit:
-                where = np.flatnonzero(np.isin(keys, _values(hit)))
+                where = np.flatnonzero(np.isin(keys, bitmap64_values(hit)))
                 counts[where] = [self._counts[k] for k in keys[where].tolist()]
         return counts
 
@@ -898,7 +901,7 @@ class Subscription:
             len(gone),
             position_of(gone.min()),
         )
-        self._ack_keys(_values(gone))
+        self._ack_keys(bitmap64_values(gone))
         return len(gone)
 
     # --- acks, nacks, timeouts ------------------------------------------------------------------
@@ -957,7 +960,7 @@ class Subscription:
         if delay_ms <= 0:
             self._schedule_redelivery(held)
             return len(held)
-        later = self._to_dead_letters(_values(held))
+        later = self._to_dead_letters(bitmap64_values(held))
         if len(later):
             self._bump_counts(later)
             tracked = self.tracker.add_messages(
@@ -985,7 +988,7 @@ class Subscription:
             others = wanted - held
             bad = [
                 (int(k), why)
-                for k in _values(others)
+                for k in bitmap64_values(others)
                 if (why := self._not_redeliverable(int(k), consumer_id)) is not None
             ]
             if bad:
@@ -1045,7 +1048,7 @@ class Subscription:
         return keys[~over]
 
     def _schedule_redelivery(self, bm: BitMap64) -> None:
-        ks = self._to_dead_letters(_values(bm))
+        ks = self._to_dead_letters(bitmap64_values(bm))
         if len(ks):
             self._bump_counts(ks)
             self.counters["redelivered"] += len(ks)
@@ -1172,7 +1175,7 @@ class Subscription:
 
 
 def _first(bm: BitMap64, n: int) -> np.ndarray:
-    """The ``n`` lowest values of ``bm`` as int64."""
+    """The ``n`` lowest keys of ``bm``."""
     if len(bm) <= n:
-        return _values(bm)
-    return np.fromiter(itertools.islice(bm, n), dtype=np.uint64, count=n).astype(np.int64)
+        return bitmap64_values(bm)
+    return np.fromiter(itertools.islice(bm, n), dtype=KEY_DTYPE, count=n)
