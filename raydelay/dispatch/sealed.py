@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from pyroaring import BitMap64
@@ -36,6 +37,15 @@ from raydelay.log.entries import Rows
 FINISHED = -1  # the progress of a bucket every row of which is acknowledged
 
 Group = tuple[Rows, np.ndarray, np.ndarray]  # (segment rows, row indexes, position keys)
+
+
+class SegmentLoad(NamedTuple):
+    """A segment to read from the store: its bucket, number, and byte range there."""
+
+    key: str
+    no: int
+    offset: int
+    length: int
 
 
 @dataclass
@@ -107,11 +117,11 @@ class SealedReader:
 
     # --- loading --------------------------------------------------------------------------
 
-    def wanted(self, now_ms: int, max_loads: int = 4) -> list[tuple[str, int, int, int]]:
+    def wanted(self, now_ms: int, max_loads: int = 4) -> list[SegmentLoad]:
         """Segments to load now, as (bucket key, segment no, byte offset, length): the next
         segment of each bucket whose deliver_at comes within the lookahead, while the
         bucket holds few rows loaded. Marks them as loading."""
-        out: list[tuple[str, int, int, int]] = []
+        out: list[SegmentLoad] = []
         horizon = now_ms + self.lookahead_ms
         held = sum(
             b.loaded_rows() + (b.meta.segments[b.loading].count if b.loading is not None else 0)
@@ -127,7 +137,7 @@ class SealedReader:
                 continue
             b.loading = b.next_load
             held += seg.count
-            out.append((key, b.next_load, seg.offset, seg.length))
+            out.append(SegmentLoad(key, b.next_load, seg.offset, seg.length))
         return out
 
     def install(self, key: str, no: int, rows: Rows) -> None:
