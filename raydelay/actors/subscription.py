@@ -119,7 +119,6 @@ class SubscriptionActor:
         self._prefix = subscription_prefix(topic, partition, subscription)
         self._sealed_store = SealedStore(self._store, topic, partition)
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
-        self._cursor = cursor
         reader = None
         if self._options["type"] in SPREAD_TYPES and self._config.delayed.tracker == "bucket":
             reader = SealedReader()
@@ -238,15 +237,15 @@ class SubscriptionActor:
             )
             if reply["through"] > sealed.sealed_through or reply["version"] != self._bucket_version:
                 await self._refresh_buckets(sealed, upto=reply["through"])
+            rows = Rows.from_batch(reply["rows"])
+            self._count_log_bytes(int(reply["rows"].nbytes))
+            self._sub.take_unsealed(
+                rows, reply["below"], query.now_ms, reply["next_d"], reply["waiting"]
+            )
         except Exception:
-            await asyncio.sleep(_RETRY_S)
+            await asyncio.sleep(_RETRY_S)  # (then a later step asks again)
             self._sub.tail_failed()
             raise
-        rows = Rows.from_batch(reply["rows"])
-        self._count_log_bytes(int(reply["rows"].nbytes))
-        self._sub.take_unsealed(
-            rows, reply["below"], query.now_ms, reply["next_d"], reply["waiting"]
-        )
 
     def _drop_legacy_buckets(self) -> int:
         """Delete the buckets this subscription indexed by itself before the topic did it
@@ -547,7 +546,9 @@ class SubscriptionActor:
         if step.loads and sealed is not None:
             self._start("loading sealed segments", self._load(sealed, step.loads), once=False)
         if step.tail_query is not None and sealed is not None:
-            self._start("querying the unsealed index", self._query_tail(sealed, step.tail_query))
+            # (one at a time already: the subscription asks again only once it is answered)
+            query = self._query_tail(sealed, step.tail_query)
+            self._start("querying the unsealed index", query, once=False)
         if step.dead_letters:
             self._start("publishing dead letters", self._sub.flush_dead_letters(self._read_rows))
         if step.persist:
