@@ -6,21 +6,19 @@ unsealed index (``due_unsealed``) and from the partition's sealed buckets (see
 :mod:`raydelay.dispatch.sealed`); the log is read for everything else, and an in-memory
 tracker holds only this subscription's delayed nacks.
 
-These loops run beside the calls:
+The actor owns the I/O; the subscription decides. A consumer's ``receive`` is
+``Subscription.receive`` given a fetch that reads the topic actor. Beside the calls:
 
-- the **pump** reads the log ahead (bounded by ``subscription.read_ahead_entries``)
-  and long-polls the topic actor when caught up;
-- the **timer** sleeps until the next deliver_at (tracker, sealed buckets, the topic's
-  unsealed index) or the next ack deadline, asks the topic for due unsealed rows, then
-  wakes waiting ``receive`` calls (it never spins: with nothing scheduled it
-  waits for a change);
-- the **loader** loads the segments of sealed buckets whose deliver_at comes near;
-- the **persister** writes the cursor at most once per
-  ``subscription.cursor_persist_interval_ms`` and reports mark-delete, the log mark
-  and the progress through each sealed bucket to the coordinator.
+- the **driver** calls ``Subscription.step`` whenever something changed or the step's
+  wake time comes, starts the I/O the step asks for (sealed segments to load, a due
+  query of the topic's unsealed index, dead letters to publish, the cursor to write
+  and report to the coordinator), each as a task that wakes the driver when done, and
+  wakes waiting ``receive`` calls; it also reports metrics once a second;
+- the **log reader** reads the log ahead (bounded by ``subscription.read_ahead_entries``)
+  and long-polls the topic actor when caught up; the next step applies what it read.
 
-The actor never blocks its event loop: store writes run on a thread, and the
-bucket tracker does its own I/O on its threads.
+The actor never blocks its event loop: store writes run on a thread, and handle
+lookups go through :class:`~raydelay.cluster.handles.Peer` off the loop.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -49,22 +48,25 @@ from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
+from raydelay.delayed.index import split_keys
 from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
 from raydelay.dispatch.cursor import Cursor, Position
-from raydelay.dispatch.keys import position_of
-from raydelay.dispatch.objects import Group, ObjectCache
-from raydelay.dispatch.sealed import SealedReader
-from raydelay.dispatch.subscription import SPREAD_TYPES, Delivery, Subscription
+from raydelay.dispatch.sealed import SealedReader, SegmentLoad
+from raydelay.dispatch.subscription import (
+    SPREAD_TYPES,
+    Delivery,
+    Step,
+    Subscription,
+    TailQuery,
+)
 from raydelay.dispatch.wire import delivery_batch
 from raydelay.errors import CodecError, ConsumerBusy, InvalidArgument, NotFound
 from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
-    DelayedRun,
     Entries,
     Rows,
-    concat_entries,
     decode_object,
     encode_batch,
 )
@@ -73,7 +75,9 @@ from raydelay.storage.keys import cursor_key, subscription_prefix
 
 log = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.25  # the timer's longest sleep when nothing is scheduled
+# The driver's longest sleep: segment loads coming within the lookahead and failed
+# loads are looked at again at least this often.
+_IDLE_WAIT_S = 0.2
 _LONG_POLL_S = 5.0
 _READ_CHUNK = 5_000
 # Payloads read from the topic actor per receive: due delayed messages are scattered over
@@ -81,14 +85,10 @@ _READ_CHUNK = 5_000
 # sooner. Payloads the decoded objects here still hold are not capped.
 _FETCH_MAX = 2_000
 _REPORT_S = 1.0  # how often metrics are reported
-_PUMP_LINGER_S = 0.005
+_READ_LINGER_S = 0.005
 _DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload fetches
-_LOAD_POLL_S = 0.2  # the loader's longest sleep
 _STAGED_ROWS = 200_000  # sealed-bucket rows kept for delivery before they are pruned
-# How soon the topic's unsealed index is asked after new delayed rows were read (for the
-# counts and new buckets; a due row is asked for at its deliver_at, whatever this is).
-_TAIL_POLL_S = 1.0
-_DELAYED_MARK_STEP_MS = 5_000  # how far ahead the persisted delayed mark moves
+_RETRY_S = 0.5  # the pause after a failed background call before it is tried again
 
 
 class SubscriptionActor:
@@ -109,7 +109,7 @@ class SubscriptionActor:
         self._topic, self._partition, self._name = topic, partition, subscription
         self._config: Config = config_from_dict(config)
         self._config_dict = config
-        self._dlq_peers: dict[str, Any] = {}  # dead-letter topic -> its partition 0's actor
+        self._dlq_peers: dict[str, Peer] = {}  # dead-letter topic -> its partition 0's actor
         check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = SubscriptionMetrics(topic, partition, subscription)
         self._clock = SystemClock()
@@ -123,7 +123,6 @@ class SubscriptionActor:
         self._prefix = subscription_prefix(topic, partition, subscription)
         self._sealed_store = SealedStore(self._store, topic, partition)
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
-        self._cursor = cursor
         reader = None
         if self._options["type"] in SPREAD_TYPES and self._config.delayed.tracker == "bucket":
             reader = SealedReader()
@@ -138,17 +137,21 @@ class SubscriptionActor:
             max_redeliveries=self._options.get("max_redeliveries"),
             read_ahead_entries=self._config.subscription.read_ahead_entries,
             sealed=reader,
+            write_cursor=self._write_cursor,
+            publish_dead_letters=self._publish_dead_letters,
+            cursor_persist_interval_ms=self._config.subscription.cursor_persist_interval_ms,
+            consumer_lease_ms=int(self._config.subscription.consumer_lease_s * 1000),
+            cached_entries=_DECODED_ENTRIES,
+            max_fetch=_FETCH_MAX,
+            max_staged_rows=_STAGED_ROWS,
         )
-        self._lease_ms = int(self._config.subscription.consumer_lease_s * 1000)
         self._rewinds: dict[str, int] = {}  # consumer -> its redeliver-all calls so far
         self._bucket_version: int | None = None
-        self._tail_asked = 0.0
         self._load_times: deque[tuple[str, float]] = deque(maxlen=10_000)
-        self._reported_progress: tuple | None = None
+        self._reported_progress: tuple[Any, ...] | None = None
+        self._reported_at = time.monotonic()
         if reader is not None:
-            self._recover_buckets()
-        self._objects = ObjectCache(_DECODED_ENTRIES)
-        self._persisted: tuple[Any, ...] | None = None
+            self._recover_buckets(reader)
         self._started = False
         self._closed = False
         ledgers = self._topic_actor.call_from_thread("ledgers", deadline_s=self._deadline_s)
@@ -175,7 +178,7 @@ class SubscriptionActor:
 
     # --- construction ----------------------------------------------------------------------
 
-    def _make_tracker(self):
+    def _make_tracker(self) -> InMemoryDelayedDeliveryTracker:
         """The in-memory tracker: this subscription's delayed nacks (and, with
         ``delayed.tracker = "memory"``, the delayed positions it reads from the log)."""
         d = self._config.delayed
@@ -186,7 +189,7 @@ class SubscriptionActor:
             fixed_delay_lookahead=d.fixed_delay_lookahead,
         )
 
-    def _recover_buckets(self) -> None:
+    def _recover_buckets(self, sealed: SealedReader) -> None:
         """Take up the partition's sealed buckets where this subscription left them."""
         info = self._topic_actor.call_from_thread("buckets", deadline_s=self._deadline_s)
         progress = self._coordinator.call_from_thread(
@@ -194,7 +197,7 @@ class SubscriptionActor:
         )
         for meta in self._load_metas(info["buckets"]):
             self._sub.adopt(meta, done=progress.get(meta.key, 0))
-        self._sub.sealed.sealed_through = max(self._sub.sealed.sealed_through, info["through"])
+        sealed.sealed_through = max(sealed.sealed_through, info["through"])
         self._bucket_version = info["version"]
 
     def _load_metas(self, keys: list[str]) -> list[SealedMeta]:
@@ -213,12 +216,11 @@ class SubscriptionActor:
             metas = [m for m in pool.map(one, keys) if m is not None]
         return sorted(metas, key=lambda m: m.start_ledger)
 
-    async def _refresh_buckets(self, upto: int) -> None:
+    async def _refresh_buckets(self, sealed: SealedReader, upto: int) -> None:
         """Adopt the new buckets that end at or before ledger ``upto`` and forget the ones
-        deleted. Only the timer calls it, before it takes in a due query's answer that
-        reports them sealed (see ``Subscription.adopt``)."""
+        deleted. Only a due query calls it, before it takes in an answer that reports them
+        sealed (see ``Subscription.adopt``)."""
         info = await self._topic_actor.once("buckets")
-        sealed = self._sub.sealed
         keys = set(info["buckets"])
         for gone in [k for k in sealed.buckets if k not in keys]:
             sealed.forget(gone)
@@ -229,32 +231,25 @@ class SubscriptionActor:
         sealed.sealed_through = max(sealed.sealed_through, min(info["through"], upto))
         if len(ready) == len(new):
             self._bucket_version = info["version"]
-        self._load_wake.set()
 
-    async def _query_tail(self, now: int) -> None:
+    async def _query_tail(self, sealed: SealedReader, query: TailQuery) -> None:
         """Take the due rows of the topic's unsealed index; adopt first the buckets its
         answer reports sealed."""
-        self._sub.tail_dirty = False
-        self._tail_asked = time.monotonic()
-        below, through = self._sub.tail_taken
-        reply = await self._topic_actor.once("due_unsealed", below, through, now)
-        if (
-            reply["through"] > self._sub.sealed.sealed_through
-            or reply["version"] != self._bucket_version
-        ):
-            await self._refresh_buckets(upto=reply["through"])
-        rows = Rows.from_batch(reply["rows"])
-        self._count_log_bytes(int(reply["rows"].nbytes))
-        if self._sub.take_unsealed(rows, reply["below"], now, reply["next_d"], reply["waiting"]):
-            await self._notify()
-
-    def _tail_query_due(self, now: int) -> bool:
-        sub = self._sub
-        if sub.sealed is None:
-            return False
-        if sub.tail_next is not None and sub.tail_next <= now:
-            return True
-        return sub.tail_dirty and time.monotonic() - self._tail_asked >= _TAIL_POLL_S
+        try:
+            reply = await self._topic_actor.once(
+                "due_unsealed", query.below, query.through_ms, query.now_ms
+            )
+            if reply["through"] > sealed.sealed_through or reply["version"] != self._bucket_version:
+                await self._refresh_buckets(sealed, upto=reply["through"])
+            rows = Rows.from_batch(reply["rows"])
+            self._count_log_bytes(int(reply["rows"].nbytes))
+            self._sub.take_unsealed(
+                rows, reply["below"], query.now_ms, reply["next_d"], reply["waiting"]
+            )
+        except Exception:
+            await asyncio.sleep(_RETRY_S)  # (then a later step asks again)
+            self._sub.tail_failed()
+            raise
 
     def _drop_legacy_buckets(self) -> int:
         """Delete the buckets this subscription indexed by itself before the topic did it
@@ -306,19 +301,30 @@ class SubscriptionActor:
         if self._started:
             return
         self._started = True
-        self._changed = asyncio.Event()  # wakes the timer
-        self._space = asyncio.Event()  # wakes the pump when read-ahead has room
+        self._wake = asyncio.Event()  # wakes the driver: step again
+        self._space = asyncio.Event()  # wakes the log reader when read-ahead has room
         self._available = asyncio.Condition()  # wakes receive calls
-        self._persist_lock = asyncio.Lock()
-        self._dlq_lock = asyncio.Lock()
-        self._load_wake = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loops = [self._pump, self._timer, self._persister, self._reporter]
-        if self._sub.sealed is not None:
-            loops.append(self._loader)
-        for loop_fn in loops:
-            loop.create_task(loop_fn())
-        loop.create_task(self._cleanup_legacy())
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references until done
+        self._busy: set[str] = set()  # kinds of background I/O under way
+        self._retries = {
+            kind: rpc.Retries(log, f"{self._sub.name}: {kind}")
+            for kind in (
+                "step",
+                "loading sealed segments",
+                "querying the unsealed index",
+                "publishing dead letters",
+                "persisting the cursor",
+            )
+        }
+        self._spawn(self._drive())
+        # The log reader long-polls the topic actor for up to _LONG_POLL_S: beside the driver.
+        self._spawn(self._read_log())
+        self._spawn(self._cleanup_legacy())  # once, at start: deletes old objects off the loop
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _notify(self) -> None:
         async with self._available:
@@ -341,14 +347,14 @@ class SubscriptionActor:
             self._sub.add_consumer(consumer_id, self._clock.now_ms())
         except ConsumerBusy:
             return False
-        self._changed.set()
+        self._wake.set()
         return True
 
     async def remove_consumer(self, consumer_id: str) -> int:
         self._ensure_started()
         n = self._sub.remove_consumer(consumer_id)
         self._rewinds.pop(consumer_id, None)
-        self._changed.set()
+        self._wake.set()
         await self._notify()
         return n
 
@@ -385,28 +391,16 @@ class SubscriptionActor:
                     pass
 
     async def _deliver(self, consumer_id: str, max_messages: int) -> list[Delivery]:
-        if not self._sub.can_receive(consumer_id):
-            return []
-        if self._sub.needs_delayed_mark(self._clock.now_ms()):
-            # delayed rows due by then may go out: a restart must know they may have
-            self._sub.cursor.delayed_mark = self._clock.now_ms() + _DELAYED_MARK_STEP_MS
-            await self._persist(force=True, report=False)
-        mark = self._sub.wanted_mark()
-        if mark is not None:
-            await self._persist(force=True, mark=mark, report=False)
-        now = self._clock.now_ms()
-        self._sub.collect_due(now, max_messages)
-        if self._sub.dead:
-            await self._flush_dead_letters()
-        fetched = await self._fetch(self._sub.keys_to_fetch(max_messages, consumer_id), _FETCH_MAX)
-        delivered_at = self._clock.now_ms()
-        out = self._sub.deliver(consumer_id, fetched, max_messages, delivered_at)
+        # (the cursor writes on this path only write ahead: the driver reports progress)
+        out = await self._sub.receive(
+            consumer_id, self._read_rows, max_messages, self._clock.now_ms()
+        )
         if self._sub.wants_read():  # (key_shared moves read-ahead rows on without delivering)
             self._space.set()
         if out:
-            self._metrics.dispatched(sum(map(len, out)), _lateness(out, delivered_at))
+            self._metrics.dispatched(sum(map(len, out)), _lateness(out, self._clock.now_ms()))
             self._space.set()
-            self._changed.set()
+            self._wake.set()
             if "first_delivery_s" not in self._recovery:
                 self._close_recovery()
         return out
@@ -417,30 +411,8 @@ class SubscriptionActor:
         r["first_delivery_at_ms"] = self._clock.now_ms()
         r["store_bytes"] = self._store.bytes_read
 
-    async def _fetch(self, keys: np.ndarray, max_reads: int | None = None) -> list[Group]:
-        """Payloads for positions (int64 keys), grouped by source: the decoded objects kept
-        here, else rows read from the topic actor (positions it no longer has are dropped).
-        With ``max_reads``, at most that many (the lowest) are read from the topic actor;
-        the others are left out of the result."""
-        if not len(keys):
-            return []
-        groups, need = self._sub.staged(np.asarray(keys, dtype=np.int64))
-        if len(need):
-            cached, need = self._objects.lookup(need)
-            groups += cached
-        if max_reads is not None and len(need) > max_reads:
-            need = np.sort(need)[:max_reads]
-        if len(need):
-            rows = await self._read_rows(need)
-            found = np.isin(need, rows.positions)
-            if found.any():
-                got = need[found]
-                groups.append((rows, np.searchsorted(rows.positions, got), got))
-            if not found.all():
-                self._sub.drop_missing(need[~found])
-        return groups
-
     async def _read_rows(self, keys: np.ndarray) -> Rows:
+        """The fetch given to the subscription: the topic actor's rows at ``keys``."""
         batch = await self._topic_actor.once("read_positions", keys.astype(np.int64))
         self._count_log_bytes(int(batch.nbytes))
         return Rows.from_batch(batch)
@@ -464,9 +436,8 @@ class SubscriptionActor:
         self._ensure_started()
         self._sub.touch(consumer_id, self._clock.now_ms())
         n = self._sub.nack(consumer_id, _keys(keys), _ms(delay_s) or 0, self._clock.now_ms())
-        if self._sub.dead:
-            await self._flush_dead_letters()
-        self._changed.set()
+        await self._sub.flush_dead_letters(self._read_rows)
+        self._wake.set()
         await self._notify()
         return n
 
@@ -483,7 +454,7 @@ class SubscriptionActor:
             self._rewinds[consumer_id] = max(self._rewinds.get(consumer_id, 0), int(rewinds))
         n = self._sub.redeliver_unacked(consumer_id, None if keys is None else _keys(keys), dry_run)
         if not dry_run:
-            self._changed.set()
+            self._wake.set()
             await self._notify()
         return n
 
@@ -526,62 +497,133 @@ class SubscriptionActor:
     async def flush(self) -> None:
         """Persist the cursor now (and report mark-delete)."""
         self._ensure_started()
-        await self._persist(force=True)
+        await self._sub.persist(force=True)
+        await self._report_progress()
 
     async def close(self) -> None:
         await self.flush()
         self._closed = True
 
-    # --- dead letters -----------------------------------------------------------------------
+    # --- the driver ---------------------------------------------------------------------------
 
-    async def _flush_dead_letters(self) -> None:
-        """Publish waiting dead letters to the DLQ topic, then ack them. One flush at a time:
-        the timer and a nack both call this, and a second flush running while the first
-        awaits its publish would publish the same messages again."""
-        if self._dlq_lock.locked():
-            return  # the running flush takes what is waiting; the timer comes back
-        async with self._dlq_lock:
-            await self._flush_dead_letters_locked()
+    async def _drive(self) -> None:
+        """Step the subscription whenever something changed or its wake time comes; start
+        the I/O the step asks for; wake receivers. It never spins: with nothing scheduled
+        it waits for a change (or _IDLE_WAIT_S)."""
+        retries = self._retries["step"]
+        while not self._closed:
+            self._wake.clear()  # (a change while this step runs makes the next one at once)
+            wait_s = _IDLE_WAIT_S
+            try:
+                now = self._clock.now_ms()
+                step = self._sub.step(now)
+                self._start_io(step)
+                if step.wants_read:
+                    self._space.set()
+                if step.deliverable:
+                    await self._notify()
+                self._report_metrics()
+                retries.ok()
+                if step.wake_at_ms is not None:
+                    wait_s = min((step.wake_at_ms - now) / 1000, _IDLE_WAIT_S)
+            except Exception as exc:  # noqa: BLE001 - reported and retried
+                retries.failed(exc)
+                wait_s = _RETRY_S
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
+            except asyncio.TimeoutError:
+                pass
 
-    async def _flush_dead_letters_locked(self) -> None:
-        keys = self._sub.dead_letters(1_000)
-        if not keys:
-            return
-        groups = await self._fetch(np.asarray(keys, dtype=np.int64))
-        if not groups:
-            return
-        dlq = self._options.get("dead_letter_topic") or f"{self._topic}-{self._name}-DLQ"
-        taken = concat_entries([src.entries.take(idx) for src, idx, _ in groups])
-        found = np.concatenate([ks for _, _, ks in groups])
-        props = [
-            dict(p or {})
-            | {
-                "raydelay.original_message_id": f"{self._topic}/{self._partition}/{lg}:{e}",
-                "raydelay.subscription": self._name,
-            }
-            for p, (lg, e) in zip(
-                taken.properties or [None] * len(taken),
-                map(position_of, found.tolist()),
-                strict=True,
+    def _start_io(self, step: Step) -> None:
+        """Start the I/O ``step`` asks for, each as a task that wakes the driver when done
+        (a slow store or peer never holds up a due delivery)."""
+        for consumer_id, handed_back in step.expired:
+            log.warning(
+                "%s: consumer %s not heard from for %.0f s (subscription.consumer_lease_s): "
+                "removed, %d unacknowledged messages go back for redelivery",
+                self._sub.name,
+                consumer_id,
+                self._config.subscription.consumer_lease_s,
+                handed_back,
             )
-        ]
-        entries = Entries.build(
-            taken.batch.column(0),
-            np.full(len(taken), NO_DELAY, dtype=np.int64),
-            taken.batch.column(2),
-            props,
+        sealed = self._sub.sealed
+        if step.loads and sealed is not None:
+            self._start("loading sealed segments", self._load(sealed, step.loads), once=False)
+        if step.tail_query is not None and sealed is not None:
+            # (one at a time already: the subscription asks again only once it is answered)
+            query = self._query_tail(sealed, step.tail_query)
+            self._start("querying the unsealed index", query, once=False)
+        if step.dead_letters:
+            self._start("publishing dead letters", self._sub.flush_dead_letters(self._read_rows))
+        if step.persist:
+            self._start("persisting the cursor", self._persist_and_report())
+
+    def _start(self, kind: str, coro: Coroutine[Any, Any, Any], once: bool = True) -> None:
+        """Run ``coro`` as a task reported under ``kind``; with ``once``, not while another
+        of its kind is under way."""
+        if once and kind in self._busy:
+            coro.close()
+            return
+        self._busy.add(kind)
+        self._spawn(self._io(kind, coro))
+
+    async def _io(self, kind: str, coro: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await coro
+            self._retries[kind].ok()
+        except Exception as exc:  # noqa: BLE001 - reported and retried by a later step
+            self._retries[kind].failed(exc)
+            await asyncio.sleep(_RETRY_S)  # (still busy: the next step does not retry at once)
+        finally:
+            self._busy.discard(kind)
+            self._wake.set()
+
+    async def _load(self, sealed: SealedReader, loads: list[SegmentLoad]) -> None:
+        """Load sealed segments (on threads) into the reader."""
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *[
+                asyncio.to_thread(self._sealed_store.segment, ld.key, ld.offset, ld.length)
+                for ld in loads
+            ],
+            return_exceptions=True,
         )
-        keys = found.tolist()
-        target = self._dlq_peers.get(dlq)
-        if target is None:
-            target = self._dlq_peers[dlq] = topic_peer(dlq, 0, self._config_dict)
-        await target.once("append", encode_batch(AppendBatch("", 0, entries)))
-        self._sub.dead_lettered(keys)
-        log.info("%s: %d messages dead-lettered to %s", self._sub.name, len(keys), dlq)
+        self._load_times.extend(("load", time.monotonic() - started) for _ in loads)
+        failed: BaseException | None = None
+        for ld, rows in zip(loads, results, strict=True):
+            if isinstance(rows, BaseException):
+                failed = rows
+            else:
+                sealed.install(ld.key, ld.no, rows)
+        if failed is not None:
+            await asyncio.sleep(_RETRY_S)  # (the failed segments stay marked loading until then)
+            for ld, rows in zip(loads, results, strict=True):
+                if isinstance(rows, BaseException):
+                    sealed.load_failed(ld.key, ld.no)
+            raise failed
 
-    # --- loops ------------------------------------------------------------------------------
+    async def _persist_and_report(self) -> None:
+        """The periodic cursor write, then the progress report to the coordinator."""
+        await self._sub.persist()
+        await self._report_progress()
 
-    async def _pump(self) -> None:
+    def _report_metrics(self) -> None:
+        """Once a second: gauges, bucket operations and sampled lateness to Ray's metrics."""
+        if time.monotonic() - self._reported_at < _REPORT_S:
+            return
+        self._reported_at = time.monotonic()
+        try:
+            stats = self._sub.stats() | self._tracker_stats()
+            times = self._load_times
+            ops = [times.popleft() for _ in range(len(times))]
+            self._metrics.report(stats, ops)
+        except Exception:  # noqa: BLE001 - metrics must never stop the subscription
+            log.exception("%s: reporting metrics failed", self._sub.name)
+
+    # --- the log reader -------------------------------------------------------------------------
+
+    async def _read_log(self) -> None:
+        """Read the log ahead while the subscription wants more; the next step applies it."""
         retries = rpc.Retries(log, f"{self._sub.name}: reading the log")
         while not self._closed:
             try:
@@ -589,153 +631,82 @@ class SubscriptionActor:
                     self._space.clear()
                     await self._space.wait()
                     continue
-                room = self._sub.read_ahead_entries - self._sub.ready_count()
+                room = min(self._sub.read_ahead_entries - self._sub.ready_count(), _READ_CHUNK)
                 if self._sub.unread:
-                    await self._reread(min(room, _READ_CHUNK))
+                    keys = np.asarray(self._sub.next_unread(room), dtype=np.int64)
+                    self._sub.offer_reread(await self._read_rows(keys), keys)
+                    retries.ok()
+                    self._wake.set()
                     continue
                 sealed = self._sub.sealed is not None
                 reply = await self._topic_actor.once(
-                    "read", self._sub.read_position, min(room, _READ_CHUNK), _LONG_POLL_S, sealed
+                    "read", self._sub.read_position, room, _LONG_POLL_S, sealed
                 )
                 retries.ok()
                 self._count_log_bytes(sum(len(b) for b in reply["objects"] if isinstance(b, bytes)))
-                if (
-                    self._sub.sealed is not None
-                    and reply["buckets_version"] != self._bucket_version
-                ):
-                    self._sub.tail_dirty = True  # the timer asks the topic, then adopts
-                    self._changed.set()
                 objects = [
                     decode_object(b) if isinstance(b, bytes) else b for b in reply["objects"]
                 ]
-                for obj in objects:
-                    if isinstance(obj, DelayedRun):
-                        continue
-                    if not sealed or (obj.entries.deliver_at_ms <= obj.publish_time_ms).any():
-                        self._objects.add(obj)  # (delayed rows come from the topic's index)
-                taken = self._sub.on_read(objects, reply["ledgers"], reply["tail"])
-                if objects:
-                    self._changed.set()
-                    await self._notify()
-                if taken < _READ_CHUNK // 4:
-                    # A trickle: let a few group commits gather before the next call.
-                    await asyncio.sleep(_PUMP_LINGER_S)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - reported and retried
-                retries.failed(exc)
-                await asyncio.sleep(0.5)
-
-    async def _reread(self, max_positions: int) -> None:
-        """Re-read a chunk of the loose positions a restart found before the read position."""
-        keys = np.asarray(self._sub.next_unread(max_positions), dtype=np.int64)
-        rows = await self._read_rows(keys)
-        if self._sub.on_reread(rows, keys):
-            self._changed.set()
-            await self._notify()
-
-    async def _timer(self) -> None:
-        retries = rpc.Retries(log, f"{self._sub.name}: timer step")
-        while not self._closed:
-            try:
-                now = self._clock.now_ms()
-                self._sub.expire(now)
-                self._expire_consumers(now)
-                self._sub.prune_staged(_STAGED_ROWS)
-                if self._tail_query_due(now):
-                    await self._query_tail(now)
-                if self._sub.dead:
-                    await self._flush_dead_letters()
-                if self._sub.has_deliverable():
-                    await self._notify()
-                retries.ok()
-                nxt = self._sub.next_wakeup_ms()
-                wait_s = _TAIL_POLL_S if self._sub.tail_dirty else _IDLE_WAIT_S
-                if nxt is not None and nxt > now:
-                    wait_s = min((nxt - now) / 1000, _IDLE_WAIT_S)
-                self._changed.clear()
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=wait_s)
-                except asyncio.TimeoutError:
-                    pass
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - reported and retried
-                retries.failed(exc)
-                await asyncio.sleep(0.5)
-
-    def _expire_consumers(self, now: int) -> None:
-        for consumer_id, handed_back in self._sub.expire_consumers(now, self._lease_ms):
-            log.warning(
-                "%s: consumer %s not heard from for %.0f s (subscription.consumer_lease_s): "
-                "removed, %d unacknowledged messages go back for redelivery",
-                self._sub.name,
-                consumer_id,
-                self._lease_ms / 1000,
-                handed_back,
-            )
-            self._changed.set()
-
-    async def _loader(self) -> None:
-        """Load the segments of sealed buckets whose deliver_at comes near (a few at a time,
-        on threads), then wake the receivers."""
-        sealed = self._sub.sealed
-        retries = rpc.Retries(log, f"{self._sub.name}: loading sealed segments")
-        while not self._closed:
-            try:
-                wanted = sealed.wanted(self._clock.now_ms())
-                if not wanted:
-                    self._load_wake.clear()
-                    try:
-                        await asyncio.wait_for(self._load_wake.wait(), timeout=_LOAD_POLL_S)
-                    except asyncio.TimeoutError:
-                        pass
-                    continue
-                started = time.monotonic()
-                results = await asyncio.gather(
-                    *[
-                        asyncio.to_thread(self._sealed_store.segment, key, offset, length)
-                        for key, _, offset, length in wanted
-                    ],
-                    return_exceptions=True,
+                self._sub.offer_read(
+                    objects,
+                    reply["ledgers"],
+                    reply["tail"],
+                    buckets_changed=sealed and reply["buckets_version"] != self._bucket_version,
                 )
-                took = time.monotonic() - started
-                self._load_times.extend(("load", took) for _ in wanted)
-                for (key, no, _, _), rows in zip(wanted, results, strict=True):
-                    if isinstance(rows, BaseException):
-                        sealed.load_failed(key, no)
-                        retries.failed(rows)
-                        continue
-                    sealed.install(key, no, rows)
-                    retries.ok()
-                if any(not isinstance(r, BaseException) for r in results):
-                    self._changed.set()
-                    await self._notify()
-                else:
-                    await asyncio.sleep(0.5)
+                self._wake.set()
+                if sum(obj.count for obj in objects) < _READ_CHUNK // 4:
+                    # A trickle: let a few group commits gather before the next call.
+                    await asyncio.sleep(_READ_LINGER_S)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported and retried
                 retries.failed(exc)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(_RETRY_S)
+
+    # --- dead letters and the cursor ------------------------------------------------------------
+
+    async def _publish_dead_letters(self, keys: np.ndarray, entries: Entries) -> None:
+        """Append dead letters to the DLQ topic (partition 0), each with its origin in its
+        properties, through the DLQ topic's handle."""
+        dlq = self._options.get("dead_letter_topic") or f"{self._topic}-{self._name}-DLQ"
+        ledger_ids, entry_ids = split_keys(keys)
+        props = [
+            dict(p or {})
+            | {
+                "raydelay.original_message_id": f"{self._topic}/{self._partition}/{lg}:{e}",
+                "raydelay.subscription": self._name,
+            }
+            for p, lg, e in zip(
+                entries.properties or [None] * len(entries),
+                ledger_ids.tolist(),
+                entry_ids.tolist(),
+                strict=True,
+            )
+        ]
+        out = Entries.build(
+            entries.batch.column(0),
+            np.full(len(entries), NO_DELAY, dtype=np.int64),
+            entries.batch.column(2),
+            props,
+        )
+        target = self._dlq_peers.get(dlq)
+        if target is None:
+            target = self._dlq_peers[dlq] = topic_peer(dlq, 0, self._config_dict)
+        await target.once("append", encode_batch(AppendBatch("", 0, out)))
+        log.info("%s: %d messages dead-lettered to %s", self._sub.name, len(keys), dlq)
+
+    async def _write_cursor(self, data: bytes) -> None:
+        """The subscription's cursor writer: the next cursor version, written on a thread."""
+        version = self._cursor_version + 1
+        key = cursor_key(self._topic, self._partition, self._name, version)
+        await asyncio.to_thread(self._put_cursor, key, data)
+        self._cursor_version = version
 
     async def _cleanup_legacy(self) -> None:
         try:
             await asyncio.to_thread(self._drop_legacy_buckets)
         except Exception:  # noqa: BLE001 - the next start tries again
             log.exception("%s: deleting its own old buckets failed", self._sub.name)
-
-    async def _reporter(self) -> None:
-        """Once a second: gauges, bucket operations and sampled lateness to Ray's metrics."""
-        while not self._closed:
-            await asyncio.sleep(_REPORT_S)
-            try:
-                stats = self._sub.stats() | self._tracker_stats()
-                times = self._load_times
-                ops = [times.popleft() for _ in range(len(times))]
-                self._metrics.report(stats, ops)
-            except Exception:  # noqa: BLE001 - metrics must never stop the subscription
-                log.exception("%s: reporting metrics failed", self._sub.name)
 
     async def due_histogram(self, edges: list[int]) -> list[int]:
         """Pending delayed messages per due window (see the trackers' ``due_histogram``)."""
@@ -749,42 +720,6 @@ class SubscriptionActor:
             )
             out += np.asarray(unsealed, dtype=np.int64)
         return out.tolist()
-
-    async def _persister(self) -> None:
-        interval_s = self._config.subscription.cursor_persist_interval_ms / 1000
-        retries = rpc.Retries(log, f"{self._sub.name}: persisting the cursor")
-        while not self._closed:
-            await asyncio.sleep(interval_s)
-            try:
-                await self._persist()
-                retries.ok()
-            except Exception as exc:  # noqa: BLE001 - reported and retried
-                retries.failed(exc)
-
-    async def _persist(
-        self, force: bool = False, mark: Position | None = None, report: bool = True
-    ) -> None:
-        """Write the cursor (when it changed, or ``force``), then, with ``report``, tell
-        the coordinator the progress. Delivery writes the cursor ahead of what it hands out,
-        but never waits on the coordinator: the persister reports soon after."""
-        async with self._persist_lock:
-            if mark is not None and mark <= self._sub.dispatch_mark:
-                return  # another call moved it meanwhile
-            await self._persist_locked(force, mark or self._sub.dispatch_mark, report)
-            if mark is not None:
-                self._sub.dispatch_mark = mark
-
-    async def _persist_locked(self, force: bool, mark: Position, report: bool) -> None:
-        cursor = self._sub.cursor
-        state = (cursor.mark_delete, cursor.individually_acked(), mark)
-        if state != self._persisted or force:
-            data = cursor.encode(mark)
-            version = self._cursor_version + 1
-            key = cursor_key(self._topic, self._partition, self._name, version)
-            await asyncio.to_thread(self._write_cursor, key, data)
-            self._cursor_version, self._persisted = version, state
-        if report:
-            await self._report_progress()
 
     async def _report_progress(self) -> None:
         """Tell the coordinator mark-delete, the log mark and the progress through each
@@ -801,7 +736,7 @@ class SubscriptionActor:
         )
         self._reported_progress = report
 
-    def _write_cursor(self, key: str, data: bytes) -> None:
+    def _put_cursor(self, key: str, data: bytes) -> None:
         self._store.put(key, data)
         for old in self._store.list(f"{self._prefix}/cursor/"):
             if old != key:

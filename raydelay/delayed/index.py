@@ -10,6 +10,10 @@ exist, so a later re-add records the authoritative deliver_at in ``overrides``.
 
 :class:`RunQueue` is the shared priority queue: sorted runs plus a loose buffer
 of unsorted chunks, popped by a vectorised k-way selection.
+
+It also owns the one definition of a **position key**: ``ledger_id << 32 | entry_id`` as a
+non-negative int64 (:data:`KEY_DTYPE`). Every layer above (dispatch, the log, the wire to
+consumers) uses these functions; 64-bit roaring bitmaps take the keys as they are.
 """
 
 from __future__ import annotations
@@ -24,18 +28,55 @@ from raydelay.delayed.columns import EMPTY, Run, concat
 
 _MAX_LOOSE_RUNS = 8
 
+# --- position keys -------------------------------------------------------------------------
 
-def position_keys(l: np.ndarray, e: np.ndarray) -> np.ndarray:  # noqa: E741
-    """One uint64 per position: ledger_id << 32 | entry_id (both checked to fit 32 bits)."""
-    return (l.astype(np.uint64) << np.uint64(32)) | e.astype(np.uint64)
+Position = tuple[int, int]  # (ledger_id, entry_id)
+KEY_DTYPE = np.dtype(np.int64)  # the wire's type (Arrow int64); a key is never negative
+SHIFT = 32  # entry ids take the low 32 bits
+LOW = (1 << SHIFT) - 1  # the entry id mask, and the largest entry id
+MAX_LEDGER_ID = (1 << (63 - SHIFT)) - 1  # the largest ledger id whose keys stay non-negative
+
+
+def key_of(ledger_id: int, entry_id: int) -> int:
+    """The key of one position."""
+    return (ledger_id << SHIFT) | entry_id
+
+
+def position_of(key: int) -> Position:
+    """The (ledger_id, entry_id) of one key."""
+    return (key >> SHIFT, key & LOW)
+
+
+def position_keys(ledger_ids: np.ndarray, entry_ids: np.ndarray) -> np.ndarray:
+    """The key column (:data:`KEY_DTYPE`) of (ledger id, entry id) columns."""
+    ls = np.asarray(ledger_ids).astype(KEY_DTYPE, copy=False)
+    return (ls << SHIFT) | np.asarray(entry_ids).astype(KEY_DTYPE, copy=False)
+
+
+def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ledger ids, entry ids) of a key column, as :data:`KEY_DTYPE` columns."""
+    ks = np.asarray(keys).astype(KEY_DTYPE, copy=False)
+    return ks >> SHIFT, ks & LOW
+
+
+def position_in_range(ledger_id: object, entry_id: object) -> bool:
+    """Whether (ledger_id, entry_id) can be a position (ints that fit a key)."""
+    return (
+        isinstance(ledger_id, int)
+        and isinstance(entry_id, int)
+        and 0 <= ledger_id <= MAX_LEDGER_ID
+        and 0 <= entry_id <= LOW
+    )
 
 
 def bitmap64_of(keys: np.ndarray) -> BitMap64:
-    return BitMap64(array("Q", keys.astype(np.uint64, copy=False).tobytes()))
+    """A 64-bit roaring bitmap of a key column."""
+    return BitMap64(array("Q", np.asarray(keys).astype(np.uint64, copy=False).tobytes()))
 
 
 def bitmap64_values(bm: BitMap64) -> np.ndarray:
-    return np.frombuffer(bm.to_array(), dtype=np.uint64)
+    """The keys of a 64-bit roaring bitmap, ascending, as a :data:`KEY_DTYPE` column."""
+    return np.frombuffer(bm.to_array(), dtype=np.uint64).astype(KEY_DTYPE)
 
 
 class Membership:
@@ -50,7 +91,7 @@ class Membership:
     # -- queries ---------------------------------------------------------------------
 
     def contains(self, ledger_id: int, entry_id: int) -> bool:
-        return (ledger_id << 32 | entry_id) in self.members
+        return key_of(ledger_id, entry_id) in self.members
 
     def member_mask(self, d: np.ndarray, l: np.ndarray, e: np.ndarray) -> np.ndarray:  # noqa: E741
         """Which physical copies are live (member, and matching any override); no changes."""
@@ -97,13 +138,13 @@ class Membership:
     def restore(self, ledger_id: int, bm: BitMap) -> None:
         """Recovery: track every entry of ``bm`` (a persisted bucket's bitmap of one ledger)."""
         entries = np.frombuffer(bm.to_array(), dtype=np.uint32)
-        keys = bitmap64_of((np.uint64(ledger_id) << np.uint64(32)) | entries.astype(np.uint64))
+        keys = bitmap64_of(position_keys(np.full(len(entries), ledger_id), entries))
         before = len(self.members)
         self.members |= keys
         self.count += len(self.members) - before
 
     def remove(self, ledger_id: int, entry_id: int) -> bool:
-        key = ledger_id << 32 | entry_id
+        key = key_of(ledger_id, entry_id)
         if key not in self.members:
             return False
         self.members.discard(key)
@@ -170,7 +211,7 @@ class Membership:
         ok = ok.copy()
         taken: set[int] = set()
         for j in np.flatnonzero(
-            np.isin(keys, np.fromiter(self.overrides, dtype=np.uint64))
+            np.isin(keys, np.fromiter(self.overrides, dtype=KEY_DTYPE))
         ).tolist():
             key = int(keys[j])
             ok[j] = key in self.members and key not in taken and int(d[j]) == self.overrides[key]
@@ -182,7 +223,7 @@ class Membership:
         """Untrack everything in ledgers below ``ledger_id``; returns how many were tracked."""
         if ledger_id <= 0:
             return 0
-        end = ledger_id << 32
+        end = key_of(ledger_id, 0)
         dropped = self.members.range_cardinality(0, end)
         if dropped:
             self.members.remove_range(0, end)
@@ -446,11 +487,29 @@ def sorted_positions(ls: list[np.ndarray], es: list[np.ndarray]) -> list[tuple[i
 
 
 def sorted_keys(ls: list[np.ndarray], es: list[np.ndarray]) -> np.ndarray:
-    """Positions as one sorted int64 column of keys ``ledger << 32 | entry``."""
+    """Positions as one sorted column of their keys."""
     if not ls:
-        return np.zeros(0, dtype=np.int64)
-    keys = position_keys(np.concatenate(ls), np.concatenate(es)).astype(np.int64)
+        return np.zeros(0, dtype=KEY_DTYPE)
+    keys = position_keys(np.concatenate(ls), np.concatenate(es))
     return keys if len(ls) == 1 else np.sort(keys)
 
 
-__all__ = ["Membership", "RunQueue", "sorted_keys", "sorted_positions", "EMPTY"]
+__all__ = [
+    "EMPTY",
+    "KEY_DTYPE",
+    "LOW",
+    "MAX_LEDGER_ID",
+    "SHIFT",
+    "Membership",
+    "Position",
+    "RunQueue",
+    "bitmap64_of",
+    "bitmap64_values",
+    "key_of",
+    "position_in_range",
+    "position_keys",
+    "position_of",
+    "sorted_keys",
+    "sorted_positions",
+    "split_keys",
+]

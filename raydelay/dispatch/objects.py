@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from raydelay.dispatch.keys import LOW, split_keys
+from raydelay.delayed.index import LOW, split_keys
 from raydelay.log.entries import LedgerObject
 
 Group = tuple[LedgerObject, np.ndarray, np.ndarray]  # (object, indexes in it, position keys)

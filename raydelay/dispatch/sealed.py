@@ -24,19 +24,28 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from pyroaring import BitMap64
 
 from raydelay.delayed.common import due_window_counts
-from raydelay.delayed.index import Membership, smallest_counts
+from raydelay.delayed.index import Membership, smallest_counts, split_keys
 from raydelay.delayed.sealed import SealedMeta
-from raydelay.dispatch.keys import LOW, SHIFT
 from raydelay.log.entries import Rows
 
 FINISHED = -1  # the progress of a bucket every row of which is acknowledged
 
 Group = tuple[Rows, np.ndarray, np.ndarray]  # (segment rows, row indexes, position keys)
+
+
+class SegmentLoad(NamedTuple):
+    """A segment to read from the store: its bucket, number, and byte range there."""
+
+    key: str
+    no: int
+    offset: int
+    length: int
 
 
 @dataclass
@@ -108,11 +117,11 @@ class SealedReader:
 
     # --- loading --------------------------------------------------------------------------
 
-    def wanted(self, now_ms: int, max_loads: int = 4) -> list[tuple[str, int, int, int]]:
+    def wanted(self, now_ms: int, max_loads: int = 4) -> list[SegmentLoad]:
         """Segments to load now, as (bucket key, segment no, byte offset, length): the next
         segment of each bucket whose deliver_at comes within the lookahead, while the
         bucket holds few rows loaded. Marks them as loading."""
-        out = []
+        out: list[SegmentLoad] = []
         horizon = now_ms + self.lookahead_ms
         held = sum(
             b.loaded_rows() + (b.meta.segments[b.loading].count if b.loading is not None else 0)
@@ -128,7 +137,7 @@ class SealedReader:
                 continue
             b.loading = b.next_load
             held += seg.count
-            out.append((key, b.next_load, seg.offset, seg.length))
+            out.append(SegmentLoad(key, b.next_load, seg.offset, seg.length))
         return out
 
     def install(self, key: str, no: int, rows: Rows) -> None:
@@ -174,7 +183,7 @@ class SealedReader:
                     if n > 0:
                         s = b.loaded[0]
                         ks = s.keys[s.pos : s.pos + n]
-                        parts.append((s.d[s.pos : s.pos + n], ks >> SHIFT, ks & LOW))
+                        parts.append((s.d[s.pos : s.pos + n], *split_keys(ks)))
                         owners.append(b)
                 took = dict(zip(map(id, owners), smallest_counts(parts, room), strict=True))
                 counts = [took.get(id(b), 0) for b in heads]
@@ -264,7 +273,3 @@ class SealedReader:
         for d in loaded:
             out += np.bincount(np.searchsorted(edges, d, side="right"), minlength=len(out))
         return out.tolist()
-
-
-def _values(bm: BitMap64) -> np.ndarray:
-    return np.frombuffer(bm.to_array(), dtype=np.uint64).astype(np.int64)

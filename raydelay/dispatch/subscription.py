@@ -1,7 +1,18 @@
 """One subscription on one partition: what to deliver, to whom, and when (pure: no Ray).
 
 The :class:`Subscription` holds all the dispatch logic; the actor around it only
-moves bytes (reads the log, fetches payloads, answers consumers) and runs timers.
+moves bytes and drives two entry points:
+
+- :meth:`Subscription.receive` is one consumer's receive, the whole sequence: move the
+  write-ahead marks (written through the injected :class:`CursorWriter` before anything
+  beyond them goes out), collect due messages, flush dead letters (through the injected
+  :class:`DeadLetterPublisher`), fetch payloads (cached, staged, else through the
+  :class:`Fetch` the caller passes) and hand them out.
+- :meth:`Subscription.step` is one step of the background work: apply what the log
+  reader brought (:meth:`offer_read`, :meth:`offer_reread`), expire ack deadlines and
+  consumer leases, and say (a :class:`Step`) what I/O is due (sealed segments to load,
+  a query of the topic's unsealed index, dead letters to flush, a cursor write) and
+  when to step again. The driver does that I/O and hands the results back.
 
 - **cursor**: mark-delete plus individual acks (:mod:`raydelay.dispatch.cursor`).
 - **read-ahead**: entries read from the log and due now wait in a bounded queue
@@ -27,18 +38,20 @@ moves bytes (reads the log, fetches payloads, answers consumers) and runs timers
 - **dead letters**: a position due for its ``max_redeliveries + 1``-th redelivery goes
   to the dead-letter set instead; the actor publishes it and then acks it.
 
-Positions are ints: ``ledger_id << 32 | entry_id``.
+Positions are int64 keys (:func:`raydelay.delayed.index.key_of`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import functools
 import itertools
 import logging
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Protocol
 
@@ -48,14 +61,30 @@ from pyroaring import BitMap, BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
-from raydelay.delayed.index import bitmap64_of, bitmap64_values
+from raydelay.delayed.index import (
+    KEY_DTYPE,
+    bitmap64_of,
+    bitmap64_values,
+    key_of,
+    position_keys,
+    position_of,
+    split_keys,
+)
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
-from raydelay.dispatch.keys import LOW, SHIFT, key_of, position_of, split_keys
 from raydelay.dispatch.keyshared import SLOTS, Ring, slots_of
-from raydelay.dispatch.sealed import SealedReader
+from raydelay.dispatch.objects import ObjectCache
+from raydelay.dispatch.sealed import SealedReader, SegmentLoad
 from raydelay.errors import ConsumerBusy, InvalidArgument
-from raydelay.log.entries import NO_CANCEL, NO_DELAY, DelayedRun, Entries, LedgerObject, Rows
+from raydelay.log.entries import (
+    NO_CANCEL,
+    NO_DELAY,
+    DelayedRun,
+    Entries,
+    LedgerObject,
+    Rows,
+    concat_entries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +93,11 @@ SUBSCRIPTION_TYPES = ("shared", "key_shared", "exclusive", "failover")
 # failover deliver in log order and ignore it (Pulsar's rule).
 SPREAD_TYPES = ("shared", "key_shared")
 DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
+DELAYED_MARK_STEP_MS = 5_000  # how far ahead the persisted delayed mark moves
+# How soon the topic's unsealed index is asked after new delayed rows were read (for the
+# counts and new buckets; a due row is asked for at its deliver_at, whatever this is).
+TAIL_POLL_MS = 1_000
+DEAD_LETTER_BATCH = 1_000  # dead letters published per flush
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
 _KEY_SLOT_CACHE = 1_000_000  # key_shared: message keys whose hash slot is kept
 
@@ -72,9 +106,71 @@ class Source(Protocol):
     """Where delivered rows come from: a ledger object read in order, or rows read at
     scattered positions (:class:`~raydelay.log.entries.Rows`)."""
 
-    entries: Entries
+    @property
+    def entries(self) -> Entries: ...
 
     def publish_times(self, idx: np.ndarray) -> np.ndarray: ...
+
+
+Group = tuple[Source, np.ndarray, np.ndarray]  # (source, row indexes in it, position keys)
+
+
+class Tracker(DelayedDeliveryTracker, Protocol):
+    """The delayed tracker as a subscription uses it: the fixed tracker API plus the
+    column and recovery methods both trackers have."""
+
+    def get_scheduled_keys(self, max_messages: int) -> np.ndarray: ...
+
+    def persisted_through(self) -> int: ...
+
+    def tracked_among(self, keys: BitMap64) -> BitMap64: ...
+
+    def due_histogram(self, edges: np.ndarray) -> list[int]: ...
+
+
+class Fetch(Protocol):
+    """Reads the log at scattered positions (the topic actor's point read): the rows of
+    ``keys`` it still has, sorted by position."""
+
+    async def __call__(self, keys: np.ndarray) -> Rows: ...
+
+
+class CursorWriter(Protocol):
+    """Writes one cursor snapshot (:meth:`Cursor.encode` bytes) durably; returns once it is."""
+
+    async def __call__(self, data: bytes) -> None: ...
+
+
+class DeadLetterPublisher(Protocol):
+    """Publishes messages to the dead-letter topic: their position keys and their rows
+    (payload, key, properties) as read from the log; returns once they are durable."""
+
+    async def __call__(self, keys: np.ndarray, entries: Entries) -> None: ...
+
+
+@dataclass(frozen=True)
+class TailQuery:
+    """A due query of the topic's unsealed index: rows below position key ``below`` due
+    at or before ``through_ms`` were taken already; everything due by ``now_ms`` is wanted.
+    Answer it with :meth:`Subscription.take_unsealed` (or :meth:`Subscription.tail_failed`)."""
+
+    below: int
+    through_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one :meth:`Subscription.step` leaves to its driver."""
+
+    wake_at_ms: int | None  # step again by then (epoch ms); None: when something changes
+    deliverable: bool  # something can be delivered: wake the waiting receive calls
+    wants_read: bool  # the read-ahead has room: let the log reader read on
+    expired: list[tuple[str, int]] = field(default_factory=list)  # (consumer, handed back)
+    loads: list[SegmentLoad] = field(default_factory=list)  # then install() / load_failed()
+    tail_query: TailQuery | None = None  # ask the topic's unsealed index
+    dead_letters: bool = False  # dead letters wait: call flush_dead_letters()
+    persist: bool = False  # the cursor is due to be written: call persist()
 
 
 @dataclass(frozen=True)
@@ -113,12 +209,8 @@ class _Consumer:
 
 def _keys_of(keys: Iterable[int] | np.ndarray) -> np.ndarray:
     if isinstance(keys, np.ndarray):
-        return keys.astype(np.int64, copy=False)
-    return np.fromiter(keys, dtype=np.int64)
-
-
-def _values(bm: BitMap64) -> np.ndarray:
-    return bitmap64_values(bm).astype(np.int64)
+        return keys.astype(KEY_DTYPE, copy=False)
+    return np.fromiter(keys, dtype=KEY_DTYPE)
 
 
 class Subscription:
@@ -127,7 +219,7 @@ class Subscription:
         *,
         name: str,
         subscription_type: str,
-        tracker: DelayedDeliveryTracker,
+        tracker: Tracker,
         clock: Clock,
         cursor: Cursor | None = None,
         dispatched_before: Position = (-1, -1),
@@ -135,12 +227,28 @@ class Subscription:
         max_redeliveries: int | None = None,
         read_ahead_entries: int = 10_000,
         sealed: SealedReader | None = None,
+        write_cursor: CursorWriter | None = None,
+        publish_dead_letters: DeadLetterPublisher | None = None,
+        cursor_persist_interval_ms: int = 1_000,
+        consumer_lease_ms: int | None = None,
+        cached_entries: int = 200_000,
+        max_fetch: int = 2_000,
+        max_staged_rows: int = 200_000,
     ) -> None:
+        """``write_cursor``: where cursor snapshots go (None: the cursor lives in memory
+        only). ``publish_dead_letters``: required with ``max_redeliveries``.
+        ``consumer_lease_ms``: a consumer not heard from for that long is removed (None:
+        never). ``cached_entries``: entries of ledger objects read from the log kept to
+        find payloads in. ``max_fetch``: payloads read through the fetch per receive (due
+        delayed messages are scattered: smaller reads reach the consumer sooner).
+        ``max_staged_rows``: payloads of due sealed-bucket rows kept for delivery."""
         if subscription_type not in SUBSCRIPTION_TYPES:
             raise InvalidArgument(
                 f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
                 f"got {subscription_type!r}"
             )
+        if max_redeliveries is not None and publish_dead_letters is None:
+            raise InvalidArgument("publish_dead_letters: required with max_redeliveries")
         self.name = name
         self.type = subscription_type
         self.tracker = tracker
@@ -152,7 +260,7 @@ class Subscription:
         # The log as this subscription still needs it: acknowledged or held by a sealed
         # bucket. Its mark-delete is how far the partition's ledgers may be deleted.
         self.log_cursor = self.cursor.copy()
-        self._staged: deque[tuple[Source, np.ndarray, np.ndarray]] = deque()
+        self._staged: deque[Group] = deque()
         self._staged_rows = 0
         # The delayed rows of the ledgers not sealed yet are the topic's too (shared, with
         # sealed buckets): the subscription takes the due ones from it, and has taken every
@@ -215,6 +323,23 @@ class Subscription:
             "cancelled": 0,
             "dead_lettered": 0,
         }
+        self._write_cursor = write_cursor
+        self._publish_dead_letters = publish_dead_letters
+        self.cursor_persist_interval_ms = cursor_persist_interval_ms
+        self.consumer_lease_ms = consumer_lease_ms
+        self.max_fetch = max_fetch
+        self.max_staged_rows = max_staged_rows
+        # decoded ledger objects read from the log: payloads found without another read
+        self.objects = ObjectCache(cached_entries)
+        # what the log reader brought and the next step applies, in order
+        self._inbox: deque[Callable[[], int]] = deque()
+        # what was last written: (mark-delete, individual acks, dispatch mark)
+        self._persisted: tuple[Position, int, Position] | None = None
+        self._persist_lock = asyncio.Lock()  # one cursor write at a time, in order
+        self._persist_due_ms: int | None = None  # the next periodic write (None: at once)
+        self._dead_letter_lock = asyncio.Lock()  # one flush at a time: none is published twice
+        self._tail_asked_ms: int | None = None  # the last due query of the unsealed index
+        self._tail_in_flight = False
 
     # --- consumers -----------------------------------------------------------------------
 
@@ -280,7 +405,28 @@ class Subscription:
     # --- reading the log -------------------------------------------------------------------
 
     def wants_read(self) -> bool:
-        return self._ready_count < self.read_ahead_entries
+        """Whether the log reader may read on: the read-ahead has room and what it read
+        last was applied (the next read starts where that one ended)."""
+        return not self._inbox and self._ready_count < self.read_ahead_entries
+
+    def offer_read(
+        self,
+        objects: list[LedgerObject | DelayedRun],
+        ledgers: list[tuple[int, int | None]],
+        tail: Position | None,
+        buckets_changed: bool = False,
+    ) -> None:
+        """The log reader's answer (see :meth:`on_read`), for the next :meth:`step` to
+        apply. ``buckets_changed``: the topic's set of sealed buckets changed since they
+        were adopted (the next due query of its unsealed index adopts them)."""
+        if buckets_changed and self.sealed is not None:
+            self.tail_dirty = True
+        self._inbox.append(functools.partial(self.on_read, objects, ledgers, tail))
+
+    def offer_reread(self, rows: Rows, keys: np.ndarray) -> None:
+        """Rows the log returned for loose positions (see :meth:`on_reread`), for the next
+        :meth:`step` to apply."""
+        self._inbox.append(functools.partial(self.on_reread, rows, keys))
 
     def on_read(
         self,
@@ -289,8 +435,10 @@ class Subscription:
         tail: Position | None,
     ) -> int:
         """Take in ledger objects from the log (in log order); a :class:`DelayedRun` stands
-        for an object of delayed entries only, which the topic's index delivers. Returns
-        entries taken in."""
+        for an object of delayed entries only, which the topic's index delivers. The
+        objects are kept (bounded) to find payloads in; with sealed buckets only those
+        with an immediate entry (delayed rows come with theirs from the topic's index).
+        Returns entries taken in."""
         self._learn_ledgers(ledgers)
         self.tail = tail
         if tail is not None:
@@ -312,8 +460,10 @@ class Subscription:
                     done = span & self._cancelled_ahead
                     if done:
                         self._cancelled_ahead -= done
-                        self._ack_cursor(_values(done))
+                        self._ack_cursor(bitmap64_values(done))
             else:
+                if self.sealed is None or (obj.entries.deliver_at_ms <= obj.publish_time_ms).any():
+                    self.objects.add(obj)
                 idx = np.arange(start, obj.count, dtype=np.int64)
                 taken += self._take_in(obj, idx, first_key + idx)
             last = obj.first_entry + obj.count
@@ -360,8 +510,8 @@ class Subscription:
             span.add_range(key_of(ledger_id, lo), key_of(ledger_id, size))
             acked = self.cursor.acked.get(ledger_id)
             if acked:
-                entries = np.frombuffer(acked.to_array(), dtype=np.uint32).astype(np.uint64)
-                span -= BitMap64((np.uint64(ledger_id) << np.uint64(SHIFT)) | entries)
+                entries = np.frombuffer(acked.to_array(), dtype=np.uint32)
+                span -= bitmap64_of(position_keys(np.full(len(entries), ledger_id), entries))
             loose |= span
         if loose:
             loose -= self.tracker.tracked_among(loose)
@@ -380,7 +530,7 @@ class Subscription:
         position the log no longer has is dropped). Returns entries taken in."""
         chunk = bitmap64_of(_keys_of(keys)) & self.unread
         self.unread -= chunk
-        wanted = _values(chunk)
+        wanted = bitmap64_values(chunk)
         idx = np.flatnonzero(np.isin(rows.positions, wanted))
         taken = self._take_in(rows, idx, rows.positions[idx]) if len(idx) else 0
         gone = np.setdiff1d(wanted, rows.positions)
@@ -411,7 +561,7 @@ class Subscription:
             ahead = bitmap64_of(keys[~keep]) & self._cancelled_ahead
             if ahead:
                 self._cancelled_ahead -= ahead
-                done = _values(ahead)
+                done = bitmap64_values(ahead)
                 self._ack_cursor(done)
         idx, keys = idx[keep], keys[keep]
         ds = ents.deliver_at_ms[idx]
@@ -445,7 +595,7 @@ class Subscription:
             return keep
         md_key = key_of(*self.cursor.mark_delete) if self.cursor.mark_delete[1] >= 0 else None
         md_l = self.cursor.mark_delete[0]
-        ledgers = keys >> SHIFT
+        ledgers, entries = split_keys(keys)
         keep &= ledgers >= md_l
         if md_key is not None:
             keep &= keys > md_key
@@ -454,15 +604,168 @@ class Subscription:
             if not bm:
                 continue
             same = ledgers == ledger_id
-            es = keys[same] & LOW
+            es = entries[same]
             if bm.range_cardinality(int(es.min()), int(es.max()) + 1):
                 both = BitMap(array("I", es.astype(np.uint32).tobytes())) & bm
                 keep[same] &= ~np.isin(es, np.frombuffer(both.to_array(), dtype=np.uint32))
         if self._cancelled_ahead:
             hit = bitmap64_of(keys) & self._cancelled_ahead
             if hit:
-                keep &= ~np.isin(keys, _values(hit))
+                keep &= ~np.isin(keys, bitmap64_values(hit))
         return keep
+
+    # --- the receive sequence ----------------------------------------------------------------
+
+    async def receive(
+        self, consumer_id: str, fetch: Fetch, max_messages: int, now_ms: int
+    ) -> list[Delivery]:
+        """One receive of up to ``max_messages`` for ``consumer_id`` at ``now_ms`` (epoch
+        ms): move the write-ahead marks (the cursor is written before anything beyond
+        them goes out), collect due messages, flush dead letters, fetch the payloads of
+        redeliveries (``fetch`` reads what is neither staged nor cached), and hand them
+        out, then read-ahead entries. Nothing goes to a FIFO subscription's standby."""
+        if not self.can_receive(consumer_id):
+            return []
+        if self.needs_delayed_mark(now_ms):
+            # delayed rows due by then may go out: a restart must know they may have
+            self.cursor.delayed_mark = now_ms + DELAYED_MARK_STEP_MS
+            await self.persist(force=True)
+        mark = self.wanted_mark()
+        if mark is not None:
+            await self.persist(force=True, mark=mark)
+        self.collect_due(now_ms, max_messages)
+        if self.dead:
+            await self.flush_dead_letters(fetch)
+        keys = self.keys_to_fetch(max_messages, consumer_id)
+        fetched = await self.fetch_payloads(fetch, keys, self.max_fetch)
+        return self.deliver(consumer_id, fetched, max_messages, now_ms)
+
+    async def fetch_payloads(
+        self, fetch: Fetch, keys: np.ndarray, max_reads: int | None = None
+    ) -> list[Group]:
+        """Payloads for positions, grouped by source: the staged rows, the cached objects,
+        else rows read through ``fetch`` (positions the log no longer has are acked:
+        nothing can deliver them). With ``max_reads``, at most that many (the lowest) are
+        read through ``fetch``; the others are left out of the result."""
+        if not len(keys):
+            return []
+        groups, need = self.staged(np.asarray(keys, dtype=KEY_DTYPE))
+        if len(need):
+            cached, need = self.objects.lookup(need)
+            groups.extend(cached)
+        if max_reads is not None and len(need) > max_reads:
+            need = np.sort(need)[:max_reads]
+        if len(need):
+            rows = await fetch(need)
+            found = np.isin(need, rows.positions)
+            if found.any():
+                got = need[found]
+                groups.append((rows, np.searchsorted(rows.positions, got), got))
+            if not found.all():
+                self.drop_missing(need[~found])
+        return groups
+
+    async def flush_dead_letters(self, fetch: Fetch) -> int:
+        """Publish waiting dead letters (up to :data:`DEAD_LETTER_BATCH`, payloads read
+        through ``fetch``), then ack them; returns how many. One flush at a time: a second
+        one while the first awaits its publish returns 0 (the first takes what waits)."""
+        publish = self._publish_dead_letters
+        if not self.dead or publish is None or self._dead_letter_lock.locked():
+            return 0
+        async with self._dead_letter_lock:
+            groups = await self.fetch_payloads(fetch, _first(self.dead, DEAD_LETTER_BATCH))
+            if not groups:
+                return 0
+            entries = concat_entries([src.entries.take(idx) for src, idx, _ in groups])
+            keys = np.concatenate([ks for _, _, ks in groups])
+            await publish(keys, entries)
+            self.dead_lettered(keys)
+            log.info("subscription %s: %d messages dead-lettered", self.name, len(keys))
+            return len(keys)
+
+    async def persist(self, *, force: bool = False, mark: Position | None = None) -> bool:
+        """Write the cursor with the dispatch mark when it changed since the last write (or
+        with ``force``); with ``mark``, write it with that mark and then move the dispatch
+        mark there (write ahead, then apply). Returns whether it wrote."""
+        async with self._persist_lock:
+            if mark is not None and mark <= self.dispatch_mark:
+                return False  # another call moved it meanwhile
+            target = mark or self.dispatch_mark
+            state = (self.cursor.mark_delete, self.cursor.individually_acked(), target)
+            wrote = False
+            if state != self._persisted or force:
+                if self._write_cursor is not None:
+                    await self._write_cursor(self.cursor.encode(target))
+                    wrote = True
+                self._persisted = state
+            if mark is not None:
+                self.dispatch_mark = mark
+            return wrote
+
+    # --- the background step ---------------------------------------------------------------
+
+    def step(self, now_ms: int) -> Step:
+        """One step of the background work at ``now_ms`` (epoch ms): apply what the log
+        reader brought, send expired ack deadlines and the messages of consumers whose
+        lease lapsed back for redelivery, drop staged payloads no longer waiting, and say
+        what I/O is due and when to step again (see :class:`Step`)."""
+        while self._inbox:
+            self._inbox.popleft()()
+        self.expire(now_ms)
+        expired = (
+            self.expire_consumers(now_ms, self.consumer_lease_ms)
+            if self.consumer_lease_ms is not None
+            else []
+        )
+        self.prune_staged(self.max_staged_rows)
+        persist = False
+        if not self._persist_lock.locked() and (
+            self._persist_due_ms is None or now_ms >= self._persist_due_ms
+        ):
+            persist = True
+            self._persist_due_ms = now_ms + self.cursor_persist_interval_ms
+        return Step(
+            wake_at_ms=self._wake_at_ms(now_ms),
+            deliverable=self.has_deliverable(now_ms),
+            wants_read=self.wants_read(),
+            expired=expired,
+            loads=self.sealed.wanted(now_ms) if self.sealed is not None else [],
+            tail_query=self._tail_query(now_ms),
+            dead_letters=bool(self.dead) and not self._dead_letter_lock.locked(),
+            persist=persist,
+        )
+
+    def _wake_at_ms(self, now_ms: int) -> int | None:
+        """The earliest time after ``now_ms`` something is due: a delivery, an ack
+        deadline, a cursor write, a poll of the unsealed index, a lease to lapse."""
+        times = [self.next_wakeup_ms(), self._persist_due_ms]
+        if self.tail_dirty and self.sealed is not None and self._tail_asked_ms is not None:
+            times.append(self._tail_asked_ms + TAIL_POLL_MS)
+        if self.consumer_lease_ms is not None and self._consumers:
+            seen = min(c.seen_ms for c in self._consumers.values())
+            times.append(seen + self.consumer_lease_ms + 1)
+        later = [t for t in times if t is not None and t > now_ms]
+        return min(later) if later else None
+
+    def _tail_query(self, now_ms: int) -> TailQuery | None:
+        """The due query of the topic's unsealed index to send now, if one is due: at the
+        earliest deliver_at there, or a while after delayed rows were read."""
+        if self.sealed is None or self._tail_in_flight:
+            return None
+        due = self.tail_next is not None and self.tail_next <= now_ms
+        polled = self._tail_asked_ms is None or now_ms - self._tail_asked_ms >= TAIL_POLL_MS
+        if not due and not (self.tail_dirty and polled):
+            return None
+        self.tail_dirty = False
+        self._tail_asked_ms = now_ms
+        self._tail_in_flight = True
+        below, through = self.tail_taken
+        return TailQuery(below, through, now_ms)
+
+    def tail_failed(self) -> None:
+        """The due query of the unsealed index failed: ask again at the next poll."""
+        self._tail_in_flight = False
+        self.tail_dirty = True
 
     # --- delivering -------------------------------------------------------------------------
 
@@ -481,12 +784,7 @@ class Subscription:
             for rows, idx, keys in self.sealed.take_due(now_ms, room):
                 room -= self._stage(rows, idx, keys)
         if room > 0 and self.tracker.has_message_available():
-            take = getattr(self.tracker, "get_scheduled_keys", None)
-            if take is not None:
-                due = np.asarray(take(room), dtype=np.int64)
-            else:
-                due_pairs = self.tracker.get_scheduled_messages(room)
-                due = np.array([(lg << SHIFT) | e for lg, e in due_pairs], dtype=np.int64)
+            due = np.asarray(self.tracker.get_scheduled_keys(room), dtype=KEY_DTYPE)
             if len(due):  # (one nacked with a delay may have been acked since)
                 due = due[self._unseen(due)]
                 self.redeliver |= bitmap64_of(due)
@@ -516,6 +814,7 @@ class Subscription:
         """Take in the topic's answer to a due query of its unsealed index (see
         ``TopicIndex.due``), asked with :attr:`tail_taken` as of ``now_ms``; returns rows
         staged. Adopt the buckets the answer says are sealed before this."""
+        self._tail_in_flight = False
         self.tail_taken = (max(self.tail_taken[0], int(below)), max(self.tail_taken[1], now_ms))
         self.tail_next = None if next_d < 0 else int(next_d)
         self.tail_waiting = int(waiting)
@@ -532,9 +831,7 @@ class Subscription:
         ``now_ms`` may go out."""
         return self.sealed is not None and now_ms > self.cursor.delayed_mark
 
-    def staged(
-        self, keys: np.ndarray
-    ) -> tuple[list[tuple[Source, np.ndarray, np.ndarray]], np.ndarray]:
+    def staged(self, keys: np.ndarray) -> tuple[list[Group], np.ndarray]:
         """The staged sealed-bucket rows of ``keys``, as (rows, indexes, keys) groups, and
         the keys not staged (to be read from the topic)."""
         groups = []
@@ -549,10 +846,10 @@ class Subscription:
                 need = need[~hit]
         return groups, need
 
-    def prune_staged(self, max_rows: int = 200_000) -> None:
+    def prune_staged(self, max_rows: int) -> None:
         """Drop staged rows no longer waiting for delivery (and the oldest beyond
         ``max_rows``: those are read from the topic if they are wanted again)."""
-        kept: deque = deque()
+        kept: deque[Group] = deque()
         self._staged_rows = 0
         for group in self._staged:
             if bitmap64_of(group[2]) & self.redeliver:
@@ -575,7 +872,7 @@ class Subscription:
             self._apply_marker(marker, target)
         positions = meta.positions()
         self.sealed.adopt(meta, done=done, taken=self.tail_taken)
-        self.log_cursor.ack(*split_keys(_values(positions)))
+        self.log_cursor.ack(*split_keys(bitmap64_values(positions)))
 
     def _ack_gone_ledgers(self, present: set[int]) -> None:
         """Entries of a bucket's ledgers that are gone from the log and not in the bucket
@@ -591,7 +888,7 @@ class Subscription:
                 gone.add_range(key_of(ledger_id, 0), key_of(ledger_id, size))
                 gone -= b.meta.positions()
                 if gone:
-                    self._ack_cursor(_values(gone))
+                    self._ack_cursor(bitmap64_values(gone))
 
     def advance_buckets(self) -> list[str]:
         """Move each bucket's progress over segments whose rows are all acknowledged;
@@ -627,14 +924,14 @@ class Subscription:
         """The redelivery set's keys (ascending) and their hash slots (-1: not known)."""
         gone = self._indexed - self.redeliver
         if gone:
-            keep = ~np.isin(self._pool_keys, _values(gone))
+            keep = ~np.isin(self._pool_keys, bitmap64_values(gone))
             self._pool_keys, self._pool_slots = self._pool_keys[keep], self._pool_slots[keep]
             self._indexed -= gone
         new = self.redeliver - self._indexed
         if new:
-            keys = _values(new)
+            keys = bitmap64_values(new)
             keys = np.concatenate([self._pool_keys, keys])
-            slots = np.concatenate([self._pool_slots, self._slots_known(_values(new))])
+            slots = np.concatenate([self._pool_slots, self._slots_known(bitmap64_values(new))])
             order = np.argsort(keys, kind="stable")
             self._pool_keys, self._pool_slots = keys[order], slots[order]
             self._indexed |= new
@@ -690,7 +987,11 @@ class Subscription:
         if self._ring is None:
             self._ring = Ring(list(self._consumers))
         ok = self._ring.owned(consumer_id, slots)
-        others = [c.held for cid, c in self._consumers.items() if cid != consumer_id and c.pending]
+        others = [
+            c.held
+            for cid, c in self._consumers.items()
+            if cid != consumer_id and c.pending and c.held is not None
+        ]
         if others and ok.any():
             blocked = np.zeros(SLOTS, dtype=bool)
             for held in others:
@@ -704,7 +1005,7 @@ class Subscription:
         if hit:
             c.pending -= hit
             if c.held is not None:
-                slots = self._slots_known(_values(hit))
+                slots = self._slots_known(bitmap64_values(hit))
                 np.subtract.at(c.held, slots[slots >= 0], 1)
         return hit
 
@@ -713,14 +1014,14 @@ class Subscription:
         cancel may have taken some while they were fetched)."""
         waiting = bitmap64_of(keys) & self.redeliver
         if len(waiting) < len(keys):
-            keep = np.isin(keys, _values(waiting))
+            keep = np.isin(keys, bitmap64_values(waiting))
             idx, keys = idx[keep], keys[keep]
         return idx, keys
 
     def _deliver_keyed(
         self,
         consumer_id: str,
-        fetched: list[tuple[Source, np.ndarray, np.ndarray]],
+        fetched: list[Group],
         room: int,
         now_ms: int,
     ) -> list[Delivery]:
@@ -771,20 +1072,16 @@ class Subscription:
         self.redeliver -= bitmap64_of(keys[chosen])
         out = []
         # runs of one source in position order: one Delivery each, so that order holds
-        g = group[chosen]
-        cuts = np.flatnonzero(np.diff(g)) + 1
+        cuts = np.flatnonzero(np.diff(group[chosen])) + 1
         for run in np.split(chosen, cuts):
             source = fetched[int(group[run[0]])][0]
             out.append(self._hand_out(consumer_id, source, idx[run], keys[run], now_ms))
         return out
 
-    def dead_letters(self, max_messages: int) -> list[int]:
-        return _first(self.dead, max_messages).tolist()
-
     def deliver(
         self,
         consumer_id: str,
-        fetched: list[tuple[Source, np.ndarray, np.ndarray]],
+        fetched: list[Group],
         max_messages: int,
         now_ms: int,
     ) -> list[Delivery]:
@@ -811,7 +1108,7 @@ class Subscription:
             out.append(self._hand_out(consumer_id, source, idx, keys, now_ms))
         return out
 
-    def _take_ready(self, room: int) -> list[tuple[Source, np.ndarray, np.ndarray]]:
+    def _take_ready(self, room: int) -> list[Group]:
         """Up to ``room`` rows off the read-ahead queue, below the dispatch mark, left out
         the ones acknowledged since they were read (cancels)."""
         out = []
@@ -873,7 +1170,7 @@ class Subscription:
         if self._counted:
             hit = (bm if bm is not None else bitmap64_of(keys)) & self._counted
             if hit:
-                where = np.flatnonzero(np.isin(keys, _values(hit)))
+                where = np.flatnonzero(np.isin(keys, bitmap64_values(hit)))
                 counts[where] = [self._counts[k] for k in keys[where].tolist()]
         return counts
 
@@ -898,7 +1195,7 @@ class Subscription:
             len(gone),
             position_of(gone.min()),
         )
-        self._ack_keys(_values(gone))
+        self._ack_keys(bitmap64_values(gone))
         return len(gone)
 
     # --- acks, nacks, timeouts ------------------------------------------------------------------
@@ -957,7 +1254,7 @@ class Subscription:
         if delay_ms <= 0:
             self._schedule_redelivery(held)
             return len(held)
-        later = self._to_dead_letters(_values(held))
+        later = self._to_dead_letters(bitmap64_values(held))
         if len(later):
             self._bump_counts(later)
             tracked = self.tracker.add_messages(
@@ -985,7 +1282,7 @@ class Subscription:
             others = wanted - held
             bad = [
                 (int(k), why)
-                for k in _values(others)
+                for k in bitmap64_values(others)
                 if (why := self._not_redeliverable(int(k), consumer_id)) is not None
             ]
             if bad:
@@ -1045,14 +1342,14 @@ class Subscription:
         return keys[~over]
 
     def _schedule_redelivery(self, bm: BitMap64) -> None:
-        ks = self._to_dead_letters(_values(bm))
+        ks = self._to_dead_letters(bitmap64_values(bm))
         if len(ks):
             self._bump_counts(ks)
             self.counters["redelivered"] += len(ks)
             self.redeliver |= bitmap64_of(ks)
 
     def dead_lettered(self, keys: Iterable[int] | np.ndarray) -> int:
-        """The actor published these to the dead-letter topic: ack them."""
+        """These were published to the dead-letter topic: ack them."""
         ks = _keys_of(keys)
         self.counters["dead_lettered"] += len(ks)
         return self._ack_keys(ks)
@@ -1109,12 +1406,12 @@ class Subscription:
 
     # --- timers and stats -----------------------------------------------------------------------
 
-    def has_deliverable(self) -> bool:
+    def has_deliverable(self, now_ms: int) -> bool:
         return (
             bool(self.redeliver)
             or bool(self._ready)
             or self.tracker.has_message_available()
-            or (self.sealed is not None and self.sealed.has_due(self._clock.now_ms()))
+            or (self.sealed is not None and self.sealed.has_due(now_ms))
         )
 
     def next_wakeup_ms(self) -> int | None:
@@ -1165,14 +1462,14 @@ class Subscription:
         self.log_cursor.ack(ls, es)
         return self.cursor.ack(ls, es)
 
-    def _learn_ledgers(self, ledgers: list[tuple[int, int | None]]) -> None:
-        ledgers = list(ledgers)
-        self.cursor.learn_ledgers(ledgers)
-        self.log_cursor.learn_ledgers(ledgers)
+    def _learn_ledgers(self, ledgers: Iterable[tuple[int, int | None]]) -> None:
+        known = list(ledgers)
+        self.cursor.learn_ledgers(known)
+        self.log_cursor.learn_ledgers(known)
 
 
 def _first(bm: BitMap64, n: int) -> np.ndarray:
-    """The ``n`` lowest values of ``bm`` as int64."""
+    """The ``n`` lowest keys of ``bm``."""
     if len(bm) <= n:
-        return _values(bm)
-    return np.fromiter(itertools.islice(bm, n), dtype=np.uint64, count=n).astype(np.int64)
+        return bitmap64_values(bm)
+    return np.fromiter(itertools.islice(bm, n), dtype=KEY_DTYPE, count=n)

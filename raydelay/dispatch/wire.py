@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from raydelay.dispatch.keys import split_keys
+from raydelay.delayed.index import split_keys
 from raydelay.dispatch.subscription import Delivery
 from raydelay.log.entries import PROPERTIES_TYPE, empty_batch, int64_array
 

@@ -10,7 +10,7 @@ import pytest
 
 from raydelay.dispatch.keyshared import SLOTS, Ring, slot_of, slots_of
 from raydelay.log.entries import NO_DELAY
-from tests.unit.test_subscription import CACHE, T0, make, obj, read, take, wire
+from tests.unit.test_subscription import T0, make, obj, read, receive, take
 
 
 def test_a_key_has_one_slot_and_keyless_messages_share_the_empty_key():
@@ -38,67 +38,65 @@ def keyed(n: int, keys: list[str], ledger=1, first=0, deliver_at=None):
 
 
 def test_each_key_goes_to_one_consumer_in_order_and_keys_spread():
-    sub, clock = make("key_shared")
-    sub.add_consumer("c2")
-    sub.add_consumer("c3")
+    t = make("key_shared")
+    t.sub.add_consumer("c2")
+    t.sub.add_consumer("c3")
     names = [f"k{i}" for i in range(30)]
     o = keyed(300, names)
-    read(sub, o)
+    read(t, o)
     owner: dict[str, str] = {}
     seen: dict[str, list[int]] = defaultdict(list)
     for _ in range(20):
         for c in ("c1", "c2", "c3"):
-            got = take(sub, clock, consumer=c, n=7)
+            got = take(t, consumer=c, n=7)
             for _, e in got:
                 k = o.entries.key(e)
                 assert owner.setdefault(k, c) == c, f"{k} went to {owner[k]} and {c}"
                 seen[k].append(e)
-            sub.ack(c, [(lg << 32) | e for lg, e in got])
+            t.sub.ack(c, [(lg << 32) | e for lg, e in got])
     assert sum(map(len, seen.values())) == 300  # every message, once
     assert all(v == sorted(v) for v in seen.values())  # in log order per key
     assert len(set(owner.values())) == 3  # spread over the three
 
 
 def test_a_key_moves_to_a_new_consumer_only_after_the_old_one_acks():
-    sub, clock = make("key_shared")
+    t = make("key_shared")
     ring = Ring(["c1", "c2"])
     # a key that c2 owns once it joins
     k = next(f"k{i}" for i in range(1000) if ring.owners[slot_of(f"k{i}")] == 1)
-    read(sub, keyed(6, [k]))
-    assert take(sub, clock, "c1", n=2) == [(1, 0), (1, 1)]
-    sub.add_consumer("c2")
-    assert take(sub, clock, "c2", n=10) == []  # c1 still holds two of the key's messages
-    assert take(sub, clock, "c1", n=10) == []  # no longer its key
-    sub.ack("c1", [(1 << 32) | 0])
-    assert take(sub, clock, "c2", n=10) == []  # one still held
-    sub.ack("c1", [(1 << 32) | 1])
-    assert take(sub, clock, "c2", n=10) == [(1, 2), (1, 3), (1, 4), (1, 5)]
+    read(t, keyed(6, [k]))
+    assert take(t, "c1", n=2) == [(1, 0), (1, 1)]
+    t.sub.add_consumer("c2")
+    assert take(t, "c2", n=10) == []  # c1 still holds two of the key's messages
+    assert take(t, "c1", n=10) == []  # no longer its key
+    t.sub.ack("c1", [(1 << 32) | 0])
+    assert take(t, "c2", n=10) == []  # one still held
+    t.sub.ack("c1", [(1 << 32) | 1])
+    assert take(t, "c2", n=10) == [(1, 2), (1, 3), (1, 4), (1, 5)]
 
 
 def test_a_consumer_leaving_hands_its_keys_over_in_order():
-    sub, clock = make("key_shared")
-    sub.add_consumer("c2")
-    sub.add_consumer("c3")
+    t = make("key_shared")
+    t.sub.add_consumer("c2")
+    t.sub.add_consumer("c3")
     names = [f"k{i}" for i in range(12)]
     o = keyed(120, names)
-    read(sub, o)
-    held = {c: take(sub, clock, c, n=15) for c in ("c1", "c2", "c3")}
+    read(t, o)
+    held = {c: take(t, c, n=15) for c in ("c1", "c2", "c3")}
     assert held["c2"], "c2 should own some keys"
-    sub.remove_consumer("c2")  # its 15 come back, ahead of the later messages of its keys
+    t.sub.remove_consumer("c2")  # its 15 come back, ahead of the later messages of its keys
     seen: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for c in ("c1", "c3"):
         for _, e in held[c]:
             seen[o.entries.key(e)].append((e, 0))
     for c in ("c1", "c3"):
-        sub.ack(c, [(1 << 32) | e for _, e in held[c]])
+        t.sub.ack(c, [(1 << 32) | e for _, e in held[c]])
     for _ in range(30):
         for c in ("c1", "c3"):
-            asked = sub.keys_to_fetch(9, c)
-            fetched, _ = CACHE.lookup(np.asarray(asked, dtype=np.int64))
-            w = wire(sub.deliver(c, fetched, 9, clock.now_ms()))
+            w = receive(t, c, 9)
             for e, n in zip(w["entry_id"], w["redelivery_count"], strict=True):
                 seen[o.entries.key(e)].append((e, n))
-            sub.ack(c, [(1 << 32) | e for e in w["entry_id"]])
+            t.sub.ack(c, [(1 << 32) | e for e in w["entry_id"]])
     delivered = [e for v in seen.values() for e, _ in v]
     assert sorted(delivered) == list(range(120))  # nothing lost, nothing twice
     for c2_entry in (e for _, e in held["c2"]):
@@ -109,69 +107,66 @@ def test_a_consumer_leaving_hands_its_keys_over_in_order():
 
 
 def test_key_shared_honours_deliver_at_never_early():
-    sub, clock = make("key_shared")
-    read(sub, obj(1, 0, [T0 + 500, NO_DELAY, T0 + 200], keys=["a", "a", "b"]))
-    assert take(sub, clock, n=10) == [(1, 1)]
-    clock.advance(199)
-    assert take(sub, clock, n=10) == []
-    clock.advance(1)
-    assert take(sub, clock, n=10) == [(1, 2)]
-    clock.advance(300)
-    assert take(sub, clock, n=10) == [(1, 0)]
+    t = make("key_shared")
+    read(t, obj(1, 0, [T0 + 500, NO_DELAY, T0 + 200], keys=["a", "a", "b"]))
+    assert take(t, n=10) == [(1, 1)]
+    t.clock.advance(199)
+    assert take(t, n=10) == []
+    t.clock.advance(1)
+    assert take(t, n=10) == [(1, 2)]
+    t.clock.advance(300)
+    assert take(t, n=10) == [(1, 0)]
 
 
 def test_keyless_messages_go_to_one_consumer():
-    sub, clock = make("key_shared")
-    sub.add_consumer("c2")
-    read(sub, obj(1, 0, [NO_DELAY] * 10))
-    got = {c: take(sub, clock, c, n=100) for c in ("c1", "c2")}
+    t = make("key_shared")
+    t.sub.add_consumer("c2")
+    read(t, obj(1, 0, [NO_DELAY] * 10))
+    got = {c: take(t, c, n=100) for c in ("c1", "c2")}
     assert sorted(len(v) for v in got.values()) == [0, 10]
 
 
 @pytest.mark.parametrize("kind", ["shared", "key_shared"])
 def test_spread_types_take_back_only_the_named_messages(kind):
-    sub, clock = make(kind)
-    read(sub, keyed(4, ["a"]))
-    got = take(sub, clock, n=4)
+    t = make(kind)
+    read(t, keyed(4, ["a"]))
+    got = take(t, n=4)
     assert len(got) == 4
-    assert sub.redeliver_unacked("c1", np.array([(1 << 32) | 3])) == 1
-    assert sub.pending_count() == 3
+    assert t.sub.redeliver_unacked("c1", np.array([(1 << 32) | 3])) == 1
+    assert t.sub.pending_count() == 3
 
 
 def test_a_consumer_that_stops_asking_holds_up_only_its_own_keys():
-    sub, clock = make("key_shared", read_ahead_entries=100)  # at most 1,000 wait in the pool
-    sub.add_consumer("c2")
+    t = make("key_shared", read_ahead_entries=100)  # at most 1,000 wait in the pool
+    t.sub.add_consumer("c2")
     names = [f"k{i}" for i in range(60)]
     o = keyed(600, names)
-    read(sub, o)
+    read(t, o)
     ring = Ring(["c1", "c2"])
     mine = [e for e in range(600) if ring.owners[slot_of(o.entries.key(e))] == 1]
     assert 100 < len(mine) < 500
     got = []
     for _ in range(50):  # c1 never asks; its keys' rows pile up in the pool
-        batch = take(sub, clock, "c2", n=20)
+        batch = take(t, "c2", n=20)
         got += [e for _, e in batch]
-        sub.ack("c2", [(1 << 32) | e for _, e in batch])
+        t.sub.ack("c2", [(1 << 32) | e for _, e in batch])
     assert got == mine  # all of c2's, in log order
-    assert len(sub.redeliver) == 600 - len(mine)  # c1's wait for it
+    assert len(t.sub.redeliver) == 600 - len(mine)  # c1's wait for it
 
 
 def test_a_key_given_back_while_a_later_one_was_fetched_still_goes_first():
     # Given key k's first message held by c1, and its second due from the tracker (its
-    # slot not known yet) once c2, k's new owner, has joined
-    sub, clock = make("key_shared")
+    # slot not known yet, its payload no longer held) once c2, k's new owner, has joined
+    t = make("key_shared", cached_entries=1)
     ring = Ring(["c1", "c2"])
     k = next(f"k{i}" for i in range(1000) if ring.owners[slot_of(f"k{i}")] == 1)
-    read(sub, obj(1, 0, [NO_DELAY, T0 + 100], keys=[k, k]))
-    assert take(sub, clock, "c1", n=10) == [(1, 0)]
-    sub.add_consumer("c2")
-    clock.advance(100)
-    sub.collect_due(clock.now_ms(), 10)
-    asked = sub.keys_to_fetch(10, "c2")
-    assert asked.tolist() == [(1 << 32) | 1]
+    read(t, obj(1, 0, [NO_DELAY, T0 + 100], keys=[k, k]), obj(1, 2, [NO_DELAY], keys=["z"]))
+    assert take(t, "c1", n=1) == [(1, 0)]
+    t.sub.add_consumer("c2")
+    t.clock.advance(100)
     # When c1 gives the first back while c2's fetch of the second is under way
-    sub.nack("c1", [(1 << 32) | 0], 0, clock.now_ms())
-    fetched, _ = CACHE.lookup(np.asarray(asked, dtype=np.int64))
-    # Then the second waits, and the first goes out before it
-    assert wire(sub.deliver("c2", fetched, 10, clock.now_ms()))["entry_id"] == []
-    assert take(sub, clock, "c2", n=10) == [(1, 0), (1, 1)]
+    t.log.during_read = lambda: t.sub.nack("c1", [(1 << 32) | 0], 0, t.clock.now_ms())
+    assert take(t, "c2", n=1) == []
+    # Then the second waited, and the first goes out before it
+    assert t.log.reads == [[(1 << 32) | 1]]
+    assert take(t, "c2", n=10)[:2] == [(1, 0), (1, 1)]

@@ -1,7 +1,21 @@
 import os
 
+import numpy as np
 import pytest
+from pyroaring import BitMap64
 
+from raydelay.delayed.index import (
+    KEY_DTYPE,
+    LOW,
+    MAX_LEDGER_ID,
+    bitmap64_of,
+    bitmap64_values,
+    key_of,
+    position_in_range,
+    position_keys,
+    position_of,
+    split_keys,
+)
 from raydelay.errors import InvalidArgument
 from raydelay.storage import LocalDirObjectStore, MemoryObjectStore, validate_key, validate_name
 from raydelay.storage.keys import (
@@ -117,3 +131,49 @@ def test_local_store_refuses_a_symlinked_file_leading_out(tmp_path):
     os.symlink(tmp_path / "target", root / "f")
     with pytest.raises(InvalidArgument, match="outside the store root"):
         store.get("f")
+
+
+EDGE_POSITIONS = [
+    (0, 0),
+    (0, 1),
+    (0, LOW),
+    (1, 0),
+    (1, LOW),
+    (2**31 - 2, 7),
+    (MAX_LEDGER_ID, 0),
+    (MAX_LEDGER_ID, LOW),
+]
+
+
+@pytest.mark.parametrize("position", EDGE_POSITIONS)
+def test_a_position_key_round_trips_on_edge_values(position):
+    key = key_of(*position)
+    assert 0 <= key <= np.iinfo(KEY_DTYPE).max
+    assert position_of(key) == position
+    assert position_in_range(*position)
+
+
+def test_the_key_column_matches_the_scalar_key_and_round_trips_through_a_bitmap():
+    # Given the edge positions as columns
+    ls = np.array([p[0] for p in EDGE_POSITIONS])
+    es = np.array([p[1] for p in EDGE_POSITIONS], dtype=np.uint32)
+    # When they become a key column
+    keys = position_keys(ls, es)
+    # Then it has the one dtype, the scalar keys, and order by position
+    assert keys.dtype == KEY_DTYPE
+    assert keys.tolist() == [key_of(*p) for p in EDGE_POSITIONS]
+    assert keys.tolist() == sorted(keys.tolist())
+    back_l, back_e = split_keys(keys)
+    assert list(zip(back_l.tolist(), back_e.tolist(), strict=True)) == EDGE_POSITIONS
+    # and a 64-bit bitmap gives back the same keys in the same dtype
+    values = bitmap64_values(bitmap64_of(keys))
+    assert values.dtype == KEY_DTYPE and values.tolist() == keys.tolist()
+    assert max(BitMap64(values.astype(np.uint64))) == key_of(MAX_LEDGER_ID, LOW)
+
+
+@pytest.mark.parametrize(
+    "ledger_id,entry_id",
+    [(-1, 0), (0, -1), (MAX_LEDGER_ID + 1, 0), (0, LOW + 1), (1.0, 0), ("1", 0)],
+)
+def test_a_position_outside_the_key_is_out_of_range(ledger_id, entry_id):
+    assert not position_in_range(ledger_id, entry_id)

@@ -1,6 +1,11 @@
-"""The pure Subscription: what is delivered, to whom, when; driven by a ManualClock."""
+"""The pure Subscription, driven as the actor drives it: ``receive`` and ``step`` with a
+ManualClock and in-memory fakes of the log, the cursor store and the dead-letter topic."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -11,14 +16,14 @@ from raydelay.delayed import (
     InMemoryBucketRegistry,
     InMemoryDelayedDeliveryTracker,
 )
+from raydelay.delayed.index import key_of, position_of
 from raydelay.dispatch.cursor import Cursor
 from raydelay.dispatch.objects import ObjectCache
+from raydelay.dispatch.sealed import SealedReader
 from raydelay.dispatch.subscription import (
     DISPATCH_MARK_STEP,
     ConsumerBusy,
     Subscription,
-    key_of,
-    position_of,
 )
 from raydelay.dispatch.wire import delivery_batch
 from raydelay.errors import InvalidArgument
@@ -39,7 +44,7 @@ def obj(ledger: int, first: int, deliver_at: list[int], cancels=None, keys=None)
     return LedgerObject(ledger, first, T0, entries, {})
 
 
-def rows(objects: list[LedgerObject], wanted: list[int]) -> Rows:
+def rows(objects: list[LedgerObject], wanted) -> Rows:
     """What the topic actor's point read returns for the positions ``wanted``."""
     parts = []
     for o in objects:
@@ -50,44 +55,75 @@ def rows(objects: list[LedgerObject], wanted: list[int]) -> Rows:
     return Rows.concat(parts)
 
 
+class FakeLog:
+    """The fetch: the topic actor's point reads over the objects written to the log."""
+
+    def __init__(self) -> None:
+        self.objects: list[LedgerObject] = []
+        self.reads: list[list[int]] = []  # the keys of each read
+        self.during_read: Callable[[], object] | None = None  # runs while a read is under way
+
+    async def __call__(self, keys: np.ndarray) -> Rows:
+        self.reads.append(keys.tolist())
+        if self.during_read is not None:
+            self.during_read()
+        return rows(self.objects, keys)
+
+
+@dataclass
+class Case:
+    sub: Subscription
+    clock: ManualClock
+    log: FakeLog
+    cursor_writes: list[bytes] = field(default_factory=list)
+    dead: list[tuple[list[int], Entries]] = field(default_factory=list)
+
+    async def write_cursor(self, data: bytes) -> None:
+        self.cursor_writes.append(data)
+
+    async def publish_dead_letters(self, keys: np.ndarray, entries: Entries) -> None:
+        self.dead.append((keys.tolist(), entries))
+
+
+def make(kind="shared", clock=None, tracker=None, **kw) -> Case:
+    clock = clock or ManualClock(T0)
+    tracker = tracker or InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=10, strict=True)
+    case = Case(None, clock, FakeLog())  # type: ignore[arg-type]
+    case.sub = Subscription(
+        name="t/0/s",
+        subscription_type=kind,
+        tracker=tracker,
+        clock=clock,
+        write_cursor=case.write_cursor,
+        publish_dead_letters=case.publish_dead_letters,
+        **kw,
+    )
+    case.sub.add_consumer("c1")
+    return case
+
+
 def wire(out) -> dict[str, list]:
     """The delivered record batch as columns of Python values."""
     return delivery_batch(out).to_pydict()
 
 
-def make(kind="shared", clock=None, tracker=None, **kw) -> tuple[Subscription, ManualClock]:
-    clock = clock or ManualClock(T0)
-    tracker = tracker or InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=10, strict=True)
-    sub = Subscription(name="t/0/s", subscription_type=kind, tracker=tracker, clock=clock, **kw)
-    sub.add_consumer("c1")
-    return sub, clock
+def receive(case: Case, consumer="c1", n=100) -> dict[str, list]:
+    """One receive at the clock's time, as the delivered columns."""
+    out = asyncio.run(case.sub.receive(consumer, case.log, n, case.clock.now_ms()))
+    return wire(out)
 
 
-def take(sub: Subscription, clock: ManualClock, consumer="c1", n=100) -> list[tuple[int, int]]:
-    """One receive: collect due, 'fetch' from what on_read saw, deliver; returns positions."""
-    move_mark(sub)
-    sub.collect_due(clock.now_ms(), n)
-    asked = sub.keys_to_fetch(n, consumer)
-    fetched, _ = CACHE.lookup(np.array(asked, dtype=np.int64))
-    out = sub.deliver(consumer, fetched, n, clock.now_ms())
-    w = wire(out)
+def take(case: Case, consumer="c1", n=100) -> list[tuple[int, int]]:
+    """One receive; the positions delivered."""
+    w = receive(case, consumer, n)
     return list(zip(w["ledger_id"], w["entry_id"], strict=True))
 
 
-def move_mark(sub: Subscription) -> None:
-    """What the actor does before delivering: persist the wanted dispatch mark, then set it."""
-    mark = sub.wanted_mark()
-    if mark is not None:
-        sub.dispatch_mark = mark
-
-
-CACHE = ObjectCache(max_entries=1_000_000)  # what the actor would fetch payloads from
-
-
-def read(sub: Subscription, *objects: LedgerObject, ledgers=((1, None),)) -> None:
-    for o in objects:
-        CACHE.add(o)
-    sub.on_read(list(objects), list(ledgers), None)
+def read(case: Case, *objects: LedgerObject, ledgers=((1, None),), tail=None) -> None:
+    """The log reader brings ``objects``; the next step applies them."""
+    case.log.objects += objects
+    case.sub.offer_read(list(objects), list(ledgers), tail)
+    case.sub.step(case.clock.now_ms())
 
 
 def keys(positions) -> list[int]:
@@ -95,245 +131,308 @@ def keys(positions) -> list[int]:
 
 
 def test_immediate_entries_go_out_at_once_and_delayed_ones_when_due_never_early():
-    sub, clock = make()
-    read(sub, obj(1, 0, [NO_DELAY, T0 + 500, NO_DELAY, T0 + 200]))
-    assert take(sub, clock) == [(1, 0), (1, 2)]
-    clock.advance(199)
-    assert take(sub, clock) == []
-    clock.advance(1)
-    assert take(sub, clock) == [(1, 3)]
-    clock.advance(300)
-    assert take(sub, clock) == [(1, 1)]
-    assert sub.stats()["delayed"] == 0
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY, T0 + 500, NO_DELAY, T0 + 200]))
+    assert take(c) == [(1, 0), (1, 2)]
+    assert c.sub.step(c.clock.now_ms()).wake_at_ms == T0 + 200  # the driver sleeps till then
+    c.clock.advance(199)
+    assert take(c) == []
+    c.clock.advance(1)
+    assert c.sub.step(c.clock.now_ms()).deliverable
+    assert take(c) == [(1, 3)]
+    c.clock.advance(300)
+    assert take(c) == [(1, 1)]
+    assert c.sub.stats()["delayed"] == 0
+
+
+def test_the_reader_waits_until_a_step_applied_what_it_brought():
+    # Given a read the reader brought but no step applied yet
+    c = make()
+    before = c.sub.read_position
+    c.log.objects.append(obj(1, 0, [NO_DELAY]))
+    c.sub.offer_read(c.log.objects[:], [(1, None)], (1, 0))
+    # Then the reader may not read on (its next read starts where this one ends)
+    assert not c.sub.wants_read() and c.sub.read_position == before
+    # When a step applies it
+    step = c.sub.step(T0)
+    # Then its entry is deliverable and the reader may read on from after it
+    assert step.deliverable and step.wants_read and c.sub.read_position == (1, 1)
+    assert take(c) == [(1, 0)]
 
 
 @pytest.mark.parametrize("kind", ["exclusive", "failover"])
 def test_fifo_subscriptions_ignore_deliver_at(kind):
-    sub, clock = make(kind)
-    read(sub, obj(1, 0, [T0 + 10_000, NO_DELAY, T0 + 5]))
-    assert take(sub, clock) == [(1, 0), (1, 1), (1, 2)]
+    c = make(kind)
+    read(c, obj(1, 0, [T0 + 10_000, NO_DELAY, T0 + 5]))
+    assert take(c) == [(1, 0), (1, 1), (1, 2)]
 
 
 def test_redeliveries_go_before_new_entries_and_carry_a_higher_count():
-    sub, clock = make()
-    read(sub, obj(1, 0, [NO_DELAY] * 4))
-    first = take(sub, clock, n=2)
-    sub.nack("c1", keys(first), 0, clock.now_ms())
-    sub.collect_due(clock.now_ms(), 10)
-    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(10), dtype=np.int64))
-    out = sub.deliver("c1", fetched, 10, clock.now_ms())
-    w = wire(out)
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY] * 4))
+    first = take(c, n=2)
+    c.sub.nack("c1", keys(first), 0, c.clock.now_ms())
+    w = receive(c, n=10)
     assert list(zip(w["ledger_id"], w["entry_id"], strict=True)) == [(1, 0), (1, 1), (1, 2), (1, 3)]
     assert w["redelivery_count"] == [1, 1, 0, 0]
     assert w["payload"] == [b"1:0", b"1:1", b"1:2", b"1:3"]
+    assert c.log.reads == []  # every payload came from the objects the subscription read
 
 
 def test_nack_with_a_delay_waits_in_the_tracker():
-    sub, clock = make()
-    read(sub, obj(1, 0, [NO_DELAY]))
-    [p] = take(sub, clock)
-    sub.nack("c1", keys([p]), 1_000, clock.now_ms())
-    clock.advance(999)
-    assert take(sub, clock) == []
-    clock.advance(1)
-    assert take(sub, clock) == [p]
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY]))
+    [p] = take(c)
+    c.sub.nack("c1", keys([p]), 1_000, c.clock.now_ms())
+    c.clock.advance(999)
+    assert take(c) == []
+    c.clock.advance(1)
+    assert take(c) == [p]
 
 
-def test_an_expired_ack_deadline_redelivers_and_an_ack_stops_it():
-    sub, clock = make(ack_timeout_ms=1_000)
-    read(sub, obj(1, 0, [NO_DELAY, NO_DELAY]))
-    got = take(sub, clock)
-    sub.ack("c1", keys(got[:1]))
-    clock.advance(999)
-    assert take(sub, clock) == []
-    clock.advance(1)
-    assert take(sub, clock) == got[1:]
-    assert sub.counters["redelivered"] == 1
+def test_a_step_sends_an_expired_ack_deadline_back_and_an_ack_stops_it():
+    c = make(ack_timeout_ms=1_000)
+    read(c, obj(1, 0, [NO_DELAY, NO_DELAY]))
+    got = take(c)
+    c.sub.ack("c1", keys(got[:1]))
+    assert c.sub.step(c.clock.now_ms()).wake_at_ms == T0 + 1_000  # the deadline
+    c.clock.advance(999)
+    assert not c.sub.step(c.clock.now_ms()).deliverable
+    assert take(c) == []
+    c.clock.advance(1)
+    assert c.sub.step(c.clock.now_ms()).deliverable  # the step took it back
+    assert c.sub.counters["redelivered"] == 1
+    assert take(c) == got[1:]
 
 
-def test_after_max_redeliveries_a_message_waits_for_the_dead_letter_topic():
-    sub, clock = make(max_redeliveries=1)
-    read(sub, obj(1, 0, [NO_DELAY]))
-    [p] = take(sub, clock)
-    sub.nack("c1", keys([p]), 0, clock.now_ms())
-    assert take(sub, clock) == [p]
-    sub.nack("c1", keys([p]), 0, clock.now_ms())
-    assert take(sub, clock) == []
-    assert sub.dead_letters(10) == keys([p])
-    sub.dead_lettered(keys([p]))
-    assert sub.cursor.is_acked(*p) and sub.dead_letters(10) == []
+def test_after_max_redeliveries_a_message_is_published_to_the_dead_letter_topic_then_acked():
+    c = make(max_redeliveries=1)
+    read(c, obj(1, 0, [NO_DELAY]))
+    [p] = take(c)
+    c.sub.nack("c1", keys([p]), 0, c.clock.now_ms())
+    assert take(c) == [p]
+    c.sub.nack("c1", keys([p]), 0, c.clock.now_ms())
+    assert c.sub.step(c.clock.now_ms()).dead_letters  # the driver would flush it now
+    assert take(c) == []  # ... and so does the next receive
+    [(published, entries)] = c.dead
+    assert published == keys([p]) and entries.batch.column(0).to_pylist() == [b"1:0"]
+    assert c.sub.cursor.is_acked(*p) and not c.sub.dead
+    assert c.sub.counters["dead_lettered"] == 1
+    assert not c.sub.step(c.clock.now_ms()).dead_letters
+
+
+def test_an_ack_timeout_past_max_redeliveries_is_flushed_by_the_driver():
+    c = make(ack_timeout_ms=100, max_redeliveries=0)
+    read(c, obj(1, 0, [NO_DELAY]))
+    [p] = take(c)
+    c.clock.advance(100)
+    step = c.sub.step(c.clock.now_ms())
+    assert step.dead_letters and not step.deliverable
+    assert asyncio.run(c.sub.flush_dead_letters(c.log)) == 1
+    assert c.dead[0][0] == keys([p]) and c.sub.cursor.is_acked(*p)
+
+
+def test_dead_letters_need_a_publisher():
+    with pytest.raises(InvalidArgument, match="publish_dead_letters"):
+        Subscription(
+            name="t/0/s",
+            subscription_type="shared",
+            tracker=InMemoryDelayedDeliveryTracker(clock=ManualClock(T0)),
+            clock=ManualClock(T0),
+            max_redeliveries=3,
+        )
 
 
 def test_cancel_ahead_of_the_read_in_the_tracker_and_after_delivery():
-    sub, clock = make()
-    assert sub.cancel(1, 2, marker=(1, 9)) is True  # not read yet
-    read(sub, obj(1, 0, [T0 + 100, NO_DELAY, T0 + 100, T0 + 100]))
-    assert sub.cancel(1, 3, marker=(1, 10)) is True  # waiting in the tracker
-    assert take(sub, clock) == [(1, 1)]
-    assert sub.cancel(1, 1, marker=(1, 11)) is False  # delivered
-    clock.advance(100)
-    assert take(sub, clock) == [(1, 0)]
-    assert sub.cursor.is_acked(1, 2) and sub.cursor.is_acked(1, 3)
-    assert sub.stats()["cancelled"] == 2
+    c = make()
+    assert c.sub.cancel(1, 2, marker=(1, 9)) is True  # not read yet
+    read(c, obj(1, 0, [T0 + 100, NO_DELAY, T0 + 100, T0 + 100]))
+    assert c.sub.cancel(1, 3, marker=(1, 10)) is True  # waiting in the tracker
+    assert take(c) == [(1, 1)]
+    assert c.sub.cancel(1, 1, marker=(1, 11)) is False  # delivered
+    c.clock.advance(100)
+    assert take(c) == [(1, 0)]
+    assert c.sub.cursor.is_acked(1, 2) and c.sub.cursor.is_acked(1, 3)
+    assert c.sub.stats()["cancelled"] == 2
 
 
 def test_a_cancel_marker_read_from_the_log_and_applied_directly_counts_once():
-    sub, clock = make()
-    read(sub, obj(1, 0, [T0 + 100, NO_DELAY], cancels={1: (1, 0)}))
+    c = make()
+    read(c, obj(1, 0, [T0 + 100, NO_DELAY], cancels={1: (1, 0)}))
     # the log read applied the marker at (1, 1) first; the caller's own call agrees with it
-    assert sub.cancel(1, 0, marker=(1, 1)) is True
-    assert sub.cancel(1, 0, marker=(1, 2)) is False  # a second cancel is not honoured
-    clock.advance(100)
-    assert take(sub, clock) == []
-    assert sub.cursor.mark_delete == (1, 1)
+    assert c.sub.cancel(1, 0, marker=(1, 1)) is True
+    assert c.sub.cancel(1, 0, marker=(1, 2)) is False  # a second cancel is not honoured
+    c.clock.advance(100)
+    assert take(c) == []
+    assert c.sub.cursor.mark_delete == (1, 1)
 
 
 def test_two_cancels_of_a_message_not_read_yet_count_once():
-    sub, clock = make()
+    c = make()
     # both markers come before the subscription reads the target (1:0 is ahead)
-    assert sub.cancel(1, 0, marker=(2, 0)) is True
-    assert sub.cancel(1, 0, marker=(2, 1)) is False  # as for one applied already
-    assert sub.counters["cancelled"] == 1
-    read(sub, obj(1, 0, [NO_DELAY, NO_DELAY]))
-    assert take(sub, clock) == [(1, 1)]
+    assert c.sub.cancel(1, 0, marker=(2, 0)) is True
+    assert c.sub.cancel(1, 0, marker=(2, 1)) is False  # as for one applied already
+    assert c.sub.counters["cancelled"] == 1
+    read(c, obj(1, 0, [NO_DELAY, NO_DELAY]))
+    assert take(c) == [(1, 1)]
 
 
 def test_a_consumer_that_leaves_hands_its_messages_back():
-    sub, clock = make()
-    sub.add_consumer("c2")
-    read(sub, obj(1, 0, [NO_DELAY] * 3))
-    got = take(sub, clock, "c1")
-    assert sub.remove_consumer("c1") == 3
-    assert take(sub, clock, "c2") == got
-    assert sub.pending_count() == 3
+    c = make()
+    c.sub.add_consumer("c2")
+    read(c, obj(1, 0, [NO_DELAY] * 3))
+    got = take(c, "c1")
+    assert c.sub.remove_consumer("c1") == 3
+    assert take(c, "c2") == got
+    assert c.sub.pending_count() == 3
 
 
 def test_failover_delivers_only_to_the_oldest_consumer_and_exclusive_to_one():
-    sub, clock = make("failover")
-    sub.add_consumer("c2")
-    read(sub, obj(1, 0, [NO_DELAY] * 2))
-    assert take(sub, clock, "c2") == []
-    assert take(sub, clock, "c1") == [(1, 0), (1, 1)]
-    ex, _ = make("exclusive")
+    c = make("failover")
+    c.sub.add_consumer("c2")
+    read(c, obj(1, 0, [NO_DELAY] * 2))
+    assert take(c, "c2") == []
+    assert take(c, "c1") == [(1, 0), (1, 1)]
+    ex = make("exclusive")
     with pytest.raises(ConsumerBusy):
-        ex.add_consumer("c2")
+        ex.sub.add_consumer("c2")
     with pytest.raises(InvalidArgument, match="subscription_type"):
         make("broadcast")
 
 
 @pytest.mark.parametrize("kind", ["shared", "failover", "exclusive"])
-def test_a_consumer_whose_lease_lapses_is_removed_and_its_messages_go_to_another(kind):
+def test_a_consumer_whose_lease_lapses_is_removed_by_a_step_and_its_messages_go_to_another(kind):
     # Given c1 holding three unacked messages (and, but for exclusive, c2 waiting)
-    sub, clock = make(kind)
-    read(sub, obj(1, 0, [NO_DELAY] * 3))
-    got = take(sub, clock, "c1")
+    c = make(kind, consumer_lease_ms=10_000, cursor_persist_interval_ms=60_000)
+    read(c, obj(1, 0, [NO_DELAY] * 3))
+    got = take(c, "c1")
     assert got == [(1, 0), (1, 1), (1, 2)]
     if kind != "exclusive":
-        sub.add_consumer("c2")
+        c.sub.add_consumer("c2")
     # When c2 keeps calling and c1 falls silent for longer than the lease
-    clock.advance(6_000)
-    assert sub.touch("c2") == (kind != "exclusive") and not sub.touch("nobody")
-    assert sub.expire_consumers(clock.now_ms(), lease_ms=10_000) == []  # 6 s: not yet
-    clock.advance(4_001)
-    removed = sub.expire_consumers(clock.now_ms(), lease_ms=10_000)
+    c.clock.advance(6_000)
+    assert c.sub.touch("c2") == (kind != "exclusive") and not c.sub.touch("nobody")
+    step = c.sub.step(c.clock.now_ms())
+    assert step.expired == []  # 6 s: not yet
+    assert step.wake_at_ms == T0 + 10_001  # when c1's lease lapses
+    c.clock.advance(4_001)
+    step = c.sub.step(c.clock.now_ms())
     # Then c1 is removed with its three messages handed back
-    assert removed == [("c1", 3)]
-    assert sub.consumers() == ([] if kind == "exclusive" else ["c2"])
+    assert step.expired == [("c1", 3)] and step.deliverable
+    assert c.sub.consumers() == ([] if kind == "exclusive" else ["c2"])
     if kind == "exclusive":  # the slot is free for a new consumer
-        sub.add_consumer("c3")
+        c.sub.add_consumer("c3")
     nxt = "c3" if kind == "exclusive" else "c2"
-    move_mark(sub)
-    sub.collect_due(clock.now_ms(), 10)
-    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(10), dtype=np.int64))
-    out = wire(sub.deliver(nxt, fetched, 10, clock.now_ms()))
+    out = receive(c, nxt, 10)
     assert list(zip(out["ledger_id"], out["entry_id"], strict=True)) == got
     assert out["redelivery_count"] == [1, 1, 1]
     age = 0 if kind == "exclusive" else 4_001  # c2 was last heard from at the touch
-    assert sub.consumer_leases(clock.now_ms())[nxt] == {"unacked": 3, "lease_age_ms": age}
-
-
-def _deliver(sub: Subscription, clock: ManualClock, consumer: str) -> dict[str, list]:
-    """One receive, as columns (counts included)."""
-    move_mark(sub)
-    sub.collect_due(clock.now_ms(), 100)
-    fetched, _ = CACHE.lookup(np.array(sub.keys_to_fetch(100), dtype=np.int64))
-    return wire(sub.deliver(consumer, fetched, 100, clock.now_ms()))
+    assert c.sub.consumer_leases(c.clock.now_ms())[nxt] == {"unacked": 3, "lease_age_ms": age}
 
 
 def test_redeliver_on_demand_takes_back_only_what_the_consumer_holds_on_shared():
-    sub, clock = make("shared")
-    sub.add_consumer("c2")
-    read(sub, obj(1, 0, [NO_DELAY] * 5))
-    mine = take(sub, clock, "c1", n=3)
-    theirs = take(sub, clock, "c2")
+    c = make("shared")
+    c.sub.add_consumer("c2")
+    read(c, obj(1, 0, [NO_DELAY] * 5))
+    mine = take(c, "c1", n=3)
+    theirs = take(c, "c2")
     assert len(mine) == 3 and len(theirs) == 2
-    sub.ack("c1", keys([mine[2]]))
+    c.sub.ack("c1", keys([mine[2]]))
     # a message held by another consumer, or acknowledged, is named, and nothing goes back
     with pytest.raises(InvalidArgument, match=r"1:\d \(held by another consumer\)"):
-        sub.redeliver_unacked("c1", np.array(keys([mine[0], theirs[0]])))
+        c.sub.redeliver_unacked("c1", np.array(keys([mine[0], theirs[0]])))
     with pytest.raises(InvalidArgument, match=r"\(acknowledged\)"):
-        sub.redeliver_unacked("c1", np.array(keys([mine[2]])))
-    assert sub.consumer_leases(clock.now_ms())["c1"]["unacked"] == 2
+        c.sub.redeliver_unacked("c1", np.array(keys([mine[2]])))
+    assert c.sub.consumer_leases(c.clock.now_ms())["c1"]["unacked"] == 2
     # the given ones go back now, with their count raised; then all the rest
-    assert sub.redeliver_unacked("c1", np.array(keys([mine[0]])), dry_run=True) == 1
-    assert sub.redeliver_unacked("c1", np.array(keys([mine[0]]))) == 1
-    again = _deliver(sub, clock, "c2")
+    assert c.sub.redeliver_unacked("c1", np.array(keys([mine[0]])), dry_run=True) == 1
+    assert c.sub.redeliver_unacked("c1", np.array(keys([mine[0]]))) == 1
+    again = receive(c, "c2")
     assert list(zip(again["ledger_id"], again["entry_id"], strict=True)) == [mine[0]]
     assert again["redelivery_count"] == [1]
-    assert sub.redeliver_unacked("c1") == 1
-    assert _deliver(sub, clock, "c1")["entry_id"] == [mine[1][1]]
+    assert c.sub.redeliver_unacked("c1") == 1
+    assert receive(c, "c1")["entry_id"] == [mine[1][1]]
 
 
 @pytest.mark.parametrize("kind", ["exclusive", "failover"])
 def test_redeliver_on_demand_rewinds_a_fifo_subscription(kind):
-    sub, clock = make(kind)
-    read(sub, obj(1, 0, [NO_DELAY] * 6))
-    assert take(sub, clock, "c1", n=4) == [(1, 0), (1, 1), (1, 2), (1, 3)]
-    sub.ack("c1", keys([(1, 1)]))
+    c = make(kind)
+    read(c, obj(1, 0, [NO_DELAY] * 6))
+    assert take(c, "c1", n=4) == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    c.sub.ack("c1", keys([(1, 1)]))
     # given one message, delivery still rewinds to the first unacked and goes on in order
-    assert sub.redeliver_unacked("c1", np.array(keys([(1, 2)]))) == 3
-    out = _deliver(sub, clock, "c1")
+    assert c.sub.redeliver_unacked("c1", np.array(keys([(1, 2)]))) == 3
+    out = receive(c, "c1")
     assert out["entry_id"] == [0, 2, 3, 4, 5]
     assert out["redelivery_count"] == [1, 1, 1, 0, 0]
 
 
 def test_an_ack_past_the_end_of_the_log_names_no_message_and_acks_nothing():
-    sub, clock = make()
-    read(sub, obj(1, 0, [NO_DELAY] * 3))
-    sub.on_read([], [(1, None)], (1, 2))  # the log's last entry is 1:2
-    got = take(sub, clock, "c1")
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY] * 3), tail=(1, 2))  # the log's last entry is 1:2
+    got = take(c, "c1")
     with pytest.raises(InvalidArgument, match=r"1048576:5 past the end of t/0/s .*1:2"):
-        sub.ack("c1", keys([got[0], (2**20, 5)]))
-    assert sub.counters["acked"] == 0
+        c.sub.ack("c1", keys([got[0], (2**20, 5)]))
+    assert c.sub.counters["acked"] == 0
     # any consumer may ack a message that exists, as Pulsar's ack by id; counted once
-    sub.add_consumer("c2")
-    assert sub.ack("c2", keys(got)) == 3 and sub.ack("c1", keys(got)) == 0
-    assert sub.counters["acked"] == 3
+    c.sub.add_consumer("c2")
+    assert c.sub.ack("c2", keys(got)) == 3 and c.sub.ack("c1", keys(got)) == 0
+    assert c.sub.counters["acked"] == 3
 
 
 def test_read_ahead_is_bounded():
-    sub, clock = make(read_ahead_entries=5)
-    assert sub.wants_read()
-    read(sub, obj(1, 0, [NO_DELAY] * 5))
-    assert not sub.wants_read()
-    take(sub, clock, n=3)
-    assert sub.wants_read() and sub.ready_count() == 2
+    c = make(read_ahead_entries=5)
+    assert c.sub.wants_read()
+    read(c, obj(1, 0, [NO_DELAY] * 5))
+    assert not c.sub.wants_read() and not c.sub.step(c.clock.now_ms()).wants_read
+    take(c, n=3)
+    assert c.sub.wants_read() and c.sub.ready_count() == 2
+
+
+def test_the_cursor_is_written_with_the_dispatch_mark_before_anything_beyond_it_goes_out():
+    # Given a fresh subscription (its dispatch mark at the start of the log)
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY] * 3))
+    # When a receive hands entries out
+    got = take(c)
+    # Then a cursor was written first whose dispatch mark is past every one of them
+    [data] = c.cursor_writes
+    _, mark = Cursor.decode(data)
+    assert got == [(1, 0), (1, 1), (1, 2)] and all(p < mark for p in got)
+    assert c.sub.dispatch_mark == mark == (1, DISPATCH_MARK_STEP)
+    take(c)  # below the mark already: nothing more is written
+    assert len(c.cursor_writes) == 1
+
+
+def test_a_step_asks_for_a_cursor_write_once_per_interval_and_only_a_change_is_written():
+    c = make(cursor_persist_interval_ms=1_000)
+    assert c.sub.step(T0).persist  # the first step writes at once
+    assert asyncio.run(c.sub.persist()) is True
+    assert not c.sub.step(T0 + 999).persist
+    assert c.sub.step(T0 + 1_000).persist
+    assert asyncio.run(c.sub.persist()) is False  # nothing changed since
+    read(c, obj(1, 0, [NO_DELAY]))
+    c.sub.ack("c1", keys(take(c)))
+    assert c.sub.step(T0 + 2_000).persist
+    assert asyncio.run(c.sub.persist()) is True
+    back, _ = Cursor.decode(c.cursor_writes[-1])
+    assert back.is_acked(1, 0)
 
 
 def test_a_restarted_subscription_marks_possibly_delivered_messages_and_skips_acked_ones():
     cursor = Cursor()
     cursor.learn_ledgers([(1, None)])
     cursor.ack(np.array([1, 1]), np.array([0, 2]))
-    sub, clock = make(cursor=cursor, dispatched_before=(1, 3))
-    read(sub, obj(1, 0, [NO_DELAY] * 5))
+    c = make(cursor=cursor, dispatched_before=(1, 3))
+    read(c, obj(1, 0, [NO_DELAY] * 5))
     # below the old dispatch mark: may have gone out before the restart
-    w = wire(sub.deliver("c1", [], 10, clock.now_ms()))
+    w = receive(c, n=10)
     assert list(zip(w["entry_id"], w["redelivery_count"], strict=True)) == [(1, 1)]
-    # beyond it: only once the mark has moved (persisted first, by the actor)
-    assert sub.wanted_mark() == (1, 3 + DISPATCH_MARK_STEP)
-    move_mark(sub)
-    w = wire(sub.deliver("c1", [], 10, clock.now_ms()))
+    assert c.cursor_writes == []
+    # beyond it: only once the mark has moved, written first
+    w = receive(c, n=10)
     assert list(zip(w["entry_id"], w["redelivery_count"], strict=True)) == [(3, 0), (4, 0)]
+    assert Cursor.decode(c.cursor_writes[0])[1] == (1, 3 + DISPATCH_MARK_STEP)
 
 
 def test_bucket_tracked_delayed_messages_are_delivered_through_the_redelivery_set():
@@ -347,13 +446,27 @@ def test_bucket_tracked_delayed_messages_are_delivered_through_the_redelivery_se
         strict=True,
         min_index_count_per_bucket=3,
     )
-    sub, _ = make(clock=clock, tracker=tracker)
-    read(sub, obj(1, 0, [T0 + 50] * 4), obj(2, 0, [T0 + 60] * 2), ledgers=((1, 4), (2, None)))
-    assert sub.stats()["delayed"] == 6
+    c = make(clock=clock, tracker=tracker)
+    read(c, obj(1, 0, [T0 + 50] * 4), obj(2, 0, [T0 + 60] * 2), ledgers=((1, 4), (2, None)))
+    assert c.sub.stats()["delayed"] == 6
     clock.advance(60)
-    got = take(sub, clock)
+    got = take(c)
     assert sorted(got) == [(1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1)]
-    assert position_of(key_of(2, 1)) == (2, 1)
+
+
+def test_payloads_the_subscription_no_longer_holds_are_read_through_the_fetch():
+    # Given a cache of one entry: the delayed entry's object is gone from it by its time
+    c = make(cached_entries=1)
+    read(c, obj(1, 0, [T0 + 100]), obj(1, 1, [NO_DELAY]), ledgers=((1, None),))
+    assert take(c) == [(1, 1)]
+    c.clock.advance(100)
+    # When it is due, its payload is read from the log
+    w = receive(c)
+    assert w["payload"] == [b"1:0"] and c.log.reads == [keys([(1, 0)])]
+    # and a position the log no longer has is acked, never delivered
+    c.sub.nack("c1", keys([(1, 0)]), 0, c.clock.now_ms())
+    c.log.objects.clear()
+    assert take(c) == [] and c.sub.cursor.is_acked(1, 0)
 
 
 def test_the_object_cache_finds_positions_by_object_and_forgets_the_oldest():
@@ -371,23 +484,23 @@ def test_the_object_cache_finds_positions_by_object_and_forgets_the_oldest():
 
 
 def test_cancels_learned_at_startup_keep_their_targets_from_ever_going_out():
-    sub, clock = make()
-    assert sub.learn_cancels([((1, 5), (1, 1)), ((1, 6), (1, 3))]) == 2
+    c = make()
+    assert c.sub.learn_cancels([((1, 5), (1, 1)), ((1, 6), (1, 3))]) == 2
     read(
-        sub,
+        c,
         obj(1, 0, [NO_DELAY, NO_DELAY, T0 + 10, T0 + 10]),
         obj(1, 4, [NO_DELAY] * 3, cancels={1: (1, 1), 2: (1, 3)}),
     )
-    clock.advance(10)
-    assert sorted(take(sub, clock)) == [(1, 0), (1, 2), (1, 4)]
-    assert sub.cancel(1, 1, marker=(1, 5)) is True  # the caller's retry agrees
-    assert all(sub.cursor.is_acked(1, e) for e in (1, 3, 5, 6))  # targets and markers
+    c.clock.advance(10)
+    assert sorted(take(c)) == [(1, 0), (1, 2), (1, 4)]
+    assert c.sub.cancel(1, 1, marker=(1, 5)) is True  # the caller's retry agrees
+    assert all(c.sub.cursor.is_acked(1, e) for e in (1, 3, 5, 6))  # targets and markers
 
 
 def test_a_restart_skips_the_log_its_buckets_cover_and_rereads_only_loose_positions():
     clock, store, registry = ManualClock(T0), MemoryObjectStore(), InMemoryBucketRegistry()
 
-    def life(cursor=None, dispatched_before=(-1, -1)):
+    def life(cursor=None, dispatched_before=(-1, -1)) -> Case:
         tracker = BucketDelayedDeliveryTracker(
             store=store,
             registry=registry,
@@ -399,41 +512,44 @@ def test_a_restart_skips_the_log_its_buckets_cover_and_rereads_only_loose_positi
         )
         return make(
             clock=clock, tracker=tracker, cursor=cursor, dispatched_before=dispatched_before
-        )[0]
+        )
 
     d1, d2, d3 = T0 + 1_000, T0 + 2_000, T0 + 3_000
     l1 = obj(11, 0, [NO_DELAY, d1, d1, NO_DELAY, d1])
     l2 = obj(12, 0, [d2, d2, d2, NO_DELAY, NO_DELAY], cancels={4: (11, 2)})  # 12:4 cancels 11:2
     l3 = obj(13, 0, [d3, NO_DELAY])
     ledgers = [(11, 5), (12, 5), (13, None)]
-    sub = life()
-    read(sub, l1, l2, l3, ledgers=ledgers)
-    assert sub.tracker.immutable_bucket_count() == 2  # ledgers 11 and 12 sealed
-    got = take(sub, clock) + take(sub, clock) + take(sub, clock)  # a mark step per ledger
+    c = life()
+    read(c, l1, l2, l3, ledgers=ledgers)
+    assert c.sub.tracker.immutable_bucket_count() == 2  # ledgers 11 and 12 sealed
+    got = take(c) + take(c) + take(c)  # a mark step per ledger
     assert sorted(got) == [(11, 0), (11, 3), (12, 3), (13, 1)]
-    sub.ack("c1", keys([(11, 0), (13, 1)]))
-    move_mark(sub)
-    saved, dispatched = Cursor.decode(sub.cursor.encode(sub.dispatch_mark))
+    c.sub.ack("c1", keys([(11, 0), (13, 1)]))
+    asyncio.run(c.sub.persist())
+    saved, dispatched = Cursor.decode(c.cursor_writes[-1])
 
-    sub = life(saved, dispatched)
-    assert sub.resume_after_buckets(ledgers) == 2
-    assert sub.read_position == (13, 0)  # ledgers 11 and 12 are not read again
-    assert sorted(position_of(k) for k in sub.unread) == [(11, 3), (12, 3)]
-    assert sub.next_unread(1) == keys([(11, 3)])
-    loose = sub.next_unread(10)
-    assert sub.on_reread(rows([l1, l2], loose), loose) == 2 and not sub.unread
-    read(sub, l1, l2, l3, ledgers=ledgers)  # the sequential read takes only ledger 13 in
-    assert sub.stats()["delayed"] == 6  # 11:1, 11:4, 12:0-2 from the buckets; 13:0 re-read
-    w = wire(sub.deliver("c1", [], 10, clock.now_ms()))
-    got = list(zip(w["ledger_id"], w["entry_id"], w["redelivery_count"], strict=True))
-    assert got == [(11, 3, 1), (12, 3, 1)]
+    c = life(saved, dispatched)
+    c.log.objects += [l1, l2, l3]
+    assert c.sub.resume_after_buckets(ledgers) == 2
+    assert c.sub.read_position == (13, 0)  # ledgers 11 and 12 are not read again
+    assert sorted(position_of(k) for k in c.sub.unread) == [(11, 3), (12, 3)]
+    assert c.sub.next_unread(1) == keys([(11, 3)])
+    loose = c.sub.next_unread(10)
+    c.sub.offer_reread(rows([l1, l2], loose), np.array(loose))
+    c.sub.step(clock.now_ms())
+    assert not c.sub.unread
+    read(c, l1, l2, l3, ledgers=ledgers)  # the sequential read takes only ledger 13 in
+    assert c.sub.stats()["delayed"] == 6  # 11:1, 11:4, 12:0-2 from the buckets; 13:0 re-read
+    w = receive(c, n=10)
+    got3 = list(zip(w["ledger_id"], w["entry_id"], w["redelivery_count"], strict=True))
+    assert got3 == [(11, 3, 1), (12, 3, 1)]
     clock.advance(3_000)
-    got = take(sub, clock)
+    got = take(c)
     assert sorted(got) == [(11, 1), (11, 4), (12, 0), (12, 1), (12, 2), (13, 0)]  # never 11:2
 
 
 def test_a_loose_position_cancelled_before_its_reread_is_never_delivered():
-    sub, clock = make(
+    c = make(
         tracker=BucketDelayedDeliveryTracker(
             store=MemoryObjectStore(),
             registry=InMemoryBucketRegistry(),
@@ -442,11 +558,11 @@ def test_a_loose_position_cancelled_before_its_reread_is_never_delivered():
             min_index_count_per_bucket=1,
         )
     )
-    sub.unread.update(keys([(1, 0), (1, 1)]))  # what resume_after_buckets would find
-    assert sub.cancel(1, 1, marker=(2, 0)) is True
+    c.sub.unread.update(keys([(1, 0), (1, 1)]))  # what resume_after_buckets would find
+    assert c.sub.cancel(1, 1, marker=(2, 0)) is True
     loose = keys([(1, 0), (1, 1)])
-    assert sub.on_reread(rows([obj(1, 0, [NO_DELAY, NO_DELAY])], loose), loose) == 1
-    assert take(sub, clock) == [(1, 0)]
+    assert c.sub.on_reread(rows([obj(1, 0, [NO_DELAY, NO_DELAY])], loose), loose) == 1
+    assert take(c) == [(1, 0)]
 
 
 def test_the_object_cache_finds_positions_in_overlapping_runs():
@@ -463,12 +579,28 @@ def test_the_object_cache_finds_positions_in_overlapping_runs():
 
 
 def test_a_message_nacked_with_a_delay_then_acked_does_not_come_back():
-    sub, clock = make()
-    read(sub, obj(1, 0, [NO_DELAY, NO_DELAY]))
-    got = take(sub, clock)
-    sub.nack("c1", keys(got), 100, clock.now_ms())
-    sub.ack("c1", keys(got[:1]))  # acked while it waits out its nack delay
-    clock.advance(100)
-    assert take(sub, clock) == [(1, 1)]
-    clock.advance(1_000)
-    assert take(sub, clock) == []
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY, NO_DELAY]))
+    got = take(c)
+    c.sub.nack("c1", keys(got), 100, c.clock.now_ms())
+    c.sub.ack("c1", keys(got[:1]))  # acked while it waits out its nack delay
+    c.clock.advance(100)
+    assert take(c) == [(1, 1)]
+    c.clock.advance(1_000)
+    assert take(c) == []
+
+
+def test_a_step_queries_the_unsealed_index_when_a_row_there_is_due_one_query_at_a_time():
+    # Given a shared subscription over sealed buckets that read a delayed entry
+    c = make(sealed=SealedReader())
+    delayed = obj(1, 0, [T0 + 500])  # (published at T0: not due when committed)
+    c.sub.offer_read([delayed], [(1, None)], None)
+    # When steps run: the first polls the topic's index for the new delayed rows
+    first = c.sub.step(T0).tail_query
+    assert c.sub.tail_next == T0 + 500 and c.sub.tracker.number_of_delayed_messages() == 0
+    assert first is not None and first.now_ms == T0
+    # Then no second query goes while it is under way, even once the row is due
+    assert c.sub.step(T0 + 500).tail_query is None
+    # When it fails, the next poll asks again
+    c.sub.tail_failed()
+    assert c.sub.step(T0 + 500).tail_query is not None
