@@ -1,55 +1,77 @@
-"""Configuration: frozen dataclasses, loaded from TOML with ``tomllib``.
+"""Configuration: frozen pydantic models, loaded from TOML with ``tomllib``.
 
-The dataclass defaults *are* the embedded default (``configs/default.toml``
-mirrors them, and a test keeps the two equal). Single values are overridden by
-environment variables named ``RAYDELAY_<SECTION>__<KEY>`` (nested tables add
-more ``__`` parts, e.g. ``RAYDELAY_STORAGE__LOCAL__ROOT``), typed by the field.
+The model defaults *are* the embedded default (``configs/default.toml`` mirrors them, and
+a test keeps the two equal). Values are strict: a TOML value must already have the key's
+type. Single values are overridden by environment variables named
+``RAYDELAY_<SECTION>__<KEY>`` (nested tables add more ``__`` parts, e.g.
+``RAYDELAY_STORAGE__LOCAL__ROOT``), read by pydantic-settings and parsed as the key's type
+(``none`` clears an optional value). Every validation failure is one ``InvalidArgument``
+naming the key, and the variable when the value came from the environment.
 
 S3 credentials are never read from here: boto3's standard chain provides them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import sys
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - the project targets 3.11
-    import tomli as tomllib
+import tomllib
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 from raydelay.errors import InvalidArgument
 from raydelay.limits import check_limit
 
 ENV_PREFIX = "RAYDELAY_"
+ENV_DELIMITER = "__"
 MIB = 1024 * 1024
 
+Positive = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[int, Field(ge=0)]
+PositiveSeconds = Annotated[float, Field(gt=0)]
 
-def _positive(path: str, value: int | float) -> None:
-    if value <= 0:
-        raise InvalidArgument(f"{path}: must be > 0, got {value}")
-
-
-def _non_negative(path: str, value: int | float) -> None:
-    if value < 0:
-        raise InvalidArgument(f"{path}: must be >= 0, got {value}")
+# frozen (hashable, safe to share), strict (a TOML value must have the key's type), closed
+_SECTION = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
-def _choice(path: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise InvalidArgument(f"{path}: must be one of {', '.join(choices)}; got {value!r}")
+class _Section(BaseModel):
+    """One table of the config. Built directly, it raises InvalidArgument like the loaders."""
+
+    model_config = _SECTION
+    _path: ClassVar[str]  # the table's key in the file, for error messages
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise _invalid(exc, self._path, {}) from None
+
+    # pydantic calls a custom __init__ for nested tables too; marked as its base one, it runs
+    # only for direct construction, and a nested error keeps its full key for the loader
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True)
-class LocalStorageConfig:
+class LocalStorageConfig(_Section):
     """``storage.local``: the local-directory store."""
+
+    _path = "storage.local"
 
     root: str = "./.raydelay/data"  # relative paths are taken from the working directory
     # the root is on a filesystem every node of the Ray cluster shares (NFS and the like);
@@ -57,143 +79,120 @@ class LocalStorageConfig:
     shared: bool = False
 
 
-@dataclass(frozen=True)
-class S3StorageConfig:
+class S3StorageConfig(_Section):
     """``storage.s3``: an S3 bucket. Credentials come from boto3's standard chain only."""
+
+    _path = "storage.s3"
 
     bucket: str = ""
     prefix: str = ""
     endpoint_url: str = ""  # empty: AWS; set it for MinIO, moto and the like
     region: str = "us-east-1"
-    max_attempts: int = 3  # boto3 standard-mode budget per call; our retries stack on it
-
-    def __post_init__(self) -> None:
-        _positive("storage.s3.max_attempts", self.max_attempts)
+    max_attempts: Positive = 3  # boto3 standard-mode budget per call; our retries stack on it
 
 
-@dataclass(frozen=True)
-class FaultsConfig:
+class FaultsConfig(_Section):
     """``storage.faults``: injected store failures, for chaos tests only (off by default)."""
 
-    failure_rate: float = 0.0  # each store call fails (retriably) with this probability
+    _path = "storage.faults"
+
+    # each store call fails (retriably) with this probability
+    failure_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
     outage_file: str = ""  # while this file exists, every store call fails (retriably)
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.failure_rate <= 1:
-            raise InvalidArgument(
-                f"storage.faults.failure_rate: must be in [0, 1], got {self.failure_rate}"
-            )
 
     @property
     def enabled(self) -> bool:
         return self.failure_rate > 0 or bool(self.outage_file)
 
 
-@dataclass(frozen=True)
-class StorageConfig:
+class StorageConfig(_Section):
     """``storage``: where the durable state lives."""
 
-    kind: str = "local"  # local | s3 | memory (memory is for tests: nothing survives a restart)
-    local: LocalStorageConfig = field(default_factory=LocalStorageConfig)
-    s3: S3StorageConfig = field(default_factory=S3StorageConfig)
-    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    _path = "storage"
 
-    def __post_init__(self) -> None:
-        _choice("storage.kind", self.kind, ("local", "s3", "memory"))
+    # memory is for tests: nothing survives a restart
+    kind: Literal["local", "s3", "memory"] = "local"
+    local: LocalStorageConfig = LocalStorageConfig()
+    s3: S3StorageConfig = S3StorageConfig()
+    faults: FaultsConfig = FaultsConfig()
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> StorageConfig:
         if self.kind == "s3" and not self.s3.bucket:
             raise InvalidArgument("storage.s3.bucket: required when storage.kind is 's3'")
+        return self
 
 
-@dataclass(frozen=True)
-class DelayedConfig:
+class DelayedConfig(_Section):
     """``delayed``: the delayed-delivery index of each shared subscription."""
 
-    tracker: str = "bucket"  # bucket | memory
-    tick_time_ms: int = 10
+    _path = "delayed"
+
+    tracker: Literal["bucket", "memory"] = "bucket"
+    tick_time_ms: Positive = 10
     strict: bool = True  # never deliver before deliver_at
-    min_index_count_per_bucket: int = 50_000
-    max_indexes_per_segment: int = 5_000
-    max_time_step_per_segment_ms: int = 300_000
-    max_num_buckets: int = 64
-    max_delay_ms: int = 0  # 0 = no limit
-    fixed_delay_lookahead: int = 50_000  # in-memory tracker only
+    min_index_count_per_bucket: Positive = 50_000
+    max_indexes_per_segment: int = 5_000  # -1: no limit
+    max_time_step_per_segment_ms: Positive = 300_000
+    max_num_buckets: int = 64  # -1: never merge
+    max_delay_ms: NonNegative = 0  # 0 = no limit
+    fixed_delay_lookahead: NonNegative = 50_000  # in-memory tracker only
 
-    def __post_init__(self) -> None:
-        _choice("delayed.tracker", self.tracker, ("bucket", "memory"))
-        _positive("delayed.tick_time_ms", self.tick_time_ms)
-        _positive("delayed.min_index_count_per_bucket", self.min_index_count_per_bucket)
-        check_limit("delayed.max_indexes_per_segment", self.max_indexes_per_segment)
-        _positive("delayed.max_time_step_per_segment_ms", self.max_time_step_per_segment_ms)
-        check_limit("delayed.max_num_buckets", self.max_num_buckets)
-        _non_negative("delayed.max_delay_ms", self.max_delay_ms)
-        _non_negative("delayed.fixed_delay_lookahead", self.fixed_delay_lookahead)
+    @field_validator("max_indexes_per_segment", "max_num_buckets")
+    @classmethod
+    def _limit(cls, value: int, info: ValidationInfo) -> int:
+        check_limit(f"delayed.{info.field_name}", value)
+        return value
 
 
-@dataclass(frozen=True)
-class TopicConfig:
+class TopicConfig(_Section):
     """``topic``: the partition logs."""
 
-    max_entries_per_ledger: int = 50_000
-    group_commit_ms: int = 5
-    group_commit_max_bytes: int = 4 * MIB  # a group commit is written early once this much gathers
-    max_message_bytes: int = 5 * MIB
-    tail_cache_bytes: int = 64 * MIB  # recent ledger objects kept in memory for readers
-    index_cache_bytes: int = 64 * MIB  # object indexes kept for reads of scattered positions
-    retention_interval_ms: int = 5_000  # how often a partition deletes fully acknowledged ledgers
+    _path = "topic"
 
-    def __post_init__(self) -> None:
-        _positive("topic.max_entries_per_ledger", self.max_entries_per_ledger)
-        _non_negative("topic.tail_cache_bytes", self.tail_cache_bytes)
-        _non_negative("topic.index_cache_bytes", self.index_cache_bytes)
-        _positive("topic.retention_interval_ms", self.retention_interval_ms)
-        _non_negative("topic.group_commit_ms", self.group_commit_ms)
-        _positive("topic.group_commit_max_bytes", self.group_commit_max_bytes)
-        _positive("topic.max_message_bytes", self.max_message_bytes)
+    max_entries_per_ledger: Positive = 50_000
+    group_commit_ms: NonNegative = 5
+    group_commit_max_bytes: Positive = 4 * MIB  # a group commit is written early past this
+    max_message_bytes: Positive = 5 * MIB
+    tail_cache_bytes: NonNegative = 64 * MIB  # recent ledger objects kept for readers
+    index_cache_bytes: NonNegative = 64 * MIB  # object indexes kept for scattered reads
+    retention_interval_ms: Positive = 5_000  # how often fully acknowledged ledgers go
 
 
-@dataclass(frozen=True)
-class SubscriptionConfig:
+class SubscriptionConfig(_Section):
     """``subscription``: defaults for new subscriptions."""
 
-    ack_timeout_s: float | None = None  # None: no ack timeout
-    max_redeliveries: int | None = None  # None: never dead-letter
-    read_ahead_entries: int = 10_000  # log entries held in memory waiting for a consumer
-    cursor_persist_interval_ms: int = 1_000  # cursor writes are throttled to one per interval
+    _path = "subscription"
+
+    # (a bound outside the union: the environment's text is parsed by the bare type)
+    ack_timeout_s: Annotated[float | None, Field(gt=0)] = None  # None: no ack timeout
+    max_redeliveries: Annotated[int | None, Field(gt=0)] = None  # None: never dead-letter
+    read_ahead_entries: Positive = 10_000  # log entries held in memory waiting for a consumer
+    cursor_persist_interval_ms: Positive = 1_000  # cursor writes: at most one per interval
     # a consumer not heard from (calls or its client's heartbeats) for this long is removed:
     # its unacked messages go to other consumers, failover promotes the next, exclusive frees
-    consumer_lease_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        _positive("subscription.read_ahead_entries", self.read_ahead_entries)
-        _positive("subscription.consumer_lease_s", self.consumer_lease_s)
-        _positive("subscription.cursor_persist_interval_ms", self.cursor_persist_interval_ms)
-        if self.ack_timeout_s is not None:
-            _positive("subscription.ack_timeout_s", self.ack_timeout_s)
-        if self.max_redeliveries is not None:
-            _positive("subscription.max_redeliveries", self.max_redeliveries)
+    consumer_lease_s: PositiveSeconds = 10.0
 
 
-@dataclass(frozen=True)
-class ClientConfig:
+class ClientConfig(_Section):
     """``client``: how clients treat actors that are dead or restarting."""
 
-    retry_deadline_s: float = 30.0  # calls are retried (with backoff) this long, then fail
+    _path = "client"
 
-    def __post_init__(self) -> None:
-        _positive("client.retry_deadline_s", self.retry_deadline_s)
+    retry_deadline_s: PositiveSeconds = 30.0  # calls are retried (with backoff) this long
 
 
-@dataclass(frozen=True)
-class PlacementConfig:
+class PlacementConfig(_Section):
     """``placement``: which nodes raydelay's actors go to (see raydelay/cluster/placement.py)."""
+
+    _path = "placement"
 
     # keep actors off the head node (it runs Ray's control service) while a worker is alive
     avoid_head: bool = True
 
 
-@dataclass(frozen=True)
-class RayConfig:
+class RayConfig(_Section):
     """``ray``: health checks of a Ray that raydelay starts itself (``connect()`` without an
     address, ``raydelay up``); on a cluster started with ``ray start``, pass the same values
     as ``--system-config`` on the head. A node is declared dead after
@@ -201,31 +200,74 @@ class RayConfig:
     own defaults: 3000 ms x 5, about 15 s); a check slower than ``health_check_timeout_ms``
     fails."""
 
-    health_check_period_ms: int = 1_000
-    health_check_timeout_ms: int = 5_000
-    health_check_failure_threshold: int = 3
+    _path = "ray"
 
-    def __post_init__(self) -> None:
-        _positive("ray.health_check_period_ms", self.health_check_period_ms)
-        _positive("ray.health_check_timeout_ms", self.health_check_timeout_ms)
-        _positive("ray.health_check_failure_threshold", self.health_check_failure_threshold)
+    health_check_period_ms: Positive = 1_000
+    health_check_timeout_ms: Positive = 5_000
+    health_check_failure_threshold: Positive = 3
 
     def system_config(self) -> dict[str, int]:
         """The values as Ray's ``_system_config`` (``--system-config``) keys."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
-@dataclass(frozen=True)
-class Config:
-    """The whole configuration. ``Config()`` is the embedded default."""
+class Config(BaseSettings):
+    """The whole configuration. ``Config()`` is the embedded default.
 
-    storage: StorageConfig = field(default_factory=StorageConfig)
-    delayed: DelayedConfig = field(default_factory=DelayedConfig)
-    topic: TopicConfig = field(default_factory=TopicConfig)
-    subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
-    client: ClientConfig = field(default_factory=ClientConfig)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
+    ``Config(...)`` and :func:`config_from_dict` take only what they are given: actors
+    rebuild the config they are sent and must not pick up their own process's environment.
+    :func:`load_config` is where the environment applies."""
+
+    model_config = SettingsConfigDict(
+        **_SECTION,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
+        env_parse_none_str="none",
+        case_sensitive=False,
+    )
+
+    storage: StorageConfig = StorageConfig()
+    delayed: DelayedConfig = DelayedConfig()
+    topic: TopicConfig = TopicConfig()
+    subscription: SubscriptionConfig = SubscriptionConfig()
+    client: ClientConfig = ClientConfig()
+    placement: PlacementConfig = PlacementConfig()
+    ray: RayConfig = RayConfig()
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise _invalid(exc, "", {}) from None
+
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]  # as _Section's
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+class _EnvOverrides(EnvSettingsSource):
+    """Config's ``RAYDELAY_<SECTION>__<KEY>`` variables of a given mapping (not necessarily
+    ``os.environ``), as a nested dict with each value parsed as its key's type (a value
+    that does not parse stays text, for validation to name)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        # only names with a delimiter are overrides (RAYDELAY_ADDRESS and the like are not)
+        self._given = {k: v for k, v in env.items() if ENV_DELIMITER in k}
+        super().__init__(Config)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(
+            self._given, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
 
 
 def load_config(
@@ -236,7 +278,8 @@ def load_config(
     """Load a config file (or the embedded default when ``path`` is None), then apply
     ``RAYDELAY_<SECTION>__<KEY>`` overrides from ``env`` (``os.environ`` by default).
 
-    Raises InvalidArgument naming the key for an unknown key or a wrongly typed value.
+    Raises InvalidArgument naming the key (and the variable, for an override) for an
+    unknown key, a wrongly typed value or a value out of range.
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -248,122 +291,103 @@ def load_config(
             raise InvalidArgument(f"config: file not found: {p}") from None
         except tomllib.TOMLDecodeError as exc:
             raise InvalidArgument(f"config: {p} is not valid TOML: {exc}") from exc
-    _apply_env(raw, os.environ if env is None else env)
-    return _build(Config, raw, "")
+    env = os.environ if env is None else env
+    names = _override_names(env)
+    merged = _merge(raw, _EnvOverrides(env)())
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as exc:
+        raise _invalid(exc, "", names) from None
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
     """Build a Config from a nested mapping shaped like the TOML file (no env overrides)."""
-    return _build(Config, dict(raw), "")
+    if not isinstance(raw, Mapping):
+        raise InvalidArgument(f"config: expected a table, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise _invalid(exc, "", {}) from None
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
     """The nested-dict form of a config (the inverse of :func:`config_from_dict`)."""
-    return dataclasses.asdict(config)
+    return config.model_dump()
 
 
-def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
-    for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+def _override_names(env: Mapping[str, str]) -> dict[str, str]:
+    """Key path -> variable name of each override in ``env``. A variable that names no
+    section is refused here: pydantic-settings reads only the sections it knows."""
+    names: dict[str, str] = {}
+    for name in env:
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or ENV_DELIMITER not in upper:
             continue  # e.g. RAYDELAY_CONFIG: not a value override
-        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
-        cls: Any = Config
-        hints = _hints(cls)
-        for i, part in enumerate(parts):
-            if part not in hints:
-                where = ".".join(parts[: i + 1])
-                raise InvalidArgument(f"{name}: unknown config key {where!r}")
-            if i < len(parts) - 1:
-                cls = hints[part]
-                if not dataclasses.is_dataclass(cls):
-                    raise InvalidArgument(f"{name}: {'.'.join(parts[: i + 1])} is not a table")
-                hints = _hints(cls)
-        key_path = ".".join(parts)
-        typed = _parse_env_value(name, key_path, value, hints[parts[-1]])
-        node = raw
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise InvalidArgument(f"{key_path}: the file sets a value where a table belongs")
-        node[parts[-1]] = typed
+        parts = upper[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER)
+        if parts[0] not in Config.model_fields:
+            raise InvalidArgument(f"{name}: unknown config key {parts[0]!r}")
+        names[".".join(parts)] = name
+    return names
 
 
-def _parse_env_value(env_name: str, key_path: str, text: str, tp: Any) -> Any:
-    optional, base = _unwrap_optional(tp)
-    if optional and text.strip().lower() in ("", "none", "null"):
-        return None
-    try:
-        if base is bool:
-            low = text.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if base is int:
-            return int(text.strip())
-        if base is float:
-            return float(text.strip())
-        if base is str:
-            return text
-    except ValueError:
-        raise InvalidArgument(
-            f"{key_path}: {env_name}={text!r} is not a valid {base.__name__}"
-        ) from None
-    raise InvalidArgument(f"{key_path}: cannot be set from the environment")
-
-
-def _hints(cls: Any) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _unwrap_optional(tp: Any) -> tuple[bool, Any]:
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or (hasattr(types, "UnionType") and origin is types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return True, args[0]
-    return False, tp
-
-
-def _build(cls: Any, data: Any, path: str) -> Any:
-    if not isinstance(data, dict):
-        raise InvalidArgument(f"{path or 'config'}: expected a table, got {type(data).__name__}")
-    hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        key_path = f"{path}.{key}" if path else key
-        if key not in hints:
-            raise InvalidArgument(f"{key_path}: unknown config key")
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, key_path)
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` laid on top, table by table."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(value, Mapping) and isinstance(below, dict):
+            out[key] = _merge(below, value)
         else:
-            kwargs[key] = _check_type(key_path, value, tp)
-    return cls(**kwargs)
+            out[key] = value
+    return out
 
 
-def _check_type(path: str, value: Any, tp: Any) -> Any:
-    optional, base = _unwrap_optional(tp)
-    if value is None:
-        if optional:
-            return None
-        raise InvalidArgument(f"{path}: may not be empty")
-    ok = False
-    if base is bool:
-        ok = isinstance(value, bool)
-    elif base is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif base is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif base is str:
-        ok = isinstance(value, str)
-    if not ok:
-        raise InvalidArgument(
-            f"{path}: expected {base.__name__}, got {type(value).__name__} ({value!r})"
+_TYPE_NAMES = {
+    "int_type": "int",
+    "int_parsing": "int",
+    "float_type": "float",
+    "float_parsing": "float",
+    "bool_type": "bool",
+    "bool_parsing": "bool",
+    "string_type": "str",
+}
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than_equal": "<="}
+
+
+def _invalid(exc: ValidationError, prefix: str, env_names: Mapping[str, str]) -> InvalidArgument:
+    """The first error of ``exc`` as our one-line InvalidArgument naming the key (and the
+    environment variable that set it, if one did). ``prefix`` is the table validated."""
+    err = exc.errors(include_url=False)[0]
+    key = ".".join([prefix, *map(str, err["loc"])] if prefix else map(str, err["loc"]))
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    var = env_names.get(key) or next(
+        (n for k, n in env_names.items() if k.startswith(f"{key}.")), None
+    )
+    if isinstance(ctx.get("error"), InvalidArgument):
+        return ctx["error"]  # our own check: its message names the key already
+    if kind == "extra_forbidden":
+        if var is not None:
+            return InvalidArgument(f"{var}: unknown config key {key!r}")
+        return InvalidArgument(f"{key}: unknown config key")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return InvalidArgument(f"{key}: expected a table, got {type(value).__name__}")
+    if var is not None and var != env_names.get(key):
+        return InvalidArgument(f"{var}: {key} is not a table")
+    if kind in _TYPE_NAMES and var is not None:
+        return InvalidArgument(f"{key}: {var}={value!r} is not a valid {_TYPE_NAMES[kind]}")
+    if kind in _TYPE_NAMES:
+        return InvalidArgument(
+            f"{key}: expected {_TYPE_NAMES[kind]}, got {type(value).__name__} ({value!r})"
         )
-    return value
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()))
+        bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
+        reason = f"must be {_BOUNDS[kind]} {bound}, got {value!r}"
+    elif kind == "literal_error":
+        reason = f"must be one of {ctx['expected']}; got {value!r}"
+    else:
+        reason = err["msg"]
+    return InvalidArgument(f"{key}: {reason}" + (f" (from {var})" if var else ""))
 
 
 def store_refusal(storage: StorageConfig, nodes: int) -> str | None:

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -176,12 +175,13 @@ def _demo_config(config: Any) -> Any:
     from raydelay.client.connection import resolve_config
 
     cfg = resolve_config(config)
-    return dataclasses.replace(
-        cfg,
-        topic=dataclasses.replace(cfg.topic, max_entries_per_ledger=10_000),
-        delayed=dataclasses.replace(
-            cfg.delayed, min_index_count_per_bucket=10_000, max_indexes_per_segment=2_000
-        ),
+    return cfg.model_copy(
+        update={
+            "topic": cfg.topic.model_copy(update={"max_entries_per_ledger": 10_000}),
+            "delayed": cfg.delayed.model_copy(
+                update={"min_index_count_per_bucket": 10_000, "max_indexes_per_segment": 2_000}
+            ),
+        }
     )
 
 

@@ -189,12 +189,8 @@ def resolve_config(config: Any) -> Config:
         )
     if cfg.storage.kind == "local":  # actors run elsewhere: pin the root
         root = str(Path(cfg.storage.local.root).expanduser().resolve())
-        cfg = dataclasses.replace(
-            cfg,
-            storage=dataclasses.replace(
-                cfg.storage, local=dataclasses.replace(cfg.storage.local, root=root)
-            ),
-        )
+        local = cfg.storage.local.model_copy(update={"root": root})
+        cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"local": local})})
     return cfg
 
 

@@ -32,10 +32,11 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import ray
+from ray.actor import ActorHandle
 
 from raydelay.cluster.names import NAMESPACE
 from raydelay.console import ProgressLine, table
@@ -93,10 +94,10 @@ def _text(v: object) -> str:
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
 class _Tally:
     """Per split: the newest attempt's running counts, and the counts of the attempt
-    that finished (one per split; a split that finished twice counted the same rows)."""
+    that finished (one per split; a split that finished twice counted the same rows).
+    A plain class: :func:`ingest_dataframe` runs it as a named actor of the job."""
 
     def __init__(self) -> None:
         self.live: dict[int, list[int]] = {}  # split -> [attempt, rows, accepted, rejected]
@@ -224,7 +225,11 @@ def ingest_dataframe(
 
     tally_name = f"ingest/{job_id}"
     try:
-        tally = _Tally.options(name=tally_name, namespace=NAMESPACE).remote()
+        # no CPU: it only counts; no restarts: its counts live in its memory only
+        actor = ray.remote(_Tally).options(
+            name=tally_name, namespace=NAMESPACE, num_cpus=0, max_restarts=0
+        )
+        tally = cast("ActorHandle[_Tally]", actor.remote())  # Ray types it "| type[_Tally]"
     except ValueError as exc:
         raise InvalidArgument(f"job_id: ingest job {job_id!r} is running already") from exc
     job = _Job(
@@ -401,6 +406,8 @@ def _write_split(job: _Job, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
+    if ctx is None:
+        raise RaydelayError("ingest: _write_split runs only inside a Spark task")
     split, attempt = ctx.partitionId(), ctx.attemptNumber()
     cluster = _worker_cluster(job)
     tally = ray.get_actor(job.tally, namespace=NAMESPACE)

@@ -90,8 +90,8 @@ def start_spark(
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.master(master).appName(app_name)
-        for key, value in SPARK_CONFIG.items():
-            builder = builder.config(key, value)
+        for key, setting in SPARK_CONFIG.items():
+            builder = builder.config(key, setting)
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

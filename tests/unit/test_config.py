@@ -1,9 +1,16 @@
-import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from raydelay.config import Config, load_config
+from raydelay.config import (
+    Config,
+    S3StorageConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+)
 from raydelay.errors import InvalidArgument
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +50,7 @@ def test_shipped_s3_toml_selects_s3_without_credentials():
     assert c.storage.s3.bucket
     text = (ROOT / "configs" / "s3.toml").read_text().lower()
     assert "secret" not in text.replace("are not read", "")
-    assert not any(f.name in ("access_key", "secret_key") for f in dataclasses.fields(c.storage.s3))
+    assert not {"access_key", "secret_key"} & set(type(c.storage.s3).model_fields)
 
 
 def test_no_path_gives_the_embedded_default():
@@ -136,7 +143,7 @@ def test_missing_or_broken_file_is_a_clear_error(tmp_path):
 
 
 def test_configs_are_frozen():
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         Config().delayed.tick_time_ms = 5  # type: ignore[misc]
 
 
@@ -183,3 +190,79 @@ def test_a_local_store_is_refused_on_several_nodes_unless_shared():
     assert why is not None and "3 nodes" in why and "storage.local.shared" in why
     assert store_refusal(shared, 3) is None
     assert store_refusal(s3, 3) is None
+
+
+def test_a_wrong_type_in_a_nested_table_names_the_full_key(tmp_path):
+    # Given a nested int written as text, and an int where a table belongs
+    text = '[storage.s3]\nmax_attempts = "3"\n'
+    # Then each is refused naming its key, from a file, from a dict and when built directly
+    with pytest.raises(InvalidArgument, match=r"^storage\.s3\.max_attempts: expected int, got str"):
+        load_config(write(tmp_path, text), env={})
+    with pytest.raises(
+        InvalidArgument, match=r"^storage\.s3\.max_attempts: expected int, got bool"
+    ):
+        config_from_dict({"storage": {"s3": {"max_attempts": True}}})
+    with pytest.raises(InvalidArgument, match=r"^storage\.s3: expected a table, got int"):
+        config_from_dict({"storage": {"s3": 3}})
+    with pytest.raises(InvalidArgument, match=r"^storage\.s3\.max_attempts: must be > 0, got 0$"):
+        S3StorageConfig(max_attempts=0)
+
+
+def test_an_unknown_nested_key_is_refused_from_a_file_a_dict_and_the_environment(tmp_path):
+    with pytest.raises(InvalidArgument, match=r"^storage\.s3\.access_key: unknown config key"):
+        load_config(write(tmp_path, '[storage.s3]\naccess_key = "x"\n'), env={})
+    with pytest.raises(InvalidArgument, match=r"^topic\.ledger_size: unknown config key"):
+        config_from_dict({"topic": {"ledger_size": 1}})
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^RAYDELAY_STORAGE__S3__ACCESS_KEY: unknown config key 'storage\.s3\.access_key'",
+    ):
+        load_config(env={"RAYDELAY_STORAGE__S3__ACCESS_KEY": "x"})
+    with pytest.raises(InvalidArgument, match=r"^RAYDELAY_NOPE__X: unknown config key 'nope'"):
+        load_config(env={"RAYDELAY_NOPE__X": "1"})
+
+
+def test_env_overrides_a_nested_int_and_completes_the_files_table(tmp_path):
+    # Given a file that selects S3 without a bucket, and the bucket and attempts in the env
+    path = write(tmp_path, '[storage]\nkind = "s3"\n[storage.s3]\nmax_attempts = 5\n')
+    env = {"RAYDELAY_STORAGE__S3__BUCKET": "b", "RAYDELAY_STORAGE__S3__MAX_ATTEMPTS": "7"}
+    # When it is loaded
+    c = load_config(path, env=env)
+    # Then the environment's values are typed and win, and the file's kind stays
+    assert c.storage.kind == "s3" and c.storage.s3.bucket == "b"
+    assert c.storage.s3.max_attempts == 7 and isinstance(c.storage.s3.max_attempts, int)
+
+
+def test_a_bad_env_value_names_the_key_and_the_variable():
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^storage\.s3\.max_attempts: "
+        r"RAYDELAY_STORAGE__S3__MAX_ATTEMPTS='three' is not a valid int$",
+    ):
+        load_config(env={"RAYDELAY_STORAGE__S3__MAX_ATTEMPTS": "three"})
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^storage\.s3\.max_attempts: must be > 0, got 0 "
+        r"\(from RAYDELAY_STORAGE__S3__MAX_ATTEMPTS\)$",
+    ):
+        load_config(env={"RAYDELAY_STORAGE__S3__MAX_ATTEMPTS": "0"})
+    with pytest.raises(
+        InvalidArgument, match=r"^RAYDELAY_DELAYED__STRICT__X: delayed\.strict is not a table"
+    ):
+        load_config(env={"RAYDELAY_DELAYED__STRICT__X": "1"})
+
+
+def test_a_config_pickles_and_survives_its_dict_form():
+    c = load_config(
+        env={"RAYDELAY_DELAYED__MAX_NUM_BUCKETS": "-1", "RAYDELAY_SUBSCRIPTION__ACK_TIMEOUT_S": "2"}
+    )
+    assert pickle.loads(pickle.dumps(c)) == c
+    assert config_from_dict(config_to_dict(c)) == c
+    assert c.subscription.ack_timeout_s == 2.0 and c.delayed.max_num_buckets == -1
+
+
+def test_config_and_config_from_dict_never_read_the_environment(monkeypatch):
+    monkeypatch.setenv("RAYDELAY_DELAYED__TICK_TIME_MS", "99")
+    assert Config().delayed.tick_time_ms == 10
+    assert config_from_dict({}).delayed.tick_time_ms == 10
+    assert load_config().delayed.tick_time_ms == 99

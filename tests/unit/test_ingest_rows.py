@@ -173,3 +173,80 @@ def test_ingestion_routes_every_key_to_the_partition_the_producer_picks():
         # Then each lands where a producer sends that key
         counter = itertools.count()
         assert routed == {i: partition_of(k, partitions, counter) for i, k in enumerate(keys)}
+
+
+TEXT_TIMES = [
+    "2027-01-15T08:00:00+00:00",
+    " 2027-01-15 09:00:00.5+01:00 ",
+    "2027-01-15T08:00Z",
+    "2027-01-15T08+01:00",
+    "2027-01-15T08:00:00+0100",
+    "1969-12-31T23:59:59.999-00:30",
+    str(NOW),
+    "007",
+    "١٢٣",  # non-ASCII digits: epoch ms to Python too
+    "2027-01-15T08:00:00.1235+00:00",  # finer than ms
+    "20270115T080000Z",
+    "2027-W03-5T08:00:00Z",
+    "2027-02-30T08:00:00+00:00",  # well formed, no such day
+    "2027-01-15T08:00:00",
+    "2027-01-15",
+    "tomorrow",
+    "",
+]
+
+
+def expected_time(text):
+    ms = R.parse_time(text)
+    if isinstance(ms, str):
+        return ms
+    return R.AT_NEGATIVE if ms < 0 and ms != NO_DELAY else ms
+
+
+@pytest.mark.parametrize("texts", [TEXT_TIMES, TEXT_TIMES[:6] * 3])
+def test_text_times_parsed_over_the_column_agree_with_parse_time_row_by_row(texts):
+    # Given a column of text times (one with rows Arrow refuses, one Arrow reads whole)
+    batch = pa.record_batch({"p": [b"x"] * len(texts), "at": texts})
+    # When it is prepared
+    out = prep(batch, R.RowSpec("p", deliver_at_col="at"), partitions=1, max_delay_ms=0)
+    # Then each row is what parse_time makes of it: a time or the same reason
+    got = reasons_by_row(batch, out)
+    accepted = iter(out.by_partition[0].deliver_at_ms.tolist())
+    for i in range(len(texts)):
+        if i not in got:
+            got[i] = next(accepted)
+    assert got == {i: expected_time(t) for i, t in enumerate(texts)}
+
+
+def test_text_delays_parsed_over_the_column_agree_with_float_row_by_row():
+    texts = ["2.5", " 1e3 ", "+2", ".5", "1_000", "inf", "nan", "-1", "0x10", "", "ten", None]
+    batch = pa.record_batch({"p": [b"x"] * len(texts), "d": texts})
+    out = prep(batch, R.RowSpec("p", delay_col="d"), partitions=1, max_delay_ms=0)
+    assert reasons_by_row(batch, out) == {
+        5: R.DELAY_UNPARSEABLE,
+        6: R.DELAY_UNPARSEABLE,
+        7: R.DELAY_NEGATIVE,
+        8: R.DELAY_UNPARSEABLE,
+        9: R.DELAY_UNPARSEABLE,
+        10: R.DELAY_UNPARSEABLE,
+        11: R.DELAY_MISSING,
+    }
+    seconds = [2.5, 1000.0, 2.0, 0.5, 1000.0]
+    assert out.by_partition[0].deliver_at_ms.tolist() == [NOW + round(s * 1000) for s in seconds]
+
+
+def test_a_microsecond_timestamp_is_rounded_up_to_the_next_millisecond():
+    # Given Spark's unit, microseconds, with a part finer than a millisecond
+    at = pa.array([NOW * 1000 + 1, NOW * 1000], type=pa.timestamp("us", tz="UTC"))
+    out = prep(pa.record_batch({"p": [b"a", b"b"], "at": at}), R.RowSpec("p", deliver_at_col="at"))
+    # Then it is due at the next millisecond: never before the time it names
+    assert sorted(d for e in out.by_partition.values() for d in e.deliver_at_ms.tolist()) == [
+        NOW,
+        NOW + 1,
+    ]
+
+
+def test_a_delay_too_large_for_epoch_milliseconds_is_not_a_number_of_seconds():
+    batch = pa.record_batch({"p": [b"a", b"b"], "d": [1e300, 1.0]})
+    out = prep(batch, R.RowSpec("p", delay_col="d"), partitions=1, max_delay_ms=0)
+    assert reasons_by_row(batch, out) == {0: R.DELAY_UNPARSEABLE}
