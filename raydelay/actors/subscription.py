@@ -48,8 +48,8 @@ from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
-from raydelay.delayed.index import split_keys
 from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
+from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.sealed import SealedReader, SegmentLoad
 from raydelay.dispatch.subscription import (
@@ -61,7 +61,6 @@ from raydelay.dispatch.subscription import (
 )
 from raydelay.dispatch.wire import delivery_batch
 from raydelay.errors import CodecError, ConsumerBusy, InvalidArgument, NotFound
-from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
@@ -70,6 +69,7 @@ from raydelay.log.entries import (
     decode_object,
     encode_batch,
 )
+from raydelay.positions import split_keys
 from raydelay.storage import CountingObjectStore, make_store
 from raydelay.storage.keys import cursor_key, subscription_prefix
 

@@ -50,8 +50,8 @@ from raydelay.delayed.sealed import (
     registry_name,
     seal,
 )
+from raydelay.delayed.store import SealedStore
 from raydelay.errors import InvalidArgument, NotFound
-from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
 from raydelay.storage import make_store

@@ -50,8 +50,8 @@ from raydelay.client.message import (
     check_number,
     messages_from_batch,
 )
-from raydelay.dispatch.keys import LOW, MAX_LEDGER_ID, join_keys, position_in_range
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
+from raydelay.positions import LOW, MAX_LEDGER_ID, position_in_range, position_keys
 
 if TYPE_CHECKING:
     from raydelay.client.links import SubscriptionLink
@@ -619,7 +619,7 @@ class Consumer:
         ):
             bad = next(i for i in ids if not position_in_range(i[2], i[3]))
             raise InvalidArgument(f"{field}: {bad} is no message position (out of range)")
-        keys = join_keys(ledgers, entries)
+        keys = position_keys(ledgers, entries)
         return {int(p): keys[parts == p] for p in np.unique(parts)}
 
     def close(self) -> None:

@@ -12,10 +12,10 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 import pyarrow as pa
 
-from raydelay.dispatch.keys import join_keys
 from raydelay.dispatch.wire import DELIVERY_SCHEMA
 from raydelay.errors import InvalidArgument
 from raydelay.log.entries import NO_DELAY, int64_values
+from raydelay.positions import position_keys
 
 
 class MessageId(NamedTuple):
@@ -245,7 +245,7 @@ class MessageBatch:
         """partition -> int64 position keys ``ledger << 32 | entry`` of its messages."""
         out: dict[int, list[np.ndarray]] = {}
         for p, rb in self.batches:
-            keys = join_keys(int64_values(rb.column(0)), int64_values(rb.column(1)))
+            keys = position_keys(int64_values(rb.column(0)), int64_values(rb.column(1)))
             out.setdefault(p, []).append(keys)
         return {p: np.concatenate(ks) for p, ks in out.items()}
 

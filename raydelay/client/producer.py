@@ -36,9 +36,10 @@ from raydelay.client.message import (
     deliver_at_of,
 )
 from raydelay.clock import now_ms as _now_ms
-from raydelay.dispatch.keys import key_hash, position_in_range
+from raydelay.dispatch.keys import key_hash
 from raydelay.errors import InvalidArgument, RaydelayError, StorageError, Unavailable
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
+from raydelay.positions import position_in_range
 from raydelay.storage.keys import validate_name
 
 if TYPE_CHECKING:

@@ -14,11 +14,12 @@ import numpy as np
 from pyroaring import BitMap
 
 from raydelay.errors import InvalidArgument
+from raydelay.positions import LOW as MAX_ENTRY_ID
+from raydelay.positions import MAX_LEDGER_ID
 
 I64 = np.int64
 E_DTYPE = np.int64  # entry ids live in [0, 2**32): roaring bitmaps are 32-bit
-MAX_ENTRY_ID = 2**32 - 1
-MAX_LEDGER_ID = 2**32 - 1  # a position is one 64-bit key: ledger << 32 | entry
+# (positions are validated against the key's limits, raydelay.positions)
 EMPTY = np.empty(0, dtype=I64)
 
 

@@ -11,62 +11,24 @@ exist, so a later re-add records the authoritative deliver_at in ``overrides``.
 :class:`RunQueue` is the shared priority queue: sorted runs plus a loose buffer
 of unsorted chunks, popped by a vectorised k-way selection.
 
-It also owns the one definition of a **position key**: ``ledger_id << 32 | entry_id`` as a
-non-negative int64 (:data:`KEY_DTYPE`). Every layer above (dispatch, the log, the wire to
-consumers) uses these functions; 64-bit roaring bitmaps take the keys as they are.
+Position keys themselves are defined in :mod:`raydelay.positions`.
 """
 
 from __future__ import annotations
 
 import heapq
 from array import array
+from typing import Literal
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
 from raydelay.delayed.columns import EMPTY, Run, concat
+from raydelay.positions import KEY_DTYPE, key_of, position_keys
 
 _MAX_LOOSE_RUNS = 8
 
-# --- position keys -------------------------------------------------------------------------
-
-Position = tuple[int, int]  # (ledger_id, entry_id)
-KEY_DTYPE = np.dtype(np.int64)  # the wire's type (Arrow int64); a key is never negative
-SHIFT = 32  # entry ids take the low 32 bits
-LOW = (1 << SHIFT) - 1  # the entry id mask, and the largest entry id
-MAX_LEDGER_ID = (1 << (63 - SHIFT)) - 1  # the largest ledger id whose keys stay non-negative
-
-
-def key_of(ledger_id: int, entry_id: int) -> int:
-    """The key of one position."""
-    return (ledger_id << SHIFT) | entry_id
-
-
-def position_of(key: int) -> Position:
-    """The (ledger_id, entry_id) of one key."""
-    return (key >> SHIFT, key & LOW)
-
-
-def position_keys(ledger_ids: np.ndarray, entry_ids: np.ndarray) -> np.ndarray:
-    """The key column (:data:`KEY_DTYPE`) of (ledger id, entry id) columns."""
-    ls = np.asarray(ledger_ids).astype(KEY_DTYPE, copy=False)
-    return (ls << SHIFT) | np.asarray(entry_ids).astype(KEY_DTYPE, copy=False)
-
-
-def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ledger ids, entry ids) of a key column, as :data:`KEY_DTYPE` columns."""
-    ks = np.asarray(keys).astype(KEY_DTYPE, copy=False)
-    return ks >> SHIFT, ks & LOW
-
-
-def position_in_range(ledger_id: object, entry_id: object) -> bool:
-    """Whether (ledger_id, entry_id) can be a position (ints that fit a key)."""
-    return (
-        isinstance(ledger_id, int)
-        and isinstance(entry_id, int)
-        and 0 <= ledger_id <= MAX_LEDGER_ID
-        and 0 <= entry_id <= LOW
-    )
+# --- bitmaps of position keys -------------------------------------------------------------
 
 
 def bitmap64_of(keys: np.ndarray) -> BitMap64:
@@ -441,7 +403,7 @@ def smallest_counts(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n: i
     tied at the boundary deliver_at."""
     ds = [p[0] for p in parts]
 
-    def count_d(x: int, side: str) -> int:
+    def count_d(x: int, side: Literal["left", "right"]) -> int:
         return sum(int(np.searchsorted(d, x, side)) for d in ds)
 
     lo, hi = min(int(d[0]) for d in ds if len(d)), max(int(d[-1]) for d in ds if len(d))
@@ -496,20 +458,10 @@ def sorted_keys(ls: list[np.ndarray], es: list[np.ndarray]) -> np.ndarray:
 
 __all__ = [
     "EMPTY",
-    "KEY_DTYPE",
-    "LOW",
-    "MAX_LEDGER_ID",
-    "SHIFT",
     "Membership",
-    "Position",
     "RunQueue",
     "bitmap64_of",
     "bitmap64_values",
-    "key_of",
-    "position_in_range",
-    "position_keys",
-    "position_of",
     "sorted_keys",
     "sorted_positions",
-    "split_keys",
 ]

@@ -40,7 +40,6 @@ from pyroaring import BitMap64
 
 from raydelay.delayed.bucket import cut_segments
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
-from raydelay.dispatch.keys import SHIFT
 from raydelay.errors import CodecError, InvalidArgument
 from raydelay.log.entries import (
     NO_CANCEL,
@@ -49,6 +48,7 @@ from raydelay.log.entries import (
     _ipc,
     _read_ipc,
 )
+from raydelay.positions import SHIFT
 
 FORMAT_VERSION = 2
 INDEX_FORMAT_VERSION = 1

@@ -21,9 +21,9 @@ import numpy as np
 from pyroaring import BitMap
 
 from raydelay.errors import CodecError
+from raydelay.positions import Position
 
 FORMAT_VERSION = 1
-Position = tuple[int, int]
 NOTHING: Position = (-1, -1)
 
 

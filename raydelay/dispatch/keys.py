@@ -1,37 +1,15 @@
-"""Message-key hashing, and the position-key names the client and log layers import from here.
+"""The hash of a message key, written once.
 
-A position key is defined once, in :mod:`raydelay.delayed.index` (``ledger_id << 32 |
-entry_id`` as one non-negative int64); this module re-exports those names unchanged.
+A key's partition (the producer and ingestion route alike) and its key_shared hash slot
+both derive from :func:`key_hash`. Position keys (``ledger << 32 | entry``) are another
+thing, defined in :mod:`raydelay.positions`.
 """
 
 from __future__ import annotations
 
 import zlib
 
-from raydelay.delayed.index import (
-    LOW,
-    MAX_LEDGER_ID,
-    SHIFT,
-    Position,
-    key_of,
-    position_in_range,
-    position_of,
-    split_keys,
-)
-from raydelay.delayed.index import position_keys as join_keys
-
-__all__ = [
-    "LOW",
-    "MAX_LEDGER_ID",
-    "SHIFT",
-    "Position",
-    "join_keys",
-    "key_hash",
-    "key_of",
-    "position_in_range",
-    "position_of",
-    "split_keys",
-]
+__all__ = ["key_hash"]
 
 
 def key_hash(key: str) -> int:

@@ -16,8 +16,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from raydelay.delayed.index import LOW, split_keys
 from raydelay.log.entries import LedgerObject
+from raydelay.positions import LOW, split_keys
 
 Group = tuple[LedgerObject, np.ndarray, np.ndarray]  # (object, indexes in it, position keys)
 

@@ -30,9 +30,10 @@ import numpy as np
 from pyroaring import BitMap64
 
 from raydelay.delayed.common import due_window_counts
-from raydelay.delayed.index import Membership, smallest_counts, split_keys
+from raydelay.delayed.index import Membership, smallest_counts
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.log.entries import Rows
+from raydelay.positions import split_keys
 
 FINISHED = -1  # the progress of a bucket every row of which is acknowledged
 

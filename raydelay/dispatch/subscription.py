@@ -61,15 +61,7 @@ from pyroaring import BitMap, BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
-from raydelay.delayed.index import (
-    KEY_DTYPE,
-    bitmap64_of,
-    bitmap64_values,
-    key_of,
-    position_keys,
-    position_of,
-    split_keys,
-)
+from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keyshared import SLOTS, Ring, slots_of
@@ -85,6 +77,7 @@ from raydelay.log.entries import (
     Rows,
     concat_entries,
 )
+from raydelay.positions import KEY_DTYPE, key_of, position_keys, position_of, split_keys
 
 log = logging.getLogger(__name__)
 

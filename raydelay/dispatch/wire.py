@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from raydelay.delayed.index import split_keys
 from raydelay.dispatch.subscription import Delivery
 from raydelay.log.entries import PROPERTIES_TYPE, empty_batch, int64_array
+from raydelay.positions import split_keys
 
 DELIVERY_SCHEMA = pa.schema(
     [

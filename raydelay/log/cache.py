@@ -7,7 +7,7 @@ for the sealed buckets' metas and indexes. ``bench/log_cache_bench.py`` measures
 and as fast at misses (one dict lookup in both), so the log keeps it.
 
 Not thread-safe: the partition log uses its caches from the log's one thread only, and
-:class:`~raydelay.log.buckets.SealedStore`, whose caches several threads share, holds its
+:class:`~raydelay.delayed.store.SealedStore`, whose caches several threads share, holds its
 lock around every call.
 """
 

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydelay.errors import CodecError, InvalidArgument
+from raydelay.positions import key_of, position_of
 
 BATCH_FORMAT_VERSION = b"2"  # append batches: Arrow IPC (1 was msgpack)
 NO_DELAY = -1  # deliver_at of an immediate message or a cancel marker
@@ -43,7 +44,6 @@ _U32 = np.dtype("<u4")
 _I32 = np.dtype("<i4")
 MAX_BODY_BYTES = 2**31 - 1  # Arrow binary offsets are int32
 INDEX_PROBE_BYTES = 64 * 1024  # a first ranged read that holds most objects' whole index
-_SHIFT = 32
 
 PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
 ENTRY_SCHEMA = pa.schema(
@@ -139,7 +139,7 @@ class Entries:
             pr = pa.array([p or None for p in properties], type=PROPERTIES_TYPE)
         c = np.full(n, NO_CANCEL, dtype=np.int64)
         for i, (tl, te) in (cancels or {}).items():
-            c[i] = (int(tl) << _SHIFT) | int(te)
+            c[i] = key_of(int(tl), int(te))
         return cls(
             pa.RecordBatch.from_arrays(
                 [pay, int64_array(d), k, pr, int64_array(c)], schema=ENTRY_SCHEMA
@@ -205,7 +205,7 @@ class Entries:
 def cancels_of(targets: np.ndarray) -> dict[int, tuple[int, int]]:
     """index -> (ledger, entry) of the cancel markers in a cancel_target column."""
     idx = np.flatnonzero(targets != NO_CANCEL)
-    return {int(i): (int(targets[i]) >> _SHIFT, int(targets[i]) & 0xFFFFFFFF) for i in idx}
+    return {int(i): position_of(int(targets[i])) for i in idx}
 
 
 def _offsets(col: pa.Array) -> np.ndarray:

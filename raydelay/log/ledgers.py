@@ -17,8 +17,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from raydelay.errors import RaydelayError
-
-Position = tuple[int, int]  # (ledger_id, entry_id)
+from raydelay.positions import Position
 
 
 @dataclass(frozen=True)

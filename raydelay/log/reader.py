@@ -35,6 +35,7 @@ from raydelay.log.entries import (
     index_length,
 )
 from raydelay.log.ledgers import LedgerTable, Position
+from raydelay.positions import KEY_DTYPE, key_of, position_keys, split_keys
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import ledger_entries_key
 
@@ -207,9 +208,9 @@ class LogReader:
         if isinstance(positions, np.ndarray):
             keys = positions.astype(np.int64, copy=False)
         else:
-            keys = np.array([(int(lg) << 32) | int(e) for lg, e in positions], dtype=np.int64)
+            keys = np.array([key_of(int(lg), int(e)) for lg, e in positions], dtype=KEY_DTYPE)
         keys = np.unique(keys)
-        ledgers, entries = keys >> 32, keys & 0xFFFFFFFF
+        ledgers, entries = split_keys(keys)
         parts = []
         for ledger_id in np.unique(ledgers).tolist():
             es = entries[ledgers == ledger_id]
@@ -253,7 +254,7 @@ class LogReader:
                     body, at = self._store.get_range(self._key(ledger_id, first), lo, hi), lo
                 inside = indexes[(indexes >= a) & (indexes < b)]
                 parts.append(index.entries(a, b, body, at).take(inside - a))
-        keys = (np.int64(ledger_id) << 32) | (first + indexes)
+        keys = position_keys(np.full(len(indexes), ledger_id), first + indexes)
         return Rows(
             keys,
             np.full(len(indexes), index.publish_time_ms, dtype=np.int64),

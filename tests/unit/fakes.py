@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from raydelay.dispatch.keys import join_keys
 from raydelay.dispatch.wire import DELIVERY_SCHEMA
 from raydelay.errors import Unavailable
 from raydelay.log.entries import decode_batch
+from raydelay.positions import position_keys
 
 
 class Reply:
@@ -185,4 +185,4 @@ class FakeSubscription(FakeLink):
     @staticmethod
     def key(entry: int) -> int:
         """The position key of entry ``entry`` of ledger 1 (what the consumer acks)."""
-        return int(join_keys(np.array([1]), np.array([entry]))[0])
+        return int(position_keys(np.array([1]), np.array([entry]))[0])

@@ -4,19 +4,18 @@ import numpy as np
 import pytest
 from pyroaring import BitMap64
 
-from raydelay.delayed.index import (
+from raydelay.delayed.index import bitmap64_of, bitmap64_values
+from raydelay.errors import InvalidArgument
+from raydelay.positions import (
     KEY_DTYPE,
     LOW,
     MAX_LEDGER_ID,
-    bitmap64_of,
-    bitmap64_values,
     key_of,
     position_in_range,
     position_keys,
     position_of,
     split_keys,
 )
-from raydelay.errors import InvalidArgument
 from raydelay.storage import LocalDirObjectStore, MemoryObjectStore, validate_key, validate_name
 from raydelay.storage.keys import (
     bucket_prefix,

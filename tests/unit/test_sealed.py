@@ -23,12 +23,12 @@ from raydelay.delayed.sealed import (
     seal,
     segment_of,
 )
-from raydelay.dispatch.keys import join_keys, key_of
+from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.sealed import FINISHED, SealedReader
 from raydelay.dispatch.subscription import Subscription
 from raydelay.errors import CodecError, InvalidArgument
-from raydelay.log.buckets import SealedStore
 from raydelay.log.entries import NO_DELAY, Entries, LedgerObject
+from raydelay.positions import key_of, position_keys
 from raydelay.storage.counting import CountingObjectStore
 from raydelay.storage.memory import MemoryObjectStore
 
@@ -311,7 +311,7 @@ def test_a_subscription_takes_the_tail_from_the_topic_and_the_rest_from_the_buck
     assert sum(map(len, out)) == 5
     # and ledger 1 of the log is needed no more but for the immediate entry
     assert sub.log_cursor.mark_delete == (1, -1)
-    sub.ack("c", join_keys(np.array([1]), np.array([0])))
+    sub.ack("c", position_keys(np.array([1]), np.array([0])))
     assert sub.log_cursor.mark_delete == (2, -1)
     assert sub.cursor.mark_delete == (1, 0)
 

@@ -16,7 +16,6 @@ from raydelay.delayed import (
     InMemoryBucketRegistry,
     InMemoryDelayedDeliveryTracker,
 )
-from raydelay.delayed.index import key_of, position_of
 from raydelay.dispatch.cursor import Cursor
 from raydelay.dispatch.objects import ObjectCache
 from raydelay.dispatch.sealed import SealedReader
@@ -28,6 +27,7 @@ from raydelay.dispatch.subscription import (
 from raydelay.dispatch.wire import delivery_batch
 from raydelay.errors import InvalidArgument
 from raydelay.log.entries import NO_DELAY, Entries, LedgerObject, Rows
+from raydelay.positions import key_of, position_of
 from raydelay.storage import MemoryObjectStore
 
 T0 = 1_000_000

@@ -25,10 +25,10 @@ from raydelay.delayed.sealed import (
     registry_name,
     segment_of,
 )
-from raydelay.dispatch.keys import SHIFT
 from raydelay.errors import CodecError, NotFound
 from raydelay.log.cache import LruCache
 from raydelay.log.entries import Rows
+from raydelay.positions import SHIFT
 from raydelay.storage.base import ObjectStore
 
 log = logging.getLogger(__name__)

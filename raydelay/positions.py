@@ -1,0 +1,66 @@
+"""The one definition of a **position key**, a leaf every layer imports.
+
+A message's position in a partition's log is ``(ledger_id, entry_id)``; as one value it is
+the key ``ledger_id << 32 | entry_id``, a non-negative int64 (:data:`KEY_DTYPE`, Arrow's
+int64 on the wire). Keys sort like positions, a column of them is one numpy array, and
+64-bit roaring bitmaps take them as they are. The log, the delayed index, dispatch and the
+client all use these names; nothing else shifts by 32.
+
+This module imports numpy only, so it sits below every other package.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Position = tuple[int, int]  # (ledger_id, entry_id)
+KEY_DTYPE = np.dtype(np.int64)  # the wire's type (Arrow int64); a key is never negative
+SHIFT = 32  # entry ids take the low 32 bits
+LOW = (1 << SHIFT) - 1  # the entry id mask, and the largest entry id
+MAX_LEDGER_ID = (1 << (63 - SHIFT)) - 1  # the largest ledger id whose keys stay non-negative
+
+
+def key_of(ledger_id: int, entry_id: int) -> int:
+    """The key of one position."""
+    return (ledger_id << SHIFT) | entry_id
+
+
+def position_of(key: int) -> Position:
+    """The (ledger_id, entry_id) of one key."""
+    return (key >> SHIFT, key & LOW)
+
+
+def position_keys(ledger_ids: np.ndarray, entry_ids: np.ndarray) -> np.ndarray:
+    """The key column (:data:`KEY_DTYPE`) of (ledger id, entry id) columns."""
+    ls = np.asarray(ledger_ids).astype(KEY_DTYPE, copy=False)
+    return (ls << SHIFT) | np.asarray(entry_ids).astype(KEY_DTYPE, copy=False)
+
+
+def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ledger ids, entry ids) of a key column, as :data:`KEY_DTYPE` columns."""
+    ks = np.asarray(keys).astype(KEY_DTYPE, copy=False)
+    return ks >> SHIFT, ks & LOW
+
+
+def position_in_range(ledger_id: object, entry_id: object) -> bool:
+    """Whether (ledger_id, entry_id) can be a position (ints that fit a key)."""
+    return (
+        isinstance(ledger_id, int)
+        and isinstance(entry_id, int)
+        and 0 <= ledger_id <= MAX_LEDGER_ID
+        and 0 <= entry_id <= LOW
+    )
+
+
+__all__ = [
+    "KEY_DTYPE",
+    "LOW",
+    "MAX_LEDGER_ID",
+    "SHIFT",
+    "Position",
+    "key_of",
+    "position_in_range",
+    "position_keys",
+    "position_of",
+    "split_keys",
+]
