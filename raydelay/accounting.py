@@ -12,7 +12,8 @@ The one definition, shared by the demo, the end-to-end and chaos tests and the b
 - **lateness**: receive time minus deliver_at of the first delivery of each delayed message.
 
 Ids are any hashable value (a ``MessageId``, an order id). All times are integer
-milliseconds since the epoch. Pure Python and numpy: no Ray.
+milliseconds since the epoch. Pure Python and numpy: no Ray. A bad argument raises
+:class:`~raydelay.errors.InvalidArgument` naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Collection, Container, Hashable, Iterable, Mapping, 
 from dataclasses import dataclass
 
 import numpy as np
+
+from raydelay.errors import InvalidArgument
 
 DEFAULT = ""  # the subscription of a Ledger used for one subscription
 
@@ -213,7 +216,7 @@ class Ledger:
             else [None if a is None else int(a) for a in deliver_at_ms]
         )
         if len(ats) != len(ids):
-            raise ValueError(f"{len(ids)} ids but {len(ats)} deliver_at values")
+            raise InvalidArgument(f"deliver_at_ms: {len(ats)} values for {len(ids)} ids")
         with self._lock:
             self._sent.update(zip(ids, ats, strict=True))
 
@@ -235,7 +238,9 @@ class Ledger:
         redelivery counts (0 for each when not given)."""
         counts = [0] * len(ids) if redelivery_counts is None else list(redelivery_counts)
         if len(counts) != len(ids):
-            raise ValueError(f"{len(ids)} ids but {len(counts)} redelivery counts")
+            raise InvalidArgument(
+                f"redelivery_counts: {len(counts)} redelivery counts for {len(ids)} ids"
+            )
         with self._lock:
             got = self._deliveries.setdefault(subscription, [])
             got.extend(Delivery(m, received_at_ms, c) for m, c in zip(ids, counts, strict=True))
