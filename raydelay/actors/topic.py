@@ -396,12 +396,17 @@ class TopicActor:
     ) -> list[tuple[int, int]]:
         """Append one durable cancel marker per target position; returns the markers'
         positions. With a producer name and sequence id the markers are deduplicated like
-        any batch (a retried cancel gets the same markers back). Raises NotFound for a
-        position that is not in this partition's log."""
+        any batch: a retried cancel gets the same markers back, also when its targets have
+        left the log since (delivered, acknowledged and trimmed while the reply was lost).
+        Raises NotFound for a position that is not in this partition's log."""
         self._ensure_started()
         targets = [(int(lg), int(en)) for lg, en in positions]
         if not targets:
             return []
+        if producer and sequence_id:
+            known = await self._run(self._log.recorded, producer, int(sequence_id))
+            if known is not None:
+                return _positions_of(known)
         missing = [t for t in targets if not self._log.contains(*t)]
         if missing:  # a ledger deleted once its delayed entries were sealed: in a bucket
             missing = [t for t in missing if not await asyncio.to_thread(self._in_bucket, *t)]
@@ -414,8 +419,7 @@ class TopicActor:
         entries = Entries.build(
             [b""] * n, np.full(n, NO_DELAY, dtype=np.int64), cancels=dict(enumerate(targets))
         )
-        ranges = await self._queue_batch(AppendBatch(producer, sequence_id, entries))
-        return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
+        return _positions_of(await self._queue_batch(AppendBatch(producer, sequence_id, entries)))
 
     async def _committer(self) -> None:
         window_s = self._config.topic.group_commit_ms / 1000
@@ -626,6 +630,11 @@ class TopicActor:
             "%s/%d: deleted ledgers %s (%d objects)", self._topic, self._partition, ids, deleted
         )
         return ids
+
+
+def _positions_of(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """The positions of (ledger, first entry, count) ranges, in order."""
+    return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
 
 
 def spawn_topic(topic: str, partition: int, config: dict[str, Any]) -> Any:

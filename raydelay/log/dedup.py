@@ -95,6 +95,12 @@ class ProducerDedup:
             f"{HISTORY} batches this partition remembers; it was appended already"
         )
 
+    def recorded(self, producer: str, seq: int) -> list[Range] | None:
+        """The positions ``producer``'s batch ``seq`` got, when this log still remembers
+        them (None: never landed, or too old to tell)."""
+        p = self._producers.get(producer)
+        return None if p is None else p.history.get(seq)
+
     def record(self, producer: str, seq: int, ranges: list[Range], now_ms: int) -> None:
         """``producer``'s batch ``seq`` is durable at ``ranges`` (as of ``now_ms``)."""
         p = self._producers.get(producer)

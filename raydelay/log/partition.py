@@ -18,7 +18,7 @@ import numpy as np
 
 from raydelay.clock import Clock
 from raydelay.log.commit import CommitResult, Committer, RollFn
-from raydelay.log.dedup import ProducerDedup, StaleSequence
+from raydelay.log.dedup import ProducerDedup, Range, StaleSequence
 from raydelay.log.entries import AppendBatch, DelayedRun, Entries, LedgerObject, Rows
 from raydelay.log.ledgers import LedgerInfo, LedgerTable, Position
 from raydelay.log.reader import LogReader, ReadReply, ledger_prefix
@@ -120,6 +120,11 @@ class PartitionLog:
             return False
         self._committer.roll()
         return True
+
+    def recorded(self, producer: str, sequence_id: int) -> list[Range] | None:
+        """The positions of ``producer``'s batch ``sequence_id`` if this log holds it and
+        still remembers them, else None (call on the log's thread, like :meth:`commit`)."""
+        return self._dedup.recorded(producer, sequence_id)
 
     def last_sequence(self, producer: str) -> int:
         """The largest sequence id this log holds for ``producer`` (0 when none), so that a

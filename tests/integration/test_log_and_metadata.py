@@ -10,6 +10,7 @@ import pytest
 import ray
 
 from raydelay import InvalidArgument, NotFound
+from raydelay.cluster import rpc
 from raydelay.cluster.names import topic_actor_name
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from tests.integration.helpers import receive_all, restart
@@ -179,3 +180,29 @@ def test_a_deleted_topics_producer_gets_not_found_at_once(cluster, topic_name):
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert not any(topic_name in n for n in names)
     print(f"NotFound after {took:.2f} s")
+
+
+def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cluster, topic_name):
+    # Given a cancel sent by producer "p" as its batch 1, whose target sits in a full ledger
+    per_ledger = cluster.config.topic.max_entries_per_ledger
+    cluster.create_topic(topic_name)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    mids = producer.send_many([b"x"] * (per_ledger + 10))
+    target = (mids[0].ledger_id, mids[0].entry_id)
+    topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace="raydelay")
+    markers = ray.get(topic.cancel.remote([target], "p", 1))
+    # When every message is acknowledged and the target's ledger is trimmed
+    receive_all(consumer, len(mids), timeout_s=30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        ledgers = [x[0] for x in cluster.stats(topic_name)["partitions"][0]["ledgers"]]
+        if target[0] not in ledgers:
+            break
+        time.sleep(0.2)
+    assert target[0] not in ledgers
+    # Then the same cancel, re-sent (its reply was lost), gets the same markers back
+    assert ray.get(topic.cancel.remote([target], "p", 1)) == markers
+    # while a new cancel of that position is refused: it is not in the log any more
+    with pytest.raises(NotFound, match="is not in the log"):
+        rpc.get(topic.cancel.remote([target], "p", 2))
