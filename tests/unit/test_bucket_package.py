@@ -12,9 +12,9 @@ from pyroaring import BitMap
 from raydelay.clock import ManualClock
 from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryBucketRegistry
 from raydelay.delayed.bucket import BucketState
+from raydelay.delayed.bucket.immutable import LOAD_RETRY_MS
 from raydelay.delayed.bucket.merge import StoredSource, merge_segments, pick_window
 from raydelay.delayed.bucket.state import Bucket
-from raydelay.delayed.bucket.tracker import LOAD_RETRY_MS
 from raydelay.errors import InvalidArgument, RaydelayError, StorageError
 from raydelay.retries import STORE_WRITE
 from raydelay.storage import FaultyObjectStore, MemoryObjectStore
@@ -86,13 +86,13 @@ def test_a_sealing_bucket_becomes_persisted_when_its_write_lands():
     sealed = fill(t, 1, 10)
     fill(t, 2, 1)
     # Then the bucket is sealing: nothing is in the store yet, and due positions are served
-    assert [b.state for b in t._buckets] == [BucketState.SEALING]
+    assert [b.state for b in t._immutable.buckets] == [BucketState.SEALING]
     assert store.list("") == []
     # When its write runs and lands
     assert t.run_background_jobs() >= 1
     t.flush()
     # Then it is persisted, and every position comes out once
-    assert [b.state for b in t._buckets] == [BucketState.PERSISTED]
+    assert [b.state for b in t._immutable.buckets] == [BucketState.PERSISTED]
     assert sorted(store.list(f"{NAME}/buckets/1_1_1/")) == [
         f"{NAME}/buckets/1_1_1/{o}" for o in ("meta", "seg-000001", "seg-000002", "seg-000003")
     ]
@@ -204,7 +204,7 @@ def test_a_failed_merge_is_tried_again_once_its_backoff_passes_on_the_clock():
     t.flush()
     # Then its sources are persisted again, and no retry happens while the clock stands
     assert t.stats()["merged"] == 0 and t.immutable_bucket_count() == 2
-    assert [b.state for b in t._buckets] == [BucketState.PERSISTED] * 2
+    assert [b.state for b in t._immutable.buckets] == [BucketState.PERSISTED] * 2
     store.failing = False
     clock.advance(499)
     t.flush()

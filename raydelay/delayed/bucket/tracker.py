@@ -14,9 +14,10 @@ Their results are applied on the caller's thread, so the tracker itself stays
 single-threaded and its hot paths (add_messages, get_scheduled_messages) never wait
 on the store in threaded mode.
 
-This module owns the tracker's state and its public API; writing (writer.py),
-merging (merge.py), tombstones (tombstones.py) and recovery (recovery.py) live
-beside it. The mutable bucket is never persisted: after a restart the subscription
+This module owns the tracker's public API, its membership, run queue and mutable
+bucket; the immutable buckets and their store I/O are :class:`ImmutableBuckets`
+(immutable.py), with writing (writer.py), merging (merge.py), tombstones
+(tombstones.py) and recovery (recovery.py) beside it. The mutable bucket is never persisted: after a restart the subscription
 re-reads the log from mark-delete, and bitmaps recognise the positions that are
 already in buckets.
 """
@@ -24,30 +25,18 @@ already in buckets.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 
 from raydelay.clock import Clock
-from raydelay.delayed import codec
-from raydelay.delayed.bucket import merge, recovery
-from raydelay.delayed.bucket.state import (
-    Bucket,
-    BucketState,
-    Exclusions,
-    FrozenColumns,
-    MutableBucket,
-    add_exclusions,
-    without,
-)
+from raydelay.delayed.bucket.immutable import ImmutableBuckets
+from raydelay.delayed.bucket.state import MutableBucket
 from raydelay.delayed.bucket.tombstones import Tombstones, tombs_prefix, write_tombstones
-from raydelay.delayed.bucket.writer import Sleep, segment_key, sort_and_write
-from raydelay.delayed.columns import Run, check_position, check_positions, ledger_groups
+from raydelay.delayed.columns import check_position, check_positions, ledger_groups
 from raydelay.delayed.common import (
-    Cols,
     TrackerBase,
     check_clock,
     check_max_messages,
@@ -57,20 +46,16 @@ from raydelay.delayed.common import (
 from raydelay.delayed.index import Membership, RunQueue
 from raydelay.delayed.jobs import JobRunner
 from raydelay.delayed.registry import BucketRegistry
-from raydelay.errors import InvalidArgument, RaydelayError, StorageError
+from raydelay.errors import InvalidArgument, RaydelayError
 from raydelay.limits import check_limit
 from raydelay.storage.base import ObjectStore
-from raydelay.storage.keys import bucket_prefix, validate_key
+from raydelay.storage.keys import validate_key
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 IoMode = Literal["inline", "threads", "manual"]
 IO_MODES: tuple[IoMode, ...] = ("inline", "threads", "manual")
 
-LOAD_RETRY_MS = 500  # a segment load that failed transiently waits this long (tracker clock)
-MERGE_RETRY_MAX_MS = 30_000  # failed merges back off 0.5 s, 1 s, ... up to this
 _THREADS_PREFETCH_MS = 2_000
 
 
@@ -135,30 +120,23 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         self._members = Membership()
         self._queue = RunQueue()
         self._mutable = MutableBucket()
-        self._buckets: list[Bucket] = []
+        self._immutable = ImmutableBuckets(
+            store=store,
+            registry=registry,
+            name=self._name,
+            clock=self._clock,
+            jobs=self._jobs,
+            queue=self._queue,
+            horizon=lambda: self._cutoff() + self._prefetch_ms,
+            prefetch_ms=self._prefetch_ms,
+            max_per_segment=self._max_per_segment,
+            max_step_ms=self._max_step_ms,
+            max_buckets=self._max_buckets,
+        )
         self._sealed_end = -1
-        self._next_id = 1
         self._tombs = Tombstones(self._name)
-        self._merging: merge.MergePlan | None = None
-        self._merge_failures = 0
-        self._merge_retry_at_ms = 0  # the tracker's clock, before which no merge is tried
         self._trimmed_below = -1
-        self._dirty = True  # bucket state changed: _maintain must look at every bucket
-        self._idle_until = 0  # before this cutoff, no segment needs loading
-        self._errors: list[BaseException] = []
         self._closed = False
-        self._epoch = 0
-        self.counters = {
-            "sealed": 0,
-            "loaded": 0,
-            "merged": 0,
-            "deleted": 0,
-            "downgraded": 0,
-            "snapshot_bytes": 0,
-        }
-        # (operation, seconds) of finished bucket jobs, for metrics: appended by the I/O
-        # threads, drained by whoever reports them (deque appends are thread-safe)
-        self.op_times: deque[tuple[str, float]] = deque(maxlen=10_000)
         self._recover()
 
     # == public API =====================================================================
@@ -194,13 +172,13 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         self._jobs.drain()
         cutoff = self._cutoff()
         self._trim()
-        self._move_due_mutable(cutoff)
-        self._maintain(cutoff)
+        self._move_due(cutoff)
+        self._immutable.maintain(cutoff)
         out_l, out_e = [], []
         while n > 0:
             got = self._queue.take(cutoff, n)
             if got is None:
-                if self._maintain(cutoff):
+                if self._immutable.maintain(cutoff):
                     continue  # an inline load brought in due positions
                 break
             (d, l, e), emptied = got  # noqa: E741
@@ -209,7 +187,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             out_l.append(live_l)
             out_e.append(live_e)
             n -= len(live_l)
-            if (emptied or exhausted) and not self._maintain(cutoff) and exhausted:
+            if (emptied or exhausted) and not self._immutable.maintain(cutoff) and exhausted:
                 break
         self._settle()
         return out_l, out_e
@@ -218,13 +196,13 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         self._check_open()
         self._jobs.drain()
         cutoff = self._cutoff()
-        self._move_due_mutable(cutoff)
-        self._maintain(cutoff)
+        self._move_due(cutoff)
+        self._immutable.maintain(cutoff)
         return self._queue.has_live_due(cutoff, self._members)
 
     def buffer_memory_usage(self) -> int:
-        writing = sum(b.holder.nbytes() for b in self._buckets if b.holder is not None)
-        return self._queue.nbytes() + self._mutable.nbytes() + self._members.nbytes() + writing
+        memory = self._queue.nbytes() + self._mutable.nbytes() + self._members.nbytes()
+        return memory + self._immutable.nbytes()
 
     def should_pause_all_deliveries(self) -> bool:
         return False
@@ -232,9 +210,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
     def next_delivery_time(self) -> int | None:
         if self._members.count == 0:
             return None
-        candidates = [self._queue.min_d(), self._mutable.min_d]
-        candidates += [b.holder.min_d for b in self._buckets if b.holder is not None]
-        candidates += [b.seg_min[b.next_seg] for b in self._buckets if b.next_seg < b.segments]
+        candidates = [self._queue.min_d(), self._mutable.min_d, *self._immutable.next_times()]
         known = [c for c in candidates if c is not None]
         return min(known) if known else None
 
@@ -253,12 +229,8 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         """Pending messages per due window (see :func:`due_window_counts`): exact for
         what is in memory, spread over each unloaded segment's deliver_at range."""
         exact = self._queue.columns() + self._mutable.parts()
-        exact += [b.holder.columns() for b in self._buckets if b.holder is not None]
-        spans = [
-            (b.seg_min[i], b.seg_max[i], b.seg_count[i])
-            for b in self._buckets
-            for i in range(b.next_seg, b.segments)
-        ]
+        exact += [h.columns() for h in self._immutable.holders()]
+        spans = self._immutable.unloaded_spans()
         return due_window_counts(np.asarray(edges, dtype=np.int64), exact, self._members, spans)
 
     def persisted_through(self) -> int:
@@ -269,7 +241,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         return self._sealed_end
 
     def immutable_bucket_count(self) -> int:
-        return len(self._buckets)
+        return len(self._immutable)
 
     def run_background_jobs(self, n: int | None = None) -> int:
         """With ``io="manual"``: run up to ``n`` queued jobs (all when None)."""
@@ -283,13 +255,14 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         while True:
             self._jobs.wait()
             applied = self._jobs.drain()
-            self._maybe_merge()
+            self._immutable.maybe_merge()
             self._write_tombs()
             if not applied and not self._jobs.busy():
                 break
-        if self._errors:
-            first = self._errors[0]
-            self._errors = []
+        errors = self._immutable.errors
+        if errors:
+            first = errors[0]
+            errors.clear()
             raise first
 
     def clear(self) -> None:
@@ -297,7 +270,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         self._check_open()
         self._jobs.wait()
         self._jobs.drain()
-        self._epoch += 1
+        self._immutable.clear()
         for key in self._registry.list(self._name):
             self._registry.remove(self._name, key)
         for key in self._store.list(f"{self._name}/buckets/") + self._store.list(
@@ -307,12 +280,9 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         self._members.clear()
         self._queue.clear()
         self._mutable.clear()
-        self._buckets = []
         self._sealed_end = -1
         self._tombs.clear()
-        self._merging = None
         self._trimmed_below = -1
-        self._dirty = True
 
     def close(self) -> None:
         if self._closed:
@@ -326,18 +296,29 @@ class BucketDelayedDeliveryTracker(TrackerBase):
     def stats(self) -> dict[str, int]:
         return {
             "delayed": self._members.count,
-            "buckets": len(self._buckets),
+            "buckets": len(self._immutable),
             "mutable": self._mutable.count,
             "loaded_runs": len(self._queue.runs),
             "loaded_indexes": sum(len(c[0]) for c in self._queue.columns())
             + self._mutable.count
-            + sum(b.holder.count for b in self._buckets if b.holder is not None),
+            + sum(h.count for h in self._immutable.holders()),
             "memory_bytes": self.buffer_memory_usage(),
-            **self.counters,
+            **self._immutable.counters,
         }
 
+    @property
+    def counters(self) -> dict[str, int]:
+        """Buckets sealed, segments loaded, merges, bucket deletions, downgrades to memory
+        (a failed write), and bytes written."""
+        return self._immutable.counters
+
+    @property
+    def op_times(self) -> deque[tuple[str, float]]:
+        """(operation, seconds) of finished bucket jobs, for metrics (drain it)."""
+        return self._immutable.op_times
+
     def __repr__(self) -> str:
-        return f"BucketDelayedDeliveryTracker(name={self._name!r}, delayed={self._members.count}, buckets={len(self._buckets)})"
+        return f"BucketDelayedDeliveryTracker(name={self._name!r}, delayed={self._members.count}, buckets={len(self._immutable)})"
 
     # == adding and sealing =============================================================
 
@@ -357,8 +338,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             self._mutable.append(d[idx], l[idx], e[idx], ledger)
 
     def _seal(self) -> None:
-        """Freeze the mutable bucket. Sorting, cutting and writing happen on the I/O thread;
-        until they are done, the frozen columns keep serving due positions."""
+        """Freeze the mutable bucket and hand its live positions to the immutable buckets."""
         d, l, e = self._mutable.columns()  # noqa: E741
         start, end = self._mutable.start, self._mutable.end
         self._mutable.clear()
@@ -366,298 +346,14 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         live = self._members.member_mask(d, l, e)  # cancelled copies are not persisted
         if not live.all():
             d, l, e = d[live], l[live], e[live]  # noqa: E741
-        if len(d) == 0:
-            return
-        bucket = Bucket(
-            start=start,
-            end=end,
-            bucket_id=self._take_id(),
-            seg_min=[],
-            seg_count=[],
-            seg_max=[],
-            next_seg=0,
-            state=BucketState.SEALING,
-            holder=FrozenColumns(d, l, e),
-        )
-        self._buckets.append(bucket)
-        self._dirty = True
-        self.counters["sealed"] += 1
-        store, registry, name = self._store, self._registry, self._name
-        epoch, sleep = self._epoch, self._sleep
-        max_per_segment, max_step_ms = self._max_per_segment, self._max_step_ms
-        ids = (start, end, bucket.bucket_id)
+        if len(d):
+            self._immutable.seal((d, l, e), start, end)
 
-        def job() -> tuple[codec.BucketMeta, int, Cols]:
-            return sort_and_write(
-                store, registry, name, ids, (d, l, e), max_per_segment, max_step_ms, sleep
-            )
-
-        def done(written: tuple[codec.BucketMeta, int, Cols], error: BaseException | None) -> None:
-            if epoch != self._epoch or bucket not in self._buckets:
-                return
-            if error is not None:
-                self._downgrade(bucket, error)
-                return
-            meta, nbytes, first = written
-            described = Bucket.from_meta(meta, 0)
-            bucket.seg_min, bucket.seg_count = described.seg_min, described.seg_count
-            bucket.seg_max = described.seg_max
-            bucket.move_to(BucketState.PERSISTED)
-            bucket.holder = None
-            if bucket.taken:  # copies handed out while sealing must not come back from the store
-                exclude: Exclusions = {}
-                for tl, te in bucket.taken:
-                    add_exclusions(exclude, tl, te)
-                bucket.exclude = exclude
-                bucket.taken = []
-            self.counters["snapshot_bytes"] += nbytes
-            self._install_segment(bucket, 0, first)  # segment 1 goes straight to the shared queue
-
-        self._jobs.submit("write", self._timed("create", job), done)
-
-    def _downgrade(self, bucket: Bucket, error: BaseException) -> None:
-        # The write failed after its retries: keep every position in memory, lose nothing.
-        log.warning(
-            "tracker %s: bucket %s could not be persisted (%s); keeping its %d positions in memory",
-            self._name,
-            bucket.key,
-            error,
-            bucket.remaining_count(),
-        )
-        self.counters["downgraded"] += 1
-        self._dirty = True
-        if bucket.holder is not None:
-            self._queue.add_loose(*bucket.holder.columns())
-            bucket.holder = None
-        for r in bucket.runs:
-            r.owner = None
-        self._buckets.remove(bucket)
-
-    def _move_due_mutable(self, cutoff: int) -> None:
+    def _move_due(self, cutoff: int) -> None:
         due = self._mutable.take_due(cutoff)
         if due is not None and len(due[0]):
             self._queue.add_loose(*due)
-        for bucket in self._buckets:
-            if bucket.holder is not None:
-                due = bucket.holder.take_due(cutoff)
-                if due is not None and len(due[0]):
-                    self._queue.add_loose(*due)
-                    bucket.taken.append((due[1], due[2]))
-
-    # == loading and retiring ===========================================================
-
-    def _maintain(self, cutoff: int) -> bool:
-        """Start segment loads that are needed now or soon, retire finished buckets.
-        Returns True when an inline load completed (more may be due)."""
-        horizon = cutoff + self._prefetch_ms
-        if not self._dirty and not self._queue.emptied and horizon < self._idle_until:
-            return False  # nothing to load or retire yet
-        loaded = False
-        now_ms = self._clock.now_ms()
-        if self._queue.emptied:
-            for run in self._queue.emptied:
-                owner = run.owner
-                if isinstance(owner, Bucket) and run in owner.runs:
-                    owner.runs.remove(run)
-                    if not owner.runs:
-                        owner.want_next = True  # the last loaded position was popped
-            self._queue.emptied = []
-        for bucket in list(self._buckets):
-            if bucket.loading or bucket.state is not BucketState.PERSISTED:
-                continue
-            if bucket.next_seg >= bucket.segments:
-                if not bucket.runs:
-                    self._retire(bucket)
-                continue
-            # Inline, load every segment that is needed now, so pops stay earliest-first;
-            # in the background, one load per bucket is in flight at a time.
-            while (
-                not bucket.loading
-                and bucket.next_seg < bucket.segments
-                and (bucket.want_next or bucket.seg_min[bucket.next_seg] <= horizon)
-                and now_ms >= bucket.load_retry_at_ms
-                and bucket in self._buckets
-            ):
-                self._load_next(bucket)
-                if self._jobs.background:
-                    break
-                self._jobs.drain()  # inline: the segment is in the queue now
-                loaded = True
-        # Finished buckets retire through the emptied-run reports; loads and retries need a look.
-        self._dirty = any(b.loading or b.want_next for b in self._buckets)
-        nexts = [b.seg_min[b.next_seg] for b in self._buckets if b.next_seg < b.segments]
-        self._idle_until = min(nexts) - self._prefetch_ms if nexts else 2**62
-        return loaded
-
-    def _load_next(self, bucket: Bucket) -> None:
-        """Start loading the bucket's next segment from the store."""
-        index = bucket.next_seg
-        bucket.want_next = False
-        bucket.loading = True
-        epoch = self._epoch
-        key = segment_key(self._name, bucket.key, index)
-        store = self._store
-
-        def job() -> Cols:
-            return codec.decode_segment(store.get(key), key)
-
-        def done(cols: Cols, error: BaseException | None) -> None:
-            bucket.loading = False
-            self._dirty = True
-            if epoch != self._epoch or bucket not in self._buckets:
-                return
-            if error is None:
-                self._install_segment(bucket, index, cols)
-            elif isinstance(error, StorageError) and error.retriable:
-                log.warning(
-                    "tracker %s: loading segment %d of %s failed, will retry in %d ms: %s",
-                    self._name,
-                    index + 1,
-                    bucket.key,
-                    LOAD_RETRY_MS,
-                    error,
-                )
-                bucket.load_retry_at_ms = self._clock.now_ms() + LOAD_RETRY_MS
-                bucket.want_next = True
-            else:
-                log.error(
-                    "tracker %s: segment %d of %s is unreadable: %s",
-                    self._name,
-                    index + 1,
-                    bucket.key,
-                    error,
-                )
-                self._errors.append(error)
-                bucket.next_seg = index + 1
-
-        self._jobs.submit("load", self._timed("load", job), done)
-
-    def _install_segment(self, bucket: Bucket, index: int, cols: Cols) -> None:
-        d, l, e = without(cols, bucket.exclude)  # noqa: E741
-        bucket.next_seg = index + 1
-        self._dirty = True
-        self.counters["loaded"] += 1
-        if len(d):
-            run = Run(d, l, e, owner=bucket)
-            bucket.runs.append(run)
-            self._queue.add_run(run)
-        else:
-            bucket.want_next = True
-
-    def _retire(self, bucket: Bucket) -> None:
-        """Every segment was loaded and popped: delete the bucket (registry entry first)."""
-        self._buckets.remove(bucket)
-        self._delete_bucket_objects(bucket.key)
-
-    def _delete_bucket_objects(self, key: str) -> None:
-        store, registry, name = self._store, self._registry, self._name
-        self.counters["deleted"] += 1
-
-        def job() -> None:
-            registry.remove(name, key)
-            for obj in store.list(f"{bucket_prefix(name, key)}/"):
-                store.delete(obj)
-
-        def done(_: None, error: BaseException | None) -> None:
-            if error is not None:  # orphans are swept at the next recovery
-                log.warning(
-                    "tracker %s: deleting bucket %s failed (swept on recovery): %s",
-                    self._name,
-                    key,
-                    error,
-                )
-
-        self._jobs.submit("write", self._timed("delete", job), done)
-
-    # == merging ========================================================================
-
-    def _maybe_merge(self) -> None:
-        if self._merging is not None or len(self._buckets) <= self._max_buckets:
-            return
-        if self._clock.now_ms() < self._merge_retry_at_ms:
-            return
-        window = merge.pick_window(self._buckets)
-        if window is None:
-            return
-        sources = self._buckets[window[0] : window[1]]
-        plan = merge.plan_merge(self._name, sources, self._take_id(), self._epoch)
-        for b in sources:
-            b.move_to(BucketState.MERGING)
-        self._merging = plan
-        store, registry, name, sleep = self._store, self._registry, self._name, self._sleep
-        max_per_segment, max_step_ms = self._max_per_segment, self._max_step_ms
-
-        def job() -> tuple[codec.BucketMeta, int] | None:
-            return merge.write_merged(
-                plan, store, registry, name, max_per_segment, max_step_ms, sleep
-            )
-
-        def done(written: tuple[codec.BucketMeta, int] | None, error: BaseException | None) -> None:
-            self._merged(plan, written, error)
-
-        self._jobs.submit("write", self._timed("merge", job), done)
-
-    def _merged(
-        self,
-        plan: merge.MergePlan,
-        written: tuple[codec.BucketMeta, int] | None,
-        error: BaseException | None,
-    ) -> None:
-        self._merging = None
-        self._dirty = True
-        meta = written[0] if written else None
-        if written:
-            self.counters["snapshot_bytes"] += written[1]
-        sources = plan.sources
-        if plan.epoch != self._epoch:
-            if meta is not None:
-                self._delete_bucket_objects(meta.key)
-            return
-        alive = all(b in self._buckets for b in sources)
-        if error is None and alive and meta is None:
-            # Nothing was left to merge: the sources retire; what they still hold in
-            # memory keeps being served (after a crash, the log replay brings it back).
-            for b in sources:
-                for r in b.runs:
-                    r.owner = None
-                self._buckets.remove(b)
-                self._delete_bucket_objects(b.key)
-            self._merge_failures = 0
-            return
-        if error is not None or not alive or meta is None:
-            for b in sources:
-                if b.state is BucketState.MERGING:
-                    b.move_to(BucketState.PERSISTED)
-            if error is not None:
-                # back off: a failure that repeats must not spin flush() or the I/O thread
-                self._merge_failures += 1
-                wait_ms = min(MERGE_RETRY_MAX_MS, 250 * 2**self._merge_failures)
-                self._merge_retry_at_ms = self._clock.now_ms() + wait_ms
-                log.warning(
-                    "tracker %s: merging %d buckets failed, will retry in %d ms: %s",
-                    self._name,
-                    len(sources),
-                    wait_ms,
-                    error,
-                    # a storage outage is expected; anything else deserves its traceback
-                    exc_info=None if isinstance(error, StorageError) else error,
-                )
-            elif meta is not None:
-                self._delete_bucket_objects(meta.key)
-            return
-        got = merge.reconcile(plan, self._cutoff() + self._prefetch_ms)
-        self._queue.remove_runs(got.dropped)
-        merged = Bucket.from_meta(meta, 0, runs=got.keep, exclude=got.exclude or None)
-        for r in got.keep:
-            r.owner = merged
-        for r in got.new:
-            self._queue.add_run(r)
-        at = self._buckets.index(sources[0])
-        self._buckets[at : at + len(sources)] = [merged]
-        self.counters["merged"] += 1
-        for b in sources:
-            self._delete_bucket_objects(b.key)
-        self._merge_failures = 0
+        self._immutable.move_due(cutoff)
 
     # == trimming, tombstones ===========================================================
 
@@ -677,27 +373,20 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         if md_ledger is None or md_ledger <= self._trimmed_below:
             return
         self._trimmed_below = md_ledger
-        self._dirty = True
         self._members.drop_below(md_ledger)
         self._mutable.drop_below(md_ledger)
-        for bucket in list(self._buckets):
-            if (
-                bucket.end < md_ledger
-                and bucket.state is BucketState.PERSISTED
-                and not bucket.loading
-            ):
-                self._queue.remove_runs(bucket.runs)
-                self._buckets.remove(bucket)
-                self._delete_bucket_objects(bucket.key)
+        self._immutable.trim(md_ledger)
 
     def _write_tombs(self) -> None:
-        w = self._tombs.next_write([(b.start, b.end) for b in self._buckets])
+        w = self._tombs.next_write(self._immutable.ranges())
         if w is None:
             return
-        store, sleep, epoch = self._store, self._sleep, self._epoch
+        store, immutable = self._store, self._immutable
+        sleep = immutable.sleep
+        epoch = immutable.epoch
 
         def done(_: None, error: BaseException | None) -> None:
-            if epoch != self._epoch:
+            if epoch != immutable.epoch:
                 self._tombs.writing = False
             elif error is not None:
                 self._tombs.failed(w, error)
@@ -706,83 +395,20 @@ class BucketDelayedDeliveryTracker(TrackerBase):
 
         self._jobs.submit("write", lambda: write_tombstones(store, w, sleep), done)
 
-    # == recovery =======================================================================
+    # == recovery and helpers ===========================================================
 
     def _recover(self) -> None:
-        threads = self._jobs.background
-        live, self._next_id = recovery.read_live_metas(
-            self._store, self._registry, self._name, threads=threads
-        )
-        cutoff = self._cutoff()
-        to_load = []
-        for m in live:
-            first = recovery.first_pending_segment(m, cutoff)
-            self._sealed_end = max(self._sealed_end, m.end_ledger)
-            if first is None:  # everything in it is due: the log replay delivers it
-                self._delete_bucket_objects(m.key)
-                continue
-            for s in m.segments[first:]:
-                for ledger, bm in s.bitmaps.items():
-                    self._members.restore(ledger, bm)
-            bucket = Bucket.from_meta(m, first)
-            self._buckets.append(bucket)
-            to_load.append(bucket)
-        self._buckets.sort(key=lambda b: b.start)
+        self._sealed_end = self._immutable.recover(self._members, self._cutoff())
         self._tombs.recover(self._store, self._members)
-        keys = [segment_key(self._name, b.key, b.next_seg) for b in to_load]
-        store = self._store
-        segments = recovery.parallel_map(
-            lambda k: codec.decode_segment(store.get(k), k), keys, threads=threads
-        )
-        for bucket, cols in zip(to_load, segments):
-            self._install_segment(bucket, bucket.next_seg, cols)
-        self._sweep_orphans({b.key for b in self._buckets})
+        self._immutable.load_first_segments()
         self._jobs.drain()
-
-    def _sweep_orphans(self, live_keys: set[str]) -> None:
-        store, name = self._store, self._name
-
-        def done(count: int | None, error: BaseException | None) -> None:
-            if error is not None:
-                log.warning("tracker %s: sweeping orphan objects failed: %s", self._name, error)
-            elif count:
-                log.info("tracker %s: swept %d orphan bucket objects", self._name, count)
-
-        self._jobs.submit("write", lambda: recovery.sweep_orphans(store, name, live_keys), done)
-
-    # == helpers ========================================================================
 
     def _settle(self) -> None:
         """After a call: inline jobs' completions are applied, merges and tombstones kick off."""
         self._jobs.drain()
-        self._maybe_merge()
+        self._immutable.maybe_merge()
         self._write_tombs()
         self._jobs.drain()
-
-    def _timed(self, op: str, job: Callable[[], T]) -> Callable[[], T]:
-        """``job``, recording how long it really took (seconds, failed ones too) under
-        ``op`` in ``op_times``."""
-        times = self.op_times
-
-        def run() -> T:
-            start = time.monotonic()
-            try:
-                return job()
-            finally:
-                times.append((op, time.monotonic() - start))
-
-        return run
-
-    def _take_id(self) -> int:
-        bucket_id = self._next_id
-        self._next_id += 1
-        return bucket_id
-
-    @property
-    def _sleep(self) -> Sleep:
-        """How a store write's retry waits: in real time with real I/O threads, not at
-        all inline or in manual mode (deterministic)."""
-        return time.sleep if self._jobs.sleeps else None
 
     def _check_open(self) -> None:
         if self._closed:
