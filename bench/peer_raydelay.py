@@ -154,20 +154,31 @@ class RaydelayPeer:
             }
             progress(f"raydelay {p:,}: {row['memory_bytes'] / 2**20:,.0f} MiB RSS")
             if p in kill_at:
-                row |= self._kill(topic, drain)
+                row |= self._kill(topic)
             rows.append(row)
         drain.stop()
         self._close(topic, producer, consumer)
         return rows
 
-    def _kill(self, topic: str, drain: Drain) -> dict:
+    def _kill(self, topic: str) -> dict:
+        """SIGKILL the subscription actor; the figure is from the kill to the first delivery
+        the restarted process makes (its own clock reading, ``first_delivery_at_ms``). What
+        the consumer receives after the kill does not count: its prefetch buffer still
+        hands out what the old process delivered."""
         sub = ray.get_actor(subscription_actor_name(topic, 0, SUB), namespace=NAMESPACE)
+        pid = ask(sub.pid.remote)
         killed = now_ms()
         ray.kill(sub, no_restart=False)
         deadline = time.monotonic() + 300
-        while (first := drain.first_after(killed)) is None and time.monotonic() < deadline:
+        while ask(sub.pid.remote) == pid:  # the old process may answer until it is gone
+            if time.monotonic() > deadline:
+                raise RuntimeError("the subscription actor was not restarted")
             time.sleep(0.005)
         rec = ask(sub.stats.remote)["recovery"]
+        while "first_delivery_at_ms" not in rec and time.monotonic() < deadline:
+            time.sleep(0.02)
+            rec = ask(sub.stats.remote)["recovery"]
+        first = rec.get("first_delivery_at_ms")
         return {
             "recovery_s": None if first is None else (first - killed) / 1000,
             "recovery_detail": {

@@ -112,42 +112,51 @@ def run_workload(
         t.start()
     if chaos_thread:
         chaos_thread.start()
-    batch = 500
-    rounds = max(1, messages // batch)
-    for r in range(rounds):
-        base = now_ms()
-        ats = [None if rng.random() < 0.2 else base + rng.randint(500, 4_000) for _ in range(batch)]
-        mids = producer.send_many([b"%d" % (r * batch + i) for i in range(batch)], deliver_at=ats)
-        ledger.sent.update(zip(mids, ats, strict=True))
-        # cancel some of the ones due at least 2 s from now (well before they are due): in
-        # one call a round (cancel_many), but one call per message every 25th round
-        late = now_ms() + 2_000
-        doomed = [
-            mid
-            for mid, at in zip(mids, ats, strict=True)
-            if at is not None and at > late and rng.random() < cancel_share
-        ]
-        ledger.cancel_attempts.update(doomed)
-        if r % 25 == 0:
-            honoured = [producer.cancel(mid) for mid in doomed]
-        else:
-            honoured = producer.cancel_many(doomed) if doomed else []
-        ledger.cancelled.update(m for m, ok in zip(doomed, honoured, strict=True) if ok)
-        time.sleep(max(0.0, seconds / rounds - (now_ms() - base) / 1000))
-    produced.set()
-    ledger.producer_retries = producer.retries
-    if chaos_thread:
-        chaos_thread.join()
-    wait_for(ledger, timeout_s=90)
-    # then markers on every partition, read after everything and due after everything: a
-    # duplicate or a cancelled message, from the log or the delayed index, comes before them
-    last_due = max((at for at in ledger.sent.values() if at is not None), default=0)
-    ledger.markers = send_markers(producer, [None, max(last_due, now_ms()) + 300])
-    if not wait_for(ledger, timeout_s=60):
-        raise AssertionError(f"not everything arrived, markers included: {ledger.check()}")
-    stop.set()
-    for t in threads:
-        t.join(timeout=10)
+    try:
+        batch = 500
+        rounds = max(1, messages // batch)
+        for r in range(rounds):
+            base = now_ms()
+            ats = [
+                None if rng.random() < 0.2 else base + rng.randint(500, 4_000) for _ in range(batch)
+            ]
+            mids = producer.send_many(
+                [b"%d" % (r * batch + i) for i in range(batch)], deliver_at=ats
+            )
+            ledger.sent.update(zip(mids, ats, strict=True))
+            # cancel some of the ones due at least 2 s from now (well before they are due): in
+            # one call a round (cancel_many), but one call per message every 25th round
+            late = now_ms() + 2_000
+            doomed = [
+                mid
+                for mid, at in zip(mids, ats, strict=True)
+                if at is not None and at > late and rng.random() < cancel_share
+            ]
+            ledger.cancel_attempts.update(doomed)
+            if r % 25 == 0:
+                honoured = [producer.cancel(mid) for mid in doomed]
+            else:
+                honoured = producer.cancel_many(doomed) if doomed else []
+            ledger.cancelled.update(m for m, ok in zip(doomed, honoured, strict=True) if ok)
+            time.sleep(max(0.0, seconds / rounds - (now_ms() - base) / 1000))
+        produced.set()
+        ledger.producer_retries = producer.retries
+        if chaos_thread:
+            chaos_thread.join()
+        wait_for(ledger, timeout_s=90)
+        # then markers on every partition, read after everything and due after everything: a
+        # duplicate or a cancelled message, from the log or the delayed index, comes before them
+        last_due = max((at for at in ledger.sent.values() if at is not None), default=0)
+        ledger.markers = send_markers(producer, [None, max(last_due, now_ms()) + 300])
+        if not wait_for(ledger, timeout_s=60):
+            raise AssertionError(f"not everything arrived, markers included: {ledger.check()}")
+    finally:  # a failure stops the chaos and the consumers too: nothing leaks into the next test
+        produced.set()
+        stop.set()
+        if chaos_thread:
+            chaos_thread.join(timeout=30)
+        for t in threads:
+            t.join(timeout=10)
     return ledger
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from datetime import datetime, timezone
 
@@ -9,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from raydelay.client.producer import partition_of
 from raydelay.errors import InvalidArgument
 from raydelay.ingest import rows as R
 from raydelay.log.entries import NO_DELAY
@@ -110,6 +112,22 @@ def test_keys_route_by_the_producer_hash_and_keyless_rows_go_to_the_chosen_parti
         assert [keys[int(p)] for p in e.payloads] == e.keys
     # immediate messages without a time column
     assert all((e.deliver_at_ms == NO_DELAY).all() for e in out.by_partition.values())
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 3, 7, 16, 64])
+def test_ingestion_and_the_producer_route_every_key_to_the_same_partition(partitions):
+    # Given 2,000 keys, plain and odd (unicode, empty, long, look-alike numbers)
+    keys = [f"order-{i}" for i in range(1_500)] + [str(i) for i in range(300)]
+    keys += ["", " ", "é", "ключ", "🙂", "a" * 10_000, "order-1 ", "ORDER-1"] * 25
+    batch = pa.record_batch({"p": [b"%d" % i for i in range(len(keys))], "k": keys})
+    # When ingestion places them, and the producer routes them
+    out = prep(batch, R.RowSpec("p", key_col="k"), partitions=partitions, max_bytes=10**6)
+    placed = {payload: p for p, e in out.by_partition.items() for payload in e.payloads}
+    counter = itertools.count()
+    # Then each key lands where the producer would send it
+    assert len(placed) == len(keys)
+    for i, k in enumerate(keys):
+        assert placed[b"%d" % i] == partition_of(k, partitions, counter), k[:20]
 
 
 def test_property_columns_become_text_properties_without_nulls():
