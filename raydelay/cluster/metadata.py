@@ -255,8 +255,25 @@ class Metadata:
         return [list(x) for x in self.state["ledgers"][_pk(topic, partition)]]
 
     def roll_ledger(self, topic: str, partition: int, closed: int | None, count: int) -> int:
-        """Close ``closed`` at ``count`` entries (if given) and open a new ledger; its id."""
+        """Close ``closed`` at ``count`` entries (if given) and open a new ledger; its id.
+
+        A retried call (its reply was lost: the coordinator restarted after journaling it)
+        gets the ledger the first call opened, and nothing is journaled again. Without
+        that, the first new ledger would stay open and empty between closed ones forever,
+        and retention, which stops at an open ledger, would never pass it."""
         self._check_partition(topic, partition)
+        ledgers = self.state["ledgers"][_pk(topic, partition)]
+        if ledgers and ledgers[-1][1] is None:  # an open ledger: is this call a retry?
+            if closed is None:
+                return ledgers[-1][0]
+            before = ledgers[-2] if len(ledgers) > 1 else None
+            if closed != ledgers[-1][0] and before is not None and before[0] == closed:
+                if before[1] != count:
+                    raise InvalidArgument(
+                        f"count: ledger {closed} of {topic}/{partition} was closed at "
+                        f"{before[1]} entries, not {count}"
+                    )
+                return ledgers[-1][0]
         return self._change(
             "roll",
             topic=topic,

@@ -139,3 +139,29 @@ def test_the_new_coordinator_takes_in_what_the_old_one_wrote_before_it_knew():
     assert Metadata(store).topics() == new.topics()
     old_owner.release()
     new_owner.release()
+
+
+def test_a_retried_roll_gets_the_ledger_the_first_call_opened():
+    # Given a partition whose ledger a was rolled (closed at 3 entries, b opened), and a
+    # first open that was retried too
+    store = MemoryObjectStore()
+    m = Metadata(store)
+    m.create_topic("t", 1)
+    a = m.roll_ledger("t", 0, None, 0)
+    assert m.roll_ledger("t", 0, None, 0) == a
+    b = m.roll_ledger("t", 0, a, 3)
+    # When the roll is sent again (its reply was lost), also by a coordinator that
+    # rebuilt its state from the journal
+    assert m.roll_ledger("t", 0, a, 3) == b
+    again = Metadata(store)
+    assert again.roll_ledger("t", 0, a, 3) == b
+    # Then one ledger is open, and retention passes the closed one
+    assert again.ledgers("t", 0) == [[a, 3], [b, None]]
+    again.create_subscription("t", "s", SHARED)
+    again.set_mark_delete("t", 0, "s", [a, 2])
+    assert again.retention("t", 0) == [a]
+    # and the next roll goes on as usual; a retry claiming another count is refused
+    c = again.roll_ledger("t", 0, b, 5)
+    assert c > b and again.ledgers("t", 0) == [[a, 3], [b, 5], [c, None]]
+    with pytest.raises(InvalidArgument, match="count: ledger .* was closed at 5 entries, not 4"):
+        again.roll_ledger("t", 0, b, 4)
