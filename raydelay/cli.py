@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--type", default="shared", help="subscription type (default shared; see README)"
     )
     consume.add_argument("--ack", action="store_true", help="acknowledge what is printed")
-    consume.add_argument("-n", "--max", type=int, default=10, help="stop after N (default 10)")
+    consume.add_argument(
+        "-n", "--max", type=int, default=10, help="stop after N (default 10; -1: no limit)"
+    )
     consume.add_argument(
         "--timeout", type=float, default=5.0, help="stop after this many idle seconds (default 5)"
     )
@@ -398,8 +400,9 @@ def _send(producer, payloads, args, deliver_at, props) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    if args.max < 1:
-        raise InvalidArgument(f"max: expected >= 1, got {args.max}")
+    if args.max < 1 and args.max != -1:
+        raise InvalidArgument(f"max: expected >= 1, or -1 for no limit, got {args.max}")
+    limit = None if args.max == -1 else args.max
     if args.timeout <= 0:
         raise InvalidArgument(f"timeout: expected > 0 seconds, got {args.timeout}")
     cluster = _attach(args)
@@ -407,8 +410,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
     got = 0
     idle_until = time.monotonic() + args.timeout
     try:
-        while got < args.max and time.monotonic() < idle_until:
-            msgs = consumer.receive(max_messages=args.max - got, timeout_s=0.5)
+        while (limit is None or got < limit) and time.monotonic() < idle_until:
+            want = 1_000 if limit is None else min(1_000, limit - got)
+            msgs = consumer.receive(max_messages=want, timeout_s=0.5)
             if not msgs:
                 continue
             idle_until = time.monotonic() + args.timeout

@@ -22,7 +22,11 @@ from raydelay.client.message import check_number
 from raydelay.client.producer import Producer
 from raydelay.cluster import handles, owner, placement, rpc
 from raydelay.cluster.handles import Peer, SubscriptionPartitions, TopicPartitions
-from raydelay.cluster.local import RAY_SYSTEM_CONFIG, ray_system_config  # noqa: F401 - re-exported
+from raydelay.cluster.local import (  # noqa: F401 - RAY_SYSTEM_CONFIG is re-exported
+    RAY_SYSTEM_CONFIG,
+    ray_system_config,
+    running_ray_address,
+)
 from raydelay.cluster.names import (
     COORDINATOR,
     NAMESPACE,
@@ -61,8 +65,9 @@ def connect(
     - ``config``: a TOML path, a Config, a dict shaped like the TOML, or None for the
       embedded default (``configs/default.toml``: a local-dir store under
       ``./.raydelay/data``). ``RAYDELAY_*`` environment overrides apply to paths and None.
-    - ``address``: None starts a local Ray when none is running; ``"auto"`` (or an
-      address) attaches to a running Ray cluster.
+    - ``address``: None attaches to a Ray running on this machine (``RAY_ADDRESS``, or the
+      last ``ray start`` while that Ray lives) and starts a local one when none runs;
+      ``"auto"`` (or an address) attaches to a running Ray cluster.
 
     The coordinator is created on first use and attached to afterwards; if it already
     runs with another storage config, its config wins (a warning says so)."""
@@ -73,7 +78,11 @@ def connect(
             # a store another live cluster owns: attach to that cluster, not a new Ray
             address = _owner_address(cfg)
         if address is None:
+            # a Ray running here (RAY_ADDRESS, or the last `ray start`): attach to it
+            address = running_ray_address()
+        if address is None:
             ray.init(
+                address="local",  # a stale note of a stopped Ray must not be followed
                 namespace=NAMESPACE,
                 include_dashboard=False,
                 logging_level=logging.WARNING,

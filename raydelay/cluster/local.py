@@ -101,13 +101,58 @@ def start_head(
 
 def stop_started_ray() -> int | None:
     """Stop the Ray that ``raydelay up`` started (its marker's session) and remove the
-    marker; the number of processes stopped, or None when there was no marker."""
+    marker; the number of processes stopped, or None when there was no marker. Ray's own
+    note of the last ``ray start`` goes too when it names that Ray: a later ``ray.init()``
+    would otherwise try to attach to the stopped one."""
     if not UP_MARKER.exists():
         return None
     marker = json.loads(UP_MARKER.read_text() or "{}")
     stopped = _stop_session(marker.get("session", ""))
     UP_MARKER.unlink(missing_ok=True)
+    address = marker.get("address")
+    note = ray_address_file()
+    if address and note is not None and note.exists() and note.read_text().strip() == address:
+        note.unlink(missing_ok=True)
     return stopped
+
+
+def ray_address_file() -> Path | None:
+    """Where Ray notes the address of the last ``ray start`` on this machine (None if
+    this Ray does not say)."""
+    try:
+        from ray._private.utils import get_ray_address_file
+
+        return Path(get_ray_address_file(None))
+    except Exception:  # noqa: BLE001 - a private API of Ray: absent in another release
+        return None
+
+
+def running_ray_address(
+    noted: str | None = None, live: set[str] | None = None, env: str | None = None
+) -> str | None:
+    """The Ray a plain ``ray.init()`` would attach to, if it is alive: ``RAY_ADDRESS``, or
+    the last ``ray start`` noted on this machine while a GCS with that address runs. None
+    when there is none, or the note is stale (that Ray was stopped without ``ray stop``):
+    then a new local Ray must be started explicitly. The arguments stand in for the
+    environment, the note and the live GCS addresses (tests)."""
+    env = os.environ.get("RAY_ADDRESS") if env is None else env
+    if env:
+        return env
+    if noted is None:
+        note = ray_address_file()
+        if note is None or not note.exists():
+            return None
+        noted = note.read_text().strip()
+    if not noted:
+        return None
+    if live is None:
+        try:
+            from ray._private.services import find_gcs_addresses
+
+            live = set(find_gcs_addresses())
+        except Exception:  # noqa: BLE001 - a private API of Ray: assume nothing runs
+            return None
+    return noted if noted in live else None
 
 
 def _stop_session(session: str) -> int:

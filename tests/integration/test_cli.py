@@ -68,8 +68,10 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
     # When one of the soon ones is cancelled
     code, out, _ = run(capsys, "cancel", ids[0])
     assert code == 0 and out.strip() == f"{ids[0]}\tcancelled"
-    # Then consuming gets the immediate message only, and acks it
-    code, out, err = run(capsys, "consume", topic_name, "audit", "--ack", "--timeout", "1")
+    # Then consuming (with no limit on the count) gets the immediate message only, and acks it
+    code, out, err = run(
+        capsys, "consume", topic_name, "audit", "--ack", "--timeout", "1", "-n", "-1"
+    )
     assert code == 0
     lines = out.strip().splitlines()
     # (id, due, key, properties, redelivery_count, payload)
@@ -92,6 +94,7 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
         (["cancel", "not-an-id"], "message_id: 'not-an-id' is not topic/partition/ledger:entry"),
         (["produce", "t", "/no/such/file"], "file: cannot read '/no/such/file'"),
         (["produce", "t", "--deliver-at", "2030-01-01T10:00:00"], "has no time zone"),
+        (["consume", "t", "s", "-n", "0"], "max: expected >= 1, or -1 for no limit, got 0"),
         (["ingest", "/no/such.parquet", "--topic", "t", "--payload-col", "p"], "does not exist"),
     ],
 )

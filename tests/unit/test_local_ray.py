@@ -1,0 +1,42 @@
+"""Which Ray a plain connect() joins: a live one, never the stale note of a stopped one."""
+
+from __future__ import annotations
+
+import json
+
+from raydelay.cluster import local
+from raydelay.cluster.local import running_ray_address
+
+
+def test_a_live_ray_is_joined_and_a_stale_note_is_ignored():
+    # RAY_ADDRESS wins over anything noted
+    assert running_ray_address(noted="10.0.0.1:6379", live=set(), env="10.0.0.9:6379") == (
+        "10.0.0.9:6379"
+    )
+    # the last `ray start` is joined while a GCS with that address runs
+    assert running_ray_address(noted="10.0.0.1:6379", live={"10.0.0.1:6379"}, env="") == (
+        "10.0.0.1:6379"
+    )
+    # a note left by a Ray that was stopped without `ray stop` (its processes killed) is
+    # stale: connect() then starts a new local Ray instead of failing to attach
+    assert running_ray_address(noted="10.0.0.1:6379", live={"10.0.0.2:6379"}, env="") is None
+    assert running_ray_address(noted="", live=set(), env="") is None
+
+
+def test_down_removes_ray_s_note_of_the_ray_it_stopped_and_only_that(tmp_path, monkeypatch):
+    marker, note = tmp_path / "up.json", tmp_path / "ray_current_cluster"
+    monkeypatch.setattr(local, "UP_MARKER", marker)
+    monkeypatch.setattr(local, "ray_address_file", lambda: note)
+    stopped_sessions = []
+    monkeypatch.setattr(local, "_stop_session", lambda s: stopped_sessions.append(s) or 3)
+    # Given `raydelay up` started the Ray at 10.0.0.1:6379, and Ray noted that address
+    marker.write_text(json.dumps({"address": "10.0.0.1:6379", "session": "session_x"}))
+    note.write_text("10.0.0.1:6379\n")
+    # When `raydelay down` stops it, the note goes with it
+    assert local.stop_started_ray() == 3 and stopped_sessions == ["session_x"]
+    assert not marker.exists() and not note.exists()
+    # but a note of another Ray (started later by someone else) stays
+    marker.write_text(json.dumps({"address": "10.0.0.1:6379", "session": "session_y"}))
+    note.write_text("10.0.0.7:6379")
+    assert local.stop_started_ray() == 3
+    assert note.read_text() == "10.0.0.7:6379"
