@@ -17,9 +17,9 @@ on the store in threaded mode.
 This module owns the tracker's public API, its membership, run queue and mutable
 bucket; the immutable buckets and their store I/O are :class:`ImmutableBuckets`
 (immutable.py), with writing (writer.py), merging (merge.py), tombstones
-(tombstones.py) and recovery (recovery.py) beside it. The mutable bucket is never persisted: after a restart the subscription
-re-reads the log from mark-delete, and bitmaps recognise the positions that are
-already in buckets.
+(tombstones.py) and recovery (recovery.py) beside it. The mutable bucket is never
+persisted: after a restart the subscription re-reads the log from mark-delete, and
+bitmaps recognise the positions that are already in buckets.
 """
 
 from __future__ import annotations
