@@ -431,11 +431,18 @@ class SubscriptionActor:
             await self._notify()  # the acks may free keys another consumer waits for
         return n
 
-    async def nack(self, consumer_id: str, keys, delay_s: float) -> int:
-        """Give positions (int64 keys) back for redelivery after ``delay_s`` seconds."""
+    async def nack(
+        self, consumer_id: str, keys, delay_s: float, nacked_at_ms: int | None = None
+    ) -> int:
+        """Give positions (int64 keys) back for redelivery ``delay_s`` seconds after
+        ``nacked_at_ms`` (the consumer's clock when it nacked; now when None, and never
+        later than now). Calls to an async actor may run out of the order they were sent
+        in; counting from the consumer's time keeps nacks made in a row in their order."""
         self._ensure_started()
-        self._sub.touch(consumer_id, self._clock.now_ms())
-        n = self._sub.nack(consumer_id, _keys(keys), _ms(delay_s) or 0, self._clock.now_ms())
+        now = self._clock.now_ms()
+        self._sub.touch(consumer_id, now)
+        since = now if nacked_at_ms is None else min(int(nacked_at_ms), now)
+        n = self._sub.nack(consumer_id, _keys(keys), _ms(delay_s) or 0, since)
         await self._sub.flush_dead_letters(self._read_rows)
         self._wake.set()
         await self._notify()

@@ -50,6 +50,7 @@ from raydelay.client.message import (
     check_number,
     messages_from_batch,
 )
+from raydelay.clock import now_ms as _now_ms
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
 from raydelay.positions import LOW, MAX_LEDGER_ID, position_in_range, position_keys
 
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from raydelay.client.links import SubscriptionLink
 
 log = logging.getLogger(__name__)
+
+Nack = tuple[float, int]  # a nack on its way: (delay_s, when it was made, epoch ms)
 
 MAX_RECEIVE = 100_000
 _ACKS_IN_FLIGHT = 16  # ack calls left unconfirmed before an ack looks at the answers
@@ -93,13 +96,13 @@ class Consumer:
         self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
         self._inflight: dict[Any, int] = {}  # receive ref -> partition
         self._asked: dict[Any, float] = {}  # receive ref -> when it is overdue (monotonic)
-        # acks and nacks sent and not confirmed: (partition, keys, nack delay or None, ref)
-        self._acks: deque[tuple[int, np.ndarray, float | None, Any]] = deque()
+        # acks and nacks sent and not confirmed: (partition, keys, the nack or None for an ack, ref)
+        self._acks: deque[tuple[int, np.ndarray, Nack | None, Any]] = deque()
         # partitions found down: when to try again, and the wait after that
         self._down: dict[int, float] = {}
         self._backoff: dict[int, float] = {}
-        # acks and nacks of down partitions, to send once they answer: (keys, nack delay)
-        self._deferred: dict[int, list[tuple[np.ndarray, float | None]]] = {}
+        # acks and nacks of down partitions, to send once they answer: (keys, the nack or None)
+        self._deferred: dict[int, list[tuple[np.ndarray, Nack | None]]] = {}
         self._lock = threading.Lock()  # _down, _deferred (the retry thread too)
         self._retrying = threading.Condition(self._lock)  # notified as _sending empties
         self._sending = 0  # kept calls the retry thread is sending now
@@ -305,9 +308,9 @@ class Consumer:
             self._down[p] = 0.0  # may be asked now; a success brings it up
         return True
 
-    def _defer(self, p: int, keys: np.ndarray, delay_s: float | None) -> None:
+    def _defer(self, p: int, keys: np.ndarray, nack: Nack | None) -> None:
         with self._lock:
-            self._deferred.setdefault(p, []).append((keys, delay_s))
+            self._deferred.setdefault(p, []).append((keys, nack))
 
     def _retry_deferred(self) -> None:
         """Background: look the actors of down partitions up again once their backoff ran
@@ -333,7 +336,7 @@ class Consumer:
                         self._sending -= 1
                         self._retrying.notify_all()
 
-    def _resend(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> None:
+    def _resend(self, p: int, work: list[tuple[np.ndarray, Nack | None]]) -> None:
         """Send kept calls of partition ``p`` (the retry thread)."""
         try:
             self._link.get(self._send(p, work), what=f"subscription {p}", timeout_s=5.0)
@@ -352,7 +355,7 @@ class Consumer:
                 return
             self._drop_bad(p, work)
 
-    def _drop_bad(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> None:
+    def _drop_bad(self, p: int, work: list[tuple[np.ndarray, Nack | None]]) -> None:
         """Send kept calls one by one: one the partition refuses for good (an ack of no
         message) is reported and dropped; one that fails for now is kept."""
         for item in work:
@@ -369,18 +372,18 @@ class Consumer:
                 log.error("%s/%s partition %d: dropped a kept call: %s",
                           self.topic, self.subscription, p, exc)  # fmt: skip
 
-    def _send(self, p: int, work: list[tuple[np.ndarray, float | None]]) -> list[Any]:
+    def _send(self, p: int, work: list[tuple[np.ndarray, Nack | None]]) -> list[Any]:
         """Ack and nack calls for ``work`` (acks merged into one), in their order."""
         link, cid = self._link, self.consumer_id
         refs, acks = [], []
-        for keys, delay_s in work:
-            if delay_s is None:
+        for keys, nack in work:
+            if nack is None:
                 acks.append(keys)
                 continue
             if acks:
                 refs.append(link.ack(p, cid, np.concatenate(acks)))
                 acks = []
-            refs.append(link.nack(p, cid, keys, delay_s))
+            refs.append(link.nack(p, cid, keys, *nack))
         if acks:
             refs.append(link.ack(p, cid, np.concatenate(acks)))
         return refs
@@ -402,19 +405,19 @@ class Consumer:
         self._check_open()
         self._submit(self._group(messages, "messages"), None)
 
-    def _submit(self, by_partition: dict[int, np.ndarray], delay_s: float | None) -> None:
-        """Send acks (``delay_s`` None) or nacks, one call per partition; a down
+    def _submit(self, by_partition: dict[int, np.ndarray], nack: Nack | None) -> None:
+        """Send acks (``nack`` None) or nacks, one call per partition; a down
         partition's are kept for the retry thread."""
         for p, keys in by_partition.items():
             if p in self._down or self._deferred.get(p):  # (keeps them in order)
-                self._defer(p, keys, delay_s)
+                self._defer(p, keys, nack)
                 continue
             ref = (
                 self._link.ack(p, self.consumer_id, keys)
-                if delay_s is None
-                else self._link.nack(p, self.consumer_id, keys, delay_s)
+                if nack is None
+                else self._link.nack(p, self.consumer_id, keys, *nack)
             )
-            self._acks.append((p, keys, delay_s, ref))
+            self._acks.append((p, keys, nack, ref))
         if len(self._acks) > _ACKS_IN_FLIGHT:
             self._reap_acks()
 
@@ -428,7 +431,7 @@ class Consumer:
         self,
         p: int,
         keys: np.ndarray,
-        delay_s: float | None,
+        nack: Nack | None,
         ref: Any,
         timeout_s: float | None = None,
     ) -> None:
@@ -441,7 +444,7 @@ class Consumer:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise
             self._failed(p, exc)
-            self._defer(p, keys, delay_s)
+            self._defer(p, keys, nack)
 
     def _reap_acks(self) -> None:
         """Confirm the calls that answered, without waiting; past ``_ACKS_QUEUED`` still
@@ -459,12 +462,12 @@ class Consumer:
                     self._acks.appendleft(later)
                 raise
         while len(self._acks) > _ACKS_QUEUED:
-            p, keys, delay_s, ref = self._acks.popleft()
+            p, keys, nack, ref = self._acks.popleft()
             if p not in self._down and self._link.ready([ref], 1, _SETTLE_WAIT_S):
-                self._confirm(p, keys, delay_s, ref)
+                self._confirm(p, keys, nack, ref)
             else:  # (sent again later: acks and nacks are idempotent)
                 self._failed(p, Unavailable("no answer"))
-                self._defer(p, keys, delay_s)
+                self._defer(p, keys, nack)
 
     def _settle_acks(self) -> None:
         """Confirm every ack and nack sent so far, waiting for the answers, and send the
@@ -510,10 +513,12 @@ class Consumer:
         delay_s: float = 0.0,
     ) -> None:
         """Give messages back for redelivery after ``delay_s`` seconds (0: as soon as
-        possible). Takes what :meth:`ack` takes."""
+        possible), counted from this call: nacks made in a row come back in that order,
+        however their calls are scheduled (or retried) on the way. Takes what :meth:`ack`
+        takes."""
         self._check_open()
         delay_s = check_number("delay_s", delay_s)
-        self._submit(self._group(messages, "messages"), delay_s)
+        self._submit(self._group(messages, "messages"), (delay_s, _now_ms()))
 
     def redeliver_unacknowledged(
         self,

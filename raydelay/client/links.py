@@ -89,7 +89,9 @@ class SubscriptionLink(Link, Protocol):
 
     def ack(self, partition: int, consumer: str, keys: np.ndarray) -> Reply: ...
 
-    def nack(self, partition: int, consumer: str, keys: np.ndarray, delay_s: float) -> Reply: ...
+    def nack(
+        self, partition: int, consumer: str, keys: np.ndarray, delay_s: float, nacked_at_ms: int
+    ) -> Reply: ...
 
     def heartbeat(self, partition: int, consumer: str) -> Reply:
         """Renew the consumer's lease; the answer is False when it lost its place."""

@@ -231,8 +231,10 @@ class SubscriptionPartitions(PartitionPeers):
     def ack(self, partition: int, consumer: str, keys: Any) -> Any:
         return self._submit(partition, "ack", consumer, keys)
 
-    def nack(self, partition: int, consumer: str, keys: Any, delay_s: float) -> Any:
-        return self._submit(partition, "nack", consumer, keys, delay_s)
+    def nack(
+        self, partition: int, consumer: str, keys: Any, delay_s: float, nacked_at_ms: int
+    ) -> Any:
+        return self._submit(partition, "nack", consumer, keys, delay_s, nacked_at_ms)
 
     def heartbeat(self, partition: int, consumer: str) -> Any:
         return self._submit(partition, "heartbeat", consumer)

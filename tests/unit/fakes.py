@@ -118,6 +118,7 @@ class FakeSubscription(FakeLink):
         self.waiting: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
         self.acked: dict[int, set[int]] = defaultdict(set)
         self.nacked: dict[int, list[int]] = defaultdict(list)
+        self.nacks: list[tuple[int, float, int]] = []  # (partition, delay_s, nacked_at_ms)
         self.consumers: dict[int, set[str]] = defaultdict(set)
 
     def publish(self, partition: int, *payloads: bytes) -> None:
@@ -130,7 +131,8 @@ class FakeSubscription(FakeLink):
     def ack(self, partition, consumer, keys):
         return self._call("ack", partition, keys)
 
-    def nack(self, partition, consumer, keys, delay_s):
+    def nack(self, partition, consumer, keys, delay_s, nacked_at_ms):
+        self.nacks.append((partition, delay_s, nacked_at_ms))
         return self._call("nack", partition, keys)
 
     def heartbeat(self, partition, consumer):

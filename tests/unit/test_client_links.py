@@ -8,6 +8,7 @@ import pytest
 
 from raydelay.client.consumer import Consumer
 from raydelay.client.producer import Producer
+from raydelay.clock import now_ms
 from raydelay.config import load_config
 from raydelay.errors import InvalidArgument, Unavailable
 from tests.unit.fakes import FakeSubscription, FakeTopic
@@ -113,9 +114,13 @@ def test_a_nack_goes_to_the_partition_of_each_message():
     consumer = consumer_of(sub)
     try:
         got = consumer.receive(max_messages=10, timeout_s=0)
-        consumer.nack(got[1:])
+        before = now_ms()
+        consumer.nack(got[1:], delay_s=0.5)
         consumer.flush()
         assert sub.nacked == {1: [sub.key(1)]}
+        # the delay counts from the nack itself (the consumer's clock goes along)
+        [(partition, delay_s, nacked_at_ms)] = sub.nacks
+        assert (partition, delay_s) == (1, 0.5) and before <= nacked_at_ms <= now_ms()
     finally:
         consumer.close()
 
