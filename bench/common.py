@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import ray
 
+from raydelay.clock import now_ms
 from raydelay.cluster.local import RAY_SYSTEM_CONFIG
 
 STORES = ("local", "s3")
@@ -84,6 +85,27 @@ def ask(call, timeout_s: float = 120.0):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def kill_and_recover(actor, timeout_s: float = 300.0) -> tuple[int, dict, dict]:
+    """SIGKILL a subscription actor (Ray restarts it) and wait for the new process and its
+    first delivery. Returns (kill time in epoch ms, the new process's stats, their
+    ``recovery`` part); ``recovery["first_delivery_at_ms"]`` is missing if none came in
+    ``timeout_s``. What a consumer receives after the kill is not looked at: its prefetch
+    buffer may still hand out what the old process delivered."""
+    pid = ask(actor.pid.remote)
+    killed = now_ms()
+    ray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + timeout_s
+    while ask(actor.pid.remote) == pid:  # the old process may answer until it is gone
+        if time.monotonic() > deadline:
+            raise RuntimeError("the subscription actor was not restarted")
+        time.sleep(0.005)
+    stats = ask(actor.stats.remote)
+    while "first_delivery_at_ms" not in stats["recovery"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+        stats = ask(actor.stats.remote)
+    return killed, stats, stats["recovery"]
 
 
 # --- the store of a run (--store local|s3|local,s3) ---------------------------------------

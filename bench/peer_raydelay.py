@@ -11,7 +11,8 @@ write. Each scenario uses a fresh topic with one shared subscription and deletes
 - Memory: RSS of the topic actor(s) and the subscription actor(s) (psutil), after the
   subscription has read the whole log in; store bytes are the store directory's size.
 - Recovery: ``ray.kill(no_restart=False)`` of the subscription actor (Ray restarts it);
-  time from the kill until the consumer receives its first message.
+  time from the kill until the restarted process makes its first delivery (not what the
+  consumer's prefetch buffer hands out meanwhile).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import psutil
 import ray
 
 import raydelay
-from bench.common import ask, cpu_times, ray_processes, start_local_ray
+from bench.common import ask, cpu_times, kill_and_recover, ray_processes, start_local_ray
 from bench.workload import (
     Drain,
     dir_bytes,
@@ -166,18 +167,7 @@ class RaydelayPeer:
         the consumer receives after the kill does not count: its prefetch buffer still
         hands out what the old process delivered."""
         sub = ray.get_actor(subscription_actor_name(topic, 0, SUB), namespace=NAMESPACE)
-        pid = ask(sub.pid.remote)
-        killed = now_ms()
-        ray.kill(sub, no_restart=False)
-        deadline = time.monotonic() + 300
-        while ask(sub.pid.remote) == pid:  # the old process may answer until it is gone
-            if time.monotonic() > deadline:
-                raise RuntimeError("the subscription actor was not restarted")
-            time.sleep(0.005)
-        rec = ask(sub.stats.remote)["recovery"]
-        while "first_delivery_at_ms" not in rec and time.monotonic() < deadline:
-            time.sleep(0.02)
-            rec = ask(sub.stats.remote)["recovery"]
+        killed, _, rec = kill_and_recover(sub)
         first = rec.get("first_delivery_at_ms")
         return {
             "recovery_s": None if first is None else (first - killed) / 1000,

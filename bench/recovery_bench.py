@@ -43,8 +43,8 @@ import raydelay  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchStore,
     add_store_args,
-    ask,
     bench_store,
+    kill_and_recover,
     measure_stores,
     ratio,
     start_local_ray,
@@ -92,19 +92,7 @@ def run(cluster, store: BenchStore, topic: str, pending: int) -> dict:
         before = ray.get(sub.stats.remote())
     time.sleep(1.0)  # let a cursor write and the last seals land
     before = ray.get(sub.stats.remote())
-    pid = ray.get(sub.pid.remote())
-
-    killed_ms = now_ms()
-    ray.kill(sub, no_restart=False)
-    deadline = time.monotonic() + 120
-    while ask(sub.pid.remote) == pid:  # the old process may answer until it is gone
-        assert time.monotonic() < deadline, "the actor was not restarted"
-        time.sleep(0.005)
-    after = ask(sub.stats.remote)
-    while "first_delivery_s" not in after["recovery"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-        after = ask(sub.stats.remote)
-    rec = after["recovery"]
+    killed_ms, after, rec = kill_and_recover(sub, timeout_s=120)
     first_at = rec.get("first_delivery_at_ms")
     stop.set()
     reader.join(timeout=5)
