@@ -12,6 +12,12 @@ Scenarios:
 3. burst: N messages due at the same instant -> seconds from that instant until the last
    is delivered and acked, and the delivery curve.
 4. lateness: messages falling due at a steady rate -> p50 / p99 / max, and how many early.
+4b. send (raydelay, Redis): send() one at a time in a loop -> latency p50 / p99 and msg/s;
+   16 threads sharing one producer -> msg/s; send_async x200k from one thread -> msg/s.
+   Redis both with appendfsync everysec and always (durable per write, as raydelay is).
+4c. steady (raydelay, Redis): one producer thread sends every 10 ms, each message due 2 s
+   after it was sent, one consumer -> lateness p50 / p99 / p99.9 / max and early, at 5k,
+   20k and 50k msg/s (raydelay: default receive, and with prefetch at 20k).
 5. recovery: the state holder killed at the chosen load points -> time to first delivery.
 6. scale (full suite): 100M pending in one raydelay subscription -> RSS over time, store
    size, drain rate.
@@ -62,6 +68,12 @@ SUITES = {
         "fanout": 300_000,
         "drain": 2 * M,
         "drain_spread_s": 60,
+        "send_loop": 2_000,
+        "send_threads_n": 8_000,
+        "send_async": 200_000,
+        "steady_rates": [5_000, 20_000, 50_000],
+        "steady_s": 20,
+        "steady_prefetch": [20_000],
     },
     "full": {
         "ingest": M,
@@ -76,10 +88,27 @@ SUITES = {
         "fanout": 300_000,
         "drain": 2 * M,
         "drain_spread_s": 60,
+        "send_loop": 2_000,
+        "send_threads_n": 8_000,
+        "send_async": 200_000,
+        "steady_rates": [5_000, 20_000, 50_000],
+        "steady_s": 60,
+        "steady_prefetch": [20_000],
     },
 }
 PEERS = ("heapq", "redis", "raydelay")  # the order they run in
-SCENARIOS = ("ingest", "memory", "burst", "lateness", "scale", "fanout", "drain")
+SCENARIOS = (
+    "ingest",
+    "memory",
+    "burst",
+    "lateness",
+    "send",
+    "steady",
+    "scale",
+    "fanout",
+    "drain",
+)
+SEND_THREADS = 16
 THREADS = 4  # producer threads of raydelay and Redis (the heap takes one: it holds a lock)
 
 
@@ -94,11 +123,13 @@ def shrink(plan: dict, by: int) -> dict:
     if by == 1:
         return plan
     out = dict(plan)
-    for k in ("ingest", "burst", "scale", "fanout", "drain"):
+    for k in ("ingest", "burst", "scale", "fanout", "drain", "send_loop", "send_threads_n",
+              "send_async"):  # fmt: skip
         out[k] = plan[k] // by
     out["memory"] = [p // by for p in plan["memory"]]
     out["kill_at"] = [p // by for p in plan["kill_at"]]
     out["lateness_s"] = max(plan["lateness_s"] // by, 5)
+    out["steady_s"] = max(plan["steady_s"] // by, 5)
     out["scale_drain_s"] = plan["scale_drain_s"] // by and max(plan["scale_drain_s"] // by, 10)
     return out
 
@@ -130,6 +161,14 @@ def run_peer(name: str, plan: dict, scenarios: list[str], root: str) -> dict:
         if "lateness" in scenarios:
             rate, secs = plan["lateness_rate"], plan["lateness_s"]
             out["lateness"] = peer.lateness(rate, secs, now_ms() + lead_ms(rate * secs), THREADS)
+        if "send" in scenarios and name != "heapq":
+            out["send"] = peer.send(plan["send_loop"], SEND_THREADS, plan["send_threads_n"],
+                                    plan["send_async"])  # fmt: skip
+        if "steady" in scenarios and name == "redis":
+            out["steady"] = peer.steady(plan["steady_rates"], plan["steady_s"])
+        if "steady" in scenarios and name == "raydelay":
+            steady = peer.steady(plan["steady_rates"], plan["steady_s"], plan["steady_prefetch"])
+            out["steady"], out["steady_prefetch"] = steady["default"], steady["prefetch"]
         if "scale" in scenarios and name == "raydelay" and plan["scale"]:
             out["scale"] = peer.scale(plan["scale"], plan["scale_drain_s"], 2)
         if "fanout" in scenarios and name == "raydelay":

@@ -37,6 +37,8 @@ from bench.workload import (
     progress,
     run_burst,
     run_lateness,
+    run_send,
+    run_steady,
     sleep_until,
     spread_now,
 )
@@ -46,6 +48,7 @@ BATCH = 5_000
 # max_messages per receive: 40,000 asks each of the 4 partitions for 10,000 per call
 RECEIVE = int(os.environ.get("RAYDELAY_BENCH_RECEIVE", "40000"))
 SUB = "bench"
+SEND_PARTITIONS = 2  # the send and steady scenarios: a topic as the demo makes
 PAYLOAD_BYTES = 100  # bench/workload.py's payloads
 
 
@@ -59,15 +62,23 @@ class RaydelayPeer:
 
     # --- plumbing ---------------------------------------------------------------------------
 
-    def _open(self, topic: str, partitions: int, path: str = "batch", size: int = RECEIVE):
+    def _open(
+        self,
+        topic: str,
+        partitions: int,
+        path: str = "batch",
+        size: int = RECEIVE,
+        prefetch: bool = True,
+        defer_ack: bool = False,
+    ):
         self.cluster.create_topic(topic, partitions=partitions)
-        consumer = self.cluster.subscribe(topic, SUB, prefetch=True)
+        consumer = self.cluster.subscribe(topic, SUB, prefetch=prefetch)
         producer = self.cluster.create_producer(topic)
 
         def send(items: list[bytes], ats: np.ndarray) -> None:
             producer.send_many(items, deliver_at=ats.tolist())
 
-        return producer, consumer, send, receive_from(consumer, path, size)
+        return producer, consumer, send, receive_from(consumer, path, size, defer_ack)
 
     def _close(self, topic: str, producer, consumer) -> None:
         consumer.close()
@@ -195,6 +206,46 @@ class RaydelayPeer:
         out = run_lateness(send, receive, rate, seconds, start_ms, threads=threads, batch=BATCH,
                            label="raydelay lateness load")  # fmt: skip
         self._close(topic, producer, consumer)
+        return out
+
+    def send(self, loop_n: int, threads: int, threads_n: int, async_n: int) -> dict:
+        """send() in a loop, from many threads sharing one producer, and send_async from one
+        thread, on a topic of 2 partitions (each send returns once durable: fsynced)."""
+        topic = "send"
+        self.cluster.create_topic(topic, partitions=SEND_PARTITIONS)
+        producer = self.cluster.create_producer(topic)
+        at = now_ms() + 3_600_000
+        try:
+            return run_send(
+                lambda p: producer.send(p, deliver_at=at),
+                lambda p: producer.send_async(p, deliver_at=at),
+                producer.flush,
+                loop_n=loop_n,
+                threads=threads,
+                threads_n=threads_n,
+                async_n=async_n,
+                label="raydelay",
+            )
+        finally:
+            producer.close()
+            self.cluster.delete_topic(topic, force=True)
+
+    def steady(self, rates: list[int], seconds: float, prefetch_at: list[int]) -> dict:
+        """The steady stream at each rate on a topic of 2 partitions, one consumer with
+        the default receive (prefetch off), and with prefetch at the rates ``prefetch_at``."""
+        out: dict = {"default": [], "prefetch": []}
+        runs = [(r, False) for r in rates] + [(r, True) for r in prefetch_at]
+        for i, (rate, prefetch) in enumerate(runs):
+            topic = f"steady{i}"
+            producer, consumer, send, receive = self._open(
+                topic, SEND_PARTITIONS, size=10_000, prefetch=prefetch, defer_ack=True
+            )
+            try:
+                label = "raydelay steady" + (" (prefetch)" if prefetch else "")
+                result = run_steady(send, receive, rate, seconds, label=label)
+            finally:
+                self._close(topic, producer, consumer)
+            out["prefetch" if prefetch else "default"].append(result)
         return out
 
     def scale(self, n: int, drain_s: float, threads: int) -> dict:
@@ -383,15 +434,23 @@ class RaydelayPeer:
         ray.shutdown()
 
 
-def receive_from(consumer, path: str = "batch", size: int = RECEIVE):
+def receive_from(consumer, path: str = "batch", size: int = RECEIVE, defer_ack: bool = False):
     """A ``Drain`` receive: up to ``size`` messages, acked as one batch. ``path`` "batch":
     ``receive_batch`` (the payload column goes to the Drain as it is); "list":
-    ``receive()`` and a list of Message objects."""
+    ``receive()`` and a list of Message objects. ``defer_ack``: each batch is acked at the
+    start of the next call, so that the Drain stamps a batch when it was received (as a
+    Redis BLMPOP, which has no ack), not after its ack went out."""
+    unacked: list = []
 
     def receive_batch():
+        if unacked:
+            consumer.ack(unacked.pop())
         batch = consumer.receive_batch(max_messages=size, timeout_s=0.2)
         if len(batch):
-            consumer.ack(batch)
+            if defer_ack:
+                unacked.append(batch)
+            else:
+                consumer.ack(batch)
         return batch.payloads
 
     def receive_list() -> list[bytes]:

@@ -23,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from bench.workload import (
     progress,
     run_burst,
     run_lateness,
+    run_send,
+    run_steady,
     spread_now,
 )
 
@@ -101,8 +104,9 @@ class RedisServer:
     """One redis-server process over its own temp dir; ``kill()`` + ``start()`` restarts it
     over the same AOF, as a supervisor with no restart delay would."""
 
-    def __init__(self, binary: str, root: str) -> None:
+    def __init__(self, binary: str, root: str, fsync: str = "everysec") -> None:
         self.binary = binary
+        self.fsync = fsync  # appendfsync: "everysec" (the usual) or "always" (durable per write)
         self.dir = Path(tempfile.mkdtemp(prefix="redis-", dir=root))
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -115,7 +119,7 @@ class RedisServer:
             "--port", str(self.port),
             "--dir", str(self.dir),
             "--appendonly", "yes",
-            "--appendfsync", "everysec",
+            "--appendfsync", self.fsync,
             "--save", "",
             "--auto-aof-rewrite-percentage", "0",
             "--daemonize", "no",
@@ -166,8 +170,9 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def mover_main(port: int, stop, moved) -> None:
-    """The pop-due loop (its own process): runs until ``stop`` is set; counts into ``moved``."""
+def mover_main(port: int, stop, moved, max_wait_ms: int = 10) -> None:
+    """The pop-due loop (its own process): runs until ``stop`` is set; counts into ``moved``.
+    With nothing due it sleeps until the next due time, at most ``max_wait_ms``."""
     client = connect(port)
     script = client.register_script(POP_DUE)
     while not stop.is_set():
@@ -182,7 +187,9 @@ def mover_main(port: int, stop, moved) -> None:
             moved.value += count
         if count >= MOVE_BATCH:
             continue
-        wait_ms = 10 if not next_at else min(max(int(float(next_at)) - now_ms(), 0), 10)
+        wait_ms = (
+            max_wait_ms if not next_at else min(max(int(float(next_at)) - now_ms(), 0), max_wait_ms)
+        )
         if wait_ms:
             time.sleep(wait_ms / 1000)
 
@@ -190,14 +197,18 @@ def mover_main(port: int, stop, moved) -> None:
 class RedisQueue:
     """A server, its mover process and the client calls of the producers and consumers."""
 
-    def __init__(self, binary: str, root: str) -> None:
-        self.server = RedisServer(binary, root)
+    def __init__(
+        self, binary: str, root: str, *, mover_wait_ms: int = 10, fsync: str = "everysec"
+    ) -> None:
+        self.server = RedisServer(binary, root, fsync=fsync)
         self.client = self.server.client()
         ctx = multiprocessing.get_context("spawn")
         self._stop = ctx.Event()
         self.moved = ctx.Value("q", 0)
         self.mover = ctx.Process(
-            target=mover_main, args=(self.server.port, self._stop, self.moved), daemon=True
+            target=mover_main,
+            args=(self.server.port, self._stop, self.moved, mover_wait_ms),
+            daemon=True,
         )
         self.mover.start()
         self._consumer = self.server.client()
@@ -338,6 +349,52 @@ class RedisPeer:
                                 batch=BATCH, label="redis lateness load")  # fmt: skip
         finally:
             q.close()
+
+    def send(self, loop_n: int, threads: int, threads_n: int, async_n: int) -> dict:
+        """send() in a loop, from many threads, and pipelined (the send_async of Redis):
+        one ZADD per message. Run twice: with appendfsync everysec (acknowledged before it
+        is on disk, the usual setting) and with appendfsync always (durable when
+        acknowledged, as raydelay's send is)."""
+        return {
+            fsync: self._send(fsync, loop_n, threads, threads_n, async_n)
+            for fsync in ("everysec", "always")
+        }
+
+    def _send(self, fsync: str, loop_n: int, threads: int, threads_n: int, async_n: int) -> dict:
+        server = RedisServer(self.binary, self.root, fsync=fsync)
+        local = threading.local()
+        pipe = server.client().pipeline(transaction=False)
+        queued = [0]
+        at = now_ms() + 3_600_000
+
+        def one(payload: bytes) -> None:
+            c = getattr(local, "c", None)
+            if c is None:
+                c = local.c = server.client()
+            c.zadd("delayed", {payload: at})
+
+        def queue(payload: bytes) -> None:
+            pipe.zadd("delayed", {payload: at})
+            queued[0] += 1
+            if queued[0] % 1_000 == 0:
+                pipe.execute()
+
+        try:
+            return run_send(one, queue, pipe.execute, loop_n=loop_n, threads=threads,
+                            threads_n=threads_n, async_n=async_n, label=f"redis ({fsync})")  # fmt: skip
+        finally:
+            server.close()
+
+    def steady(self, rates: list[int], seconds: float) -> list[dict]:
+        """The steady stream at each rate, with a mover that sleeps at most 1 ms."""
+        out = []
+        for rate in rates:
+            q = RedisQueue(self.binary, self.root, mover_wait_ms=1)
+            try:
+                out.append(run_steady(q.send, q.receive, rate, seconds, label="redis steady"))
+            finally:
+                q.close()
+        return out
 
     def close(self) -> None:
         pass

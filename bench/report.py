@@ -153,6 +153,7 @@ def rows(results: dict) -> list[tuple]:
         _line("4 lateness", "delivered early", "strict mode for raydelay",
               each("lateness", "early"), ",", target="0", ratios=False),
     ]  # fmt: skip
+    out += _send_rows(results) + _steady_rows(results)
     for sent in plan["kill_at"]:
         rec = {p: (_memory_row(results, p, sent) or {}).get("recovery_s") for p in PEERS}
         out.append(
@@ -162,6 +163,99 @@ def rows(results: dict) -> list[tuple]:
                   "durability", rec, ".2f", target="<= 2 s" if sent == 10_000_000 else "",
                   text={"heapq": "all lost"})
         )  # fmt: skip
+    return out
+
+
+def _send_rows(results: dict) -> list[tuple]:
+    """4b: what one send costs: raydelay (durable when it returns) beside Redis with
+    appendfsync everysec (acknowledged before it is on disk) and always (durable)."""
+    if _get(results, "raydelay", "send") is None and _get(results, "redis", "send") is None:
+        return []
+    plan = results["plan"]
+    none = {"heapq": "n/a"}
+
+    def both(*path) -> list[dict]:
+        ray = _get(results, "raydelay", "send", *path)
+        return [
+            {"raydelay": ray, "redis": _get(results, "redis", "send", fsync, *path)}
+            for fsync in ("everysec", "always")
+        ]
+
+    cond = (f"{plan['send_loop']:,} sends one after another, 100 B; raydelay: 2 partitions, "
+            "local dir, fsync per commit")  # fmt: skip
+    out = []
+    for (p50_e, p50_a), what, target in (
+        (both("loop", "p50"), "p50", "<= 3 ms (goal 1.5)"),
+        (both("loop", "p99"), "p99", ""),
+    ):
+        out += [
+            _line("4b send", f"send() latency {what} ms", cond + "; Redis appendfsync everysec",
+                  p50_e, ".2f", target=target, text=none),
+            _line("4b send", f"send() latency {what} ms", cond + "; Redis appendfsync always",
+                  p50_a, ".2f", text=none),
+        ]  # fmt: skip
+    loop_e, loop_a = both("loop", "rate")
+    thr_e, thr_a = both("threads", "rate")
+    asy_e, asy_a = both("async", "rate")
+    out += [
+        _line("4b send", "send() loop msg/s", cond + "; Redis everysec", loop_e,
+              target=">= 300 (goal 600)", text=none),
+        _line("4b send", "send() loop msg/s", cond + "; Redis always", loop_a, text=none),
+        _line("4b send", "msg/s, 16 threads sharing one producer",
+              f"{plan['send_threads_n']:,} sends; Redis everysec, a client per thread",
+              thr_e, text=none),
+        _line("4b send", "msg/s, 16 threads sharing one producer", "the same, Redis always",
+              thr_a, text=none),
+        _line("4b send", "send_async msg/s, one thread, until all durable",
+              f"{plan['send_async']:,} send_async then flush; Redis: ZADD pipelined x1000, "
+              "everysec", asy_e, target=">= 100k (goal 300k)", text=none),
+        _line("4b send", "send_async msg/s, one thread, until all durable",
+              "the same, Redis always", asy_a, text=none),
+    ]  # fmt: skip
+    return out
+
+
+def _steady_rows(results: dict) -> list[tuple]:
+    """4c: lateness of a steady stream, due 2 s after each send, per rate."""
+    plan = results["plan"]
+    none = {"heapq": "n/a"}
+    out = []
+    by_rate = {
+        p: {r["rate"]: r for r in (_get(results, p, "steady") or [])} for p in ("raydelay", "redis")
+    }
+    fetched = {r["rate"]: r for r in (_get(results, "raydelay", "steady_prefetch") or [])}
+    for rate in plan.get("steady_rates", []):
+        cond = (f"{rate:,} msg/s for {plan['steady_s']} s, each due 2 s after it was sent; one "
+                "producer thread (a send every 10 ms), one consumer thread stamping each batch "
+                "as it arrives; raydelay: 2 partitions, receive_batch (each batch acked at the "
+                "next call), strict mode; Redis: ZADD, a 1 ms mover, BLMPOP")  # fmt: skip
+
+        def vals(key: str, rate: int = rate) -> dict:
+            return {p: (by_rate[p].get(rate) or {}).get(key) for p in ("raydelay", "redis")}
+
+        out += [
+            _line("4c steady", f"lateness p50 ms at {rate // 1000}k/s", cond, vals("p50"), ".1f",
+                  target="<= 5 ms (goal 2)" if rate == 20_000 else "", text=none),
+            _line("4c steady", f"lateness p99 ms at {rate // 1000}k/s", cond, vals("p99"), ".1f",
+                  target="<= 15 ms (goal 5)" if rate == 20_000 else "", text=none),
+            _line("4c steady", f"lateness p99.9 ms at {rate // 1000}k/s", cond, vals("p999"),
+                  ".1f", text=none),
+            _line("4c steady", f"lateness max ms at {rate // 1000}k/s", cond, vals("max"), ",",
+                  text=none),
+            _line("4c steady", f"delivered early at {rate // 1000}k/s", cond, vals("early"), ",",
+                  target="0", ratios=False, text=none),
+            _line("4c steady", f"producer reached msg/s at {rate // 1000}k/s", cond,
+                  vals("sent_rate"), text=none),
+        ]  # fmt: skip
+        if rate in fetched:
+            r = fetched[rate]
+            out.append(
+                _line("4c steady", f"with prefetch at {rate // 1000}k/s: p50 / p99 / p99.9 / "
+                      "max ms", "the same stream, raydelay's consumer with prefetch=True", {},
+                      text={"raydelay": f"{_num(r['p50'], '.1f')} / {_num(r['p99'], '.1f')} / "
+                            f"{_num(r['p999'], '.1f')} / {_num(r['max'], ',')}",
+                            "redis": "", "heapq": ""})
+            )  # fmt: skip
     return out
 
 

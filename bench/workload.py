@@ -263,3 +263,120 @@ def run_lateness(
     drain.stop()
     lates = drain.lateness()
     return lateness_summary(lates) | {"lates": lates, "late_load": late_load}
+
+
+def _percentiles_ms(values_s: list[float]) -> dict:
+    a = np.asarray(values_s, dtype=np.float64) * 1000
+    return {
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
+
+
+def run_send(
+    send_one: Callable[[bytes], object],
+    send_async: Callable[[bytes], object],
+    flush: Callable[[], None],
+    *,
+    loop_n: int,
+    threads: int,
+    threads_n: int,
+    async_n: int,
+    label: str = "",
+) -> dict:
+    """What a user's first loop does, for any peer: ``send_one(payload)`` returns once the
+    message is accepted (raydelay: durable); ``send_async(payload)`` queues one and
+    ``flush()`` waits for every queued one. Payloads are 100 B, due an hour ahead.
+
+    - ``loop``: ``loop_n`` sends one after another from one thread: latency p50 / p99 / max
+      (ms) and messages/s;
+    - ``threads``: ``threads_n`` sends from ``threads`` threads sharing the peer: msg/s;
+    - ``async``: ``async_n`` send_async calls from one thread, then flush: msg/s until
+      all are accepted, and the calls' own rate."""
+    at = np.full(max(loop_n, threads_n, async_n), now_ms() + HOUR_MS, dtype=np.int64)
+    items = payloads(0, at)
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    for i in range(loop_n):
+        t = time.perf_counter()
+        send_one(items[i])
+        lat.append(time.perf_counter() - t)
+    loop_s = time.perf_counter() - t0
+    if label:
+        progress(f"{label}: send() loop {loop_n / loop_s:,.0f} msg/s")
+    per = threads_n // threads
+
+    def worker(k: int) -> None:
+        for i in range(k * per, (k + 1) * per):
+            send_one(items[i])
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    t0 = time.perf_counter()
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    threads_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(async_n):
+        send_async(items[i])
+    calls_s = time.perf_counter() - t0
+    flush()
+    async_s = time.perf_counter() - t0
+    if label:
+        progress(f"{label}: send_async {async_n / async_s:,.0f} msg/s")
+    return {
+        "loop": _percentiles_ms(lat) | {"rate": loop_n / loop_s, "n": loop_n},
+        "threads": {"rate": per * threads / threads_s, "threads": threads},
+        "async": {"rate": async_n / async_s, "calls_rate": async_n / calls_s, "n": async_n},
+    }
+
+
+def run_steady(
+    send: Callable[[list[bytes], np.ndarray], None],
+    receive: Callable[[], list],
+    rate: int,
+    seconds: float,
+    *,
+    delay_ms: int = 2_000,
+    tick_ms: int = 10,
+    label: str = "",
+) -> dict:
+    """A steady stream, for any peer: one producer thread sends ``rate * tick_ms / 1000``
+    messages every ``tick_ms`` (one ``send`` call, as a service would), each due
+    ``delay_ms`` after it was sent, for ``seconds``; one consumer thread receives and acks
+    (:class:`Drain`). A producer that falls behind sends the next batch at once; what it
+    managed is ``sent_rate``. Lateness: receive time - deliver_at (ms), p50 / p99 / p99.9 /
+    max, and how many arrived early."""
+    per = max(1, rate * tick_ms // 1000)
+    drain = Drain(receive).start()
+    sent = 0
+    t0 = time.monotonic()
+    k = 0
+    while (elapsed := time.monotonic() - t0) < seconds:
+        wait = t0 + k * tick_ms / 1000 - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        ats = np.full(per, now_ms() + delay_ms, dtype=np.int64)
+        send(payloads(sent, ats), ats)
+        sent += per
+        k += 1
+    elapsed = time.monotonic() - t0
+    complete = drain.wait_for(sent, timeout_s=delay_ms / 1000 + 30)
+    drain.stop()
+    lates = drain.lateness()
+    out = lateness_summary(lates) | {
+        "p999": float(np.percentile(lates, 99.9)) if len(lates) else None,
+        "rate": rate,
+        "sent": sent,
+        "sent_rate": sent / elapsed,
+        "delivered": drain.received,
+        "complete": complete,
+    }
+    if label:
+        progress(
+            f"{label} {rate:,}/s: sent {out['sent_rate']:,.0f}/s, lateness p50 {out['p50']} "
+            f"p99 {out['p99']} max {out['max']} ms, early {out['early']}"
+        )
+    return out

@@ -152,7 +152,9 @@ class TopicConfig(_Section):
     _path = "topic"
 
     max_entries_per_ledger: Positive = 50_000
-    group_commit_ms: NonNegative = 5
+    # 0: a group commit starts as soon as none is in flight (what arrives meanwhile joins
+    # the next); > 0: each commit lingers this long first, to gather more
+    group_commit_ms: NonNegative = 0
     group_commit_max_bytes: Positive = 4 * MIB  # a group commit is written early past this
     max_message_bytes: Positive = 5 * MIB
     tail_cache_bytes: NonNegative = 64 * MIB  # recent ledger objects kept for readers
@@ -169,10 +171,30 @@ class SubscriptionConfig(_Section):
     ack_timeout_s: Annotated[float | None, Field(gt=0)] = None  # None: no ack timeout
     max_redeliveries: Annotated[int | None, Field(gt=0)] = None  # None: never dead-letter
     read_ahead_entries: Positive = 10_000  # log entries held in memory waiting for a consumer
+    # delayed rows due within this many ms are fetched from the topic's index ahead of
+    # time and wait in the subscription, with their payloads, for their due instant
+    lookahead_ms: NonNegative = 250
     cursor_persist_interval_ms: Positive = 1_000  # cursor writes: at most one per interval
     # a consumer not heard from (calls or its client's heartbeats) for this long is removed:
     # its unacked messages go to other consumers, failover promotes the next, exclusive frees
     consumer_lease_s: PositiveSeconds = 10.0
+
+
+class ProducerConfig(_Section):
+    """``producer``: defaults of ``create_producer`` (Pulsar's names)."""
+
+    _path = "producer"
+
+    # sends (send_async) queued or on their way at once; -1: no limit
+    max_pending_messages: int = 10_000
+    # past max_pending_messages, send_async waits for room (else raises ProducerQueueIsFull)
+    block_if_queue_full: bool = True
+
+    @field_validator("max_pending_messages")
+    @classmethod
+    def _limit(cls, value: int, info: ValidationInfo) -> int:
+        check_limit(f"producer.{info.field_name}", value)
+        return value
 
 
 class ClientConfig(_Section):
@@ -230,6 +252,7 @@ class Config(BaseSettings):
     delayed: DelayedConfig = DelayedConfig()
     topic: TopicConfig = TopicConfig()
     subscription: SubscriptionConfig = SubscriptionConfig()
+    producer: ProducerConfig = ProducerConfig()
     client: ClientConfig = ClientConfig()
     placement: PlacementConfig = PlacementConfig()
     ray: RayConfig = RayConfig()

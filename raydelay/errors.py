@@ -55,6 +55,11 @@ class ConsumerBusy(RaydelayError):
     lapses: ``subscription.consumer_lease_s``)."""
 
 
+class ProducerQueueIsFull(RaydelayError):
+    """``send_async`` found ``max_pending_messages`` sends pending on a producer created with
+    ``block_if_queue_full=False`` (Pulsar's ``ProducerQueueIsFull``). Nothing was queued."""
+
+
 class CodecError(RaydelayError):
     """A stored object could not be decoded (corrupt, truncated, or an unknown version)."""
 

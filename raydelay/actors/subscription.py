@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from raydelay.actors.alarm import Alarm
 from raydelay.actors.coordinator import coordinator_peer
 from raydelay.actors.metrics import SubscriptionMetrics
 from raydelay.actors.registry import CoordinatorRegistry
@@ -48,6 +49,7 @@ from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
+from raydelay.delayed.index import bitmap64_values
 from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.cursor import Cursor, Position
@@ -79,6 +81,10 @@ log = logging.getLogger(__name__)
 # loads are looked at again at least this often.
 _IDLE_WAIT_S = 0.2
 _LONG_POLL_S = 5.0
+# A shared subscription's log reads wait for entries due within the poll (see _read_log):
+# the poll lasts at most this long, and this margin covers the call's own trips.
+_SEALED_POLL_S = 1.0
+_POLL_MARGIN_S = 0.25
 _READ_CHUNK = 5_000
 # Payloads read from the topic actor per receive: due delayed messages are scattered over
 # the log, so a read costs about one ranged read each; smaller reads reach the consumer
@@ -89,6 +95,7 @@ _READ_LINGER_S = 0.005
 _DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload fetches
 _STAGED_ROWS = 200_000  # sealed-bucket rows kept for delivery before they are pruned
 _RETRY_S = 0.5  # the pause after a failed background call before it is tried again
+_ALARM_SLACK_S = 0.002  # the loop's own timer, a fallback should the alarm be late
 
 
 class SubscriptionActor:
@@ -144,6 +151,7 @@ class SubscriptionActor:
             cached_entries=_DECODED_ENTRIES,
             max_fetch=_FETCH_MAX,
             max_staged_rows=_STAGED_ROWS,
+            lookahead_ms=self._config.subscription.lookahead_ms,
         )
         self._rewinds: dict[str, int] = {}  # consumer -> its redeliver-all calls so far
         self._bucket_version: int | None = None
@@ -302,6 +310,9 @@ class SubscriptionActor:
             return
         self._started = True
         self._wake = asyncio.Event()  # wakes the driver: step again
+        self._alarm = Alarm(
+            asyncio.get_running_loop(), self._wake, f"raydelay-alarm-{self._sub.name}"
+        )
         self._space = asyncio.Event()  # wakes the log reader when read-ahead has room
         self._available = asyncio.Condition()  # wakes receive calls
         self._tasks: set[asyncio.Task[None]] = set()  # strong references until done
@@ -510,6 +521,8 @@ class SubscriptionActor:
     async def close(self) -> None:
         await self.flush()
         self._closed = True
+        if self._started:
+            self._alarm.close()
 
     # --- the driver ---------------------------------------------------------------------------
 
@@ -532,10 +545,15 @@ class SubscriptionActor:
                 self._report_metrics()
                 retries.ok()
                 if step.wake_at_ms is not None:
-                    wait_s = min((step.wake_at_ms - now) / 1000, _IDLE_WAIT_S)
+                    wait_s = min(step.wake_at_ms / 1000 - time.time(), _IDLE_WAIT_S)
             except Exception as exc:  # noqa: BLE001 - reported and retried
                 retries.failed(exc)
                 wait_s = _RETRY_S
+            if wait_s < _IDLE_WAIT_S:
+                # a due instant: the alarm thread wakes the loop on the dot (the loop's own
+                # timer, a whole-ms epoll timeout rounded up, would be up to 1 ms late)
+                self._alarm.at(time.time() + max(wait_s, 0.0))
+                wait_s += _ALARM_SLACK_S
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
             except asyncio.TimeoutError:
@@ -586,28 +604,41 @@ class SubscriptionActor:
             self._wake.set()
 
     async def _load(self, sealed: SealedReader, loads: list[SegmentLoad]) -> None:
-        """Load sealed segments (on threads) into the reader."""
+        """Load sealed segments (on threads) into the reader; of segments whose rows were
+        all taken from the unsealed index already, only their position keys."""
         started = time.monotonic()
         results = await asyncio.gather(
-            *[
-                asyncio.to_thread(self._sealed_store.segment, ld.key, ld.offset, ld.length)
-                for ld in loads
-            ],
+            *[asyncio.to_thread(self._load_one, sealed, ld) for ld in loads],
             return_exceptions=True,
         )
-        self._load_times.extend(("load", time.monotonic() - started) for _ in loads)
+        self._load_times.extend(
+            ("load", time.monotonic() - started) for ld in loads if not ld.taken
+        )
         failed: BaseException | None = None
-        for ld, rows in zip(loads, results, strict=True):
-            if isinstance(rows, BaseException):
-                failed = rows
+        for ld, got in zip(loads, results, strict=True):
+            if isinstance(got, BaseException):
+                failed = got
+            elif ld.taken:
+                sealed.install_taken(ld.key, ld.no, got)
             else:
-                sealed.install(ld.key, ld.no, rows)
+                sealed.install(ld.key, ld.no, got)
         if failed is not None:
             await asyncio.sleep(_RETRY_S)  # (the failed segments stay marked loading until then)
-            for ld, rows in zip(loads, results, strict=True):
-                if isinstance(rows, BaseException):
+            for ld, got in zip(loads, results, strict=True):
+                if isinstance(got, BaseException):
                     sealed.load_failed(ld.key, ld.no)
             raise failed
+
+    def _load_one(self, sealed: SealedReader, ld: SegmentLoad) -> Any:
+        """One load's store reads (on a thread): the segment's rows, or with ``taken`` the
+        position keys of the segments it skips."""
+        if not ld.taken:
+            return self._sealed_store.segment(ld.key, ld.offset, ld.length)
+        bucket = sealed.buckets.get(ld.key)
+        if bucket is None:
+            return []  # forgotten meanwhile (install_taken ignores it)
+        keys = self._sealed_store.segment_keys(bucket.meta)[ld.no : ld.no + ld.taken]
+        return [bitmap64_values(bm) for bm in keys]
 
     async def _persist_and_report(self) -> None:
         """The periodic cursor write, then the progress report to the coordinator."""
@@ -646,8 +677,19 @@ class SubscriptionActor:
                     self._wake.set()
                     continue
                 sealed = self._sub.sealed is not None
+                if sealed:
+                    # Wake only for entries due at once or before this poll could end plus
+                    # a lookahead: later ones are learned from the next read (a second at
+                    # most) with time to spare; a steady stream of messages due later
+                    # does not wake the reader at every commit.
+                    poll_s = _SEALED_POLL_S
+                    due_before = self._clock.now_ms() + int(
+                        (poll_s + _POLL_MARGIN_S) * 1000 + self._sub.lookahead_ms
+                    )
+                else:
+                    poll_s, due_before = _LONG_POLL_S, None
                 reply = await self._topic_actor.once(
-                    "read", self._sub.read_position, room, _LONG_POLL_S, sealed
+                    "read", self._sub.read_position, room, poll_s, sealed, due_before
                 )
                 retries.ok()
                 self._count_log_bytes(sum(len(b) for b in reply["objects"] if isinstance(b, bytes)))

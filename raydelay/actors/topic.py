@@ -1,9 +1,11 @@
 """TopicActor: the asyncio shell around one partition's :class:`PartitionLog`.
 
-- ``append`` calls wait in a queue; the committer takes everything that gathered
-  during ``topic.group_commit_ms`` (or until ``group_commit_max_bytes``) and commits
-  it as one object, then answers every caller. All log work runs on one thread, in
-  order, so the event loop never blocks on the store.
+- ``append`` calls wait in a queue. A group commit starts at once when none is in
+  flight; what arrives while one is in flight joins the next (the journal pattern of
+  BookKeeper and PostgreSQL): alone, a send pays one durable write; under load the
+  commits grow, each up to ``topic.group_commit_max_bytes``. ``topic.group_commit_ms``
+  > 0 adds a linger before each commit. All log work runs on one thread, in order, so
+  the event loop never blocks on the store.
 - ``wait_for_entries`` is a long poll woken by each commit.
 - It indexes the partition's delayed entries once, as it commits them
   (:class:`~raydelay.delayed.sealed.TopicIndex`): at a ledger boundary with enough of
@@ -24,6 +26,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,11 +57,13 @@ from raydelay.delayed.store import SealedStore
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
+from raydelay.positions import key_of
 from raydelay.storage import make_store
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0
+_MARKS = 4096  # recent committed objects remembered for the long polls of read()
 
 
 class TopicActor:
@@ -100,9 +105,19 @@ class TopicActor:
         self._published_through = -1  # sealed_through as registered
         self._seal_exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-seal")
         self._seal_lock = threading.Lock()
+        # Due queries of the unsealed index run on their own thread, so that a commit's
+        # fsync or a ledger roll (a coordinator call) on the log's thread never holds one
+        # up; the index itself is guarded by this lock, held only while it is read or
+        # changed.
+        self._query_exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-query")
+        self._index_lock = threading.Lock()
         self.seal_counters = {"sealed": 0, "sealed_rows": 0, "sealed_bytes": 0, "seal_s": 0.0}
         self._index: TopicIndex | None = None
         self._delayed_runs: dict[tuple[int, int], DelayedRun] = {}
+        # per recent committed object: (its last position key, its earliest deliver_at, or
+        # 0 when it holds an entry due at once), for long polls that wait only for
+        # entries due soon (see read's due_before_ms)
+        self._marks: deque[tuple[int, int]] = deque(maxlen=_MARKS)
         if self._config.delayed.tracker == "bucket":
             self._recover_index()
         self._queue: list[tuple[AppendBatch, asyncio.Future]] = []
@@ -147,7 +162,7 @@ class TopicActor:
                 job = self._index.ledger_closed(info.ledger_id)
                 if job is not None:
                     job = self._with_ledgers(job)
-                    self._register(job, self._sealed_bucket(job), inline=True)
+                    self._register(job, self._sealed_bucket(job))
         self._log.on_object = self._on_object
         self._log.on_roll = self._on_roll
         log.info(
@@ -164,15 +179,22 @@ class TopicActor:
     def _on_object(self, obj) -> None:
         """A committed object (on the log's thread): into the index; an object of delayed
         entries only is remembered, so that log reads of shared subscriptions skip it."""
-        if self._bucket_index.add(obj) == obj.count:
+        last = key_of(obj.ledger_id, obj.first_entry + obj.count - 1)
+        with self._index_lock:
+            delayed = self._bucket_index.add(obj)
+        if delayed == obj.count:
             d = int(obj.entries.deliver_at_ms.min())
             self._delayed_runs[(obj.ledger_id, obj.first_entry)] = DelayedRun(
                 obj.ledger_id, obj.first_entry, obj.count, d
             )
+            self._marks.append((last, d))
+        else:
+            self._marks.append((last, 0))
 
     def _on_roll(self, closed: int) -> None:
         """A ledger closed (on the log's thread): seal the range off the append path."""
-        job = self._bucket_index.ledger_closed(closed)
+        with self._index_lock:
+            job = self._bucket_index.ledger_closed(closed)
         if job is not None:
             self._seal_exec.submit(self._seal_retrying, self._with_ledgers(job))
 
@@ -233,11 +255,10 @@ class TopicActor:
             markers=job.markers,
         )
 
-    def _register(self, job: SealJob, sealed, inline: bool = False) -> None:
+    def _register(self, job: SealJob, sealed) -> None:
         """Write a bucket (data, index, then meta), then register it with the new sealed_through
         in one coordinator call; a job without rows only moves sealed_through. Then publish
-        it on the log's thread (``inline``: on this one, during recovery), where the due
-        queries run: a query answers either from the index or with the bucket, never both."""
+        it (:meth:`_publish`)."""
         started = time.monotonic()
         name = registry_name(self._topic, self._partition)
         through = ("put", name, THROUGH_KEY, msgpack.packb(job.end_ledger))
@@ -250,10 +271,7 @@ class TopicActor:
             record = msgpack.packb([meta.count, len(meta.segments)])
             self._registry.apply([("put", name, meta.key, record), through])
             entry = (meta.start_ledger, meta.end_ledger, meta.key)
-        if inline:
-            self._publish(job.end_ledger, entry)
-        else:
-            self._exec.submit(self._publish, job.end_ledger, entry).result()
+        self._publish(job.end_ledger, entry)
         if sealed is None:
             return
         c = self.seal_counters
@@ -274,7 +292,9 @@ class TopicActor:
         )
 
     def _publish(self, end_ledger: int, entry: tuple[int, int, str] | None) -> None:
-        with self._seal_lock:
+        # One step under the index lock: a due query sees the rows in the index or the
+        # bucket that holds them, never both and never neither.
+        with self._seal_lock, self._index_lock:
             if entry is not None:
                 self._buckets = sorted(self._buckets + [entry])
                 self._buckets_version += 1
@@ -299,26 +319,32 @@ class TopicActor:
         self._ensure_started()
 
         def query() -> dict:
-            rows, below, next_d, waiting = self._bucket_index.due(
-                int(taken_below), int(taken_through), int(now_ms)
-            )
-            with self._seal_lock:
-                return {
-                    "rows": rows.to_batch(),
-                    "below": below,
-                    "next_d": next_d,
-                    "waiting": waiting,
-                    "through": self._published_through,
-                    "version": self._buckets_version,
-                }
+            with self._index_lock:  # (the answer and the buckets it reports, at one moment)
+                rows, below, next_d, waiting = self._bucket_index.due(
+                    int(taken_below), int(taken_through), int(now_ms)
+                )
+                through, version = self._published_through, self._buckets_version
+            return {
+                "rows": rows.to_batch(),
+                "below": below,
+                "next_d": next_d,
+                "waiting": waiting,
+                "through": through,
+                "version": version,
+            }
 
-        return await self._run(query)
+        return await asyncio.get_running_loop().run_in_executor(self._query_exec, query)
 
     async def unsealed_histogram(self, edges: list[int], now_ms: int) -> list[int]:
         """Rows of the unsealed ledgers not due yet, per due window."""
         self._ensure_started()
         edges_arr = np.asarray(edges, dtype=np.int64)
-        out = await self._run(self._bucket_index.waiting_histogram, edges_arr, int(now_ms))
+
+        def histogram() -> np.ndarray:
+            with self._index_lock:
+                return self._bucket_index.waiting_histogram(edges_arr, int(now_ms))
+
+        out = await asyncio.get_running_loop().run_in_executor(self._query_exec, histogram)
         return out.tolist()
 
     async def buckets(self) -> dict:
@@ -422,12 +448,15 @@ class TopicActor:
         return _positions_of(await self._queue_batch(AppendBatch(producer, sequence_id, entries)))
 
     async def _committer(self) -> None:
-        window_s = self._config.topic.group_commit_ms / 1000
+        """One commit in flight at a time; each takes what queued while the last was written
+        (no timer: with ``topic.group_commit_ms`` = 0, the default, a lone append is
+        written at once)."""
+        linger_s = self._config.topic.group_commit_ms / 1000
         while True:
             await self._work.wait()
-            if window_s > 0 and not self._full.is_set():
+            if linger_s > 0 and not self._full.is_set():
                 try:
-                    await asyncio.wait_for(self._full.wait(), timeout=window_s)
+                    await asyncio.wait_for(self._full.wait(), timeout=linger_s)
                 except asyncio.TimeoutError:
                     pass
             batch = self._take()
@@ -473,16 +502,22 @@ class TopicActor:
         max_entries: int,
         wait_s: float = 0.0,
         skip_delayed: bool = False,
+        due_before_ms: int | None = None,
     ) -> dict:
         """Ledger objects with entries at or after ``from_position`` (see ReadReply), the tail,
         and the ledger list. With ``wait_s`` (seconds), a reader that is caught up waits
         that long for new entries first (one call instead of a poll plus a read). With
         ``skip_delayed``, an object of delayed entries only (this actor indexed them) comes
-        as a :class:`~raydelay.log.entries.DelayedRun`."""
+        as a :class:`~raydelay.log.entries.DelayedRun`; and with ``due_before_ms`` too (epoch
+        ms), the wait ends only for an entry due before then (or due at once): a reader
+        that takes delayed rows from this actor's index sleeps through a steady stream of
+        messages due later than it already knows of."""
         self._ensure_started()
         position = (int(from_position[0]), int(from_position[1]))
-        if wait_s > 0 and not self._has_entries_at(position):
-            await self.wait_for_entries(self._before(position), wait_s)
+        if not (skip_delayed and self._index is not None):
+            due_before_ms = None
+        if wait_s > 0 and not self._has_urgent_at(position, due_before_ms):
+            await self._wait_urgent(position, due_before_ms, wait_s)
         runs = None
         if skip_delayed and self._index is not None:
             runs = lambda ledger_id, first: self._delayed_runs.get((ledger_id, first))  # noqa: E731
@@ -500,9 +535,39 @@ class TopicActor:
         tail = self._log.tail()
         return tail is not None and tail >= position
 
-    @staticmethod
-    def _before(position: tuple[int, int]) -> tuple[int, int]:
-        return (position[0], position[1] - 1)
+    def _has_urgent_at(self, position: tuple[int, int], due_before_ms: int | None) -> bool:
+        """Whether the log holds an entry at or after ``position`` that is due at once or
+        before ``due_before_ms`` (None: any entry)."""
+        if not self._has_entries_at(position):
+            return False
+        if due_before_ms is None:
+            return True
+        start = key_of(*position)
+        marks = tuple(self._marks)  # (appended on the log's thread)
+        if not marks or marks[0][0] >= start:
+            return True  # older objects than the marks remember: read them
+        for last, d in reversed(marks):
+            if last < start:
+                return False
+            if d < due_before_ms:
+                return True
+        return False
+
+    async def _wait_urgent(
+        self, position: tuple[int, int], due_before_ms: int | None, timeout_s: float
+    ) -> None:
+        """Wait up to ``timeout_s`` for :meth:`_has_urgent_at`."""
+        timeout_s = min(max(float(timeout_s), 0.0), MAX_WAIT_S)
+        async with self._tail_changed:
+            try:
+                await asyncio.wait_for(
+                    self._tail_changed.wait_for(
+                        lambda: self._has_urgent_at(position, due_before_ms)
+                    ),
+                    timeout=timeout_s,
+                )
+            except asyncio.TimeoutError:
+                pass
 
     async def read_positions(self, keys) -> pa.RecordBatch:
         """The entries at ``keys`` (int64 position keys ``ledger << 32 | entry``, one array) as

@@ -288,8 +288,22 @@ class Cluster:
     def _subscription_handle(self, topic: str, partition: int, subscription: str) -> Any:
         return self._subscription_peer(topic, partition, subscription).handle
 
-    def create_producer(self, topic: str, name: str | None = None) -> Producer:
-        """A producer for an existing topic (NotFound otherwise)."""
+    def create_producer(
+        self,
+        topic: str,
+        name: str | None = None,
+        *,
+        max_pending_messages: int | None = None,
+        block_if_queue_full: bool | None = None,
+    ) -> Producer:
+        """A producer for an existing topic (NotFound otherwise).
+
+        - ``name``: a named producer continues its sequence ids where an earlier one of that
+          name left off, so a batch it re-sends after a restart is not appended twice.
+        - ``max_pending_messages``: how many ``send_async`` calls may wait for their answer
+          (-1: no limit); ``block_if_queue_full``: past that, ``send_async`` waits for room
+          (True) or raises ``ProducerQueueIsFull`` (False). None takes the ``producer``
+          section of the config (10,000 and True)."""
         self._check_open()
         peers = [self._topic_peer(topic, p) for p in range(self._partitions(topic))]
         for peer in peers:
@@ -299,7 +313,15 @@ class Cluster:
             return self._cancel(topic, batches, producer)
 
         link = TopicPartitions(peers, deadline_s=self._client.retry_deadline_s, cancel=cancel)
-        producer = Producer(link, topic, self.config, name, on_close=self._producers.remove)
+        producer = Producer(
+            link,
+            topic,
+            self.config,
+            name,
+            on_close=self._producers.remove,
+            max_pending_messages=max_pending_messages,
+            block_if_queue_full=block_if_queue_full,
+        )
         self._producers.append(producer)
         return producer
 

@@ -1,8 +1,13 @@
 """Producer: batches messages into one ``append`` per partition.
 
-- ``send`` queues one message and waits until it is durable. A background thread
-  gathers every message queued within ``linger_ms`` (1 ms) and sends them as one
-  batch per partition, so concurrent senders share round trips.
+- ``send_async`` checks one message, queues it and returns a ``Future`` of its
+  MessageId. A background thread sends what is queued as one batch per partition the
+  moment no batch is in flight; what queues meanwhile goes in the next (no timer: alone,
+  a message pays one round trip and one durable write; under load the batches grow).
+  At most ``max_pending_messages`` sends wait for their answer: past that,
+  ``send_async`` blocks, or raises ``ProducerQueueIsFull`` with
+  ``block_if_queue_full=False``, as Pulsar's client does.
+- ``send`` is ``send_async(...).result()``: concurrent senders share round trips.
 - ``send_many`` is the fast path: it checks every message first (nothing is sent
   when one is bad), then sends one batch per partition (chunked to the ledger size)
   in parallel.
@@ -17,10 +22,10 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import FINISHED, PENDING
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +42,14 @@ from raydelay.client.message import (
 )
 from raydelay.clock import now_ms as _now_ms
 from raydelay.dispatch.keys import key_hash
-from raydelay.errors import InvalidArgument, RaydelayError, StorageError, Unavailable
+from raydelay.errors import (
+    InvalidArgument,
+    ProducerQueueIsFull,
+    RaydelayError,
+    StorageError,
+    Unavailable,
+)
+from raydelay.limits import check_limit
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from raydelay.positions import position_in_range
 from raydelay.storage.keys import validate_name
@@ -48,8 +60,53 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_LINGER_S = 0.001
 STICKY = 5_000  # keyless messages go to one partition in runs of at least this many
+
+
+class SendFuture(Future):
+    """The ``concurrent.futures.Future`` of one ``send_async``. Every send of one round (what
+    the producer sends in one go) shares its round's condition, and a round is resolved at
+    once, under it: a Future of its own makes a Condition per message, which was half of
+    what a ``send_async`` cost. A queued send cannot be taken back: :meth:`cancel` returns
+    False (cancel the message itself with ``Producer.cancel``)."""
+
+    def __init__(self, condition: threading.Condition) -> None:
+        # Future.__init__'s state, with the round's condition instead of a new one
+        self._condition = condition
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _resolve(
+    round_: list[SendFuture], outcomes: Sequence[Any], condition: threading.Condition
+) -> None:
+    """Resolve a round's futures at once (``outcomes``: a MessageId or an exception each),
+    as ``Future.set_result`` / ``set_exception`` would one by one: waiters woken once
+    every future of the round is done, then the done-callbacks."""
+    with condition:
+        for fut, outcome in zip(round_, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                fut._exception = outcome
+                for waiter in fut._waiters:
+                    waiter.add_exception(fut)
+            else:
+                fut._result = outcome
+                for waiter in fut._waiters:
+                    waiter.add_result(fut)
+            fut._state = FINISHED
+        condition.notify_all()
+    for fut in round_:
+        for callback in fut._done_callbacks:
+            try:
+                callback(fut)
+            except Exception:  # (as Future does: a callback's error is logged, not raised)
+                log.exception("a done-callback of %r failed", fut)
 
 
 def partition_of(key: str | None, partitions: int, counter: itertools.count) -> int:
@@ -61,7 +118,9 @@ def partition_of(key: str | None, partitions: int, counter: itertools.count) -> 
 class Producer:
     """Sends messages to one topic (``Cluster.create_producer``). ``link`` carries its
     calls to the topic's partitions (:class:`raydelay.client.links.TopicLink`); ``on_close``
-    runs once when it closes."""
+    runs once when it closes. ``max_pending_messages`` (-1: no limit) and
+    ``block_if_queue_full`` bound :meth:`send_async`; None takes the ``producer`` section
+    of the config."""
 
     def __init__(
         self,
@@ -70,7 +129,23 @@ class Producer:
         config: Config,
         name: str | None = None,
         on_close: Callable[[Producer], None] | None = None,
+        *,
+        max_pending_messages: int | None = None,
+        block_if_queue_full: bool | None = None,
     ) -> None:
+        if max_pending_messages is None:
+            max_pending_messages = config.producer.max_pending_messages
+        # (-1, no limit, becomes the largest int: the room check needs no special case)
+        pending_limit = check_limit("max_pending_messages", max_pending_messages)
+        if block_if_queue_full is None:
+            block_if_queue_full = config.producer.block_if_queue_full
+        if not isinstance(block_if_queue_full, bool):
+            raise InvalidArgument(
+                f"block_if_queue_full: expected True or False, got {block_if_queue_full!r}"
+            )
+        self.max_pending_messages = max_pending_messages
+        self._pending_limit = pending_limit
+        self.block_if_queue_full = block_if_queue_full
         self._link = link
         self._on_close = on_close
         self.topic = topic
@@ -89,9 +164,10 @@ class Producer:
             )
         self._seq_lock = threading.Lock()
         self._rr = itertools.count()
-        self._queue: list[tuple[int, bytes, str | None, dict | None, int, Future]] = []
-        self._cv = threading.Condition()
-        self._inflight = 0
+        self._queue: list[tuple[int, bytes, str | None, dict | None, int, SendFuture]] = []
+        self._cv = threading.Condition(threading.Lock())
+        self._round = threading.Condition()  # the queued sends' (see SendFuture)
+        self._pending = 0  # sends queued or in flight, their futures not resolved yet
         self._closed = False
         self._thread: threading.Thread | None = None
         cfg = config
@@ -115,22 +191,60 @@ class Producer:
         ``deliver_after``: seconds from now, or a ``timedelta``. ``deliver_at``: epoch ms
         (an int, numpy's too) or an aware datetime. Neither: deliver at once. A time after
         year 9999 is an InvalidArgument, raised before anything is queued."""
+        return self.send_async(
+            payload,
+            deliver_after=deliver_after,
+            deliver_at=deliver_at,
+            key=key,
+            properties=properties,
+        ).result()
+
+    def send_async(
+        self,
+        payload: bytes,
+        *,
+        deliver_after: float | timedelta | None = None,
+        deliver_at: Any = None,
+        key: str | None = None,
+        properties: dict[str, str] | None = None,
+    ) -> SendFuture:
+        """Queue one message and return a ``concurrent.futures.Future`` of its MessageId,
+        resolved once the message is durable (or with the error that kept it from being
+        written: then it was not appended).
+
+        Takes what :meth:`send` takes, checked here: bad input raises at the call and
+        nothing is queued. It is sent with whatever else is queued. With
+        ``max_pending_messages`` sends unresolved, it waits for room, or raises
+        ``ProducerQueueIsFull`` when the producer was created with
+        ``block_if_queue_full=False``. :meth:`flush` waits for every one."""
         self._check_open()
         payload = check_payload(payload, self._max_bytes)
         key = check_key(key)
         properties = check_properties(properties)
         at = deliver_at_of(deliver_at, deliver_after, _now_ms(), self._max_delay_ms)
         partition = partition_of(key, self.partitions, self._rr)
-        fut: Future = Future()
         with self._cv:
+            limit = self._pending_limit
+            while self._pending >= limit and not self._closed:
+                if not self.block_if_queue_full:
+                    raise ProducerQueueIsFull(
+                        f"producer: {self._pending} sends pending (max_pending_messages = "
+                        f"{limit}); wait for some (flush), or create it with "
+                        "block_if_queue_full=True"
+                    )
+                self._cv.wait()
+            self._check_open()  # (closed while this call waited for room)
+            fut = SendFuture(self._round)
             self._queue.append((partition, payload, key, properties, at, fut))
+            self._pending += 1
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._flusher, name=f"raydelay-producer-{self.topic}", daemon=True
                 )
                 self._thread.start()
-            self._cv.notify_all()
-        return fut.result()
+            if len(self._queue) == 1:
+                self._cv.notify_all()  # (the flusher waits only on an empty queue)
+        return fut
 
     def send_many(
         self,
@@ -209,7 +323,19 @@ class Producer:
     def _append(
         self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
     ) -> MessageIds:
-        """Send one batch per partition chunk in parallel; MessageIds in input order."""
+        """Send one batch per partition chunk in parallel; MessageIds in input order (the
+        first partition's error is raised, once every partition answered)."""
+        ids, failed = self._append_each(parts, payloads, keys, props, d)
+        if failed:
+            raise next(iter(failed.values()))
+        return ids
+
+    def _append_each(
+        self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
+    ) -> tuple[MessageIds, dict[int, BaseException]]:
+        """Send one batch per partition chunk in parallel. Returns the MessageIds in input
+        order, and the error of each partition whose append failed (the ids of its messages
+        are not valid: it appended none of them)."""
         ledger_col = np.zeros(len(payloads), dtype=np.int64)
         entry_col = np.zeros(len(payloads), dtype=np.int64)
         calls: list[tuple[int, np.ndarray, Entries]] = []
@@ -242,19 +368,26 @@ class Producer:
                     datas.append(encode_batch(AppendBatch(self.name, self._seq[p], entries)))
                 ref = self._link.append(p, datas)
                 submitted.append((p, [idx for idx, _ in chunks], datas, ref))
+        failed: dict[int, BaseException] = {}
         for p, idxs, datas, ref in submitted:
-            for idx, ranges in zip(idxs, self._await_append(p, datas, ref), strict=True):
+            try:
+                answers = self._await_append(p, datas, ref)
+            except Exception as exc:  # noqa: BLE001 - this partition's senders get it
+                failed[p] = exc
+                continue
+            for idx, ranges in zip(idxs, answers, strict=True):
                 ledgers = np.concatenate([np.full(c, lg, dtype=np.int64) for lg, _, c in ranges])
                 positions = np.concatenate(
                     [np.arange(f, f + c, dtype=np.int64) for _, f, c in ranges]
                 )
                 if len(ledgers) != len(idx):
-                    raise RaydelayError(
+                    failed[p] = RaydelayError(
                         f"partition {p} returned {len(ledgers)} positions for {len(idx)} messages"
                     )
+                    break
                 ledger_col[idx] = ledgers
                 entry_col[idx] = positions
-        return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col)
+        return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col), failed
 
     @property
     def last_sequences(self) -> list[int]:
@@ -310,33 +443,45 @@ class Producer:
         )
 
     def _flusher(self) -> None:
+        """Send what is queued as soon as nothing is in flight: one batch per partition,
+        then resolve each message's future. What queues while a batch is on its way goes
+        in the next one, so under load batches grow and alone a message goes at once."""
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
                     self._cv.wait()
-                if not self._queue and self._closed:
-                    return
-            time.sleep(_LINGER_S)  # let concurrent senders join this batch
-            with self._cv:
+                if not self._queue:
+                    return  # closed, and every send resolved
                 batch, self._queue = self._queue, []
-                self._inflight += 1
+                condition, self._round = self._round, threading.Condition()
             try:
-                ids = self._append(
-                    np.array([b[0] for b in batch], dtype=np.int64),
-                    [b[1] for b in batch],
-                    [b[2] for b in batch],
-                    [b[3] for b in batch],
-                    np.array([b[4] for b in batch], dtype=np.int64),
-                )
-                for item, mid in zip(batch, ids, strict=True):
-                    item[5].set_result(mid)
-            except BaseException as exc:  # noqa: BLE001 - each sender gets the error
-                for item in batch:
-                    item[5].set_exception(exc)
+                self._send_queued(batch, condition)
             finally:
                 with self._cv:
-                    self._inflight -= 1
+                    self._pending -= len(batch)
                     self._cv.notify_all()
+
+    def _send_queued(self, batch: list, condition: threading.Condition) -> None:
+        """Append queued sends and resolve their futures (which share ``condition``): each
+        message's id, or its partition's error."""
+        futures = [b[5] for b in batch]
+        parts = np.fromiter((b[0] for b in batch), dtype=np.int64, count=len(batch))
+        try:
+            ids, failed = self._append_each(
+                parts,
+                [b[1] for b in batch],
+                [b[2] for b in batch],
+                [b[3] for b in batch],
+                np.fromiter((b[4] for b in batch), dtype=np.int64, count=len(batch)),
+            )
+        except BaseException as exc:  # noqa: BLE001 - nothing was appended: all get it
+            _resolve(futures, [exc] * len(batch), condition)
+            return
+        outcomes: list[Any] = list(ids)
+        for p, error in failed.items():
+            for i in np.flatnonzero(parts == p).tolist():
+                outcomes[i] = error
+        _resolve(futures, outcomes, condition)
 
     # --- cancel, flush, close ------------------------------------------------------------------
 
@@ -381,18 +526,25 @@ class Producer:
         return out
 
     def flush(self) -> None:
-        """Wait until every queued ``send`` is durable (or failed)."""
+        """Wait until every ``send_async`` made so far is resolved: durable, or failed."""
         with self._cv:
-            while self._queue or self._inflight:
+            while self._pending:
                 self._cv.wait()
 
+    @property
+    def pending_messages(self) -> int:
+        """Sends queued or on their way whose futures are not resolved yet."""
+        return self._pending
+
     def close(self) -> None:
-        if self._closed:
-            return
-        self.flush()
+        """Stop taking sends, wait until every pending one is resolved (nothing queued is
+        dropped), then close. A ``send_async`` blocked for room raises ``InvalidArgument``."""
         with self._cv:
+            if self._closed:
+                return
             self._closed = True
             self._cv.notify_all()
+        self.flush()
         if self._on_close is not None:
             self._on_close(self)
 

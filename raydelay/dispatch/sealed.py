@@ -18,6 +18,12 @@ buckets (the earliest segments first), so the memory held grows with neither the
 of buckets nor the pending messages, even when a large backlog is overdue in every
 bucket at once. The actor does the loading (I/O);
 this class says what to load (:meth:`wanted`) and takes it in (:meth:`install`).
+
+Segments whose every row was taken from the unsealed index (a bucket sealed while the
+subscription was reading its ledgers in real time) are not loaded: only their position
+keys are (from the bucket's index, one small object), so that their acknowledgements still
+count towards ``done``. A run of them is skipped in one load, so the rows due next are
+reached at once, not one segment load at a time.
 """
 
 from __future__ import annotations
@@ -41,20 +47,29 @@ Group = tuple[Rows, np.ndarray, np.ndarray]  # (segment rows, row indexes, posit
 
 
 class SegmentLoad(NamedTuple):
-    """A segment to read from the store: its bucket, number, and byte range there."""
+    """A segment to read from the store: its bucket, number, and byte range there. With
+    ``taken`` > 0, the ``taken`` segments from ``no`` on were wholly taken from the
+    unsealed index: only their position keys are wanted (:meth:`SealedReader.install_taken`)."""
 
     key: str
     no: int
     offset: int
     length: int
+    taken: int = 0
 
 
 @dataclass
 class _Segment:
+    """A loaded segment: ``rows`` as read; ``idx`` the rows still to deliver (those not
+    taken from the unsealed index already), with their ``d`` and ``keys``, from ``pos`` on;
+    ``all_keys`` every position of the segment (it is done once all are acknowledged)."""
+
     no: int
     rows: Rows
+    idx: np.ndarray
     d: np.ndarray
     keys: np.ndarray
+    all_keys: np.ndarray
     pos: int = 0
 
     def __len__(self) -> int:
@@ -67,12 +82,21 @@ class _Bucket:
     done: int  # segments before it are fully acknowledged
     next_load: int  # the next segment to load
     taken: tuple[int, int]  # rows below this position due at or before this time: taken
+    last_key: int = -1  # its largest position key
     loading: int | None = None  # the segment being loaded
     loaded: deque[_Segment] = field(default_factory=deque)
     popped: deque[tuple[int, np.ndarray]] = field(default_factory=deque)  # (no, keys)
 
     def loaded_rows(self) -> int:
         return sum(len(s) for s in self.loaded)
+
+
+def _drop_finished(b: _Bucket) -> None:
+    """Move the bucket's leading segments with nothing left to deliver to ``popped`` (in
+    segment order: ``done`` advances over them in that order)."""
+    while b.loaded and not len(b.loaded[0]):
+        s = b.loaded.popleft()
+        b.popped.append((s.no, s.all_keys))
 
 
 class SealedReader:
@@ -89,7 +113,13 @@ class SealedReader:
         self.buckets: dict[str, _Bucket] = {}
         self.covered = BitMap64()  # the positions of every bucket held
         self.sealed_through = -1
-        self.counters = {"adopted": 0, "segments_loaded": 0, "rows_loaded": 0, "finished": 0}
+        self.counters = {
+            "adopted": 0,
+            "segments_loaded": 0,
+            "segments_skipped": 0,
+            "rows_loaded": 0,
+            "finished": 0,
+        }
 
     # --- the set of buckets ---------------------------------------------------------------
 
@@ -101,7 +131,8 @@ class SealedReader:
             return
         n = len(meta.segments)
         done = n if done == FINISHED else max(0, min(int(done), n))
-        self.buckets[meta.key] = _Bucket(meta, done, done, (int(taken[0]), int(taken[1])))
+        last = int(meta.keys.max()) if meta.keys else -1
+        self.buckets[meta.key] = _Bucket(meta, done, done, (int(taken[0]), int(taken[1])), last)
         self.counters["adopted"] += 1
         self.covered |= meta.positions()
 
@@ -134,12 +165,44 @@ class SealedReader:
             if b.loading is not None or b.next_load >= len(b.meta.segments):
                 continue
             seg = b.meta.segments[b.next_load]
+            skip = self._taken_run(b)
+            if skip:
+                b.loading = b.next_load
+                out.append(SegmentLoad(key, b.next_load, seg.offset, seg.length, taken=skip))
+                continue
             if seg.min_d > horizon or b.loaded_rows() >= self.max_loaded_rows:
                 continue
             b.loading = b.next_load
             held += seg.count
             out.append(SegmentLoad(key, b.next_load, seg.offset, seg.length))
         return out
+
+    @staticmethod
+    def _taken_run(b: _Bucket) -> int:
+        """How many segments from ``next_load`` on hold only rows taken already (every
+        position of the bucket is below ``taken``'s, and the segment's deliver_at at or
+        before its time)."""
+        below, through = b.taken
+        if b.loaded or b.last_key < 0 or b.last_key >= below:
+            return 0  # (behind loaded rows, a skip would pop out of order)
+        n = 0
+        for seg in b.meta.segments[b.next_load :]:
+            if seg.max_d > through:
+                break
+            n += 1
+        return n
+
+    def install_taken(self, key: str, no: int, segment_keys: list[np.ndarray]) -> None:
+        """The position keys of the segments from ``no`` on that a load with ``taken``
+        skipped: popped at once (their rows went out from the unsealed index)."""
+        b = self.buckets.get(key)
+        if b is None or b.loading != no:
+            return  # forgotten meanwhile
+        b.loading = None
+        b.next_load = no + len(segment_keys)
+        for i, keys in enumerate(segment_keys):
+            b.popped.append((no + i, keys))
+        self.counters["segments_skipped"] += len(segment_keys)
 
     def install(self, key: str, no: int, rows: Rows) -> None:
         """A segment the actor loaded (rows sorted by deliver_at, then position)."""
@@ -150,10 +213,15 @@ class SealedReader:
         b.next_load = no + 1
         self.counters["segments_loaded"] += 1
         self.counters["rows_loaded"] += len(rows)
-        if len(rows):
-            b.loaded.append(_Segment(no, rows, rows.entries.deliver_at_ms, rows.positions))
-        else:
-            b.popped.append((no, rows.positions))
+        d, keys = rows.entries.deliver_at_ms, rows.positions
+        idx = np.arange(len(rows), dtype=np.int64)
+        below, through = b.taken
+        if below > 0 and through >= 0:
+            # rows taken from the unsealed index before the bucket was sealed: left out now,
+            # so that the next row to deliver is always the head (its wake-up time)
+            idx = idx[~((keys < below) & (d <= through))]
+        b.loaded.append(_Segment(no, rows, idx, d[idx], keys[idx], keys))
+        _drop_finished(b)
 
     def load_failed(self, key: str, no: int) -> None:
         b = self.buckets.get(key)
@@ -192,23 +260,15 @@ class SealedReader:
                 if c <= 0:
                     continue
                 s = b.loaded[0]
-                idx = np.arange(s.pos, s.pos + c, dtype=np.int64)
+                out.append((s.rows, s.idx[s.pos : s.pos + c], s.keys[s.pos : s.pos + c]))
                 s.pos += c
                 room -= c
-                keys = s.keys[idx]
-                below, through = b.taken
-                if below > 0 and through >= 0:
-                    keep = ~((keys < below) & (s.d[idx] <= through))
-                    if not keep.all():
-                        idx, keys = idx[keep], keys[keep]
-                if len(keys):
-                    out.append((s.rows, idx, keys))
-                if not len(s):
-                    b.loaded.popleft()
-                    b.popped.append((s.no, s.keys))
+                _drop_finished(b)
         return out
 
     def has_due(self, now_ms: int) -> bool:
+        """Whether a loaded row is due at ``now_ms`` (the head of each bucket is its next
+        row to deliver)."""
         return any(
             b.loaded and int(b.loaded[0].d[b.loaded[0].pos]) <= now_ms
             for b in self.buckets.values()

@@ -192,6 +192,22 @@ class _Run:
         return len(self.keys) - self.pos
 
 
+class _Early:
+    """Rows the topic's unsealed index answered before they fall due (the lookahead), held
+    with their payloads: ``order`` sorts them by deliver_at (``d``); from ``pos`` on they
+    are still held."""
+
+    __slots__ = ("rows", "order", "d", "pos")
+
+    def __init__(self, rows: Rows) -> None:
+        d = rows.entries.deliver_at_ms
+        self.order = np.argsort(d, kind="stable")
+        self.rows, self.d, self.pos = rows, d[self.order], 0
+
+    def __len__(self) -> int:
+        return len(self.d) - self.pos
+
+
 @dataclass
 class _Consumer:
     consumer_id: str
@@ -227,6 +243,7 @@ class Subscription:
         cached_entries: int = 200_000,
         max_fetch: int = 2_000,
         max_staged_rows: int = 200_000,
+        lookahead_ms: int = 0,
     ) -> None:
         """``write_cursor``: where cursor snapshots go (None: the cursor lives in memory
         only). ``publish_dead_letters``: required with ``max_redeliveries``.
@@ -234,7 +251,10 @@ class Subscription:
         never). ``cached_entries``: entries of ledger objects read from the log kept to
         find payloads in. ``max_fetch``: payloads read through the fetch per receive (due
         delayed messages are scattered: smaller reads reach the consumer sooner).
-        ``max_staged_rows``: payloads of due sealed-bucket rows kept for delivery."""
+        ``max_staged_rows``: payloads of due sealed-bucket rows kept for delivery.
+        ``lookahead_ms``: the due queries of the topic's unsealed index ask for the rows
+        due within this many ms, which wait here with their payloads and go out at their
+        due instant (0: asked for only once due)."""
         if subscription_type not in SUBSCRIPTION_TYPES:
             raise InvalidArgument(
                 f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
@@ -264,6 +284,14 @@ class Subscription:
         self.tail_next: int | None = None
         self.tail_dirty = True
         self.tail_waiting = 0
+        # Rows taken from the topic's unsealed index before they fall due: released into
+        # the redelivery set at their deliver_at (see collect_due), never before.
+        self.lookahead_ms = lookahead_ms
+        self._early: deque[_Early] = deque()
+        self._stepped_ms = -1  # the latest time step() or collect_due() was given (epoch ms)
+        # the earliest deliver_at read from the log since the last due query was asked:
+        # its answer may not cover those rows, so it must not hide them (tail_next)
+        self._tail_seen: int | None = None
         # Delayed rows due at or before it may have been delivered by an earlier life.
         self.delayed_before = self.cursor.delayed_mark
         md_l, md_e = self.cursor.mark_delete
@@ -327,7 +355,9 @@ class Subscription:
         # what the log reader brought and the next step applies, in order
         self._inbox: deque[Callable[[], int]] = deque()
         # what was last written: (mark-delete, individual acks, dispatch mark)
-        self._persisted: tuple[Position, int, Position] | None = None
+        self._persisted: tuple[Position, int, Position, int] | None = None
+        # the delayed mark the store holds: delayed rows due after it wait for a write
+        self._delayed_durable = self.cursor.delayed_mark
         self._persist_lock = asyncio.Lock()  # one cursor write at a time, in order
         self._persist_due_ms: int | None = None  # the next periodic write (None: at once)
         self._dead_letter_lock = asyncio.Lock()  # one flush at a time: none is published twice
@@ -444,9 +474,7 @@ class Subscription:
             if obj.ledger_id < self.read_position[0] or start >= obj.count:
                 continue
             if isinstance(obj, DelayedRun):
-                soonest = obj.min_deliver_at_ms
-                self.tail_next = soonest if self.tail_next is None else min(self.tail_next, soonest)
-                self.tail_dirty = True
+                self._tail_read(obj.min_deliver_at_ms)
                 if self._cancelled_ahead:  # cancelled before the read passed them: ack them
                     span = BitMap64()
                     span.add_range(first_key + start, first_key + obj.count)
@@ -562,9 +590,7 @@ class Subscription:
             # not due when committed: the topic indexed it (its unsealed index or a bucket)
             later = ds > source.publish_times(idx)
             if later.any():
-                soonest = int(ds[later].min())
-                self.tail_next = soonest if self.tail_next is None else min(self.tail_next, soonest)
-                self.tail_dirty = True
+                self._tail_read(int(ds[later].min()))
                 idx, keys, ds = idx[~later], keys[~later], ds[~later]
         now_due = np.ones(len(idx), dtype=bool)
         if self.type in SPREAD_TYPES and len(idx):
@@ -580,6 +606,13 @@ class Subscription:
             self._ready.append(_Run(source, idx[now_due], run_keys))
             self._ready_count += len(run_keys)
         return len(idx)
+
+    def _tail_read(self, soonest: int) -> None:
+        """Delayed rows the topic indexed were read from the log, the soonest due at
+        ``soonest`` (epoch ms): the unsealed index holds something to ask for."""
+        self.tail_next = soonest if self.tail_next is None else min(self.tail_next, soonest)
+        self._tail_seen = soonest if self._tail_seen is None else min(self._tail_seen, soonest)
+        self.tail_dirty = True
 
     def _unseen(self, keys: np.ndarray) -> np.ndarray:
         """Which positions are neither acknowledged nor cancelled ahead of the read."""
@@ -619,9 +652,10 @@ class Subscription:
         out, then read-ahead entries. Nothing goes to a FIFO subscription's standby."""
         if not self.can_receive(consumer_id):
             return []
-        if self.needs_delayed_mark(now_ms):
-            # delayed rows due by then may go out: a restart must know they may have
-            self.cursor.delayed_mark = now_ms + DELAYED_MARK_STEP_MS
+        if self.needs_delayed_mark(now_ms) and self._delayed_due(now_ms):
+            # delayed rows due by then may go out: a restart must know they may have (the
+            # step moves the mark ahead in the background, so this write is rare)
+            self.cursor.delayed_mark = max(self.cursor.delayed_mark, now_ms + DELAYED_MARK_STEP_MS)
             await self.persist(force=True)
         mark = self.wanted_mark()
         if mark is not None:
@@ -684,13 +718,20 @@ class Subscription:
             if mark is not None and mark <= self.dispatch_mark:
                 return False  # another call moved it meanwhile
             target = mark or self.dispatch_mark
-            state = (self.cursor.mark_delete, self.cursor.individually_acked(), target)
+            delayed_mark = self.cursor.delayed_mark
+            state = (
+                self.cursor.mark_delete,
+                self.cursor.individually_acked(),
+                target,
+                delayed_mark,
+            )
             wrote = False
             if state != self._persisted or force:
                 if self._write_cursor is not None:
                     await self._write_cursor(self.cursor.encode(target))
                     wrote = True
                 self._persisted = state
+            self._delayed_durable = max(self._delayed_durable, delayed_mark)
             if mark is not None:
                 self.dispatch_mark = mark
             return wrote
@@ -702,6 +743,7 @@ class Subscription:
         reader brought, send expired ack deadlines and the messages of consumers whose
         lease lapsed back for redelivery, drop staged payloads no longer waiting, and say
         what I/O is due and when to step again (see :class:`Step`)."""
+        self._stepped_ms = max(self._stepped_ms, now_ms)
         while self._inbox:
             self._inbox.popleft()()
         self.expire(now_ms)
@@ -717,6 +759,17 @@ class Subscription:
         ):
             persist = True
             self._persist_due_ms = now_ms + self.cursor_persist_interval_ms
+        soon = self._next_delayed_ms()
+        if (
+            soon is not None
+            and not self._persist_lock.locked()
+            and soon <= now_ms + DELAYED_MARK_STEP_MS // 2
+            and max(now_ms, soon) + DELAYED_MARK_STEP_MS // 2 > self.cursor.delayed_mark
+        ):
+            # delayed rows fall due soon: move the delayed mark ahead now, in the background,
+            # before receive would have to (a write on the delivery path, at their instant)
+            self.cursor.delayed_mark = max(now_ms, soon) + DELAYED_MARK_STEP_MS
+            persist = True
         return Step(
             wake_at_ms=self._wake_at_ms(now_ms),
             deliverable=self.has_deliverable(now_ms),
@@ -731,7 +784,7 @@ class Subscription:
     def _wake_at_ms(self, now_ms: int) -> int | None:
         """The earliest time after ``now_ms`` something is due: a delivery, an ack
         deadline, a cursor write, a poll of the unsealed index, a lease to lapse."""
-        times = [self.next_wakeup_ms(), self._persist_due_ms]
+        times = [self.next_wakeup_ms(), self._persist_due_ms, self._tail_refill_ms()]
         if self.tail_dirty and self.sealed is not None and self._tail_asked_ms is not None:
             times.append(self._tail_asked_ms + TAIL_POLL_MS)
         if self.consumer_lease_ms is not None and self._consumers:
@@ -740,20 +793,31 @@ class Subscription:
         later = [t for t in times if t is not None and t > now_ms]
         return min(later) if later else None
 
+    def _tail_refill_ms(self) -> int | None:
+        """When to ask the topic's unsealed index next (epoch ms): half a lookahead before
+        the earliest deliver_at there, so that each query brings about half a lookahead of
+        rows, before they fall due."""
+        if self.sealed is None or self.tail_next is None:
+            return None
+        return self.tail_next - self.lookahead_ms // 2
+
     def _tail_query(self, now_ms: int) -> TailQuery | None:
-        """The due query of the topic's unsealed index to send now, if one is due: at the
-        earliest deliver_at there, or a while after delayed rows were read."""
+        """The due query of the topic's unsealed index to send now, if one is due: half a
+        lookahead before the earliest deliver_at there, or a while after delayed rows were
+        read. It asks for every row due within the lookahead."""
         if self.sealed is None or self._tail_in_flight:
             return None
-        due = self.tail_next is not None and self.tail_next <= now_ms
+        refill = self._tail_refill_ms()
+        due = refill is not None and refill <= now_ms
         polled = self._tail_asked_ms is None or now_ms - self._tail_asked_ms >= TAIL_POLL_MS
         if not due and not (self.tail_dirty and polled):
             return None
         self.tail_dirty = False
+        self._tail_seen = None
         self._tail_asked_ms = now_ms
         self._tail_in_flight = True
         below, through = self.tail_taken
-        return TailQuery(below, through, now_ms)
+        return TailQuery(below, through, now_ms + self.lookahead_ms)
 
     def tail_failed(self) -> None:
         """The due query of the unsealed index failed: ask again at the next poll."""
@@ -766,6 +830,7 @@ class Subscription:
         """Move due delayed positions and expired ack deadlines into the redelivery set.
         Due rows of sealed buckets come with their payloads: they are staged here for
         :meth:`staged` to find."""
+        self._stepped_ms = max(self._stepped_ms, now_ms)
         self.expire(now_ms)
         # (key_shared: the redelivery set also holds rows waiting for other consumers)
         room = (
@@ -773,6 +838,8 @@ class Subscription:
             if self.type == "key_shared"
             else max_messages - len(self.redeliver)
         )
+        if self._early and room > 0:
+            room -= self._release_early(now_ms, room)
         if self.sealed is not None and room > 0:
             for rows, idx, keys in self.sealed.take_due(now_ms, room):
                 room -= self._stage(rows, idx, keys)
@@ -803,18 +870,63 @@ class Subscription:
         self._staged_rows += len(keys)
         return len(keys)
 
-    def take_unsealed(self, rows: Rows, below: int, now_ms: int, next_d: int, waiting: int) -> int:
+    def _release_early(self, now_ms: int, room: int) -> int:
+        """Stage up to ``room`` held rows due at ``now_ms`` (deliver_at <= now: never
+        early); returns how many were staged."""
+        staged = 0
+        for early in list(self._early):
+            if room <= 0:
+                break
+            n = min(int(np.searchsorted(early.d, now_ms, "right")) - early.pos, room)
+            if n <= 0:
+                continue
+            idx = early.order[early.pos : early.pos + n]
+            early.pos += n
+            room -= n
+            staged += self._stage(early.rows, idx, early.rows.positions[idx])
+            if not len(early):
+                self._early.remove(early)
+        return staged
+
+    def _early_due(self, now_ms: int) -> bool:
+        return any(int(e.d[e.pos]) <= now_ms for e in self._early)
+
+    def _delayed_due(self, now_ms: int) -> bool:
+        """Whether a row of the topic's index (held here or in a loaded segment) is due at
+        ``now_ms``: what :meth:`collect_due` would stage, which the delayed mark covers."""
+        return self._early_due(now_ms) or (self.sealed is not None and self.sealed.has_due(now_ms))
+
+    def _next_delayed_ms(self) -> int | None:
+        """The earliest deliver_at of a row of the topic's index not handed out yet (epoch
+        ms), as far as this subscription knows; None without sealed buckets or rows."""
+        if self.sealed is None:
+            return None
+        times = [t for t in (self.sealed.next_time(), self.tail_next) if t is not None]
+        times += [int(e.d[e.pos]) for e in self._early]
+        return min(times) if times else None
+
+    def take_unsealed(
+        self, rows: Rows, below: int, through_ms: int, next_d: int, waiting: int
+    ) -> int:
         """Take in the topic's answer to a due query of its unsealed index (see
-        ``TopicIndex.due``), asked with :attr:`tail_taken` as of ``now_ms``; returns rows
-        staged. Adopt the buckets the answer says are sealed before this."""
+        ``TopicIndex.due``), asked with :attr:`tail_taken` for the rows due by
+        ``through_ms`` (the query's ``now_ms``); returns the rows taken. They wait here
+        until they are due (:meth:`collect_due`). Adopt the buckets the answer says are
+        sealed before this."""
         self._tail_in_flight = False
-        self.tail_taken = (max(self.tail_taken[0], int(below)), max(self.tail_taken[1], now_ms))
-        self.tail_next = None if next_d < 0 else int(next_d)
+        self.tail_taken = (
+            max(self.tail_taken[0], int(below)),
+            max(self.tail_taken[1], int(through_ms)),
+        )
+        nxt = [t for t in (None if next_d < 0 else int(next_d), self._tail_seen) if t is not None]
+        self.tail_next = min(nxt) if nxt else None
+        self._tail_seen = None
         self.tail_waiting = int(waiting)
         if not len(rows):
             return 0
         self._see_end(int(rows.positions.max()))
-        return self._stage(rows, np.arange(len(rows), dtype=np.int64), rows.positions)
+        self._early.append(_Early(rows))
+        return len(rows)
 
     def _see_end(self, key: int) -> None:
         self._end_key = key if self._end_key is None else max(self._end_key, key)
@@ -822,7 +934,7 @@ class Subscription:
     def needs_delayed_mark(self, now_ms: int) -> bool:
         """Whether the delayed mark must move (be persisted) before delayed rows due up to
         ``now_ms`` may go out."""
-        return self.sealed is not None and now_ms > self.cursor.delayed_mark
+        return self.sealed is not None and now_ms > self._delayed_durable
 
     def staged(self, keys: np.ndarray) -> tuple[list[Group], np.ndarray]:
         """The staged sealed-bucket rows of ``keys``, as (rows, indexes, keys) groups, and
@@ -1405,6 +1517,7 @@ class Subscription:
             or bool(self._ready)
             or self.tracker.has_message_available()
             or (self.sealed is not None and self.sealed.has_due(now_ms))
+            or (bool(self._early) and self._early_due(now_ms))
         )
 
     def next_wakeup_ms(self) -> int | None:
@@ -1412,6 +1525,7 @@ class Subscription:
         times = [t for t in (self.tracker.next_delivery_time(),) if t is not None]
         if self.sealed is not None:
             times += [t for t in (self.sealed.next_time(), self.tail_next) if t is not None]
+        times += [int(e.d[e.pos]) for e in self._early]
         if self._deadlines:
             times.append(self._deadlines[0][0])
         return min(times) if times else None
@@ -1428,6 +1542,9 @@ class Subscription:
         if self.sealed is not None:
             buckets += len(self.sealed.buckets)
             delayed += self.sealed.remaining() + self.tail_waiting
+            # (rows held here that are due already wait for delivery: not delayed)
+            now = self._stepped_ms
+            delayed += sum(len(e.d) - int(np.searchsorted(e.d, now, "right")) for e in self._early)
         return {
             "type": self.type,
             "delayed": delayed,

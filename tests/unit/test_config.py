@@ -35,7 +35,7 @@ def test_defaults_match_the_design_table():
     assert c.delayed.max_num_buckets == 64
     assert c.delayed.max_delay_ms == 0
     assert c.topic.max_entries_per_ledger == 50_000
-    assert c.topic.group_commit_ms == 5
+    assert c.topic.group_commit_ms == 0
     assert c.topic.max_message_bytes == 5 * 1024 * 1024
     assert c.subscription.ack_timeout_s is None
 

@@ -3,9 +3,13 @@ their payloads, the meta format (golden bytes), and one subscription's reading o
 
 from __future__ import annotations
 
+import asyncio
+
+import hypothesis.strategies as st
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 from pyroaring import BitMap64
 
 from raydelay.clock import ManualClock
@@ -184,13 +188,21 @@ def _meta(
     return meta, segs
 
 
-def _load_all(reader: SealedReader, segs_by_bucket: dict, now: int) -> None:
+def _load_all(reader: SealedReader, segs_by_bucket: dict, now: int) -> list:
+    """Do every load the reader asks for at ``now``, as the actor would; returns them."""
+    done = []
     while True:
         wanted = reader.wanted(now)
         if not wanted:
-            return
-        for key, no, _, _ in wanted:
-            reader.install(key, no, segs_by_bucket[key][no])
+            return done
+        for ld in wanted:
+            segs = segs_by_bucket[ld.key]
+            if ld.taken:  # only the position keys of segments taken already
+                keys = [segs[n].positions for n in range(ld.no, ld.no + ld.taken)]
+                reader.install_taken(ld.key, ld.no, keys)
+            else:
+                reader.install(ld.key, ld.no, segs[ld.no])
+        done += wanted
 
 
 def test_the_reader_loads_segments_near_their_time_and_pops_the_earliest_first():
@@ -288,10 +300,12 @@ def test_a_subscription_takes_the_tail_from_the_topic_and_the_rest_from_the_buck
     # the delayed ones are not tracked here: the topic's index has them
     assert sub.tracker.number_of_delayed_messages() == 0 and sub.ready_count() == 1
     assert sub.tail_dirty and sub.tail_next == 100
-    # the topic answers a due query at 250 with the two due rows
+    # the topic answers the due query the step at 250 asks with the two due rows
     index = TopicIndex(min_index_count=1)
     index.add(obj)
-    rows, below, next_d, waiting = index.due(*sub.tail_taken, 250)
+    query = sub.step(250).tail_query
+    assert query is not None and query.now_ms == 250  # (no lookahead)
+    rows, below, next_d, waiting = index.due(query.below, query.through_ms, query.now_ms)
     assert sub.take_unsealed(rows, below, 250, next_d, waiting) == 2
     assert sub.tail_next == 300 and sub.stats()["delayed"] == 2
     # When the topic seals ledger 1 and the subscription adopts the bucket
@@ -331,6 +345,7 @@ def test_rows_due_before_the_persisted_delayed_mark_come_back_counted():
     index.add(obj)
     rows, below, next_d, waiting = index.due(*sub.tail_taken, 1_000)
     sub.take_unsealed(rows, below, 1_000, next_d, waiting)
+    sub.collect_due(1_000, 10)  # (as receive does: answered rows go out once due)
     groups, _ = sub.staged(sub.keys_to_fetch(10))
     out = sub.deliver("c", groups, 10, 1_000)
     counts = dict(
@@ -443,7 +458,7 @@ def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_over
         reader.adopt(meta)
     # When the loader asks what to load, again and again, and nothing is taken
     for _ in range(10):
-        for key, no, _, _ in reader.wanted(10_000, max_loads=100):
+        for key, no, *_ in reader.wanted(10_000, max_loads=100):
             reader.install(key, no, metas[key][1][no])
     # Then at most the cap is loaded, and it is the earliest segments
     assert reader.loaded_rows() == 10
@@ -452,7 +467,7 @@ def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_over
     # and taking them frees room for the next ones, until every row went out, earliest first
     taken = [int(k) for g in first for k in g[2]]
     while True:
-        for key, no, _, _ in reader.wanted(10_000, max_loads=100):
+        for key, no, *_ in reader.wanted(10_000, max_loads=100):
             reader.install(key, no, metas[key][1][no])
         assert reader.loaded_rows() <= 10
         more = reader.take_due(10_000, 100)
@@ -460,3 +475,181 @@ def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_over
             break
         taken += [int(k) for g in more for k in g[2]]
     assert sorted(taken) == sorted(key_of(lg, e) for lg in range(1, 31) for e in range(6))
+
+
+def _lookahead_subscription(clock: ManualClock, lookahead_ms: int = 300) -> Subscription:
+    tracker = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
+    return Subscription(
+        name="t/0/s",
+        subscription_type="shared",
+        tracker=tracker,
+        clock=clock,
+        sealed=SealedReader(),
+        lookahead_ms=lookahead_ms,
+    )
+
+
+def _answer(sub: Subscription, index: TopicIndex, now: int) -> int:
+    """Step at ``now``; when the step asks the unsealed index, answer it from ``index``
+    as the topic actor would. Returns the rows taken (-1: no query was asked)."""
+    query = sub.step(now).tail_query
+    if query is None:
+        return -1
+    rows, below, next_d, waiting = index.due(query.below, query.through_ms, query.now_ms)
+    return sub.take_unsealed(rows, below, query.now_ms, next_d, waiting)
+
+
+def _delivered(sub: Subscription, now: int) -> list[int]:
+    sub.collect_due(now, 100)
+    groups, need = sub.staged(sub.keys_to_fetch(100))
+    assert len(need) == 0
+    return sorted(int(k) for dv in sub.deliver("c", groups, 100, now) for k in dv.keys)
+
+
+def test_rows_answered_ahead_wait_for_their_due_instant_and_a_cancel_still_holds():
+    # Given a subscription with a 300 ms lookahead, reading three delayed entries
+    clock = ManualClock(0)
+    sub = _lookahead_subscription(clock)
+    sub.add_consumer("c")
+    obj = _object(1, 0, [1_000, 1_100, 1_140], publish_ms=0)
+    sub.on_read([obj], [(1, None)], (1, 2))
+    index = TopicIndex(min_index_count=10)
+    index.add(obj)
+    # When it first steps, it asks at once (rows were read): none is due within 300 ms
+    assert _answer(sub, index, 600) == 0 and sub.tail_next == 1_000
+    # then not again until half a lookahead before the first is due ...
+    assert sub.step(849).tail_query is None
+    # ... when it asks for everything due by 1,150
+    assert _answer(sub, index, 850) == 3
+    assert sub.stats()["delayed"] == 3
+    # Then the rows wait here: nothing is deliverable a millisecond before the first is due
+    assert not sub.has_deliverable(999) and _delivered(sub, 999) == []
+    assert sub.next_wakeup_ms() == 1_000
+    assert _delivered(sub, 1_000) == [key_of(1, 0)]
+    # and a cancel that comes while a row waits here keeps it from going out
+    assert sub.cancel(1, 2, (1, 5)) is True
+    assert _delivered(sub, 1_139) == [key_of(1, 1)]
+    assert _delivered(sub, 5_000) == []
+    assert sub.stats()["delayed"] == 0
+
+
+def test_a_row_read_while_a_due_query_is_out_does_not_wait_for_the_next_poll():
+    # Given a due query asked at 850 (for rows due by 1,150) ...
+    clock = ManualClock(0)
+    sub = _lookahead_subscription(clock)
+    sub.add_consumer("c")
+    first = _object(1, 0, [1_000], publish_ms=0)
+    sub.on_read([first], [(1, None)], (1, 0))
+    index = TopicIndex(min_index_count=10)
+    index.add(first)
+    query = sub.step(850).tail_query
+    rows, below, next_d, waiting = index.due(query.below, query.through_ms, query.now_ms)
+    # ... when an entry due at 1,100 is committed and read before the answer comes back
+    late = _object(1, 1, [1_100], publish_ms=0)
+    sub.on_read([late], [(1, None)], (1, 1))
+    index.add(late)
+    sub.take_unsealed(rows, below, query.now_ms, next_d, waiting)
+    # Then the answer (which did not hold it) does not hide it: it is asked for half a
+    # lookahead before it is due (not at the next poll, a second after the last query)
+    assert sub.tail_next == 1_100
+    assert sub.step(949).tail_query is None
+    assert _answer(sub, index, 950) == 1
+    assert _delivered(sub, 1_100) == [key_of(1, 0), key_of(1, 1)]
+
+
+def test_a_bucket_sealed_under_a_reading_subscription_skips_what_it_took_and_goes_on_at_once():
+    # Given a subscription that took the rows due by 2,000 from the topic's unsealed index
+    clock = ManualClock(0)
+    reader = SealedReader(lookahead_ms=1_000)
+    sub = _subscription(reader, clock)
+    sub.add_consumer("c")
+    rows = [(key_of(1, i), 1_000 + 100 * i) for i in range(16)]  # due 1,000 .. 2,500
+    obj = _object(1, 0, [d for _, d in rows], publish_ms=0)
+    index = TopicIndex(min_index_count=1)
+    index.add(obj)
+    sub.on_read([obj], [(1, 16), (2, None)], (1, 15))
+    taken_rows, below, next_d, waiting = index.due(*sub.tail_taken, 2_000)
+    assert sub.take_unsealed(taken_rows, below, 2_000, next_d, waiting) == 11
+    # When the topic seals ledger 1 in segments of 2 rows and the subscription adopts it
+    meta, segs = _meta(1, rows)
+    sub.adopt(meta)
+    loads = _load_all(reader, {meta.key: segs}, now=2_000)
+    # Then the 5 segments every row of which it took are skipped in one load, not read
+    assert [(ld.no, ld.taken) for ld in loads[:1]] == [(0, 5)]
+    assert reader.counters["segments_skipped"] == 5
+    # and the rows it did not take are the next ones due: none taken stands in front
+    assert reader.next_time() == 2_100
+    assert not reader.has_due(2_099)
+    sub.collect_due(2_000, 100)  # the taken rows, due by now, go out from the index
+    out = _delivered(sub, 2_500)
+    assert out == sorted(k for k, _ in rows)  # each row once
+    sub.ack("c", np.asarray(out, dtype=np.int64))
+    assert sub.advance_buckets() == [meta.key]  # done, the skipped segments too
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dues=st.lists(st.integers(1, 2_000), min_size=1, max_size=40),  # (committed before due)
+    lookahead_ms=st.sampled_from([0, 50, 250, 1_000]),
+    steps=st.lists(st.integers(1, 120), min_size=5, max_size=60),
+    answer_lag=st.integers(0, 3),
+)
+def test_with_any_lookahead_no_row_goes_out_early_and_each_goes_out_once(
+    dues, lookahead_ms, steps, answer_lag
+):
+    # Given delayed entries committed over time (each 1..500 ms before it is due) and due
+    # queries answered some steps after they were asked, as a slow topic would
+    clock = ManualClock(0)
+    sub = _lookahead_subscription(clock, lookahead_ms)
+    sub.add_consumer("c")
+    index = TopicIndex(min_index_count=10**6)
+    commits = sorted((max(0, d - 1 - (d * 7919) % 500), i, d) for i, d in enumerate(dues))
+    out: dict[int, int] = {}  # position key -> when it went out
+    pending: list = []  # (step number due, query)
+    now, n = 0, 0
+    tail = [5_000 + i for i in range(4 * (answer_lag + 2))]  # (long after: all can go)
+    times = [sum(steps[: i + 1]) for i in range(len(steps))] + tail
+    for k, now in enumerate(times):
+        while commits and commits[0][0] <= now:
+            at, i, d = commits.pop(0)
+            obj = _object(1, n, [d], publish_ms=at)
+            index.add(obj)
+            sub.on_read([obj], [(1, None)], (1, n))
+            n += 1
+        step = sub.step(now)
+        if step.tail_query is not None:
+            pending.append((k + answer_lag, step.tail_query))
+        for due_k, q in [p for p in pending if p[0] <= k]:
+            pending.remove((due_k, q))
+            rows, below, next_d, waiting = index.due(q.below, q.through_ms, q.now_ms)
+            sub.take_unsealed(rows, below, q.now_ms, next_d, waiting)
+        # When a consumer receives at this instant
+        for key in _delivered(sub, now):
+            # Then nothing goes out before it is due, and nothing twice
+            assert key not in out
+            out[key] = now
+            sub.ack("c", np.asarray([key], dtype=np.int64))
+    due_of = {key_of(1, e): d for e, (_, _, d) in enumerate(sorted(
+        (max(0, d - 1 - (d * 7919) % 500), i, d) for i, d in enumerate(dues)))}  # fmt: skip
+    assert all(out[k] >= due_of[k] for k in out)
+    # and every entry went out in the end
+    assert sorted(out) == sorted(due_of)
+
+
+def test_the_delayed_mark_moves_ahead_in_the_background_only_when_rows_come_due():
+    # Given a subscription with nothing delayed
+    clock = ManualClock(0)
+    sub = _lookahead_subscription(clock)
+    sub.add_consumer("c")
+    sub.step(0)
+    sub.step(100_000)
+    assert sub.cursor.delayed_mark == -1  # idle: the mark stays where it is
+    # When rows come due within half a step of the mark, the step moves it ahead itself
+    obj = _object(1, 0, [101_000], publish_ms=0)
+    sub.on_read([obj], [(1, None)], (1, 0))
+    step = sub.step(100_000)
+    assert step.persist and sub.cursor.delayed_mark == 101_000 + 5_000
+    # and a receive finds it durable once the write was made: no write on its path
+    assert sub.needs_delayed_mark(101_000)  # (written by the driver, not yet here)
+    asyncio.run(sub.persist())
+    assert not sub.needs_delayed_mark(101_000)
