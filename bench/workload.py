@@ -276,7 +276,7 @@ def _percentiles_ms(values_s: list[float]) -> dict:
 
 def run_send(
     send_one: Callable[[bytes], object],
-    send_async: Callable[[bytes], object],
+    send_async: Callable[[bytes], object] | None,
     flush: Callable[[], None],
     *,
     loop_n: int,
@@ -293,7 +293,8 @@ def run_send(
       (ms) and messages/s;
     - ``threads``: ``threads_n`` sends from ``threads`` threads sharing the peer: msg/s;
     - ``async``: ``async_n`` send_async calls from one thread, then flush: msg/s until
-      all are accepted, and the calls' own rate."""
+      all are accepted, and the calls' own rate (None when the peer has no
+      ``send_async``)."""
     at = np.full(max(loop_n, threads_n, async_n), now_ms() + HOUR_MS, dtype=np.int64)
     items = payloads(0, at)
     lat: list[float] = []
@@ -318,6 +319,13 @@ def run_send(
     for th in pool:
         th.join()
     threads_s = time.perf_counter() - t0
+    out = {
+        "loop": _percentiles_ms(lat) | {"rate": loop_n / loop_s, "n": loop_n},
+        "threads": {"rate": per * threads / threads_s, "threads": threads},
+        "async": None,
+    }
+    if send_async is None:
+        return out
     t0 = time.perf_counter()
     for i in range(async_n):
         send_async(items[i])
@@ -326,11 +334,8 @@ def run_send(
     async_s = time.perf_counter() - t0
     if label:
         progress(f"{label}: send_async {async_n / async_s:,.0f} msg/s")
-    return {
-        "loop": _percentiles_ms(lat) | {"rate": loop_n / loop_s, "n": loop_n},
-        "threads": {"rate": per * threads / threads_s, "threads": threads},
-        "async": {"rate": async_n / async_s, "calls_rate": async_n / calls_s, "n": async_n},
-    }
+    out["async"] = {"rate": async_n / async_s, "calls_rate": async_n / calls_s, "n": async_n}
+    return out
 
 
 def run_steady(

@@ -15,7 +15,12 @@ The actor owns the I/O; the subscription decides. A consumer's ``receive`` is
   and report to the coordinator), each as a task that wakes the driver when done, and
   wakes waiting ``receive`` calls; it also reports metrics once a second;
 - the **log reader** reads the log ahead (bounded by ``subscription.read_ahead_entries``)
-  and long-polls the topic actor when caught up; the next step applies what it read.
+  and long-polls the topic actor when caught up (a shared subscription's poll is woken
+  only by entries due within it); the next step applies what it read.
+
+Delayed rows of the topic's unsealed index are asked for a lookahead ahead
+(``subscription.lookahead_ms``) and wait in the subscription; an alarm thread
+(:mod:`raydelay.actors.alarm`) wakes the driver at each due instant.
 
 The actor never blocks its event loop: store writes run on a thread, and handle
 lookups go through :class:`~raydelay.cluster.handles.Peer` off the loop.

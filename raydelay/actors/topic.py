@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -517,7 +518,7 @@ class TopicActor:
         if not (skip_delayed and self._index is not None):
             due_before_ms = None
         if wait_s > 0 and not self._has_urgent_at(position, due_before_ms):
-            await self._wait_urgent(position, due_before_ms, wait_s)
+            await self._wait_until(lambda: self._has_urgent_at(position, due_before_ms), wait_s)
         runs = None
         if skip_delayed and self._index is not None:
             runs = lambda ledger_id, first: self._delayed_runs.get((ledger_id, first))  # noqa: E731
@@ -553,22 +554,6 @@ class TopicActor:
                 return True
         return False
 
-    async def _wait_urgent(
-        self, position: tuple[int, int], due_before_ms: int | None, timeout_s: float
-    ) -> None:
-        """Wait up to ``timeout_s`` for :meth:`_has_urgent_at`."""
-        timeout_s = min(max(float(timeout_s), 0.0), MAX_WAIT_S)
-        async with self._tail_changed:
-            try:
-                await asyncio.wait_for(
-                    self._tail_changed.wait_for(
-                        lambda: self._has_urgent_at(position, due_before_ms)
-                    ),
-                    timeout=timeout_s,
-                )
-            except asyncio.TimeoutError:
-                pass
-
     async def read_positions(self, keys) -> pa.RecordBatch:
         """The entries at ``keys`` (int64 position keys ``ledger << 32 | entry``, one array) as
         one record batch of rows (:data:`raydelay.log.entries.ROWS_SCHEMA`), sorted by
@@ -588,19 +573,23 @@ class TopicActor:
         """Return the tail position once it is past ``after_position`` (or None was given
         and any entry exists), or at ``timeout_s`` (seconds) with the tail as it is."""
         self._ensure_started()
-        timeout_s = min(max(float(timeout_s), 0.0), MAX_WAIT_S)
         after = None if after_position is None else (int(after_position[0]), int(after_position[1]))
 
         def moved() -> bool:
             tail = self._log.tail()
             return tail is not None and (after is None or tail > after)
 
+        await self._wait_until(moved, timeout_s)
+        return self._log.tail()
+
+    async def _wait_until(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Wait until ``ready()`` holds after a commit, or ``timeout_s`` (seconds) passed."""
+        timeout_s = min(max(float(timeout_s), 0.0), MAX_WAIT_S)
         async with self._tail_changed:
             try:
-                await asyncio.wait_for(self._tail_changed.wait_for(moved), timeout=timeout_s)
+                await asyncio.wait_for(self._tail_changed.wait_for(ready), timeout=timeout_s)
             except asyncio.TimeoutError:
                 pass
-        return self._log.tail()
 
     async def cancel_markers(self, from_position: tuple[int, int]) -> list:
         """(marker, target) positions of every cancel marker at or after ``from_position``."""
