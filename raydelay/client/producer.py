@@ -226,7 +226,9 @@ class Producer:
         with self._cv:
             limit = self._pending_limit
             while self._pending >= limit and not self._closed:
-                if not self.block_if_queue_full:
+                # (a done-callback runs on the sending thread: waiting there for room
+                # would wait for itself)
+                if not self.block_if_queue_full or threading.current_thread() is self._thread:
                     raise ProducerQueueIsFull(
                         f"producer: {self._pending} sends pending (max_pending_messages = "
                         f"{limit}); wait for some (flush), or create it with "

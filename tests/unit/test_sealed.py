@@ -277,7 +277,9 @@ def test_the_unsealed_index_answers_each_due_row_once_per_subscription():
     assert len(rows) == 0 and (next_d, waiting) == (-1, 0) and below3 == 0
 
 
-def _subscription(reader: SealedReader, clock: ManualClock, cursor=None) -> Subscription:
+def _subscription(
+    reader: SealedReader, clock: ManualClock, cursor=None, lookahead_ms: int = 0
+) -> Subscription:
     tracker = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
     return Subscription(
         name="t/0/s",
@@ -286,6 +288,7 @@ def _subscription(reader: SealedReader, clock: ManualClock, cursor=None) -> Subs
         clock=clock,
         sealed=reader,
         cursor=cursor,
+        lookahead_ms=lookahead_ms,
     )
 
 
@@ -478,15 +481,7 @@ def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_over
 
 
 def _lookahead_subscription(clock: ManualClock, lookahead_ms: int = 300) -> Subscription:
-    tracker = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
-    return Subscription(
-        name="t/0/s",
-        subscription_type="shared",
-        tracker=tracker,
-        clock=clock,
-        sealed=SealedReader(),
-        lookahead_ms=lookahead_ms,
-    )
+    return _subscription(SealedReader(), clock, lookahead_ms=lookahead_ms)
 
 
 def _answer(sub: Subscription, index: TopicIndex, now: int) -> int:

@@ -210,3 +210,27 @@ def test_minus_one_pending_messages_is_no_limit(config):
 def test_block_if_queue_full_must_be_a_bool(config):
     with pytest.raises(InvalidArgument, match="block_if_queue_full"):
         Producer(FakeTopic(1), "orders", config, block_if_queue_full="no")  # type: ignore[arg-type]
+
+
+def test_a_done_callback_that_sends_into_a_full_queue_gets_an_error_not_a_deadlock(config):
+    # Given a producer with room for one send, whose pending first send has a callback
+    # that sends again (callbacks run on the sending thread, before its round frees room)
+    topic = GatedTopic(partitions=1)
+    producer = Producer(topic, "orders", config, max_pending_messages=1)
+    topic.gate.clear()
+    first = producer.send_async(b"first")
+    errors: list = []
+
+    def send_more(_fut) -> None:
+        try:
+            producer.send_async(b"from the callback")
+        except ProducerQueueIsFull as exc:
+            errors.append(exc)
+
+    first.add_done_callback(send_more)
+    # When the first answer comes
+    topic.gate.set()
+    first.result(timeout=5)
+    wait_until(lambda: producer.pending_messages == 0)
+    # Then the callback was told the queue is full, instead of waiting for itself
+    assert len(errors) == 1 and topic.payloads[0] == [b"first"]
