@@ -14,7 +14,9 @@
 - Each batch carries the producer's name and a per-partition ``sequence_id``; a
   batch re-sent after a failure is recognised by the partition and not appended
   twice. Failed sends are retried (same sequence id) when the error is retriable.
-- The partition is a stable hash of the key, else round-robin.
+- The partition is a stable hash of the key, else round-robin in runs of STICKY messages
+  (a batch of ``send_many`` spreads its keyless messages in runs; ``send`` and
+  ``send_async`` keep one partition for STICKY sends, then take the next).
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class Producer:
         self._cv = threading.Condition(threading.Lock())
         self._round = threading.Condition()  # the queued sends' (see SendFuture)
         self._pending = 0  # sends queued or in flight, their futures not resolved yet
+        self._sticky_at, self._sticky_left = 0, 0  # keyless sends: partition, sends left
         self._closed = False
         self._thread: threading.Thread | None = None
         cfg = config
@@ -222,7 +225,7 @@ class Producer:
         key = check_key(key)
         properties = check_properties(properties)
         at = deliver_at_of(deliver_at, deliver_after, _now_ms(), self._max_delay_ms)
-        partition = partition_of(key, self.partitions, self._rr)
+        partition = -1 if key is None else key_hash(key) % self.partitions
         with self._cv:
             limit = self._pending_limit
             while self._pending >= limit and not self._closed:
@@ -236,6 +239,8 @@ class Producer:
                     )
                 self._cv.wait()
             self._check_open()  # (closed while this call waited for room)
+            if partition < 0:
+                partition = self._next_sticky()
             fut = SendFuture(self._round)
             self._queue.append((partition, payload, key, properties, at, fut))
             self._pending += 1
@@ -313,6 +318,16 @@ class Producer:
                 count=n,
             )
         return self._append(parts, checked_payloads, key_list, prop_list, d)
+
+    def _next_sticky(self) -> int:
+        """The partition of a keyless send: the same one for a run of STICKY sends, then the
+        next (a lone sender keeps calling one warm partition actor, as Kafka's sticky
+        partitioner does; measured here, 0.3-0.6 ms of a send's 3-4 ms). Under ``_cv``."""
+        if self._sticky_left <= 0:
+            self._sticky_at = next(self._rr) % self.partitions
+            self._sticky_left = STICKY
+        self._sticky_left -= 1
+        return self._sticky_at
 
     def _sticky(self, n: int) -> np.ndarray:
         """Partitions for ``n`` keyless messages: round-robin by runs of at least STICKY

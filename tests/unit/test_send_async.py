@@ -234,3 +234,23 @@ def test_a_done_callback_that_sends_into_a_full_queue_gets_an_error_not_a_deadlo
     wait_until(lambda: producer.pending_messages == 0)
     # Then the callback was told the queue is full, instead of waiting for itself
     assert len(errors) == 1 and topic.payloads[0] == [b"first"]
+
+
+def test_keyless_sends_keep_one_partition_for_a_run_then_take_the_next(config):
+    from raydelay.client.producer import STICKY
+
+    # Given a topic of 3 partitions and 3 runs' worth of keyless sends
+    topic = FakeTopic(partitions=3)
+    producer = Producer(topic, "orders", config, max_pending_messages=-1)
+    futures = [producer.send_async(b"m") for _ in range(3 * STICKY)]
+    producer.flush()
+    parts = [f.result().partition for f in futures]
+    # Then each run of STICKY sends went to one partition, and the runs took each in turn
+    runs = [parts[i * STICKY : (i + 1) * STICKY] for i in range(3)]
+    assert all(len(set(run)) == 1 for run in runs)
+    assert sorted(run[0] for run in runs) == [0, 1, 2]
+    # and a keyed send still goes where its key hashes, whatever the run
+    assert (
+        producer.send(b"k", key="order-17").partition
+        == producer.send(b"k", key="order-17").partition
+    )
