@@ -334,7 +334,7 @@ class TopicActor:
                 "version": version,
             }
 
-        return await asyncio.get_running_loop().run_in_executor(self._query_exec, query)
+        return await self._run(query, on=self._query_exec)
 
     async def unsealed_histogram(self, edges: list[int], now_ms: int) -> list[int]:
         """Rows of the unsealed ledgers not due yet, per due window."""
@@ -345,7 +345,7 @@ class TopicActor:
             with self._index_lock:
                 return self._bucket_index.waiting_histogram(edges_arr, int(now_ms))
 
-        out = await asyncio.get_running_loop().run_in_executor(self._query_exec, histogram)
+        out = await self._run(histogram, on=self._query_exec)
         return out.tolist()
 
     async def buckets(self) -> dict:
@@ -379,8 +379,9 @@ class TopicActor:
         loop.create_task(self._committer())
         loop.create_task(self._retention())
 
-    async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
+    async def _run(self, fn, *args, on: ThreadPoolExecutor | None = None):
+        """``fn(*args)`` on the log's thread (or on the executor ``on``)."""
+        return await asyncio.get_running_loop().run_in_executor(on or self._exec, fn, *args)
 
     # --- appending ------------------------------------------------------------------------
 

@@ -1522,10 +1522,9 @@ class Subscription:
 
     def next_wakeup_ms(self) -> int | None:
         """When something may next become deliverable (epoch ms), or None."""
-        times = [t for t in (self.tracker.next_delivery_time(),) if t is not None]
-        if self.sealed is not None:
-            times += [t for t in (self.sealed.next_time(), self.tail_next) if t is not None]
-        times += [int(e.d[e.pos]) for e in self._early]
+        times = [
+            t for t in (self.tracker.next_delivery_time(), self._next_delayed_ms()) if t is not None
+        ]
         if self._deadlines:
             times.append(self._deadlines[0][0])
         return min(times) if times else None
