@@ -95,7 +95,7 @@ def kill_and_recover(actor, timeout_s: float = 300.0) -> tuple[int, dict, dict]:
     buffer may still hand out what the old process delivered."""
     pid = ask(actor.pid.remote)
     killed = now_ms()
-    ray.kill(actor, no_restart=False)
+    ray.kill(getattr(actor, "handle", actor), no_restart=False)  # (a Routed: its process)
     deadline = time.monotonic() + timeout_s
     while ask(actor.pid.remote) == pid:  # the old process may answer until it is gone
         if time.monotonic() > deadline:

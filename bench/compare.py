@@ -31,6 +31,7 @@ Writes ``bench/results/<date>-<suite>.md`` and its PNG plots.
 
 Usage: python bench/compare.py [--suite quick|full] [--peers raydelay redis heapq]
        [--scenarios ingest memory burst lateness scale fanout drain] [--resume]
+       [--fanout-ks 1 8 32]
 """
 
 from __future__ import annotations
@@ -213,6 +214,9 @@ def main() -> None:
         nargs="+",
         help="memory / recovery load points instead of the suite's (kills at the suite's)",
     )
+    ap.add_argument(
+        "--fanout-ks", type=int, nargs="+", help="subscription counts of the fanout scenario"
+    )
     ap.add_argument("--tag", default="", help="appended to the report's name")
     ap.add_argument(
         "--resume",
@@ -227,6 +231,10 @@ def main() -> None:
         ap.error("--shrink: must be >= 1")
     logging.basicConfig(level=logging.WARNING)
     plan = shrink(SUITES[args.suite], args.shrink)
+    if args.fanout_ks:
+        if any(k < 1 for k in args.fanout_ks):
+            ap.error("--fanout-ks: every count must be >= 1")
+        plan = plan | {"fanout_ks": sorted(set(args.fanout_ks))}
     if args.points:
         plan = plan | {"memory": sorted(args.points)}
         plan["kill_at"] = [p for p in plan["kill_at"] if p in args.points]

@@ -29,7 +29,7 @@ import ray  # noqa: E402
 
 from bench import peer_raydelay  # noqa: E402
 from bench.peer_raydelay import RaydelayPeer  # noqa: E402
-from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
+from raydelay.cluster.handles import subscription_partition  # noqa: E402
 
 SMALL = {
     "topic": {"max_entries_per_ledger": 2_000},
@@ -48,8 +48,7 @@ def one_run(label: str, config: dict, n: int, spread_s: int) -> dict:
         while not stop.wait(0.5):
             try:
                 if proc is None:
-                    name = subscription_actor_name("drain", 0, peer_raydelay.SUB)
-                    actor = ray.get_actor(name, NAMESPACE)
+                    actor = subscription_partition("drain", 0, peer_raydelay.SUB)
                     proc = psutil.Process(ray.get(actor.pid.remote(), timeout=5))
                 peaks["rss"] = max(peaks["rss"], proc.memory_info().rss)
                 parts = peer.cluster.stats("drain", peer_raydelay.SUB)["partitions"]

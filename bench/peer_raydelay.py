@@ -42,7 +42,8 @@ from bench.workload import (
     sleep_until,
     spread_now,
 )
-from raydelay.cluster.names import NAMESPACE, subscription_actor_name, topic_actor_name
+from raydelay.cluster.handles import host_of, subscription_partition, topic_partition
+from raydelay.cluster.names import NAMESPACE, subscription_actor_name
 
 BATCH = 5_000
 # max_messages per receive: 40,000 asks each of the 4 partitions for 10,000 per call
@@ -85,19 +86,21 @@ class RaydelayPeer:
         producer.close()
         self.cluster.delete_topic(topic, force=True)
 
-    def _actors(self, topic: str, partitions: int) -> list:
-        names = [topic_actor_name(topic, p) for p in range(partitions)]
-        names += [subscription_actor_name(topic, p, SUB) for p in range(partitions)]
-        return [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+    def _actors(self, topic: str, partitions: int) -> tuple[list, list]:
+        """The hosts of the topic's partitions, and the subscription's actor."""
+        hosts = sorted({host_of(topic, p) for p in range(partitions)})
+        subs = [subscription_actor_name(topic, SUB)]
+        return (
+            [ray.get_actor(n, namespace=NAMESPACE) for n in hosts],
+            [ray.get_actor(n, namespace=NAMESPACE) for n in subs],
+        )
 
     def _rss(self, topic: str, partitions: int) -> dict[str, int]:
-        actors = self._actors(topic, partitions)
-        pids = ray.get([a.pid.remote() for a in actors])
+        hosts, subs = self._actors(topic, partitions)
         out = {"topic": 0, "subscription": 0}
-        for i, pid in enumerate(pids):
-            out["topic" if i < partitions else "subscription"] += (
-                psutil.Process(pid).memory_info().rss
-            )
+        for kind, actors in (("topic", hosts), ("subscription", subs)):
+            for pid in ray.get([a.pid.remote() for a in actors]):
+                out[kind] += psutil.Process(pid).memory_info().rss
         return out
 
     def _settle(self, topic: str, sent: int, timeout_s: float = 600) -> dict:
@@ -177,7 +180,7 @@ class RaydelayPeer:
         the restarted process makes (its own clock reading, ``first_delivery_at_ms``). What
         the consumer receives after the kill does not count: its prefetch buffer still
         hands out what the old process delivered."""
-        sub = ray.get_actor(subscription_actor_name(topic, 0, SUB), namespace=NAMESPACE)
+        sub = subscription_partition(topic, 0, SUB)
         killed, _, rec = kill_and_recover(sub)
         first = rec.get("first_delivery_at_ms")
         return {
@@ -298,9 +301,7 @@ class RaydelayPeer:
         stop.set()
         sampler.join()
         store = dir_bytes(self.root)
-        topic_stats = ask(
-            ray.get_actor(topic_actor_name(topic, 0), namespace=NAMESPACE).stats.remote
-        )
+        topic_stats = ask(topic_partition(topic, 0).stats.remote)
         written = None
         if "bytes_written" in topic_stats:  # the log's and the buckets' bytes
             written = (topic_stats["bytes_written"] + topic_stats["sealed_bytes"]) / (
@@ -339,11 +340,8 @@ class RaydelayPeer:
         for name in subs:  # the subscription stays; nobody consumes
             self.cluster.subscribe(topic, name).close()
         producer = self.cluster.create_producer(topic)
-        actors = [ray.get_actor(topic_actor_name(topic, 0), namespace=NAMESPACE)]
-        actors += [
-            ray.get_actor(subscription_actor_name(topic, 0, name), namespace=NAMESPACE)
-            for name in subs
-        ]
+        actors = [topic_partition(topic, 0)]  # (its host)
+        actors += [subscription_partition(topic, 0, name) for name in subs]  # (their actors)
         procs = [psutil.Process(pid) for pid in ray.get([a.pid.remote() for a in actors])]
 
         def cpu() -> float:
@@ -413,9 +411,7 @@ class RaydelayPeer:
         done = drain.wait_for(n, 600)
         seconds = (now_ms() - t0) / 1000
         drain.stop()
-        topic_stats = ask(
-            ray.get_actor(topic_actor_name(topic, 0), namespace=NAMESPACE).stats.remote
-        )
+        topic_stats = ask(topic_partition(topic, 0).stats.remote)
         out = {
             "n": n,
             "spread_s": spread_s,

@@ -50,7 +50,7 @@ from bench.common import (  # noqa: E402
     start_local_ray,
 )
 from raydelay.clock import now_ms  # noqa: E402
-from raydelay.cluster.names import NAMESPACE, subscription_actor_name  # noqa: E402
+from raydelay.cluster.handles import subscription_partition  # noqa: E402
 
 PAYLOAD = b"x" * 100
 BATCH = 5_000
@@ -62,7 +62,7 @@ def run(cluster, store: BenchStore, topic: str, pending: int) -> dict:
     cluster.create_topic(topic, partitions=1)
     consumer = cluster.subscribe(topic, "s")
     producer = cluster.create_producer(topic)
-    sub = ray.get_actor(subscription_actor_name(topic, 0, "s"), namespace=NAMESPACE)
+    sub = subscription_partition(topic, 0, "s")
     stop = threading.Event()
 
     def consume() -> None:

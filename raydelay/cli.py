@@ -543,20 +543,40 @@ def cmd_placement(args: argparse.Namespace) -> int:
         [
             node[:12],
             (rs[0]["address"] or "-") + (" (head)" if rs[0]["head"] else ""),
-            sum(r["class"] == "TopicActor" for r in rs),
+            sum(r["class"] == "HostActor" for r in rs),
+            sum(r.get("partitions", 0) for r in rs if r["class"] == "HostActor"),
             sum(r["class"] == "SubscriptionActor" for r in rs),
             "yes" if any(r["class"] == "CoordinatorActor" for r in rs) else "",
         ]
         for node, rs in sorted(nodes.items())
     ]
-    print(table(["node", "address", "topic actors", "subscription actors", "coordinator"], summary))
+    print(
+        table(
+            ["node", "address", "hosts", "partitions", "subscription actors", "coordinator"],
+            summary,
+        )
+    )
     print()
     detail = [
-        [r["name"], (r["node"] or "-")[:12], r["state"].lower(), r["pid"], r["restarts"]]
+        [
+            r["name"],
+            (r["node"] or "-")[:12],
+            r["state"].lower(),
+            r["pid"],
+            r["restarts"],
+            _serves(r.get("serves", [])),
+        ]
         for r in rows
     ]
-    print(table(["actor", "node", "state", "pid", "restarts"], detail))
+    print(table(["actor", "node", "state", "pid", "restarts", "serves"], detail))
     return 0
+
+
+def _serves(items: list[str], most: int = 6) -> str:
+    """What an actor serves, shortened to ``most`` items."""
+    if len(items) <= most:
+        return " ".join(items)
+    return " ".join(items[:most]) + f" (+{len(items) - most} more)"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -178,6 +178,15 @@ class SubscriptionConfig(_Section):
     # a consumer not heard from (calls or its client's heartbeats) for this long is removed:
     # its unacked messages go to other consumers, failover promotes the next, exclusive frees
     consumer_lease_s: PositiveSeconds = 10.0
+    # how many partitions one actor of a subscription serves; -1: all of them (one actor
+    # per subscription); a busy subscription of many partitions may be split
+    partitions_per_actor: int = -1
+
+    @field_validator("partitions_per_actor")
+    @classmethod
+    def _per_actor(cls, value: int, info: ValidationInfo) -> int:
+        check_limit(f"subscription.{info.field_name}", value)
+        return value
 
 
 class ProducerConfig(_Section):
@@ -212,6 +221,15 @@ class PlacementConfig(_Section):
 
     # keep actors off the head node (it runs Ray's control service) while a worker is alive
     avoid_head: bool = True
+    # partition hosts per node: -1 is one per CPU of the node, at most
+    # placement.MAX_AUTO_HOSTS (4); each host holds the logs of many partitions
+    hosts_per_node: int = -1
+
+    @field_validator("hosts_per_node")
+    @classmethod
+    def _hosts(cls, value: int, info: ValidationInfo) -> int:
+        check_limit(f"placement.{info.field_name}", value)
+        return value
 
 
 class RayConfig(_Section):

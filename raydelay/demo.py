@@ -86,7 +86,7 @@ class DemoReport:
                 f"{late.p50_ms or 0:.0f} / {late.p99_ms or 0:.0f} / {late.max_ms or 0:,} ms",
             ],
             ["buckets sealed / segments loaded", f"{self.buckets_sealed} / {self.buckets_loaded}"],
-            ["peak RSS of subscription actors", f"{self.peak_rss_mb:,.0f} MB"],
+            ["peak RSS of the subscription actor and hosts", f"{self.peak_rss_mb:,.0f} MB"],
             ["elapsed", f"{self.elapsed_s:.1f} s"],
         ]
         return table(["raydelay demo", ""], rows)
@@ -378,11 +378,10 @@ class _Run:
         from raydelay.cluster import placement
         from raydelay.cluster.names import subscription_actor_name
 
-        handles = [
-            placement.lookup(subscription_actor_name(self.topic, p, "billing"))
-            for p in range(_PARTITIONS)
-        ]
-        return ray.get([h.pid.remote() for h in handles])
+        # the subscription's actor (it serves every partition) and the partitions' hosts
+        handles = [placement.lookup(subscription_actor_name(self.topic, "billing"))]
+        handles += [placement.lookup(h) for h in placement.live_hosts()]
+        return sorted(set(ray.get([h.pid.remote() for h in handles])))
 
     def _sample_rss(self, pids: list[int]) -> None:
         import psutil

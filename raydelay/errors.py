@@ -70,6 +70,11 @@ class Unavailable(RaydelayError):
     retriable = True
 
 
+class PartitionMoved(Unavailable):
+    """The host that was called does not serve the partition (any more): the coordinator
+    assigned it to another host. Retriable: the caller looks the partition up again."""
+
+
 class StoreOwned(RaydelayError):
     """The store is held by another live raydelay cluster (one owner per store). ``owner``
     describes it: its Ray address, host, pid and epoch."""

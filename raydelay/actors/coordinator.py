@@ -133,6 +133,55 @@ class CoordinatorActor:
     def mark_delete(self, topic: str, partition: int, subscription: str) -> list[int]:
         return self._meta.mark_delete(topic, partition, subscription)
 
+    # --- partition hosts -------------------------------------------------------------------
+
+    def locate(self, topic: str, partition: int) -> str:
+        """The name of the host that serves the partition, started when it is not running.
+        A partition not assigned yet, or assigned to a host that ended for good (its node
+        was lost), is assigned to a host slot of a live node first (journaled; see
+        ``Metadata.choose_host``)."""
+        current = self._meta.host_of(topic, partition)
+        live = placement.live_hosts()
+        if current is not None and current in live:
+            return current
+        slots, node_of = placement.host_slots(self._config_dict())
+        host = self._meta.choose_host(topic, partition, slots, node_of)
+        self._meta.assign(topic, partition, host)
+        if current is not None:
+            log.warning("%s/%d: host %s is gone; assigned to %s", topic, partition, current, host)
+        if host not in live:
+            from raydelay.actors.host import spawn_host  # (host.py imports this module)
+
+            spawn_host(host, self._config_dict())
+        return host
+
+    def claim_partition(self, topic: str, partition: int, host: str) -> str:
+        """A host about to serve the partition asks whether it may: the partition's host
+        after the call (``host`` itself when it was assigned to it, or to nobody, or to a
+        host that ended for good)."""
+        current = self._meta.host_of(topic, partition)
+        if current == host:
+            return host
+        if current is not None and current in placement.live_hosts():
+            return current
+        return self._meta.assign(topic, partition, host)
+
+    def assignments(self) -> dict[str, str]:
+        """``"topic/partition"`` -> its host, for every assigned partition."""
+        return self._meta.assignments()
+
+    def host_partitions(self, host: str) -> list[tuple[str, int]]:
+        """The partitions assigned to ``host``."""
+        out = []
+        for key, h in self._meta.assignments().items():
+            if h == host:
+                topic, p = key.rsplit("/", 1)
+                out.append((topic, int(p)))
+        return sorted(out)
+
+    def _config_dict(self) -> dict[str, Any]:
+        return config_to_dict(self._config)
+
     def registry_list(self, name: str) -> dict[str, bytes]:
         return self._meta.registry_list(name)
 

@@ -1,4 +1,6 @@
-"""TopicActor: the asyncio shell around one partition's :class:`PartitionLog`.
+"""TopicPartition: the asyncio shell around one partition's :class:`PartitionLog`, one of
+the many a partition host holds (:mod:`raydelay.actors.host`; calls reach it through
+the host's ``call``).
 
 - ``append`` calls wait in a queue. A group commit starts at once when none is in
   flight; what arrives while one is in flight joins the next (the journal pattern of
@@ -13,8 +15,8 @@
   writes it, and registers it in the coordinator. Every shared subscription reads
   those buckets (``buckets``); a restarted actor rebuilds the unsealed range from the
   ledgers after the last sealed one.
-- Every ``topic.retention_interval_ms`` the actor asks the coordinator which
-  ledgers and buckets no subscription needs any more, deletes their objects, then
+- Every ``topic.retention_interval_ms`` its host calls ``trim``: it asks the coordinator
+  which ledgers and buckets no subscription needs any more, deletes their objects, then
   tells it.
 """
 
@@ -26,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,13 +40,10 @@ import ray
 
 from raydelay.actors.coordinator import coordinator_peer
 from raydelay.actors.metrics import TopicMetrics
+from raydelay.actors.protocol import BucketList, DueReply, ReadReply
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
-from raydelay.cluster import placement, rpc
-from raydelay.cluster.handles import Peer
-from raydelay.cluster.names import topic_actor_name
 from raydelay.cluster.nodes import check_store
-from raydelay.cluster.rpc import in_thread
 from raydelay.config import config_from_dict
 from raydelay.delayed.sealed import (
     THROUGH_KEY,
@@ -55,26 +54,67 @@ from raydelay.delayed.sealed import (
     seal,
 )
 from raydelay.delayed.store import SealedStore
-from raydelay.errors import InvalidArgument, NotFound
+from raydelay.errors import InvalidArgument, NotFound, Unavailable
 from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
 from raydelay.positions import key_of
+from raydelay.retries import Backoff
 from raydelay.storage import make_store
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0
-_MARKS = 4096  # recent committed objects remembered for the long polls of read()
+_MARKS = 4096
 
 
-class TopicActor:
+class SharedObjects:
+    """Committed ledger objects put once into Ray's object store, for every subscription
+    that reads them: a read answers with a reference, and the subscriptions on the node
+    map the same shared memory (a numpy view, decoded in place) instead of each getting a
+    copy in its reply. One per process (a host), bounded by bytes; small objects, cheaper
+    to copy than to fetch, go in the reply as they are."""
+
+    MIN_BYTES = 64 * 1024
+
+    def __init__(self, limit_bytes: int) -> None:
+        self._limit = limit_bytes
+        self._refs: OrderedDict[int, tuple[bytes, Any]] = OrderedDict()  # id(data) -> ref
+        self._bytes = 0
+        self.puts = 0
+
+    def share(self, objects: list) -> list:
+        """``objects`` with each big encoded object replaced by its reference."""
+        return [
+            self._ref(o) if isinstance(o, bytes) and len(o) >= self.MIN_BYTES else o
+            for o in objects
+        ]
+
+    def _ref(self, data: bytes) -> Any:
+        hit = self._refs.get(id(data))
+        if hit is not None and hit[0] is data:  # (the tail cache hands out the same bytes)
+            self._refs.move_to_end(id(data))
+            return hit[1]
+        ref = ray.put(np.frombuffer(data, dtype=np.uint8))
+        self.puts += 1
+        self._refs[id(data)] = (data, ref)
+        self._bytes += len(data)
+        while self._bytes > self._limit and len(self._refs) > 1:
+            _, (old, _) = self._refs.popitem(last=False)
+            self._bytes -= len(old)
+        return ref
+
+
+SHARED = SharedObjects(64 * 1024 * 1024)
+SEAL_RETRY = Backoff(
+    first_s=0.2, max_s=5.0
+)  # a seal's writes: until they land  # recent committed objects remembered for the long polls of read()
+
+
+class TopicPartition:
+    """One partition of a host. The constructor recovers it from the store and makes
+    blocking calls: its host runs it on a thread."""
+
     def __init__(self, topic: str, partition: int, config: dict[str, Any]) -> None:
-        # Recovery makes blocking calls; off the event loop's thread they block nothing else.
-        in_thread(
-            rpc.recover, self._init, topic, partition, config, what=f"topic/{topic}/{partition}"
-        )
-
-    def _init(self, topic: str, partition: int, config: dict[str, Any]) -> None:
         self._topic, self._partition = topic, partition
         self._config = config_from_dict(config)
         check_store(self._config.storage)  # before anything is written where it should not be
@@ -124,6 +164,7 @@ class TopicActor:
         self._queue: list[tuple[AppendBatch, asyncio.Future]] = []
         self._queued_bytes = 0
         self._started = False
+        self._stopping = False  # graceful stop: long polls are answered at once
         # (asyncio's primitives bind to the event loop on first use, not here)
         self._tail_changed = asyncio.Condition()
         self._work = asyncio.Event()
@@ -214,6 +255,7 @@ class TopicActor:
         no attempt leaves an orphan behind) until they land."""
         sealed = self._sealed_bucket(job)
         failures = 0
+        delays = SEAL_RETRY.delays_s()
         while True:
             try:
                 self._register(job, sealed)
@@ -238,7 +280,7 @@ class TopicActor:
                         job.end_ledger,
                         exc,
                     )
-                time.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))
+                time.sleep(next(delays))
 
     def _sealed_bucket(self, job: SealJob):
         """The encoded bucket of a job (meta, data, index), or None for a job without rows."""
@@ -313,26 +355,19 @@ class TopicActor:
                 return 0 <= entry_id < sizes.get(ledger_id, 0)
         return False
 
-    async def due_unsealed(self, taken_below: int, taken_through: int, now_ms: int) -> dict:
+    async def due_unsealed(self, taken_below: int, taken_through: int, now_ms: int) -> DueReply:
         """For a shared subscription: the due delayed rows of the ledgers not sealed yet that
         it has not taken (it took every row below position ``taken_below`` due at or before
         ``taken_through``), as of ``now_ms`` (its clock). See ``TopicIndex.due``."""
         self._ensure_started()
 
-        def query() -> dict:
+        def query() -> DueReply:
             with self._index_lock:  # (the answer and the buckets it reports, at one moment)
                 rows, below, next_d, waiting = self._bucket_index.due(
                     int(taken_below), int(taken_through), int(now_ms)
                 )
                 through, version = self._published_through, self._buckets_version
-            return {
-                "rows": rows.to_batch(),
-                "below": below,
-                "next_d": next_d,
-                "waiting": waiting,
-                "through": through,
-                "version": version,
-            }
+            return DueReply(rows.to_batch(), below, next_d, waiting, through, version)
 
         return await self._run(query, on=self._query_exec)
 
@@ -348,16 +383,14 @@ class TopicActor:
         out = await self._run(histogram, on=self._query_exec)
         return out.tolist()
 
-    async def buckets(self) -> dict:
+    async def buckets(self) -> BucketList:
         """The partition's sealed buckets: their keys, the ledger every ledger up to which
         is indexed (``through``), and a version that changes with the list."""
         self._ensure_started()
         with self._seal_lock:
-            return {
-                "version": self._buckets_version,
-                "through": self._published_through,
-                "buckets": [k for _, _, k in self._buckets],
-            }
+            return BucketList(
+                self._buckets_version, self._published_through, [k for _, _, k in self._buckets]
+            )
 
     def _roll(self, closed: int | None, count: int) -> int:
         return int(
@@ -375,9 +408,19 @@ class TopicActor:
         if self._started:
             return
         self._started = True
-        loop = asyncio.get_running_loop()
-        loop.create_task(self._committer())
-        loop.create_task(self._retention())
+        self._committer_task = asyncio.get_running_loop().create_task(self._committer())
+
+    def close(self) -> None:
+        """Stop its loop and threads (its host drops it: the topic is being deleted, or
+        the host is going away). Appends waiting in the queue fail as Unavailable."""
+        if self._started:
+            self._committer_task.cancel()
+        for _, fut in self._queue:
+            if not fut.done():
+                fut.set_exception(Unavailable(f"topic {self._topic}/{self._partition} closed"))
+        self._queue = []
+        for pool in (self._exec, self._seal_exec, self._query_exec):
+            pool.shutdown(wait=False)
 
     async def _run(self, fn, *args, on: ThreadPoolExecutor | None = None):
         """``fn(*args)`` on the log's thread (or on the executor ``on``)."""
@@ -412,6 +455,7 @@ class TopicActor:
         """Queue ``batch`` for the next group commit (in call order); the future is its
         position ranges."""
         fut = asyncio.get_running_loop().create_future()
+        self._stopping = False  # (appends go on after a graceful stop: so do long polls)
         self._queue.append((batch, fut))
         self._queued_bytes += batch.entries.nbytes()
         self._work.set()
@@ -504,34 +548,57 @@ class TopicActor:
         max_entries: int,
         wait_s: float = 0.0,
         skip_delayed: bool = False,
-        due_before_ms: int | None = None,
-    ) -> dict:
+        due_within_ms: int | None = None,
+    ) -> ReadReply:
         """Ledger objects with entries at or after ``from_position`` (see ReadReply), the tail,
         and the ledger list. With ``wait_s`` (seconds), a reader that is caught up waits
         that long for new entries first (one call instead of a poll plus a read). With
         ``skip_delayed``, an object of delayed entries only (this actor indexed them) comes
-        as a :class:`~raydelay.log.entries.DelayedRun`; and with ``due_before_ms`` too (epoch
-        ms), the wait ends only for an entry due before then (or due at once): a reader
-        that takes delayed rows from this actor's index sleeps through a steady stream of
-        messages due later than it already knows of."""
+        as a :class:`~raydelay.log.entries.DelayedRun`; and with ``due_within_ms`` too, the
+        wait ends only for an entry due at once or within that many ms, or when one it
+        passed over comes that close to its time: a reader that takes delayed rows from
+        this partition's index sleeps through a steady stream of messages due later, and
+        an idle one through its whole wait."""
         self._ensure_started()
         position = (int(from_position[0]), int(from_position[1]))
         if not (skip_delayed and self._index is not None):
-            due_before_ms = None
-        if wait_s > 0 and not self._has_urgent_at(position, due_before_ms):
-            await self._wait_until(lambda: self._has_urgent_at(position, due_before_ms), wait_s)
+            due_within_ms = None
+        if wait_s > 0:
+            await self._wait_urgent(position, due_within_ms, float(wait_s))
         runs = None
         if skip_delayed and self._index is not None:
             runs = lambda ledger_id, first: self._delayed_runs.get((ledger_id, first))  # noqa: E731
         reply = await self._run(
             self._log.read, (int(from_position[0]), int(from_position[1])), int(max_entries), runs
         )
-        return {
-            "objects": reply.objects,
-            "tail": reply.tail,
-            "ledgers": [(x.ledger_id, x.count) for x in self._log.ledgers],
-            "buckets_version": self._buckets_version,
-        }
+        return ReadReply(
+            SHARED.share(reply.objects),
+            reply.tail,
+            [(x.ledger_id, x.count) for x in self._log.ledgers],
+            self._buckets_version,
+        )
+
+    async def _wait_urgent(
+        self, position: tuple[int, int], within_ms: int | None, wait_s: float
+    ) -> None:
+        """Wait (up to ``wait_s``) until the log holds an entry at or after ``position`` due
+        at once or within ``within_ms`` from the moment it is looked at (None: any entry)."""
+
+        def horizon() -> int | None:
+            return None if within_ms is None else time.time_ns() // 1_000_000 + int(within_ms)
+
+        def ready() -> bool:
+            return self._has_urgent_at(position, horizon())
+
+        deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
+        while not ready() and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            nxt = None if within_ms is None else self._next_due_at(position)
+            if nxt is not None:  # an entry passed over comes within the horizon then
+                left = min(left, max(0.001, (nxt - horizon()) / 1000))  # type: ignore[operator]
+            await self._next_commit(left)  # (then look again: a new entry may be due sooner)
 
     def _has_entries_at(self, position: tuple[int, int]) -> bool:
         tail = self._log.tail()
@@ -554,6 +621,18 @@ class TopicActor:
             if d < due_before_ms:
                 return True
         return False
+
+    def _next_due_at(self, position: tuple[int, int]) -> int | None:
+        """The earliest deliver_at of the delayed-only objects at or after ``position`` that
+        the marks remember (None: none)."""
+        start = key_of(*position)
+        out = None
+        for last, d in reversed(tuple(self._marks)):
+            if last < start:
+                break
+            if d and (out is None or d < out):
+                out = d
+        return out
 
     async def read_positions(self, keys) -> pa.RecordBatch:
         """The entries at ``keys`` (int64 position keys ``ledger << 32 | entry``, one array) as
@@ -584,11 +663,23 @@ class TopicActor:
         return self._log.tail()
 
     async def _wait_until(self, ready: Callable[[], bool], timeout_s: float) -> None:
-        """Wait until ``ready()`` holds after a commit, or ``timeout_s`` (seconds) passed."""
+        """Wait until ``ready()`` holds after a commit, or ``timeout_s`` (seconds) passed (or
+        the partition is stopping)."""
         timeout_s = min(max(float(timeout_s), 0.0), MAX_WAIT_S)
         async with self._tail_changed:
             try:
-                await asyncio.wait_for(self._tail_changed.wait_for(ready), timeout=timeout_s)
+                await asyncio.wait_for(
+                    self._tail_changed.wait_for(lambda: self._stopping or ready()),
+                    timeout=timeout_s,
+                )
+            except asyncio.TimeoutError:
+                pass
+
+    async def _next_commit(self, timeout_s: float) -> None:
+        """Wait for the next commit (or a graceful stop), at most ``timeout_s`` seconds."""
+        async with self._tail_changed:
+            try:
+                await asyncio.wait_for(self._tail_changed.wait(), timeout=timeout_s)
             except asyncio.TimeoutError:
                 pass
 
@@ -610,8 +701,12 @@ class TopicActor:
         return self._log.tail()
 
     async def close_ledger(self) -> bool:
-        """Close the open ledger at its size (graceful shutdown); appends go on in a new one."""
+        """Close the open ledger at its size (graceful shutdown); appends go on in a new one.
+        Standing long polls are answered now (the host is about to stop)."""
         self._ensure_started()
+        self._stopping = True
+        async with self._tail_changed:
+            self._tail_changed.notify_all()
         return await self._run(self._log.close_ledger)
 
     async def ledgers(self) -> list[tuple[int, int | None]]:
@@ -633,17 +728,6 @@ class TopicActor:
         }
 
     # --- retention --------------------------------------------------------------------------
-
-    async def _retention(self) -> None:
-        interval_s = self._config.topic.retention_interval_ms / 1000
-        retries = rpc.Retries(log, f"retention of {self._topic}/{self._partition}")
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.trim()
-                retries.ok()
-            except Exception as exc:  # noqa: BLE001 - reported; retried next interval
-                retries.failed(exc)
 
     async def _trim_buckets(self) -> None:
         name = registry_name(self._topic, self._partition)
@@ -690,21 +774,3 @@ class TopicActor:
 def _positions_of(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
     """The positions of (ledger, first entry, count) ranges, in order."""
     return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
-
-
-def spawn_topic(topic: str, partition: int, config: dict[str, Any]) -> Any:
-    """A partition's topic actor, created if it does not exist yet."""
-    name = topic_actor_name(topic, partition)
-    return (
-        ray.remote(TopicActor)
-        .options(**placement.actor_options(name, config))
-        .remote(topic, partition, config)
-    )
-
-
-def topic_peer(topic: str, partition: int, config: dict[str, Any]) -> Peer:
-    return Peer(
-        topic_actor_name(topic, partition),
-        lambda: spawn_topic(topic, partition, config),
-        f"topic actor {topic}/{partition}",
-    )

@@ -15,8 +15,8 @@ from typing import Any
 import ray
 
 from raydelay.actors.coordinator import coordinator_peer, spawn_coordinator
+from raydelay.actors.host import partition_peer
 from raydelay.actors.subscription import spawn_subscription
-from raydelay.actors.topic import spawn_topic
 from raydelay.client.consumer import Consumer
 from raydelay.client.message import check_number
 from raydelay.client.producer import Producer
@@ -31,11 +31,13 @@ from raydelay.cluster.names import (
     COORDINATOR,
     NAMESPACE,
     subscription_actor_name,
-    topic_actor_name,
+    subscription_group,
+    subscription_groups,
 )
 from raydelay.cluster.nodes import check_store
 from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
 from raydelay.errors import InvalidArgument, NotFound, StorageError, StoreOwned, Unavailable
+from raydelay.limits import check_limit
 from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
 from raydelay.subscription_types import check_subscription_type
@@ -216,6 +218,8 @@ class Cluster:
         self._started_ray = started_ray
         self._producers: list[Producer] = []
         self._consumers: list[Consumer] = []
+        self._peers: dict[tuple, Peer] = {}  # (topic, partition[, subscription]) -> its peer
+        self._per_actors: dict[tuple[str, str], int] = {}  # partitions_per_actor of a sub
         self._closed = False
 
     # --- topics -----------------------------------------------------------------------------
@@ -225,10 +229,7 @@ class Cluster:
         self._check_open()
         validate_name("topic", topic)
         self._coord("create_topic", topic, partitions)
-        self._call(
-            lambda: [self._topic_handle(topic, p).tail.remote() for p in range(partitions)],
-            f"topic {topic}",
-        )
+        self._on_partitions(topic, partitions, "tail")
 
     def topics(self) -> dict[str, int]:
         """Every topic and its partition count."""
@@ -249,44 +250,90 @@ class Cluster:
             )
         for consumer in [c for c in self._consumers if c.topic == topic]:
             consumer.close()
-        # subscriptions first (they read from the topic's actors), and wait until they are gone
-        handles.stop([subscription_actor_name(topic, p, s) for s in subs for p in range(n)])
-        handles.stop([topic_actor_name(topic, p) for p in range(n)])
+        # subscriptions first (they read from the topic's hosts), and wait until they are gone
+        handles.stop([name for s in subs for name in self._subscription_actors(topic, s, n)])
+        hosts = {h for k, h in self._coord("assignments").items() if k.rsplit("/", 1)[0] == topic}
+        drops = [h.drop_topic.remote(topic) for h in map(placement.lookup_or_none, hosts) if h]
+        rpc.get(drops, what=f"hosts of {topic}")
+        for key in [k for k in self._peers if k[0] == topic]:
+            del self._peers[key]
+        for key in [k for k in self._per_actors if k[0] == topic]:
+            del self._per_actors[key]
         return int(self._coord("delete_topic", topic))
+
+    def _check_per_actor(self, topic: str, subscription: str, per_actor: int | None) -> int:
+        """The partitions_per_actor of a subscription being created or joined."""
+        try:
+            existing = self._subscription_options(topic, subscription).get("partitions_per_actor")
+        except NotFound:
+            existing = None
+        if per_actor is None:
+            return existing or self.config.subscription.partitions_per_actor
+        check_limit("partitions_per_actor", per_actor)
+        if existing is not None and existing != per_actor:
+            raise InvalidArgument(
+                f"partitions_per_actor: {topic}/{subscription} exists with {existing}; it "
+                f"cannot become {per_actor}"
+            )
+        return per_actor
+
+    def _per_actor(self, topic: str, subscription: str) -> int:
+        """How many partitions one actor of the subscription serves (-1: all)."""
+        key = (topic, subscription)
+        if key not in self._per_actors:
+            options = self._subscription_options(topic, subscription)
+            self._per_actors[key] = options.get(
+                "partitions_per_actor", self.config.subscription.partitions_per_actor
+            )
+        return self._per_actors[key]
+
+    def _subscription_actors(self, topic: str, subscription: str, partitions: int) -> list[str]:
+        per_actor = self._per_actor(topic, subscription)
+        return [
+            subscription_actor_name(topic, subscription, g)
+            for g in subscription_groups(partitions, per_actor)
+        ]
+
+    def _on_partitions(self, topic: str, partitions: int, method: str, *args: Any) -> list:
+        """``method(*args)`` on every partition of ``topic`` (retried while a host restarts)."""
+        peers = [self._topic_peer(topic, p) for p in range(partitions)]
+        return self._call(lambda: [peer.remote(method, *args) for peer in peers], f"topic {topic}")
 
     def _partitions(self, topic: str) -> int:
         validate_name("topic", topic)
         return int(self._coord("partitions", topic))
 
     def _topic_peer(self, topic: str, partition: int) -> Peer:
-        """The partition's topic actor; created if it does not exist, but only for a topic
-        that does (a retry after the topic was deleted gets NotFound at once, and never
-        brings its actor back)."""
-
-        def create() -> Any:
-            if not 0 <= partition < self._partitions(topic):  # NotFound: deleted
-                raise NotFound(f"topic {topic!r} has no partition {partition}")
-            return spawn_topic(topic, partition, self._config_dict)
-
-        return Peer(topic_actor_name(topic, partition), create, f"topic {topic}/{partition}")
-
-    def _topic_handle(self, topic: str, partition: int) -> Any:
-        return self._topic_peer(topic, partition).handle
+        """The partition of a topic, on its host (found through the coordinator, which
+        starts the host if needed; NotFound once the topic is deleted)."""
+        key = (topic, partition)
+        peer = self._peers.get(key)
+        if peer is None:
+            peer = self._peers[key] = partition_peer(
+                topic, partition, self._config_dict, self._coordinator
+            )
+        return peer
 
     def _subscription_peer(self, topic: str, partition: int, subscription: str) -> Peer:
-        """A subscription's partition actor; created if missing, only while its topic and
-        the subscription exist (NotFound otherwise)."""
+        """A partition of a subscription, on the subscription's actor; its actor is created
+        if missing, only while its topic and the subscription exist (NotFound otherwise)."""
+        key = (topic, partition, subscription)
+        peer = self._peers.get(key)
+        if peer is not None:
+            return peer
+        group = subscription_group(partition, self._per_actor(topic, subscription))
 
         def create() -> Any:
-            self._topic_handle(topic, partition)
             self._subscription_options(topic, subscription)  # NotFound: deleted
-            return spawn_subscription(topic, partition, subscription, self._config_dict)
+            return spawn_subscription(topic, subscription, group, self._config_dict)
 
-        name = subscription_actor_name(topic, partition, subscription)
-        return Peer(name, create, f"subscription {subscription} of {topic}/{partition}")
-
-    def _subscription_handle(self, topic: str, partition: int, subscription: str) -> Any:
-        return self._subscription_peer(topic, partition, subscription).handle
+        peer = self._peers[key] = Peer(
+            subscription_actor_name(topic, subscription, group),
+            create,
+            f"subscription {subscription} of {topic}/{partition}",
+            route=(partition,),
+        )
+        return peer
 
     def create_producer(
         self,
@@ -338,6 +385,7 @@ class Cluster:
         *,
         prefetch: bool = False,
         initial_position: str = "earliest",
+        partitions_per_actor: int | None = None,
     ) -> Consumer:
         """Create (or join) a subscription and return a consumer of it.
 
@@ -354,7 +402,10 @@ class Cluster:
           retained entry of each partition) or ``"latest"`` (after the last entry at the
           time of this call, Pulsar's default). An existing subscription keeps its cursor.
         - ``subscription_type`` ``"key_shared"``: as ``"shared"``, but all messages of one
-          key go to one consumer at a time, in order."""
+          key go to one consumer at a time, in order.
+        - ``partitions_per_actor``: how many partitions one actor (process) of the
+          subscription serves; -1 (the default, ``subscription.partitions_per_actor``) is
+          all of them. Set when the subscription is created; it cannot change after."""
         self._check_open()
         validate_name("subscription", subscription)
         if initial_position not in ("earliest", "latest"):
@@ -383,18 +434,17 @@ class Cluster:
         n = self._partitions(topic)
         if max_redeliveries is not None:
             self.create_topic(dead_letter_topic or f"{topic}-{subscription}-DLQ", 1)
+        per_actor = self._check_per_actor(topic, subscription, partitions_per_actor)
         options = {
             "type": subscription_type,
             "ack_timeout_s": ack_timeout_s,
             "max_redeliveries": max_redeliveries,
             "dead_letter_topic": dead_letter_topic,
+            "partitions_per_actor": per_actor,
         }
         start = None
         if initial_position == "latest":
-            tails = self._call(
-                lambda: [self._topic_handle(topic, p).tail.remote() for p in range(n)],
-                f"topic {topic}",
-            )
+            tails = self._on_partitions(topic, n, "tail")
             start = [None if t is None else [int(t[0]), int(t[1])] for t in tails]
         self._coord("create_subscription", topic, subscription, options, start)
         peers = [self._subscription_peer(topic, p, subscription) for p in range(n)]
@@ -423,7 +473,10 @@ class Cluster:
             c for c in self._consumers if c.topic == topic and c.subscription == subscription
         ]:
             consumer.close()
-        handles.stop([subscription_actor_name(topic, p, subscription) for p in range(n)])
+        handles.stop(self._subscription_actors(topic, subscription, n))
+        for key in [k for k in self._peers if k[0] == topic and k[2:] == (subscription,)]:
+            del self._peers[key]
+        self._per_actors.pop((topic, subscription), None)
         return int(self._coord("delete_subscription", topic, subscription))
 
     # --- cancel and stats ---------------------------------------------------------------------
@@ -431,40 +484,15 @@ class Cluster:
     def _cancel(
         self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
     ) -> tuple[dict[int, list[bool]], int]:
-        """For each partition p, batches[p] = (target positions, sequence id): append durable
-        cancel markers (one call per partition), then have every subscription apply them at
-        once (one call per subscription partition). A target counts as cancelled (True) when
-        no subscription had it delivered. Also returns how many times the markers had to be
-        sent again (an actor restarting, the store failing)."""
-        parts = list(batches)
-        sends = 0
-
-        def send_markers():
-            nonlocal sends
-            sends += 1
-            return [
-                self._topic_handle(topic, p).cancel.remote(batches[p][0], producer, batches[p][1])
-                for p in parts
-            ]
-
-        markers = dict(zip(parts, self._call(send_markers, f"topic {topic}"), strict=True))
-        subs = list(self._coord("subscriptions", topic))
-        pairs = [(p, s) for p in parts for s in subs]
-        answers = (
-            self._call(
-                lambda: [
-                    self._subscription_handle(topic, p, s).cancel.remote(batches[p][0], markers[p])
-                    for p, s in pairs
-                ],
-                "subscription",
-            )
-            if pairs
-            else []
+        """See :func:`raydelay.cluster.handles.fan_out_cancel`."""
+        return handles.fan_out_cancel(
+            lambda p: self._topic_peer(topic, p),
+            lambda p, s: self._subscription_peer(topic, p, s),
+            list(self._coord("subscriptions", topic)),
+            batches,
+            producer,
+            deadline_s=self._client.retry_deadline_s,
         )
-        out = {p: [True] * len(batches[p][0]) for p in parts}
-        for (p, _), answer in zip(pairs, answers, strict=True):
-            out[p] = [a and b for a, b in zip(out[p], answer, strict=True)]
-        return out, sends - 1
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
         """A subscription's numbers summed over partitions (``partitions`` has each one), or,
@@ -475,17 +503,14 @@ class Cluster:
         self._check_open()
         n = self._partitions(topic)
         if subscription is None:
-            parts = self._call(
-                lambda: [self._topic_handle(topic, p).stats.remote() for p in range(n)],
-                f"topic {topic}",
-            )
+            parts = self._on_partitions(topic, n, "stats")
             subs = self._coord("subscriptions", topic)
             return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
         options = self._subscription_options(topic, subscription)
         self._flush_acks(topic)
         parts = self._call(
             lambda: [
-                self._subscription_handle(topic, p, subscription).stats.remote() for p in range(n)
+                self._subscription_peer(topic, p, subscription).remote("stats") for p in range(n)
             ],
             "subscription",
         )
@@ -536,7 +561,7 @@ class Cluster:
         edges = [now + int(w * 1000) + 1 for w in windows_s]  # window i: due <= now + w
         parts = self._call(
             lambda: [
-                self._subscription_handle(topic, p, subscription).due_histogram.remote(edges)
+                self._subscription_peer(topic, p, subscription).remote("due_histogram", edges)
                 for p in range(n)
             ],
             "subscription",
@@ -573,26 +598,18 @@ class Cluster:
     def _flush_all(self) -> None:
         """Persist every subscription's cursor, then close every partition's open ledger."""
         refs = []
-        topics = self._coord("topics")
-        closes = []
-        for topic, n in topics.items():
-            for p in range(n):
-                try:
-                    closes.append(placement.lookup(topic_actor_name(topic, p)).close_ledger)
-                except ValueError:
-                    continue
-            subs = self._coord("subscriptions", topic)
-            for sub in subs:
-                for p in range(n):
-                    try:
-                        handle = placement.lookup(subscription_actor_name(topic, p, sub))
-                    except ValueError:
-                        continue
-                    refs.append(handle.close.remote())  # persists, then stops its loops
+        for topic, n in self._coord("topics").items():
+            for sub in self._coord("subscriptions", topic):
+                for name in self._subscription_actors(topic, sub, n):
+                    handle = placement.lookup_or_none(name)
+                    if handle is not None:
+                        refs.append(handle.close.remote())  # persists, then stops its loops
         if refs:
             rpc.get(refs, what="subscription")
+        hosts = [placement.lookup_or_none(h) for h in placement.live_hosts()]
+        closes = [h.close_ledgers.remote() for h in hosts if h is not None]
         if closes:
-            rpc.get([close.remote() for close in closes], what="topic")
+            rpc.get(closes, what="host")
 
     def _stop_everything(self) -> int:
         """``raydelay down``: persist every subscription's cursor, close every partition's
@@ -616,10 +633,24 @@ class Cluster:
 
     def placement(self) -> list[dict[str, Any]]:
         """Which node holds which raydelay actor: one dict per live actor (``name``,
-        ``class``, ``state``, ``node`` id, ``address``, ``head``, ``pid``, ``restarts``),
-        sorted by node then name."""
+        ``class``, ``state``, ``node`` id, ``address``, ``head``, ``pid``, ``restarts``, and
+        ``serves``: a host's partitions, ``topic/partition``, a subscription actor's
+        ``topic/subscription/partition``; ``partitions``: how many), sorted by node then
+        name."""
         self._check_open()
-        return placement.placement_table()
+        rows = placement.placement_table()
+        serves: dict[str, list[str]] = {}
+        for key, host in sorted(self._coord("assignments").items()):
+            serves.setdefault(host, []).append(key)
+        for topic, n in self._coord("topics").items():
+            for sub in self._coord("subscriptions", topic):
+                for g, parts in subscription_groups(n, self._per_actor(topic, sub)).items():
+                    name = subscription_actor_name(topic, sub, g)
+                    serves[name] = [f"{topic}/{sub}/{p}" for p in parts]
+        for r in rows:
+            r["serves"] = serves.get(r["name"], [])
+            r["partitions"] = len(r["serves"])
+        return rows
 
     def _coord(self, method: str, *args: Any) -> Any:
         """A coordinator call, retried while it restarts (or is re-created after it ended),

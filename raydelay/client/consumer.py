@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,6 +53,7 @@ from raydelay.client.message import (
 from raydelay.clock import now_ms as _now_ms
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
 from raydelay.positions import LOW, MAX_LEDGER_ID, position_in_range, position_keys
+from raydelay.retries import Backoff
 
 if TYPE_CHECKING:
     from raydelay.client.links import SubscriptionLink
@@ -66,7 +67,8 @@ _ACKS_IN_FLIGHT = 16  # ack calls left unconfirmed before an ack looks at the an
 _ACKS_QUEUED = 256  # ... and past this many the oldest are waited for, briefly
 _SETTLE_WAIT_S = 0.5  # how long an ack waits for an old one before taking it back
 _HUNG_S = 5.0  # a receive this long past its timeout: its partition is down
-_BACKOFF_S = (0.25, 2.0)  # first and longest wait before a down partition is tried again
+# the waits before a down partition is tried again (jittered; 0.25 s doubling up to 2 s)
+DOWN_BACKOFF = Backoff(first_s=0.25, max_s=2.0)
 # How long a prefetch call stands at a partition (seconds) before it is renewed. It must
 # not follow the caller's timeout: a call made with the few milliseconds a receive has
 # left returns empty at once, and renewing it spins the subscription actors.
@@ -100,7 +102,7 @@ class Consumer:
         self._acks: deque[tuple[int, np.ndarray, Nack | None, Any]] = deque()
         # partitions found down: when to try again, and the wait after that
         self._down: dict[int, float] = {}
-        self._backoff: dict[int, float] = {}
+        self._backoff: dict[int, Iterator[float]] = {}  # a down partition's next waits
         # acks and nacks of down partitions, to send once they answer: (keys, the nack or None)
         self._deferred: dict[int, list[tuple[np.ndarray, Nack | None]]] = {}
         self._lock = threading.Lock()  # _down, _deferred (the retry thread too)
@@ -135,31 +137,34 @@ class Consumer:
     def _heartbeat(self, every_s: float) -> None:
         """Renew the lease at every partition until the consumer closes. A heartbeat still
         unanswered (its actor is restarting) is not sent again on top of itself."""
-        sent: dict[int, Any] = {}
+        sent: dict[tuple[int, ...], Any] = {}
         refused: set[int] = set()
+        groups = [tuple(g) for g in self._link.heartbeat_groups()]
         while not self._stop.wait(every_s):
             try:
-                for p in range(self.partitions):
-                    ref = sent.get(p)
+                for group in groups:
+                    ref = sent.get(group)
                     if ref is not None:
                         if not self._link.ready([ref], 1, 0):
                             continue
                         try:
-                            kept = self._link.get(ref, what=f"subscription {p}")
+                            kept = self._link.get(ref, what=f"subscription {list(group)}")
                         except Exception:  # noqa: BLE001 - the actor is down: try again later
-                            kept = True
-                        if kept:
-                            refused.discard(p)
-                        elif p not in refused:
-                            refused.add(p)
-                            log.warning(
-                                "%s/%s partition %d: this consumer lost its place (its lease "
-                                "lapsed and another consumer holds the exclusive subscription)",
-                                self.topic,
-                                self.subscription,
-                                p,
-                            )
-                    sent[p] = self._link.heartbeat(p, self.consumer_id)
+                            kept = [True] * len(group)
+                        for p, ok in zip(group, kept, strict=True):
+                            if ok:
+                                refused.discard(p)
+                            elif p not in refused:
+                                refused.add(p)
+                                log.warning(
+                                    "%s/%s partition %d: this consumer lost its place (its "
+                                    "lease lapsed and another consumer holds the exclusive "
+                                    "subscription)",
+                                    self.topic,
+                                    self.subscription,
+                                    p,
+                                )
+                    sent[group] = self._link.heartbeat(list(group), self.consumer_id)
             except Exception as exc:  # noqa: BLE001 - Ray went away (shutdown): stop quietly
                 if self._stop.is_set() or not self._link.connected():
                     return
@@ -275,9 +280,9 @@ class Consumer:
         """Partition ``p`` failed a call: down until its backoff runs out."""
         with self._lock:
             first = p not in self._down
-            wait = _BACKOFF_S[0] if first else min(self._backoff[p] * 2, _BACKOFF_S[1])
-            self._backoff[p] = wait
-            self._down[p] = time.monotonic() + wait
+            if first or p not in self._backoff:
+                self._backoff[p] = DOWN_BACKOFF.delays_s()
+            self._down[p] = time.monotonic() + next(self._backoff[p])
         if first:
             log.warning(
                 "%s/%s partition %d: %s; its messages wait, the other partitions go on",
@@ -316,7 +321,7 @@ class Consumer:
         """Background: look the actors of down partitions up again once their backoff ran
         out (receive asks them again after that), and send the acks and nacks kept for
         them; what fails again is kept for the next try."""
-        while not self._stop.wait(_BACKOFF_S[0]):
+        while not self._stop.wait(DOWN_BACKOFF.first_s):
             now = time.monotonic()
             with self._lock:
                 lapsed = [p for p, at in self._down.items() if 0 < at <= now]

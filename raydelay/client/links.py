@@ -93,8 +93,13 @@ class SubscriptionLink(Link, Protocol):
         self, partition: int, consumer: str, keys: np.ndarray, delay_s: float, nacked_at_ms: int
     ) -> Reply: ...
 
-    def heartbeat(self, partition: int, consumer: str) -> Reply:
-        """Renew the consumer's lease; the answer is False when it lost its place."""
+    def heartbeat_groups(self) -> list[list[int]]:
+        """The partitions, grouped by the actor that serves them (one heartbeat each)."""
+        ...
+
+    def heartbeat(self, partitions: list[int], consumer: str) -> Reply:
+        """Renew the consumer's lease at ``partitions`` (one group); the answer is a bool per
+        partition, False where it lost its place."""
         ...
 
     def add_consumer(self, partition: int, consumer: str) -> Reply: ...

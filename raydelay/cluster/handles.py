@@ -9,8 +9,8 @@ actor any more, re-creates it (``raydelay.cluster.placement`` chooses its node a
 the new actor recovers from the store). :func:`stop` and :func:`stop_all` end actors for
 good, the one place that does. Every actor-to-actor and client-to-actor
 handle goes through one; the actor modules make them (``coordinator_peer`` in
-``raydelay.actors.coordinator``, ``topic_peer`` in ``raydelay.actors.topic``,
-``subscription_peer`` in ``raydelay.actors.subscription``).
+``raydelay.actors.coordinator``, ``partition_peer`` in ``raydelay.actors.host``: a
+partition on its host, found through the coordinator's assignment).
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ import ray
 from ray.exceptions import RayError
 
 from raydelay.cluster import placement, rpc
-from raydelay.cluster.names import COORDINATOR, NAMESPACE
+from raydelay.cluster.names import (
+    COORDINATOR,
+    NAMESPACE,
+    SUBSCRIPTION_PREFIX,
+    subscription_actor_name,
+    subscription_group,
+)
 from raydelay.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -34,14 +40,29 @@ log = logging.getLogger(__name__)
 
 class Peer:
     """One named actor: ``create()`` returns a handle to it, creating it when it does not
-    exist (``get_if_exists``)."""
+    exist (``get_if_exists``).
+
+    With ``route``, the peer is one part of an actor that holds many (a partition of a
+    host, a partition of a subscription's actor): its calls go to the actor's ``call``
+    method with ``route`` first (``call(*route, method, *args)``). With ``resolve``, the
+    handle is what ``resolve()`` returns instead of a lookup by name (a partition's host
+    is found through the coordinator's assignment, again after a failure)."""
 
     def __init__(
-        self, name: str, create: Callable[[], Any], what: str | None = None, handle: Any = None
+        self,
+        name: str,
+        create: Callable[[], Any],
+        what: str | None = None,
+        handle: Any = None,
+        *,
+        route: tuple = (),
+        resolve: Callable[[], Any] | None = None,
     ) -> None:
         self.name = name
         self.what = what or name
         self._create = create
+        self._resolve = resolve
+        self.route = tuple(route)
         self._handle: Any = handle
         self._lock = threading.Lock()
         self.re_resolved = 0  # how many times a lost handle was looked up again
@@ -53,7 +74,10 @@ class Peer:
             with self._lock:
                 if self._handle is None:
                     try:
-                        self._handle = placement.lookup_or_none(self.name) or self._create()
+                        if self._resolve is not None:
+                            self._handle = self._resolve()
+                        else:
+                            self._handle = placement.lookup_or_none(self.name) or self._create()
                     except (RayError, ValueError) as exc:  # Ray's control service in trouble
                         raise Unavailable(f"{self.what}: cannot look it up: {exc}") from None
                 h = self._handle
@@ -69,6 +93,8 @@ class Peer:
     def remote(self, method: str, *args: Any) -> Any:
         """Submit one call (an ObjectRef); a failure to submit marks the handle lost."""
         try:
+            if self.route:
+                return self.handle.call.remote(*self.route, method, *args)
             return getattr(self.handle, method).remote(*args)
         except Exception:
             self.lost()
@@ -145,11 +171,11 @@ def stop(names: list[str], *, graceful: bool = False, timeout_s: float = 10) -> 
 
 
 def stop_all(*, graceful: bool) -> int:
-    """Stop every raydelay actor: subscriptions first (they call the topic actors), the
+    """Stop every raydelay actor: subscriptions first (they call the hosts), the
     coordinator last (everyone calls it). Returns how many were running."""
     names = named_actors()
-    subs = [n for n in names if n.startswith("sub/")]
-    others = [n for n in names if not n.startswith("sub/") and n != COORDINATOR]
+    subs = [n for n in names if n.startswith(SUBSCRIPTION_PREFIX)]
+    others = [n for n in names if not n.startswith(SUBSCRIPTION_PREFIX) and n != COORDINATOR]
     coordinator = [n for n in names if n == COORDINATOR]
     return sum(stop(group, graceful=graceful) for group in (subs, others, coordinator))
 
@@ -236,8 +262,19 @@ class SubscriptionPartitions(PartitionPeers):
     ) -> Any:
         return self._submit(partition, "nack", consumer, keys, delay_s, nacked_at_ms)
 
-    def heartbeat(self, partition: int, consumer: str) -> Any:
-        return self._submit(partition, "heartbeat", consumer)
+    def heartbeat_groups(self) -> list[list[int]]:
+        groups: dict[str, list[int]] = {}
+        for p, peer in enumerate(self._peers):
+            groups.setdefault(peer.name, []).append(p)
+        return list(groups.values())
+
+    def heartbeat(self, partitions: list[int], consumer: str) -> Any:
+        peer = self._peers[partitions[0]]
+        try:
+            return peer.handle.heartbeat_many.remote(consumer, list(partitions))
+        except Exception:
+            peer.lost()
+            raise
 
     def add_consumer(self, partition: int, consumer: str) -> Any:
         return self._submit(partition, "add_consumer", consumer)
@@ -248,3 +285,118 @@ class SubscriptionPartitions(PartitionPeers):
     def redeliver(self, partition: int, consumer: str, keys: Any, rewinds: int = 0,
                   check_only: bool = False) -> Any:  # fmt: skip
         return self._submit(partition, "redeliver", consumer, keys, rewinds, check_only)
+
+
+def fan_out_cancel(
+    topic_peer: Callable[[int], Peer],
+    subscription_peer: Callable[[int, str], Peer],
+    subscriptions: list[str],
+    batches: dict[int, tuple[list[tuple[int, int]], int]],
+    producer: str,
+    *,
+    deadline_s: float,
+) -> tuple[dict[int, list[bool]], int]:
+    """A cancel, end to end: for each partition p, ``batches[p]`` = (target positions,
+    sequence id). First the durable cancel markers, one call per partition (deduplicated
+    by producer and sequence id, so a retry gets the same markers); then every subscription
+    applies them at once, one call per subscription actor for all its partitions
+    (``cancel_many``). A target counts as cancelled (True) when no subscription had it
+    delivered. Also returns how many times the markers were sent again (a host restarting,
+    the store failing). Retried, with handles looked up again, for ``deadline_s``."""
+    parts = list(batches)
+    sends = 0
+
+    def send_markers() -> list:
+        nonlocal sends
+        sends += 1
+        return [
+            topic_peer(p).remote("cancel", batches[p][0], producer, batches[p][1]) for p in parts
+        ]
+
+    def lost_all(peers: list[Peer]) -> Callable[[], None]:
+        def lost() -> None:
+            for peer in peers:
+                peer.lost()
+
+        return lost
+
+    markers = dict(
+        zip(
+            parts,
+            rpc.call(
+                send_markers,
+                what="cancel markers",
+                deadline_s=deadline_s,
+                on_failure=lost_all([topic_peer(p) for p in parts]),
+            ),
+            strict=True,
+        )
+    )
+    # one call per subscription actor: its partitions' targets and markers together
+    groups: dict[str, tuple[Peer, dict[int, tuple[list, list]]]] = {}
+    peers = []
+    for sub in subscriptions:
+        for p in parts:
+            peer = subscription_peer(p, sub)
+            peers.append(peer)
+            groups.setdefault(peer.name, (peer, {}))[1][p] = (batches[p][0], markers[p])
+    out = {p: [True] * len(batches[p][0]) for p in parts}
+    if not groups:
+        return out, sends - 1
+
+    def apply() -> list:
+        return [peer.handle.cancel_many.remote(work) for peer, work in groups.values()]
+
+    answers = rpc.call(
+        apply, what="cancel in subscriptions", deadline_s=deadline_s, on_failure=lost_all(peers)
+    )
+    for answer in answers:
+        for p, kept in answer.items():
+            out[p] = [a and b for a, b in zip(out[p], kept, strict=True)]
+    return out, sends - 1
+
+
+# --- one partition, called like an actor of its own (tools, benchmarks, tests) ---------------
+
+
+class _RoutedMethod:
+    def __init__(self, handle: Any, route: tuple, method: str) -> None:
+        self._handle, self._route, self._method = handle, route, method
+
+    def remote(self, *args: Any) -> Any:
+        return self._handle.call.remote(*self._route, self._method, *args)
+
+
+class Routed:
+    """One partition of a host, or of a subscription's actor, called like an actor of its
+    own: ``part.stats.remote()`` is ``host.call.remote(topic, p, "stats")``; ``pid`` is
+    its process's."""
+
+    def __init__(self, handle: Any, route: tuple, name: str) -> None:
+        self.handle, self.route, self.name = handle, route, name
+
+    def __getattr__(self, method: str) -> _RoutedMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _RoutedMethod(self.handle, self.route, method)
+
+
+def host_of(topic: str, partition: int) -> str:
+    """The name of the host serving the partition (started if needed)."""
+    coordinator = placement.lookup(COORDINATOR)
+    return rpc.get(coordinator.locate.remote(topic, partition), what="coordinator")
+
+
+def topic_partition(topic: str, partition: int) -> Routed:
+    """The partition's TopicPartition, on its host."""
+    name = host_of(topic, partition)
+    return Routed(placement.lookup(name), (topic, partition), name)
+
+
+def subscription_partition(topic: str, partition: int, subscription: str) -> Routed:
+    """A partition of a subscription, on the subscription's actor that serves it."""
+    coordinator = placement.lookup(COORDINATOR)
+    options = rpc.get(coordinator.subscription.remote(topic, subscription), what="coordinator")
+    group = subscription_group(partition, int(options.get("partitions_per_actor", -1)))
+    name = subscription_actor_name(topic, subscription, group)
+    return Routed(placement.lookup(name), (partition,), name)

@@ -14,6 +14,7 @@ loads the newest snapshot and replays the journal after it.
 from __future__ import annotations
 
 import logging
+import zlib
 from typing import Any
 
 import msgpack
@@ -45,6 +46,7 @@ def _empty_state() -> dict[str, Any]:
         "registry": {},  # tracker name -> {bucket_key: record bytes}
         "log_mark": {},  # "topic/p/sub" -> [ledger, entry]: the log it still needs starts after
         "progress": {},  # "topic/p/sub" -> {sealed bucket key: segments done, -1 all}
+        "hosts": {},  # "topic/p" -> the name of the partition host serving it
     }
 
 
@@ -166,6 +168,8 @@ class Metadata:
                     del s[table][key]
             for name in [k for k in s["registry"] if k.startswith((f"subs/{t}/", f"topics/{t}/"))]:
                 del s["registry"][name]
+            for p in range(n):
+                s["hosts"].pop(_pk(t, p), None)
         elif op == "create_subscription":
             s["subs"].setdefault(a["topic"], {})[a["subscription"]] = a["options"]
             if a.get("start") is not None:  # a new subscription: where each partition starts
@@ -200,6 +204,8 @@ class Metadata:
             pk = _pk(a["topic"], a["partition"])
             drop = set(a["ledgers"])
             s["ledgers"][pk] = [x for x in s["ledgers"][pk] if x[0] not in drop]
+        elif op == "assign":
+            s["hosts"][a["key"]] = a["host"]
         elif op == "registry":
             for kind, name, bucket_key, record in a["ops"]:
                 entries = s["registry"].setdefault(name, {})
@@ -417,6 +423,55 @@ class Metadata:
 
     def mark_delete(self, topic: str, partition: int, subscription: str) -> list[int]:
         return list(self.state["mark_delete"].get(f"{topic}/{partition}/{subscription}", [-1, -1]))
+
+    # --- partition hosts ------------------------------------------------------------------
+
+    def host_of(self, topic: str, partition: int) -> str | None:
+        """The host the partition is assigned to (None: not assigned yet)."""
+        self._check_partition(topic, partition)
+        return self.state["hosts"].get(_pk(topic, partition))
+
+    def assignments(self) -> dict[str, str]:
+        """``"topic/partition"`` -> host, for every assigned partition."""
+        return dict(self.state["hosts"])
+
+    def assign(self, topic: str, partition: int, host: str) -> str:
+        """Assign the partition to ``host`` (journaled when it changes); returns ``host``."""
+        self._check_partition(topic, partition)
+        if self.state["hosts"].get(_pk(topic, partition)) != host:
+            self._change("assign", key=_pk(topic, partition), host=host)
+        return host
+
+    def choose_host(
+        self, topic: str, partition: int, slots: list[str], node_of: dict[str, str]
+    ) -> str:
+        """The host slot for a partition to go to, of ``slots`` (the live and the startable
+        ones; ``node_of`` maps each to its node): the slot that serves the fewest
+        partitions, then the one whose node serves the fewest, then the one that serves
+        the fewest of this topic; ties go by a hash of the partition and the slot, so that
+        partitions reassigned at once spread."""
+        if not slots:
+            raise InvalidArgument("slots: no host slot to assign a partition to")
+        load = dict.fromkeys(slots, 0)
+        node_load: dict[str, int] = {}
+        same_topic = dict.fromkeys(slots, 0)
+        for key, host in self.state["hosts"].items():
+            if host not in load:
+                continue  # a dead host's partitions count for nobody
+            load[host] += 1
+            node_load[node_of[host]] = node_load.get(node_of[host], 0) + 1
+            if key.rsplit("/", 1)[0] == topic:
+                same_topic[host] += 1
+        me = _pk(topic, partition)
+        return min(
+            slots,
+            key=lambda h: (
+                load[h],
+                node_load.get(node_of[h], 0),
+                same_topic[h],
+                zlib.crc32(f"{me}@{h}".encode()),
+            ),
+        )
 
     # --- the bucket registry ----------------------------------------------------------------
 

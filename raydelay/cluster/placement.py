@@ -12,18 +12,23 @@ created with ``get_if_exists=True``, so any client may create or attach to them.
 **Placement.** Ray would scatter actors that ask for no CPU at random, so raydelay
 chooses each actor's node itself and pins it there (a hard node affinity):
 
-- a topic actor goes to the live node that holds the fewest topic actors, ties broken by
-  a hash of its name; the coordinator goes to the node with the fewest raydelay actors;
-- a partition's subscription actors go to the node of that partition's topic actor.
-  They are its busiest callers (every receive asks it for due rows and payloads),
-  so the calls stay on one machine, and a node's loss takes a partition whole;
+- partitions live in **hosts**. Each node has ``placement.hosts_per_node`` host slots
+  (-1: one per CPU of the node, at most MAX_AUTO_HOSTS), named ``host/<node>/<slot>``:
+  the name says the node. The coordinator assigns a partition to the slot that serves the
+  fewest partitions (then the emptier node, then the one with the fewest of its topic;
+  ``Metadata.choose_host``) and starts the slot's host when it does not run, so hosts
+  start only as partitions need them, and never more than the slots;
+- a subscription's actor goes to the node whose hosts serve most of its partitions
+  (its busiest callees: every receive asks them for due rows and payloads); the
+  coordinator goes to the node with the fewest raydelay actors;
 - the head node (it runs Ray's control service) is left out while a worker node is
   alive, unless ``placement.avoid_head = false``.
 
 A crashed actor process is restarted by Ray on the same node. When the node itself is
-lost, the pinned actor cannot be scheduled and Ray ends it; whoever needs it next
-re-creates it through here (``raydelay.cluster.handles``), on the least loaded node
-that is left, so the actors of a lost node spread over the survivors.
+lost, the pinned actor cannot be scheduled and Ray ends it. The partitions of a host that
+ended are assigned again, to the slots of the nodes that are left, when a client next
+looks one up (``CoordinatorActor.locate``); other actors are re-created on the least
+loaded node left by whoever needs them next (``raydelay.cluster.handles``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydelay.cluster.names import (
     COORDINATOR,
+    HOST_PREFIX,
     NAMESPACE,
+    host_actor_name,
+    host_node_prefix,
 )
 
 log = logging.getLogger(__name__)
@@ -52,7 +60,8 @@ _COMMON: dict[str, Any] = {
     "num_cpus": 0,  # I/O-bound shells: never hold a CPU slot
 }
 
-ACTOR_CLASSES = ("CoordinatorActor", "TopicActor", "SubscriptionActor")
+ACTOR_CLASSES = ("CoordinatorActor", "HostActor", "SubscriptionActor")
+MAX_AUTO_HOSTS = 4  # hosts per node with placement.hosts_per_node = -1 (one per CPU)
 _LIVE_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
 _NEAR_WAIT_S = 2.0  # how long a new subscription actor waits to learn its topic actor's node
 
@@ -128,10 +137,44 @@ def actors() -> list[dict[str, Any]]:
     return out
 
 
+def live_hosts() -> dict[str, str]:
+    """The partition hosts alive or on their way: name -> node id."""
+    return {a["name"]: a["node"] or "" for a in actors() if a["class"] == "HostActor"}
+
+
+def hosts_per_node(config: dict[str, Any], cpus: float) -> int:
+    """How many partition hosts a node with ``cpus`` CPUs gets: ``placement.hosts_per_node``,
+    or with -1 one per CPU, at least 1 and at most MAX_AUTO_HOSTS."""
+    n = int(config.get("placement", {}).get("hosts_per_node", -1))
+    if n > 0:
+        return n
+    return max(1, min(MAX_AUTO_HOSTS, int(cpus)))
+
+
+def host_slots(config: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The host slots partitions may be assigned to (every slot of every candidate node,
+    running or not) and the node of each."""
+    avoid_head = bool(config.get("placement", {}).get("avoid_head", True))
+    candidates = set(candidate_nodes(avoid_head))
+    slots, node_of = [], {}
+    for n in ray.nodes():
+        if n["NodeID"] not in candidates:
+            continue
+        for slot in range(hosts_per_node(config, n.get("Resources", {}).get("CPU", 1))):
+            name = host_actor_name(n["NodeID"], slot)
+            slots.append(name)
+            node_of[name] = n["NodeID"]
+    return sorted(slots), node_of
+
+
 def choose_node(name: str, avoid_head: bool, near: str | None = None) -> str | None:
     """The node for a new actor called ``name`` (see the module's docstring); None when
     Ray reports no node at all."""
     candidates = candidate_nodes(avoid_head)
+    if name.startswith(HOST_PREFIX):  # a host's name says its node
+        prefix = host_node_prefix(name)
+        alive, _ = nodes()
+        return next((n for n in alive if n.startswith(prefix)), None)
     if not candidates:
         return None
     if near is not None:
@@ -158,7 +201,7 @@ def choose_node(name: str, avoid_head: bool, near: str | None = None) -> str | N
 def _class_of(name: str) -> str:
     if name == COORDINATOR:
         return "CoordinatorActor"
-    return "TopicActor" if name.startswith("topic/") else "SubscriptionActor"
+    return "HostActor" if name.startswith(HOST_PREFIX) else "SubscriptionActor"
 
 
 def _pinned(name: str, config: dict[str, Any], near: str | None = None) -> dict[str, Any]:

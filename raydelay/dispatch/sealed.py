@@ -149,6 +149,16 @@ class SealedReader:
 
     # --- loading --------------------------------------------------------------------------
 
+    def next_load_ms(self) -> int | None:
+        """When :meth:`wanted` will next want a segment (epoch ms): its lookahead before the
+        earliest deliver_at of a next segment not loading yet; None: no segment left."""
+        times = [
+            b.meta.segments[b.next_load].min_d - self.lookahead_ms
+            for b in self.buckets.values()
+            if b.loading is None and b.next_load < len(b.meta.segments)
+        ]
+        return min(times) if times else None
+
     def wanted(self, now_ms: int, max_loads: int = 4) -> list[SegmentLoad]:
         """Segments to load now, as (bucket key, segment no, byte offset, length): the next
         segment of each bucket whose deliver_at comes within the lookahead, while the

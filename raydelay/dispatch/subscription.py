@@ -783,8 +783,11 @@ class Subscription:
 
     def _wake_at_ms(self, now_ms: int) -> int | None:
         """The earliest time after ``now_ms`` something is due: a delivery, an ack
-        deadline, a cursor write, a poll of the unsealed index, a lease to lapse."""
+        deadline, a cursor write, a poll of the unsealed index, a sealed segment to load,
+        a lease to lapse."""
         times = [self.next_wakeup_ms(), self._persist_due_ms, self._tail_refill_ms()]
+        if self.sealed is not None:
+            times.append(self.sealed.next_load_ms())
         if self.tail_dirty and self.sealed is not None and self._tail_asked_ms is not None:
             times.append(self._tail_asked_ms + TAIL_POLL_MS)
         if self.consumer_lease_ms is not None and self._consumers:

@@ -8,10 +8,17 @@ import time
 
 import ray
 
-from raydelay.cluster.names import COORDINATOR, NAMESPACE, subscription_actor_name
+from raydelay.cluster.names import COORDINATOR, NAMESPACE
 from raydelay.delayed.sealed import THROUGH_KEY, decode_meta, registry_name
 from raydelay.storage import make_store
-from tests.integration.helpers import now_ms, receive_all, received_before, restart, send_markers
+from tests.integration.helpers import (
+    now_ms,
+    receive_all,
+    received_before,
+    restart,
+    send_markers,
+    subscription_partition,
+)
 
 
 def test_topics_created_while_the_coordinator_dies_are_whole(cluster, topic_name):
@@ -44,11 +51,14 @@ def test_topics_created_while_the_coordinator_dies_are_whole(cluster, topic_name
         consumer = cluster.subscribe(name, "s")
         ids = producer.send_many([b"m"] * 10)
         assert sorted(m.message_id for m, _ in receive_all(consumer, 10)) == sorted(ids)
-    # and no topic actor exists for a partition the coordinator does not know
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == NAMESPACE and actor["name"].startswith(f"topic/{topic_name}"):
-            _, topic, partition = actor["name"].split("/")
-            assert int(partition) < topics[topic]
+    # and every partition assigned to a host is one the coordinator knows, and each of
+    # these topics' partitions is assigned once
+    assigned = ray.get(coordinator.assignments.remote())
+    for key in assigned:
+        topic, partition = key.rsplit("/", 1)
+        assert int(partition) < topics[topic], key
+    for name in names[::3]:
+        assert {f"{name}/0", f"{name}/1"} <= set(assigned)
     # and the journal replays to the same state after one more restart
     coordinator = restart(COORDINATOR)
     assert ray.get(coordinator.topics.remote()) == topics
@@ -78,7 +88,7 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
     writer.join()
     n = len(sent)
     assert n >= 20_000
-    sub = ray.get_actor(subscription_actor_name(topic_name, 0, "s"), namespace=NAMESPACE)
+    sub = subscription_partition(topic_name, 0, "s")
     deadline = time.monotonic() + 20
     while ray.get(sub.stats.remote())["delayed"] < n and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -15,8 +15,9 @@ import time
 
 import ray
 
-from raydelay.cluster.names import COORDINATOR, NAMESPACE, subscription_actor_name, topic_actor_name
+from raydelay.cluster.names import COORDINATOR, NAMESPACE, subscription_actor_name
 from tests.chaos.workload import run_workload
+from tests.integration.helpers import host_of
 
 MESSAGES = int(os.environ.get("CHAOS_MESSAGES", "30000"))
 SECONDS = float(os.environ.get("CHAOS_SECONDS", str(max(20.0, MESSAGES / 1_000))))
@@ -29,8 +30,10 @@ def test_kills_and_store_outages_lose_nothing_and_deliver_nothing_early(
     partitions, subs = 2, ["email", "push", "analytics"]
     cluster.create_topic(topic_name, partitions=partitions)
     targets = [COORDINATOR]
-    targets += [topic_actor_name(topic_name, p) for p in range(partitions)]
-    targets += [subscription_actor_name(topic_name, p, s) for p in range(partitions) for s in subs]
+    # the hosts of the topic's partitions (each holds other partitions too) and the actor
+    # of each subscription (it serves both partitions)
+    targets += sorted({host_of(topic_name, p) for p in range(partitions)})
+    targets += [subscription_actor_name(topic_name, s) for s in subs]
     rng = random.Random(1234)
     kills: dict[str, int] = {}
     outages = 0

@@ -6,7 +6,7 @@ test session's Ray is a single node). It prints one line ``RESULT <json>``:
 
 - ``report``: lost, early, cancelled-delivered, duplicates (and those without a raised
   ``redelivery_count``) per subscription;
-- ``partitions``: per partition, where its topic actor was, and the longest pause in
+- ``partitions``: per partition, whether its host was on the lost node, and the longest pause in
   delivery after the failure (for a partition of the lost node: node loss -> delivery
   resumed);
 - ``placement`` before and after, and whether every actor is alive at the end.
@@ -139,7 +139,11 @@ def _local_refused(raydelay, work: Path) -> dict:
 
 def _chaos(scenario, cluster, workers, placement, s3):
     """The failure of ``scenario``: a function that injects it and returns the lost node."""
-    topics = Counter(r["node"] for r in placement if r["class"] == "TopicActor")
+    # partitions per node (of the hosts there): the busiest worker holds the most
+    topics = Counter()
+    for r in placement:
+        if r["class"] == "HostActor":
+            topics[r["node"]] += len(r["serves"])
     coordinator_node = next(r["node"] for r in placement if r["class"] == "CoordinatorActor")
 
     def busiest_worker() -> str:
@@ -265,9 +269,13 @@ def _run(rd, consumers, chaos, finished: threading.Event):
 def _pauses(ledger: Ledger, fail_ms: int, placement, lost_node: str) -> list[dict]:
     """Per partition and subscription: the longest pause between deliveries from the
     failure until production's messages were due (the load is steady: about 100 messages a
-    second per partition), and whether its topic actor was on the lost node."""
+    second per partition), and whether its host was on the lost node."""
     node_of = {
-        int(r["name"].rsplit("/", 1)[1]): r["node"] for r in placement if r["class"] == "TopicActor"
+        int(key.rsplit("/", 1)[1]): r["node"]
+        for r in placement
+        if r["class"] == "HostActor"
+        for key in r["serves"]
+        if key.startswith("orders/")
     }
     last_due: dict[int, int] = defaultdict(int)
     for mid, at in ledger.sent.items():
@@ -307,22 +315,26 @@ def _recoveries(placement) -> dict:
         if r["class"] != "SubscriptionActor":
             continue
         if r["pid"] not in _FIRST_PIDS:
-            rec = ray.get(lookup(r["name"]).stats.remote())["recovery"]
-            out[r["name"]] = {k: rec.get(k) for k in ("init_s", "first_delivery_s")}
-            out[r["name"]]["started_s"] = round((r["started_ms"] - _FAILED_AT[0]) / 1000, 2)
+            for key in r["serves"]:  # topic/subscription/partition
+                p = int(key.rsplit("/", 1)[1])
+                rec = ray.get(lookup(r["name"]).call.remote(p, "stats"))["recovery"]
+                out[key] = {k: rec.get(k) for k in ("init_s", "first_delivery_s")}
+                out[key]["started_s"] = round((r["started_ms"] - _FAILED_AT[0]) / 1000, 2)
     return out
 
 
 def _alive(rd) -> dict:
     """Whether every actor raydelay needs is alive (they are re-created on demand: ask
     each once, as a client would)."""
-    names = {"coordinator"}
-    names |= {f"topic/orders/{p}" for p in range(PARTITIONS)}
-    names |= {f"sub/orders/{p}/{s}" for p in range(PARTITIONS) for s in SUBSCRIPTIONS}
     for s in SUBSCRIPTIONS:
         rd.stats("orders", s)  # reaches every actor of the subscription and its topic
-    alive = {r["name"] for r in rd.placement() if r["state"] == "ALIVE"}
-    return {"all_alive": names <= alive, "missing": sorted(names - alive)}
+    rows = rd.placement()
+    served = {k for r in rows if r["state"] == "ALIVE" for k in r["serves"]}
+    names = {"coordinator"} | {f"sub/orders/{s}/0" for s in SUBSCRIPTIONS}
+    wanted = {f"orders/{p}" for p in range(PARTITIONS)}
+    alive = {r["name"] for r in rows if r["state"] == "ALIVE"}
+    missing = sorted((names - alive) | (wanted - served))
+    return {"all_alive": not missing, "missing": missing}
 
 
 if __name__ == "__main__":

@@ -73,14 +73,20 @@ def partitions_table(runs: list[dict]) -> str:
 
 
 def placement_table(rows: list[dict]) -> str:
-    """Actors per node: topic, subscription, coordinator."""
+    """Actors per node: hosts (and the partitions they serve), subscription actors,
+    coordinator."""
     nodes = sorted({r["node"] for r in rows}, key=lambda n: (not _head(rows, n), n))
-    out = ["| node | topic actors | subscription actors | coordinator |", "|---|---|---|---|"]
+    out = [
+        "| node | hosts | partitions | subscription actors | coordinator |",
+        "|---|---|---|---|---|",
+    ]
     count = Counter((r["node"], r["class"]) for r in rows)
+    parts = Counter(r["node"] for r in rows if r["class"] == "HostActor" for _ in r["serves"])
     for i, n in enumerate(nodes):
         name = "head" if _head(rows, n) else f"worker {i + 1} ({n[:8]})"
         out.append(
-            f"| {name} | {count[(n, 'TopicActor')]} | {count[(n, 'SubscriptionActor')]} | "
+            f"| {name} | {count[(n, 'HostActor')]} | {parts[n]} | "
+            f"{count[(n, 'SubscriptionActor')]} | "
             f"{'yes' if count[(n, 'CoordinatorActor')] else ''} |"
         )
     return "\n".join(out)

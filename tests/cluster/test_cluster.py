@@ -53,8 +53,9 @@ def check_run(result: dict) -> None:
     # (the pauses in delivery are measured, not asserted: see RAYDELAY_CLUSTER_RESULTS)
 
 
-def spread(placement: list[dict], kind: str) -> Counter:
-    return Counter(r["node"] for r in placement if r["class"] == kind)
+def served(placement: list[dict]) -> Counter:
+    """Partitions per node (served by the hosts there)."""
+    return Counter(r["node"] for r in placement if r["class"] == "HostActor" for _ in r["serves"])
 
 
 def test_placement_is_balanced_over_the_workers_and_off_the_head(tmp_path):
@@ -62,15 +63,14 @@ def test_placement_is_balanced_over_the_workers_and_off_the_head(tmp_path):
     rows = result["placement"]
     assert result["all_alive"], result["missing"]
     assert not any(r["head"] for r in rows), "an actor on the head node"
-    topics, subs = spread(rows, "TopicActor"), spread(rows, "SubscriptionActor")
-    assert sorted(topics.values()) == [2, 2, 2]  # 6 partitions over 3 workers
-    assert sorted(subs.values()) == [4, 4, 4]
-    # each subscription actor sits with its partition's topic actor
-    node = {r["name"]: r["node"] for r in rows}
-    for r in rows:
-        if r["class"] == "SubscriptionActor":
-            _, topic, p, _ = r["name"].split("/")
-            assert r["node"] == node[f"topic/{topic}/{p}"], r["name"]
+    assert sorted(served(rows).values()) == [2, 2, 2]  # 6 partitions over 3 workers
+    # one actor per subscription, on a node whose hosts serve some of its partitions
+    subs = [r for r in rows if r["class"] == "SubscriptionActor"]
+    assert len(subs) == 2
+    for r in subs:
+        parts = {f"orders/{k.rsplit('/', 1)[1]}" for k in r["serves"]}
+        nodes = {h["node"] for h in rows if h["class"] == "HostActor" and parts & set(h["serves"])}
+        assert r["node"] in nodes, r["name"]
 
 
 def test_sigkill_of_a_worker_node_under_load(tmp_path):
@@ -79,7 +79,7 @@ def test_sigkill_of_a_worker_node_under_load(tmp_path):
     # the lost node's actors came back on the two survivors, spread over both
     after = [r for r in result["placement_after"] if r["node"] != result["lost_node"]]
     assert len(after) == len(result["placement"])
-    assert sorted(spread(after, "TopicActor").values()) == [3, 3]
+    assert sorted(served(after).values()) == [3, 3]
 
 
 def test_sigkill_of_the_coordinators_node_under_load(tmp_path):

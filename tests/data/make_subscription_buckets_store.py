@@ -6,6 +6,10 @@ against that code:
     git worktree add /tmp/old 1afa916
     cd "$(mktemp -d)" && PYTHONPATH=/tmp/old python /path/to/make_subscription_buckets_store.py OUT.tar.gz
 
+The same script, run against commit b1562e6 (an actor per partition and per
+(subscription, partition), before partition hosts; the topic indexed the log into sealed
+buckets under topics/.../buckets/), wrote tests/data/partition-actors-store.tar.gz.
+
 What the store holds (tests/integration/test_format2_store.py checks it all comes back):
 topic ``orders`` with 2 partitions and the shared subscription ``billing``;
 2,000 immediate messages ``now-<i>`` (the first 500 received and acked), 2,000 delayed

@@ -10,6 +10,12 @@ import ray
 
 from raydelay import Consumer, Message, MessageId, Producer
 from raydelay.clock import now_ms
+from raydelay.cluster.handles import (  # noqa: F401 - re-exported for the tests
+    Routed,
+    host_of,
+    subscription_partition,
+    topic_partition,
+)
 from raydelay.dispatch.keys import key_hash
 
 
@@ -97,3 +103,31 @@ def restart(name: str):
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.2)
+
+
+def restart_partition(topic: str, partition: int) -> Routed:
+    """Kill the host of the partition (and every other partition on it); Ray restarts it."""
+    restart(host_of(topic, partition))
+    return topic_partition(topic, partition)
+
+
+def run_child(script: str, cwd, *args: str, timeout_s: float = 400) -> dict:
+    """Run ``script`` in a Python process of its own (with its own Ray: no RAY_ADDRESS) and
+    return the JSON of its last ``RESULT <json>`` line; fails with its output if none."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYDELAY_ADDRESS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])

@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from raydelay.cli import main
+from tests.integration.helpers import host_of
 
 RAYDELAY = [sys.executable, "-m", "raydelay.cli"]
 
@@ -215,9 +216,16 @@ def test_placement_lists_every_actor_with_its_node(cluster, topic_name, capsys):
     code, out, _ = run(capsys, "placement")
     assert code == 0
     node = ray.get_runtime_context().get_node_id()
-    # one node here: it holds the coordinator and this topic's 2 + 2 actors (the table of
-    # nodes counts the whole session's actors, so it is checked per actor)
+    # one node here: it holds the coordinator, the hosts of this topic's partitions and the
+    # subscription's actor (the table of nodes counts the whole session's actors, so it is
+    # checked per actor), and each says what it serves
     assert f"{node[:12]}" in out and "coordinator" in out
-    for name in (f"topic/{topic_name}/0", f"topic/{topic_name}/1", f"sub/{topic_name}/1/s"):
-        line = next(ln for ln in out.splitlines() if name in ln)
+    serves = {r["name"]: r["serves"] for r in cluster.placement()}
+    for p in (0, 1):
+        host = host_of(topic_name, p)
+        line = next(ln for ln in out.splitlines() if ln.startswith(host))
         assert node[:12] in line and "alive" in line, line
+        assert f"{topic_name}/{p}" in serves[host]  # (the table shows the first few)
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"sub/{topic_name}/s/0"))
+    assert node[:12] in line and "alive" in line, line
+    assert f"{topic_name}/s/0" in line and f"{topic_name}/s/1" in line, line

@@ -19,7 +19,7 @@ import ray
 from raydelay.client.message import MessageId
 from raydelay.cluster.names import subscription_actor_name
 from raydelay.errors import ConsumerBusy, InvalidArgument
-from tests.integration.helpers import receive_all, restart
+from tests.integration.helpers import receive_all, restart, subscription_partition
 
 N = 30
 TYPES = {"s-shared": "shared", "s-failover": "failover", "s-exclusive": "exclusive"}
@@ -163,11 +163,11 @@ def test_redeliver_unacknowledged_on_demand(cluster, topic_name, kind):
     # the messages come again (redelivery_count raised by the restart)
     # (the acks so far are persisted first: a kill loses what the last cursor write did not
     # hold, and those messages would come back too, as at-least-once delivery allows)
-    name = subscription_actor_name(topic_name, 0, "s")
+    name = subscription_actor_name(topic_name, "s")
     consumer.flush()
-    ray.get(ray.get_actor(name, namespace="raydelay").flush.remote())
-    restart(name)
-    mine = [m for m in last if m.message_id.partition == 0]
+    ray.get([subscription_partition(topic_name, p, "s").flush.remote() for p in (0, 1)])
+    restart(name)  # (its actor serves both partitions: both forgot)
+    mine = list(last)
     consumer.redeliver_unacknowledged(mine)
     back = [m for m, _ in receive_all(consumer, len(mine), ack=True)]
     assert _ids(back) == _ids(mine)
@@ -207,7 +207,8 @@ def _key_for(partition: int, partitions: int) -> str:
 
 def test_a_partition_that_stops_answering_holds_up_only_its_own_messages(cluster, topic_name):
     cluster.create_topic(topic_name, partitions=2)
-    consumer = cluster.subscribe(topic_name, "s")
+    # (an actor per partition: one that stops answering holds up only its own partition)
+    consumer = cluster.subscribe(topic_name, "s", partitions_per_actor=1)
     producer = cluster.create_producer(topic_name)
     keys = [_key_for(0, 2), _key_for(1, 2)]
     for p in (0, 1):
@@ -217,11 +218,10 @@ def test_a_partition_that_stops_answering_holds_up_only_its_own_messages(cluster
     while len(held) < 100 and time.monotonic() < deadline:
         held += consumer.receive(max_messages=100, timeout_s=0.5)
     assert len(held) == 100
-    actors = [
-        ray.get_actor(subscription_actor_name(topic_name, p, "s"), "raydelay") for p in (0, 1)
-    ]
+    actors = [subscription_partition(topic_name, p, "s") for p in (0, 1)]
     # Given partition 1's actor stops answering (SIGSTOP: as a node cut off from the network)
     pid = ray.get(actors[1].pid.remote())
+    assert pid != ray.get(actors[0].pid.remote())  # (an actor each)
     os.kill(pid, signal.SIGSTOP)
     try:
         consumer.ack(held)  # partition 1's ack cannot be applied now

@@ -11,16 +11,15 @@ import ray
 
 from raydelay import InvalidArgument, NotFound
 from raydelay.cluster import rpc
-from raydelay.cluster.names import topic_actor_name
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
-from tests.integration.helpers import receive_all, restart
+from tests.integration.helpers import receive_all, restart, topic_partition
 
 
 def test_a_re_sent_batch_is_not_appended_twice(cluster, topic_name):
     import numpy as np
 
     cluster.create_topic(topic_name)
-    topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace="raydelay")
+    topic = topic_partition(topic_name, 0)
     entries = Entries.build([b"a", b"b"], np.array([-1, -1], dtype=np.int64))
     batch = encode_batch(AppendBatch("producer-1", 7, entries))
     # Given a batch that was appended
@@ -190,7 +189,7 @@ def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cl
     producer = cluster.create_producer(topic_name)
     mids = producer.send_many([b"x"] * (per_ledger + 10))
     target = (mids[0].ledger_id, mids[0].entry_id)
-    topic = ray.get_actor(topic_actor_name(topic_name, 0), namespace="raydelay")
+    topic = topic_partition(topic_name, 0)
     markers = ray.get(topic.cancel.remote([target], "p", 1))
     # When every message is acknowledged and the target's ledger is trimmed
     receive_all(consumer, len(mids), timeout_s=30)

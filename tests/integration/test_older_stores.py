@@ -6,7 +6,9 @@ one is (see tests/data/ for how each was made):
 - subscription buckets: while each subscription indexed the log by itself (its own
   buckets under subs/.../buckets/). The topic re-indexes the retained ledgers into
   sealed buckets, the subscriptions delete their own, and messages due in 2100 stay
-  pending.
+  pending;
+- partition actors: while every partition, and every (subscription, partition), was an
+  actor of its own. Its partitions come up on hosts, its subscription on one actor.
 
 It runs in its own process with its own local Ray, because the session's coordinator
 is bound to the session's store."""
@@ -47,12 +49,16 @@ stats = cluster.stats("orders", "billing")
 import os
 own = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/subs/" in d and "/buckets" in d]
 sealed = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/topics/" in d and "/buckets/" in d]
-print(json.dumps({"got": got, "stats": stats, "own": own, "sealed": sealed}, default=str))
+placed = [[r["class"], r["serves"]] for r in cluster.placement()]
+print(json.dumps({"got": got, "stats": stats, "own": own, "sealed": sealed, "placed": placed}, default=str))
 cluster.shutdown()
 """
 
 
-@pytest.mark.parametrize("fixture", ["format2-store.tar.gz", "subscription-buckets-store.tar.gz"])
+@pytest.mark.parametrize(
+    "fixture",
+    ["format2-store.tar.gz", "subscription-buckets-store.tar.gz", "partition-actors-store.tar.gz"],
+)
 def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
     with tarfile.open(DATA / fixture) as tar:
         tar.extractall(tmp_path, filter="data")
@@ -80,7 +86,7 @@ def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
             assert key == f"k{i % 7}" and props == {}
         else:
             assert key is None and props == {"n": str(i)}
-    future = fixture.startswith("subscription-buckets")
+    future = fixture.startswith(("subscription-buckets", "partition-actors"))
     if future:
         # the 1,000 due in 2100 are pending in sealed buckets or the unsealed tail, and
         # the subscription's own buckets are gone
@@ -88,3 +94,8 @@ def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
         assert out["own"] == []
         assert out["sealed"], "the topic sealed no bucket from the retained ledgers"
     assert out["stats"]["backlog"] == (1_000 if future else 0)
+    # under the new layout: the partitions on hosts, the subscription on one actor
+    subs = [serves for kind, serves in out["placed"] if kind == "SubscriptionActor"]
+    assert subs == [["orders/billing/0", "orders/billing/1"]]
+    hosted = sorted(k for kind, serves in out["placed"] if kind == "HostActor" for k in serves)
+    assert hosted == ["orders/0", "orders/1"]

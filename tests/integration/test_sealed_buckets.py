@@ -17,11 +17,11 @@ import time
 import ray
 
 from raydelay.storage import make_store
-from tests.integration.helpers import now_ms, restart
+from tests.integration.helpers import now_ms, restart, restart_partition, topic_partition
 
 
 def _topic(topic: str, partition: int = 0):
-    return ray.get_actor(f"topic/{topic}/{partition}", namespace="raydelay")
+    return topic_partition(topic, partition)
 
 
 def _topic_stats(topic: str) -> dict:
@@ -129,15 +129,15 @@ def test_restarts_of_topic_and_subscription_actors_lose_nothing(cluster, topic_n
     producer = cluster.create_producer(topic_name)
     due = now_ms() + 5_000
     producer.send_many([b"a%d" % i for i in range(3_000)], deliver_at=due)
-    # When the topic actor dies while it seals, and again after more are sent
-    restart(f"topic/{topic_name}/0")
+    # When the partition's host dies while it seals, and again after more are sent
+    restart_partition(topic_name, 0)
     producer.send_many([b"b%d" % i for i in range(3_000)], deliver_at=due + 1_000)
     producer.send_many([b"n%d" % i for i in range(500)])
     _wait("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 1)
-    restart(f"topic/{topic_name}/0")
+    restart_partition(topic_name, 0)
     # ... and one subscription's actor dies half-way through delivering
     first = _drain(consumers[0], 3_000, timeout_s=15)
-    restart(f"sub/{topic_name}/0/s0")
+    restart(f"sub/{topic_name}/s0/0")
     rest = _drain(consumers[0], 6_500)
     # Then each subscription got every message, never early, and a message that came
     # twice came back with its redelivery_count raised

@@ -8,13 +8,11 @@ import threading
 
 import ray
 
-from raydelay.cluster.names import NAMESPACE, topic_actor_name
-from tests.integration.helpers import now_ms, receive_all, restart
+from tests.integration.helpers import now_ms, receive_all, restart_partition, topic_partition
 
 
 def _objects_written(topic: str, partition: int = 0) -> int:
-    actor = ray.get_actor(topic_actor_name(topic, partition), namespace=NAMESPACE)
-    return int(ray.get(actor.stats.remote())["objects"])
+    return int(ray.get(topic_partition(topic, partition).stats.remote())["objects"])
 
 
 def test_a_lone_send_commits_alone_and_concurrent_appends_share_commits(cluster, topic_name):
@@ -61,8 +59,8 @@ def test_what_a_send_returned_survives_a_topic_actor_killed_right_after(cluster,
     futures = [producer.send_async(b"async-%d" % i) for i in range(500)]
     producer.flush()
     sent += [f.result() for f in futures]
-    # When the partition's actor is killed at once (Ray restarts it from the store)
-    restart(topic_actor_name(topic_name, 0))
+    # When the partition's host is killed at once (Ray restarts it from the store)
+    restart_partition(topic_name, 0)
     # Then every message whose id came back is delivered, once
     got = receive_all(consumer, len(sent), timeout_s=60)
     assert sorted(m.message_id for m, _ in got) == sorted(sent)
@@ -78,7 +76,7 @@ def test_send_async_through_a_restart_resolves_every_future_and_appends_each_onc
     futures = [producer.send_async(b"m-%d" % i) for i in range(1_000)]
     futures[-1].result(timeout=60)
     # When a partition's actor dies while more are on their way
-    killer = threading.Thread(target=restart, args=(topic_actor_name(topic_name, 1),))
+    killer = threading.Thread(target=restart_partition, args=(topic_name, 1))
     killer.start()
     futures += [producer.send_async(b"m-%d" % i) for i in range(1_000, 3_000)]
     killer.join()

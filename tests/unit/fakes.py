@@ -135,8 +135,11 @@ class FakeSubscription(FakeLink):
         self.nacks.append((partition, delay_s, nacked_at_ms))
         return self._call("nack", partition, keys)
 
-    def heartbeat(self, partition, consumer):
-        return self._call("heartbeat", partition)
+    def heartbeat_groups(self):
+        return [[p] for p in range(self.partitions)]
+
+    def heartbeat(self, partitions, consumer):
+        return self._call("heartbeat", partitions[0])
 
     def add_consumer(self, partition, consumer):
         return self._call("add_consumer", partition, consumer)
@@ -173,7 +176,7 @@ class FakeSubscription(FakeLink):
         self.nacked[partition].extend(int(k) for k in keys)
 
     def _heartbeat(self, partition):
-        return True
+        return [True]
 
     def _add_consumer(self, partition, consumer):
         self.consumers[partition].add(consumer)

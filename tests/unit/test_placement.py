@@ -19,7 +19,7 @@ def cluster(monkeypatch):
             {
                 "NodeID": n,
                 "Alive": n in state["alive"],
-                "Resources": {"node:__internal_head__": 1.0} if n == HEAD else {},
+                "Resources": {"CPU": 2.0} | ({"node:__internal_head__": 1.0} if n == HEAD else {}),
             }
             for n in (HEAD, W1, W2, W3)
         ]
@@ -36,36 +36,78 @@ def place(state, name: str, near: str | None = None) -> str:
     return node
 
 
-def test_topic_actors_spread_evenly_over_the_workers_and_never_on_the_head(cluster):
-    nodes = [place(cluster, f"topic/t/{p}") for p in range(6)]
-    assert HEAD not in nodes
-    assert sorted(nodes.count(w) for w in (W1, W2, W3)) == [2, 2, 2]
+def _metadata(topics: dict[str, int]):
+    from raydelay.cluster.metadata import Metadata
+    from raydelay.storage import MemoryObjectStore
+
+    meta = Metadata(MemoryObjectStore())
+    for topic, n in topics.items():
+        meta.create_topic(topic, n)
+    return meta
 
 
-def test_a_subscription_actor_goes_to_its_topic_actors_node(cluster):
-    topic_node = place(cluster, "topic/t/0")
-    assert place(cluster, "sub/t/0/a", near="topic/t/0") == topic_node
+def _assign_all(meta, topics: dict[str, int], config=None) -> dict[str, str]:
+    """Assign every partition (as ``CoordinatorActor.locate`` does); partition -> node."""
+    slots, node_of = placement.host_slots(config or {})
+    for topic, n in topics.items():
+        for p in range(n):
+            meta.assign(topic, p, meta.choose_host(topic, p, slots, node_of))
+    return {k: node_of[h] for k, h in meta.assignments().items()}
+
+
+def test_host_slots_are_one_per_cpu_of_each_worker_and_never_on_the_head(cluster):
+    slots, node_of = placement.host_slots({})
+    assert sorted(set(node_of.values())) == [W1, W2, W3]
+    assert len(slots) == 6  # 2 CPUs each
+    assert all(placement.choose_node(s, avoid_head=True) == node_of[s] for s in slots)
+    slots, _ = placement.host_slots({"placement": {"hosts_per_node": 3}})
+    assert len(slots) == 9
+
+
+def test_partitions_spread_evenly_over_nodes_then_slots(cluster):
+    topics = {"a": 4, "b": 4, "c": 4}
+    nodes = _assign_all(_metadata(topics), topics)
+    assert HEAD not in nodes.values()
+    assert sorted(list(nodes.values()).count(w) for w in (W1, W2, W3)) == [4, 4, 4]
+    # and the first three partitions of a topic go to three nodes
+    assert len({nodes["a/0"], nodes["a/1"], nodes["a/2"]}) == 3
+
+
+def test_a_subscription_actor_goes_to_the_node_of_the_host_it_calls(cluster):
+    slots, node_of = placement.host_slots({})
+    cluster["actors"].append({"name": slots[3], "class": "HostActor", "node": node_of[slots[3]]})
+    assert place(cluster, "sub/t/a/0", near=slots[3]) == node_of[slots[3]]
 
 
 def test_the_head_is_used_when_it_is_the_only_node_or_when_allowed(cluster):
     cluster["alive"] = {HEAD}
-    assert placement.choose_node("topic/t/0", avoid_head=True) == HEAD
+    slots, node_of = placement.host_slots({})
+    assert set(node_of.values()) == {HEAD}
     cluster["alive"] = {HEAD, W1}
     assert placement.choose_node("coordinator", avoid_head=False) in (HEAD, W1)
-    cluster["actors"].append({"name": "topic/t/0", "class": "TopicActor", "node": W1})
-    assert placement.choose_node("topic/t/1", avoid_head=False) == HEAD  # the emptier one
+    slots, node_of = placement.host_slots({"placement": {"avoid_head": False}})
+    assert set(node_of.values()) == {HEAD, W1}
 
 
-def test_after_a_node_is_lost_its_actors_spread_over_the_survivors(cluster):
-    for p in range(6):
-        place(cluster, f"topic/t/{p}")
-    lost = [a for a in cluster["actors"] if a["node"] == W1]
+def test_after_a_node_is_lost_its_partitions_spread_over_the_survivors(cluster):
+    topics = {"a": 6}
+    meta = _metadata(topics)
+    nodes = _assign_all(meta, topics)
+    lost = [k for k, n in nodes.items() if n == W1]
     cluster["alive"].discard(W1)
-    cluster["actors"] = [a for a in cluster["actors"] if a["node"] != W1]
-    again = [place(cluster, a["name"]) for a in lost]
+    slots, node_of = placement.host_slots({})
+    again = []
+    for key in lost:
+        topic, p = key.rsplit("/", 1)
+        host = meta.choose_host(topic, int(p), slots, node_of)
+        meta.assign(topic, int(p), host)
+        again.append(node_of[host])
     assert set(again) == {W2, W3}  # one each, not both on one survivor
+    # a host's name says its node: one of the lost node has none to go to
+    assert placement.choose_node(placement.host_actor_name(W1, 0), avoid_head=True) is None
 
 
 def test_no_node_at_all_leaves_the_choice_to_ray(cluster):
     cluster["alive"] = set()
-    assert placement.choose_node("topic/t/0", avoid_head=True) is None
+    assert placement.choose_node("sub/t/a/0", avoid_head=True) is None
+    assert placement.host_slots({}) == ([], {})

@@ -214,8 +214,11 @@ def test_the_reader_loads_segments_near_their_time_and_pops_the_earliest_first()
     assert key_of(1, 1) in reader.covered and key_of(3, 0) not in reader.covered
     segs = {a.key: sa, b.key: sb}
     _load_all(reader, segs, now=0)
-    # the segment due at 50,000 is beyond the lookahead: not loaded
+    # the segment due at 50,000 is beyond the lookahead: not loaded, and the reader says
+    # when it will want it (the driver sleeps until then)
     assert reader.loaded_rows() == 4 and reader.remaining() == 5
+    assert reader.next_load_ms() == 50_000 - 1_000
+    assert reader.wanted(48_999) == []
     groups = reader.take_due(350, 3)
     keys = np.concatenate([g[2] for g in groups]).tolist()
     assert sorted(keys) == [key_of(1, 0), key_of(1, 1), key_of(2, 0)]

@@ -1,0 +1,177 @@
+"""Processes follow load, not layout: partitions of many topics live in a few hosts, and a
+subscription is one actor for all its partitions. Each test checks what a user sees when
+one of those shared processes dies under load: nothing lost, nothing early, no cancel
+broken; and that the layout costs processes by the host and the subscription, never by
+the partition."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+
+import ray
+
+from raydelay.cluster.names import NAMESPACE, subscription_actor_name
+from tests.chaos.workload import run_workload
+from tests.integration.helpers import host_of, run_child
+
+
+def _check(ledger) -> None:
+    for name, r in ledger.check().items():
+        assert (r["lost"], r["early"], r["cancelled_delivered"]) == (0, 0, 0), (name, r)
+        assert r["unmarked_duplicates"] == 0, (name, r)
+
+
+def _kill_once(name: str, after_s: float, kills: list[str]):
+    """A chaos function for ``run_workload``: SIGKILL actor ``name`` once (Ray restarts it)."""
+
+    def chaos(produced: threading.Event) -> None:
+        time.sleep(after_s)
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+        kills.append(name)
+
+    return chaos
+
+
+def test_a_host_with_partitions_of_several_topics_killed_under_load_loses_nothing(
+    cluster, topic_name
+):
+    # Given two topics whose partitions share a host
+    topics = [f"{topic_name}-a", f"{topic_name}-b"]
+    for t in topics:
+        cluster.create_topic(t, partitions=2)
+    hosts = [{host_of(t, p) for p in range(2)} for t in topics]
+    shared = sorted(hosts[0] & hosts[1])
+    assert shared, hosts
+    # When that host is killed while both topics are produced to and consumed
+    kills: list[str] = []
+    ledgers = {}
+
+    def load(topic: str, chaos) -> None:
+        ledgers[topic] = run_workload(
+            cluster, topic, ["s1", "s2"], messages=4_000, seconds=6, seed=5, chaos=chaos
+        )
+
+    other = threading.Thread(target=load, args=(topics[1], None))
+    other.start()
+    load(topics[0], _kill_once(shared[0], 2.0, kills))
+    other.join()
+    # Then both topics lost nothing and delivered nothing early
+    assert kills == [shared[0]]
+    for topic in topics:
+        _check(ledgers[topic])
+    # and the host came back holding the same partitions
+    assert {host_of(t, p) for t in topics for p in range(2)} == hosts[0] | hosts[1]
+
+
+def test_a_subscription_actor_serving_8_partitions_killed_under_load_loses_nothing(
+    cluster, topic_name
+):
+    cluster.create_topic(topic_name, partitions=8)
+    # (one actor serves the 8 partitions of each subscription)
+    kills: list[str] = []
+    name = subscription_actor_name(topic_name, "s1")
+    ledger = run_workload(
+        cluster,
+        topic_name,
+        ["s1", "s2"],
+        messages=6_000,
+        seconds=6,
+        seed=11,
+        chaos=_kill_once(name, 2.5, kills),
+    )
+    assert kills == [name]
+    _check(ledger)
+    served = {r["name"]: r["serves"] for r in cluster.placement()}
+    assert served[name] == [f"{topic_name}/s1/{p}" for p in range(8)]
+
+
+def test_partitions_per_actor_splits_a_subscription_over_actors(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=5)
+    consumer = cluster.subscribe(topic_name, "s", partitions_per_actor=2)
+    ids = cluster.create_producer(topic_name).send_many([b"%d" % i for i in range(50)])
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 50 and time.monotonic() < deadline:
+        msgs = consumer.receive(max_messages=50, timeout_s=1)
+        consumer.ack(msgs)
+        got += msgs
+    assert sorted(m.message_id for m in got) == sorted(ids)
+    served = {r["name"]: r["serves"] for r in cluster.placement()}
+    groups = [served[subscription_actor_name(topic_name, "s", g)] for g in range(3)]
+    assert groups == [
+        [f"{topic_name}/s/0", f"{topic_name}/s/1"],
+        [f"{topic_name}/s/2", f"{topic_name}/s/3"],
+        [f"{topic_name}/s/4"],
+    ]
+    assert subscription_actor_name(topic_name, "s", 3) not in served
+
+
+SHUTDOWN = textwrap.dedent(
+    """
+    import json, sys, time, psutil
+    import raydelay
+
+    TOPICS, PARTITIONS, SUBS = 4, 16, 4
+    cluster = raydelay.connect(config={"storage": {"kind": "local", "local": {"root": sys.argv[1]}}})
+    for t in range(TOPICS):
+        cluster.create_topic(f"t{t}", PARTITIONS)
+        for s in range(SUBS):
+            cluster.subscribe(f"t{t}", f"s{s}").close()
+    producer = cluster.create_producer("t0")
+    producer.send_many([b"x"] * 100, deliver_after=3600)
+    rows = cluster.placement()
+    mine = {r["pid"] for r in rows}
+    kinds = {}
+    for r in rows:
+        kinds[r["class"]] = kinds.get(r["class"], 0) + 1
+    sub_partitions = sum(r["partitions"] for r in rows if r["class"] == "SubscriptionActor")
+    cluster.shutdown()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = [p for p in mine if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        if not left:
+            break
+        time.sleep(0.2)
+    print("RESULT " + json.dumps({"kinds": kinds, "sub_partitions": sub_partitions, "left": left}))
+    """
+)
+
+
+def test_shutdown_leaves_no_process_behind_with_hundreds_of_subscription_partitions(tmp_path):
+    out = run_child(SHUTDOWN, tmp_path, str(tmp_path / "store"))
+    # 4 topics x 16 partitions x 4 subscriptions: 256 subscription-partitions in 16 actors
+    # (one per subscription) and the hosts of the 64 partitions (a few per node)
+    assert out["sub_partitions"] == 256
+    assert out["kinds"]["SubscriptionActor"] == 16
+    assert 1 <= out["kinds"]["HostActor"] <= 4
+    # and after shutdown() none of those processes runs
+    assert out["left"] == [], out
+
+
+def test_a_committed_object_reaches_every_reader_by_one_reference(cluster, topic_name):
+    from tests.integration.helpers import topic_partition
+
+    cluster.create_topic(topic_name)
+    cluster.create_producer(topic_name).send_many([b"p" * 200] * 2_000)  # one 400 kB object
+    part = topic_partition(topic_name, 0)
+    first, second = (ray.get(part.read.remote((0, 0), 10_000)) for _ in range(2))
+    # Then a big object is a reference into Ray's object store, the same one for both
+    # reads (put once), and it decodes in place to the messages sent
+    [ref] = [o for o in first.objects if isinstance(o, ray.ObjectRef)]
+    [again] = [o for o in second.objects if isinstance(o, ray.ObjectRef)]
+    assert ref.hex() == again.hex()
+    from raydelay.log.entries import decode_object
+
+    obj = decode_object(ray.get(ref))
+    assert obj.count == 2_000 and obj.entries.batch.column(0)[0].as_py() == b"p" * 200
+    # and the subscriptions deliver from it
+    consumer = cluster.subscribe(topic_name, "s")
+    got = 0
+    deadline = time.monotonic() + 30
+    while got < 2_000 and time.monotonic() < deadline:
+        batch = consumer.receive_batch(max_messages=2_000, timeout_s=1)
+        consumer.ack(batch)
+        got += len(batch)
+    assert got == 2_000
