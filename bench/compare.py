@@ -26,11 +26,14 @@ Scenarios:
    written per payload byte.
 8. drain (raydelay): 2M messages of one partition due over 60 s, all overdue when a
    consumer comes -> messages/s.
+9. topology (raydelay): 4 topics x 4 partitions x 8 subscriptions, one consumer each,
+   idle -> worker processes, PSS per subscription-partition, idle CPU, set-up seconds
+   (bench/topology_bench.py, in a process of its own).
 
 Writes ``bench/results/<date>-<suite>.md`` and its PNG plots.
 
 Usage: python bench/compare.py [--suite quick|full] [--peers raydelay redis heapq]
-       [--scenarios ingest memory burst lateness scale fanout drain] [--resume]
+       [--scenarios ingest memory burst lateness scale fanout drain topology] [--resume]
        [--fanout-ks 1 8 32]
 """
 
@@ -75,6 +78,7 @@ SUITES = {
         "steady_rates": [5_000, 20_000, 50_000],
         "steady_s": 20,
         "steady_prefetch": [20_000],
+        "topology": [4, 4, 8],
     },
     "full": {
         "ingest": M,
@@ -95,6 +99,7 @@ SUITES = {
         "steady_rates": [5_000, 20_000, 50_000],
         "steady_s": 60,
         "steady_prefetch": [20_000],
+        "topology": [4, 4, 8],
     },
 }
 PEERS = ("heapq", "redis", "raydelay")  # the order they run in
@@ -108,6 +113,7 @@ SCENARIOS = (
     "scale",
     "fanout",
     "drain",
+    "topology",
 )
 SEND_THREADS = 16
 THREADS = 4  # producer threads of raydelay and Redis (the heap takes one: it holds a lock)
@@ -137,6 +143,12 @@ def shrink(plan: dict, by: int) -> dict:
 
 def run_peer(name: str, plan: dict, scenarios: list[str], root: str) -> dict:
     out: dict = {}
+    if "topology" in scenarios and name == "raydelay":
+        # (first, in a process of its own with its own Ray: before this peer starts one)
+        from bench import topology_bench
+
+        topics, partitions, subs = plan["topology"]
+        out["topology"] = topology_bench.measure(topics, partitions, subs)
     if name == "heapq":
         peer = peer_heapq.HeapqPeer()
     elif name == "redis":

@@ -153,7 +153,7 @@ def rows(results: dict) -> list[tuple]:
         _line("4 lateness", "delivered early", "strict mode for raydelay",
               each("lateness", "early"), ",", target="0", ratios=False),
     ]  # fmt: skip
-    out += _send_rows(results) + _steady_rows(results)
+    out += _send_rows(results) + _steady_rows(results) + _topology_rows(results)
     for sent in plan["kill_at"]:
         rec = {p: (_memory_row(results, p, sent) or {}).get("recovery_s") for p in PEERS}
         out.append(
@@ -257,6 +257,33 @@ def _steady_rows(results: dict) -> list[tuple]:
                             "redis": "", "heapq": ""})
             )  # fmt: skip
     return out
+
+
+def _topology_rows(results: dict) -> list[tuple]:
+    """9 topology: what a layout costs while idle (raydelay only)."""
+    t = _get(results, "raydelay", "topology")
+    if not t:
+        return []
+    layout = (
+        f"{t['topics']} topics x {t['partitions']} partitions x {t['subscriptions']} shared "
+        f"subscriptions, one consumer each, nothing sent; local Ray (bench/topology_bench.py)"
+    )
+    n = t["sub_partitions"]
+    figures = [
+        ("worker processes", t["processes"], ",.0f", "<= 40 (goal 36)"),
+        (
+            "PSS MiB per subscription-partition",
+            t["pss_bytes"] / n / 2**20,
+            ".1f",
+            "<= 25 (goal 20)",
+        ),
+        ("idle CPU, % of a core", 100 * t["idle_cpu"], ".0f", "<= 40 (goal 20)"),
+        ("set-up s", t["setup_s"], ".1f", "<= 60 (goal 20)"),
+    ]
+    return [
+        _line("9 topology", name, layout, {"raydelay": v}, fmt, target, ratios=False)
+        for name, v, fmt, target in figures
+    ]
 
 
 def _per(total, n):

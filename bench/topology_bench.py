@@ -5,7 +5,8 @@ sent, on a local Ray started for the run (local-dir store). Once set up, the ben
 ``--settle`` seconds and then measures for ``--window`` seconds:
 
 - **worker processes**: Ray's worker processes (``ray::...``), raydelay's actors and idle
-  pool workers alike (the driver and Ray's own daemons are not counted);
+  pool workers alike (the driver and Ray's own daemons, its raylet, GCS and agents, are
+  not counted);
 - **PSS**: their proportional set size summed (shared pages split between the processes
   that map them), in all and per subscription-partition (S x T x P);
 - **idle CPU**: their CPU time over the window, as a share of one core;
@@ -47,11 +48,14 @@ setup_s = time.monotonic() - t0
 time.sleep(float(settle_s))
 
 
+AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # Ray's own daemons, not workers
+
+
 def workers():
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if cmd and cmd[0].startswith("ray::"):
+        if cmd and cmd[0].startswith("ray::") and not cmd[0].startswith(AGENTS):
             out.append(p)
     return out
 
@@ -86,6 +90,26 @@ for c in consumers:
     c.close()
 cluster.shutdown()
 """
+
+
+def measure(
+    topics: int = 4,
+    partitions: int = 4,
+    subscriptions: int = 8,
+    settle_s: float = 20.0,
+    window_s: float = 20.0,
+    src: str | None = None,
+) -> dict:
+    """One layout's figures (the keys of the child's RESULT line, and the layout)."""
+    args = argparse.Namespace(
+        topics=topics,
+        partitions=partitions,
+        subscriptions=subscriptions,
+        settle=settle_s,
+        window=window_s,
+    )
+    out = run_variant(args, src)
+    return out | {"topics": topics, "partitions": partitions, "subscriptions": subscriptions}
 
 
 def run_variant(args: argparse.Namespace, src: str | None) -> dict:

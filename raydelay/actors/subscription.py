@@ -606,15 +606,20 @@ class SubscriptionPartition:
         self._spawn(self._io(kind, coro))
 
     async def _io(self, kind: str, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run one piece of I/O; then the driver steps again, unless it returned False (it
+        changed nothing: an idle cursor check, which would otherwise wake it twice a
+        second)."""
+        changed: Any = True
         try:
-            await coro
+            changed = await coro
             self._retries[kind].ok()
         except Exception as exc:  # noqa: BLE001 - reported and retried by a later step
             self._retries[kind].failed(exc)
             await asyncio.sleep(_RETRY_S)  # (still busy: the next step does not retry at once)
         finally:
             self._busy.discard(kind)
-            self._wake.set()
+            if changed is not False:
+                self._wake.set()
 
     async def _load(self, sealed: SealedReader, loads: list[SegmentLoad]) -> None:
         """Load sealed segments (on threads) into the reader; of segments whose rows were
@@ -653,10 +658,11 @@ class SubscriptionPartition:
         keys = self._sealed_store.segment_keys(bucket.meta)[ld.no : ld.no + ld.taken]
         return [bitmap64_values(bm) for bm in keys]
 
-    async def _persist_and_report(self) -> None:
-        """The periodic cursor write, then the progress report to the coordinator."""
-        await self._sub.persist()
-        await self._report_progress()
+    async def _persist_and_report(self) -> bool:
+        """The periodic cursor write, then the progress report to the coordinator; whether
+        either wrote anything."""
+        wrote = await self._sub.persist()
+        return await self._report_progress() or wrote
 
     def metrics_snapshot(self) -> tuple[SubscriptionMetrics, dict, list] | None:
         """What this partition has to report to Ray's metrics (its gauges' values and the
@@ -784,7 +790,7 @@ class SubscriptionPartition:
             out += np.asarray(unsealed, dtype=np.int64)
         return out.tolist()
 
-    async def _report_progress(self) -> None:
+    async def _report_progress(self) -> bool:
         """Tell the coordinator mark-delete, the log mark and the progress through each
         sealed bucket (what retention goes by), when they changed."""
         self._sub.advance_buckets()
@@ -793,11 +799,12 @@ class SubscriptionPartition:
         md, lm = self._sub.cursor.mark_delete, self._sub.log_cursor.mark_delete
         report = (md, lm, tuple(sorted(progress.items())))
         if report == self._reported_progress:
-            return
+            return False
         await self._coordinator.once(
             "set_progress", self._topic, self._partition, self._name, list(md), list(lm), progress
         )
         self._reported_progress = report
+        return True
 
     def _put_cursor(self, key: str, data: bytes) -> None:
         self._store.put(key, data)

@@ -64,6 +64,9 @@ from raydelay.storage import make_store
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0
+# a log read waiting for entries due soon also returns for entries due later, but no sooner
+# than this after it began (the reader learns of them, and of new buckets, that often)
+TRICKLE_S = 1.0
 _MARKS = 4096
 
 
@@ -555,10 +558,10 @@ class TopicPartition:
         that long for new entries first (one call instead of a poll plus a read). With
         ``skip_delayed``, an object of delayed entries only (this actor indexed them) comes
         as a :class:`~raydelay.log.entries.DelayedRun`; and with ``due_within_ms`` too, the
-        wait ends only for an entry due at once or within that many ms, or when one it
-        passed over comes that close to its time: a reader that takes delayed rows from
-        this partition's index sleeps through a steady stream of messages due later, and
-        an idle one through its whole wait."""
+        wait ends at once only for an entry due at once or within that many ms, or when one
+        it passed over comes that close to its time; entries due later end it after
+        TRICKLE_S: a reader that takes delayed rows from this partition's index wakes once
+        a second in a steady stream of messages due later, and an idle one not at all."""
         self._ensure_started()
         position = (int(from_position[0]), int(from_position[1]))
         if not (skip_delayed and self._index is not None):
@@ -582,19 +585,25 @@ class TopicPartition:
         self, position: tuple[int, int], within_ms: int | None, wait_s: float
     ) -> None:
         """Wait (up to ``wait_s``) until the log holds an entry at or after ``position`` due
-        at once or within ``within_ms`` from the moment it is looked at (None: any entry)."""
+        at once or within ``within_ms`` from the moment it is looked at (None: any entry).
+        Entries due later end the wait too, but no sooner than TRICKLE_S after it began: a
+        steady stream of them wakes a reader once a TRICKLE_S, and an idle log never."""
 
         def horizon() -> int | None:
             return None if within_ms is None else time.time_ns() // 1_000_000 + int(within_ms)
 
-        def ready() -> bool:
-            return self._has_urgent_at(position, horizon())
-
-        deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
-        while not ready() and not self._stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        started = time.monotonic()
+        deadline = started + min(max(wait_s, 0.0), MAX_WAIT_S)
+        while not self._stopping:
+            if self._has_urgent_at(position, horizon()):
                 return
+            now = time.monotonic()
+            later = self._has_entries_at(position)  # (only entries due later, then)
+            if (later and now - started >= TRICKLE_S) or now >= deadline:
+                return
+            left = deadline - now
+            if later:
+                left = min(left, started + TRICKLE_S - now)
             nxt = None if within_ms is None else self._next_due_at(position)
             if nxt is not None:  # an entry passed over comes within the horizon then
                 left = min(left, max(0.001, (nxt - horizon()) / 1000))  # type: ignore[operator]
