@@ -994,7 +994,14 @@ def spawn_subscription(topic: str, subscription: str, group: int, config: dict) 
             for p in mine
         )
         if hosts:
-            near = hosts.most_common(1)[0][0]
+            # the host serving most of its partitions; among equals, the one on the node
+            # with the fewest subscription actors (a node's loss then stops fewer of them)
+            top = max(hosts.values())
+            tied = sorted(h for h, c in hosts.items() if c == top)
+            subs_on = Counter(
+                a["node"] for a in placement.actors() if a["class"] == "SubscriptionActor"
+            )
+            near = min(tied, key=lambda h: subs_on[placement.node_of(h)])
     return (
         ray.remote(SubscriptionActor)
         .options(**placement.actor_options(name, config, near=near))

@@ -77,7 +77,11 @@ class Peer:
                         if self._resolve is not None:
                             self._handle = self._resolve()
                         else:
-                            self._handle = placement.lookup_or_none(self.name) or self._create()
+                            found = placement.lookup_or_none(self.name)
+                            if found is not None and placement.stranded(self.name):
+                                placement.end_stranded(self.name, found)
+                                found = None
+                            self._handle = found or self._create()
                     except (RayError, ValueError) as exc:  # Ray's control service in trouble
                         raise Unavailable(f"{self.what}: cannot look it up: {exc}") from None
                 h = self._handle

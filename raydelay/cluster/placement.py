@@ -138,8 +138,36 @@ def actors() -> list[dict[str, Any]]:
 
 
 def live_hosts() -> dict[str, str]:
-    """The partition hosts alive or on their way: name -> node id."""
-    return {a["name"]: a["node"] or "" for a in actors() if a["class"] == "HostActor"}
+    """The partition hosts alive or on their way: name -> node id. A host whose node is
+    gone is not among them, even while Ray still tries to restart it (it is pinned there:
+    it can never come back), so its partitions move at once."""
+    alive, _ = nodes()
+    return {
+        a["name"]: a["node"] or ""
+        for a in actors()
+        if a["class"] == "HostActor"
+        and any(n.startswith(host_node_prefix(a["name"])) for n in alive)
+    }
+
+
+def stranded(name: str) -> bool:
+    """Whether the live actor called ``name`` is pinned to a node that is gone: Ray keeps
+    trying to restart it there until it gives up, which takes seconds after the node was
+    declared dead; raydelay ends it at once and re-creates it elsewhere."""
+    alive, _ = nodes()
+    if name.startswith(HOST_PREFIX):
+        return not any(n.startswith(host_node_prefix(name)) for n in alive)
+    node = node_of(name)
+    return node is not None and node not in alive
+
+
+def end_stranded(name: str, handle: Any, timeout_s: float = 5.0) -> None:
+    """End a stranded actor for good and wait (up to ``timeout_s``) until its name is free."""
+    log.warning("%s: its node is gone; ending it to start it elsewhere", name)
+    ray.kill(handle, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while lookup_or_none(name) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def hosts_per_node(config: dict[str, Any], cpus: float) -> int:

@@ -111,3 +111,19 @@ def test_no_node_at_all_leaves_the_choice_to_ray(cluster):
     cluster["alive"] = set()
     assert placement.choose_node("sub/t/a/0", avoid_head=True) is None
     assert placement.host_slots({}) == ([], {})
+
+
+def test_an_actor_pinned_to_a_lost_node_is_stranded_and_its_host_not_live(cluster):
+    host = placement.host_actor_name(W1, 0)
+    cluster["actors"] += [
+        {"name": host, "class": "HostActor", "node": W1},
+        {"name": "sub/t/a/0", "class": "SubscriptionActor", "node": W1},
+        {"name": "sub/t/b/0", "class": "SubscriptionActor", "node": W2},
+    ]
+    assert placement.live_hosts() == {host: W1}
+    assert not placement.stranded("sub/t/a/0") and not placement.stranded(host)
+    # When W1 is lost (Ray still lists its actors while it tries to restart them there)
+    cluster["alive"].discard(W1)
+    assert placement.live_hosts() == {}  # its partitions are assigned elsewhere at once
+    assert placement.stranded(host) and placement.stranded("sub/t/a/0")
+    assert not placement.stranded("sub/t/b/0") and not placement.stranded("sub/t/none/0")
