@@ -51,6 +51,17 @@ PositiveSeconds = Annotated[float, Field(gt=0)]
 _SECTION = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
+def _limit_fields(section: str, *fields: str) -> Any:
+    """A validator of ``fields`` of table ``section``: each a positive limit, or -1 for none
+    (Pulsar's convention; see :func:`raydelay.limits.check_limit`)."""
+
+    def check(cls: type, value: int, info: ValidationInfo) -> int:
+        check_limit(f"{section}.{info.field_name}", value)
+        return value
+
+    return field_validator(*fields)(classmethod(check))
+
+
 class _Section(BaseModel):
     """One table of the config. Built directly, it raises InvalidArgument like the loaders."""
 
@@ -139,11 +150,7 @@ class DelayedConfig(_Section):
     max_delay_ms: NonNegative = 0  # 0 = no limit
     fixed_delay_lookahead: NonNegative = 50_000  # in-memory tracker only
 
-    @field_validator("max_indexes_per_segment", "max_num_buckets")
-    @classmethod
-    def _limit(cls, value: int, info: ValidationInfo) -> int:
-        check_limit(f"delayed.{info.field_name}", value)
-        return value
+    _limits = _limit_fields("delayed", "max_indexes_per_segment", "max_num_buckets")
 
 
 class TopicConfig(_Section):
@@ -182,11 +189,7 @@ class SubscriptionConfig(_Section):
     # per subscription); a busy subscription of many partitions may be split
     partitions_per_actor: int = -1
 
-    @field_validator("partitions_per_actor")
-    @classmethod
-    def _per_actor(cls, value: int, info: ValidationInfo) -> int:
-        check_limit(f"subscription.{info.field_name}", value)
-        return value
+    _limits = _limit_fields("subscription", "partitions_per_actor")
 
 
 class ProducerConfig(_Section):
@@ -199,11 +202,7 @@ class ProducerConfig(_Section):
     # past max_pending_messages, send_async waits for room (else raises ProducerQueueIsFull)
     block_if_queue_full: bool = True
 
-    @field_validator("max_pending_messages")
-    @classmethod
-    def _limit(cls, value: int, info: ValidationInfo) -> int:
-        check_limit(f"producer.{info.field_name}", value)
-        return value
+    _limits = _limit_fields("producer", "max_pending_messages")
 
 
 class ClientConfig(_Section):
@@ -225,11 +224,7 @@ class PlacementConfig(_Section):
     # placement.MAX_AUTO_HOSTS (4); each host holds the logs of many partitions
     hosts_per_node: int = -1
 
-    @field_validator("hosts_per_node")
-    @classmethod
-    def _hosts(cls, value: int, info: ValidationInfo) -> int:
-        check_limit(f"placement.{info.field_name}", value)
-        return value
+    _limits = _limit_fields("placement", "hosts_per_node")
 
 
 class RayConfig(_Section):

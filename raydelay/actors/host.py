@@ -80,7 +80,6 @@ class HostActor:
         self._opening: dict[tuple[str, int], asyncio.Future] = {}
         self._open_pool = ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="raydelay-open")
         self._started = False
-        self._started_at = time.monotonic()
         self.recovery: dict[str, Any] = {}
 
     # --- partitions -----------------------------------------------------------------------

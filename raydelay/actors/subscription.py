@@ -886,15 +886,8 @@ class SubscriptionActor:
     def _init(self, topic: str, subscription: str, group: int, config: dict) -> None:
         started = time.monotonic()
         self._name = subscription_actor_name(topic, subscription, group)
-        cfg = config_from_dict(config)
         coordinator = coordinator_peer(config)
-        deadline_s = cfg.client.retry_deadline_s
-        n = coordinator.call_from_thread("partitions", topic, deadline_s=deadline_s)
-        options = coordinator.call_from_thread(
-            "subscription", topic, subscription, deadline_s=deadline_s
-        )
-        per_actor = options.get("partitions_per_actor", cfg.subscription.partitions_per_actor)
-        mine = subscription_groups(n, per_actor).get(group, [])
+        mine = _group_partitions(coordinator, topic, subscription, group, config)
         if not mine:
             raise InvalidArgument(f"group: {topic}/{subscription} has no partition group {group}")
 
@@ -973,6 +966,22 @@ class SubscriptionActor:
         return os.getpid()
 
 
+def _group_partitions(
+    coordinator: Peer, topic: str, subscription: str, group: int, config: dict
+) -> list[int]:
+    """The partitions the actor of partition group ``group`` of a subscription serves (by
+    its ``partitions_per_actor``, the config's when it has none)."""
+    deadline_s = config_from_dict(config).client.retry_deadline_s
+    n = coordinator.call("partitions", topic, deadline_s=deadline_s, wait=rpc.get_blocking)
+    options = coordinator.call(
+        "subscription", topic, subscription, deadline_s=deadline_s, wait=rpc.get_blocking
+    )
+    per_actor = options.get(
+        "partitions_per_actor", config_from_dict(config).subscription.partitions_per_actor
+    )
+    return subscription_groups(n, per_actor).get(group, [])
+
+
 def spawn_subscription(topic: str, subscription: str, group: int, config: dict) -> Any:
     """A subscription's actor for partition group ``group``, started if it does not run, on
     the node whose hosts serve most of its partitions (they are its busiest callees)."""
@@ -981,14 +990,7 @@ def spawn_subscription(topic: str, subscription: str, group: int, config: dict) 
     if placement.lookup_or_none(name) is None:
         coordinator = coordinator_peer(config)
         deadline_s = config_from_dict(config).client.retry_deadline_s
-        n = coordinator.call("partitions", topic, deadline_s=deadline_s, wait=rpc.get_blocking)
-        options = coordinator.call(
-            "subscription", topic, subscription, deadline_s=deadline_s, wait=rpc.get_blocking
-        )
-        per_actor = options.get(
-            "partitions_per_actor", config_from_dict(config).subscription.partitions_per_actor
-        )
-        mine = subscription_groups(n, per_actor).get(group, [])
+        mine = _group_partitions(coordinator, topic, subscription, group, config)
         hosts = Counter(
             coordinator.call("locate", topic, p, deadline_s=deadline_s, wait=rpc.get_blocking)
             for p in mine
@@ -998,10 +1000,10 @@ def spawn_subscription(topic: str, subscription: str, group: int, config: dict) 
             # with the fewest subscription actors (a node's loss then stops fewer of them)
             top = max(hosts.values())
             tied = sorted(h for h, c in hosts.items() if c == top)
-            subs_on = Counter(
-                a["node"] for a in placement.actors() if a["class"] == "SubscriptionActor"
-            )
-            near = min(tied, key=lambda h: subs_on[placement.node_of(h)])
+            live = placement.actors()
+            node = {a["name"]: a["node"] for a in live}
+            subs_on = Counter(a["node"] for a in live if a["class"] == "SubscriptionActor")
+            near = min(tied, key=lambda h: subs_on[node.get(h)])
     return (
         ray.remote(SubscriptionActor)
         .options(**placement.actor_options(name, config, near=near))
