@@ -119,11 +119,16 @@ def s3_endpoint(request, monkeypatch) -> str:
 
 # --- one local Ray per test session (integration and e2e tiers) -----------------------------
 
-# Small ledgers and fast timers, so rollover, retention and cursor writes happen in tests.
+# Small ledgers and fast timers, so rollover, retention and cursor writes happen in tests;
+# at most 3 buckets per partition, so merges run under every test that seals more.
 RAY_TEST_CONFIG = {
     "topic": {"max_entries_per_ledger": 2_000, "retention_interval_ms": 300},
     "subscription": {"cursor_persist_interval_ms": 200},
-    "delayed": {"min_index_count_per_bucket": 2_000, "max_indexes_per_segment": 1_000},
+    "delayed": {
+        "min_index_count_per_bucket": 2_000,
+        "max_indexes_per_segment": 1_000,
+        "max_num_buckets": 3,
+    },
 }
 
 

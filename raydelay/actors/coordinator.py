@@ -122,7 +122,7 @@ class CoordinatorActor:
     ) -> None:
         self._meta.set_progress(topic, partition, subscription, position, log_mark, progress)
 
-    def progress(self, topic: str, partition: int, subscription: str) -> dict[str, int]:
+    def progress(self, topic: str, partition: int, subscription: str) -> dict:
         return self._meta.progress(topic, partition, subscription)
 
     def bucket_retention(
@@ -181,6 +181,18 @@ class CoordinatorActor:
 
     def _config_dict(self) -> dict[str, Any]:
         return config_to_dict(self._config)
+
+    def merge_buckets(
+        self,
+        topic: str,
+        partition: int,
+        name: str,
+        sources: list[str],
+        key: str,
+        record: bytes,
+        runs: list[int],
+    ) -> bool:
+        return self._meta.merge_buckets(topic, partition, name, sources, key, record, runs)
 
     def registry_list(self, name: str) -> dict[str, bytes]:
         return self._meta.registry_list(name)

@@ -243,14 +243,16 @@ class SubscriptionPartition:
         sealed (see ``Subscription.adopt``)."""
         info: BucketList = await self._topic_actor.once("buckets")
         keys = set(info.buckets)
-        for gone in [k for k in sealed.buckets if k not in keys]:
-            sealed.forget(gone)
         new = [k for k in info.buckets if k not in sealed.buckets]
         ready = [k for k in new if parse_bucket_key(k)[1] <= upto]
         for meta in await asyncio.to_thread(self._load_metas, ready):
-            self._sub.adopt(meta)
+            self._sub.adopt(meta)  # (a merged bucket takes over its sources held here)
         sealed.sealed_through = max(sealed.sealed_through, min(info.through, upto))
         if len(ready) == len(new):
+            # (only then: a bucket gone may be a source of a merged one not adopted yet,
+            # whose state it carries over)
+            for gone in [k for k in sealed.buckets if k not in keys]:
+                sealed.forget(gone)
             self._bucket_version = info.version
 
     async def _query_tail(self, sealed: SealedReader, query: TailQuery) -> None:
@@ -622,41 +624,47 @@ class SubscriptionPartition:
                 self._wake.set()
 
     async def _load(self, sealed: SealedReader, loads: list[SegmentLoad]) -> None:
-        """Load sealed segments (on threads) into the reader; of segments whose rows were
-        all taken from the unsealed index already, only their position keys."""
+        """Do the reader's loads (each segment one ranged read, on threads, in parallel):
+        the rows of the segments to read; of segments whose rows were all taken from the
+        unsealed index already, only their position keys."""
         started = time.monotonic()
         results = await asyncio.gather(
-            *[asyncio.to_thread(self._load_one, sealed, ld) for ld in loads],
-            return_exceptions=True,
+            *[self._load_one(sealed, ld) for ld in loads], return_exceptions=True
         )
-        self._load_times.extend(
-            ("load", time.monotonic() - started) for ld in loads if not ld.taken
-        )
+        self._load_times.extend(("load", time.monotonic() - started) for ld in loads if ld.reads)
         failed: BaseException | None = None
         for ld, got in zip(loads, results, strict=True):
             if isinstance(got, BaseException):
                 failed = got
-            elif ld.taken:
-                sealed.install_taken(ld.key, ld.no, got)
             else:
-                sealed.install(ld.key, ld.no, got)
+                sealed.install(ld.key, ld.no, *got)
         if failed is not None:
-            await asyncio.sleep(_RETRY_S)  # (the failed segments stay marked loading until then)
+            await asyncio.sleep(_RETRY_S)  # (the failed loads stay marked loading until then)
             for ld, got in zip(loads, results, strict=True):
                 if isinstance(got, BaseException):
                     sealed.load_failed(ld.key, ld.no)
             raise failed
 
-    def _load_one(self, sealed: SealedReader, ld: SegmentLoad) -> Any:
-        """One load's store reads (on a thread): the segment's rows, or with ``taken`` the
-        position keys of the segments it skips."""
-        if not ld.taken:
-            return self._sealed_store.segment(ld.key, ld.offset, ld.length)
+    async def _load_one(
+        self, sealed: SealedReader, ld: SegmentLoad
+    ) -> tuple[list[Rows], list[np.ndarray]]:
+        """One load's store reads: the rows of its segments, and the position keys of the
+        ones it skips (from their runs' index objects)."""
+        store = self._sealed_store
+        rows = await asyncio.gather(
+            *(asyncio.to_thread(store.segment, p.run_key, p.offset, p.length) for p in ld.reads)
+        )
         bucket = sealed.buckets.get(ld.key)
-        if bucket is None:
-            return []  # forgotten meanwhile (install_taken ignores it)
-        keys = self._sealed_store.segment_keys(bucket.meta)[ld.no : ld.no + ld.taken]
-        return [bitmap64_values(bm) for bm in keys]
+        if not ld.keys_only or bucket is None:
+            return list(rows), []  # (forgotten meanwhile: install ignores it)
+        meta = bucket.meta
+
+        def keys() -> list[np.ndarray]:
+            return [
+                bitmap64_values(store.segment_keys(meta, p.run)[p.segment]) for p in ld.keys_only
+            ]
+
+        return list(rows), await asyncio.to_thread(keys)
 
     async def _persist_and_report(self) -> bool:
         """The periodic cursor write, then the progress report to the coordinator; whether

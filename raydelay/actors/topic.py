@@ -47,13 +47,14 @@ from raydelay.cluster.nodes import check_store
 from raydelay.config import config_from_dict
 from raydelay.delayed.sealed import (
     THROUGH_KEY,
+    SealedMeta,
     SealJob,
     TopicIndex,
     parse_bucket_key,
     registry_name,
     seal,
 )
-from raydelay.delayed.store import SealedStore
+from raydelay.delayed.store import SealedStore, clean, merge, record_of
 from raydelay.errors import InvalidArgument, NotFound, Unavailable
 from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
@@ -145,6 +146,7 @@ class TopicPartition:
         )
         self._sealed = SealedStore(store, topic, partition)
         self._buckets: list[tuple[int, int, str]] = []  # (start, end, key), by start
+        self._bucket_rows: dict[str, int] = {}  # key -> its rows (what merges go by)
         self._buckets_version = 0
         self._published_through = -1  # sealed_through as registered
         self._seal_exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-seal")
@@ -155,7 +157,14 @@ class TopicPartition:
         # changed.
         self._query_exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-query")
         self._index_lock = threading.Lock()
-        self.seal_counters = {"sealed": 0, "sealed_rows": 0, "sealed_bytes": 0, "seal_s": 0.0}
+        self.seal_counters = {
+            "sealed": 0,
+            "sealed_rows": 0,
+            "sealed_bytes": 0,
+            "seal_s": 0.0,
+            "merged": 0,
+            "merged_bytes": 0,
+        }
         self._index: TopicIndex | None = None
         self._delayed_runs: dict[tuple[int, int], DelayedRun] = {}
         # per recent committed object: (its last position key, its earliest deliver_at, or
@@ -189,10 +198,9 @@ class TopicPartition:
         records = self._registry.list(name)
         through = records.pop(THROUGH_KEY, None)
         self._published_through = -1 if through is None else int(msgpack.unpackb(through))
-        self._buckets = sorted(parse_bucket_key(k)[:2] + (k,) for k in records)
-        for key in self._sealed.stored_keys() - set(records):
-            log.warning("%s/%d: deleting orphan bucket %s", self._topic, self._partition, key)
-            self._sealed.delete(key)
+        self._take_records(records)
+        for key in clean(self._sealed, records):
+            log.warning("%s/%d: cleaned up bucket %s", self._topic, self._partition, key)
         d = self._config.delayed
         self._index = TopicIndex(
             min_index_count=d.min_index_count_per_bucket, sealed_through=self._published_through
@@ -210,6 +218,8 @@ class TopicPartition:
                     self._register(job, self._sealed_bucket(job))
         self._log.on_object = self._on_object
         self._log.on_roll = self._on_roll
+        if self._over_limit():
+            self._seal_exec.submit(self._merge_buckets)
         log.info(
             "%s/%d: delayed index recovered in %.2f s: %d buckets, sealed through ledger %d, "
             "%d delayed entries unsealed",
@@ -271,7 +281,7 @@ class TopicPartition:
                         job.end_ledger,
                         failures,
                     )
-                return
+                break
             except Exception as exc:  # noqa: BLE001 - the range stays unsealed meanwhile
                 failures += 1
                 if failures == 1:
@@ -284,6 +294,142 @@ class TopicPartition:
                         exc,
                     )
                 time.sleep(next(delays))
+        self._merge_buckets()
+
+    # --- merges ---------------------------------------------------------------------------
+
+    def _take_records(self, records: dict[str, bytes]) -> None:
+        """The bucket list from the registry's records (on recovery, or after a merge
+        that may or may not have been registered)."""
+        with self._seal_lock:
+            self._buckets = sorted(parse_bucket_key(k)[:2] + (k,) for k in records)
+            self._bucket_rows = {k: int(msgpack.unpackb(r)[0]) for k, r in records.items()}
+            self._buckets_version += 1
+
+    def _over_limit(self) -> bool:
+        limit = self._config.delayed.max_num_buckets
+        return 0 < limit < len(self._buckets)
+
+    def _merge_buckets(self) -> None:
+        """On the seal thread: merge adjacent buckets, the smallest first, until at most
+        ``max_num_buckets`` remain. A merge that fails is tried again after the next seal
+        or retention pass."""
+        while self._over_limit():
+            window = _merge_window(
+                [self._bucket_rows.get(k, 0) for _, _, k in self._buckets],
+                len(self._buckets) - self._config.delayed.max_num_buckets,
+            )
+            keys = [self._buckets[i][2] for i in window]
+            try:
+                self._merge(keys)
+            except Exception as exc:  # noqa: BLE001 - the sources stay valid
+                log.warning(
+                    "%s/%d: merging buckets %s failed (%s); tried again later",
+                    self._topic,
+                    self._partition,
+                    keys,
+                    exc,
+                )
+                try:
+                    self._resync_buckets()
+                except Exception:  # noqa: BLE001 - the next merge resyncs again
+                    log.exception("%s/%d: reloading the bucket list", self._topic, self._partition)
+                return
+
+    def _merge(self, keys: list[str]) -> None:
+        """Merge the adjacent buckets ``keys`` (see :func:`raydelay.delayed.store.merge`)."""
+        started = time.monotonic()
+        d = self._config.delayed
+        done = merge(
+            self._sealed,
+            keys,
+            bucket_id=time.time_ns() // 1000,
+            group_rows=d.max_indexes_per_segment if d.max_indexes_per_segment > 0 else 5_000,
+            register=self._register_merge,
+        )
+        if done is None:  # a source went meanwhile (retention): this merge is void
+            self._resync_buckets()
+            return
+        merged, written = done
+        gone = set(keys)
+        with self._seal_lock:
+            self._buckets = sorted(
+                [b for b in self._buckets if b[2] not in gone]
+                + [(merged.start_ledger, merged.end_ledger, merged.key)]
+            )
+            for k in keys:
+                self._bucket_rows.pop(k, None)
+            self._bucket_rows[merged.key] = merged.count
+            self._buckets_version += 1
+        c = self.seal_counters
+        c["merged"] += 1
+        c["merged_bytes"] += written
+        self._metrics.bucket_op("merge", time.monotonic() - started, written)
+        log.info(
+            "%s/%d: merged %d buckets into %s: %d runs, %d groups, %d rows (%d bytes written)",
+            self._topic,
+            self._partition,
+            len(keys),
+            merged.key,
+            len(merged.runs),
+            len(merged.groups),
+            merged.count,
+            written,
+        )
+
+    def _register_merge(
+        self, keys: list[str], merged: SealedMeta, record: bytes, runs: list[int]
+    ) -> bool:
+        name = registry_name(self._topic, self._partition)
+        try:
+            return bool(
+                self._coordinator.call_from_thread(
+                    "merge_buckets",
+                    self._topic,
+                    self._partition,
+                    name,
+                    keys,
+                    merged.key,
+                    record,
+                    runs,
+                    deadline_s=self._config.client.retry_deadline_s,
+                )
+            )
+        except Exception:
+            # registered or not? (if this fails too, the merged meta is an orphan that
+            # the partition's next recovery deletes)
+            if merged.key in self._resync_buckets():
+                return True
+            self._sealed.delete_meta(merged.key)
+            raise
+
+    def _resync_buckets(self) -> set[str]:
+        """After a merge whose outcome is not known: the bucket list as registered; returns
+        the keys registered."""
+        name = registry_name(self._topic, self._partition)
+        records = self._registry.list(name)
+        records.pop(THROUGH_KEY, None)
+        self._take_records(records)
+        return set(records)
+
+    def _delete_buckets(self, keys: list[str]) -> list[str]:
+        """On the seal thread (after any merge under way): delete the buckets of ``keys``
+        still listed (one merged meanwhile is not), objects first, then their registry
+        entries; returns the keys deleted."""
+        with self._seal_lock:  # subscriptions stop loading them first
+            listed = {k for _, _, k in self._buckets}
+            doomed = [k for k in keys if k in listed]
+            self._buckets = [b for b in self._buckets if b[2] not in set(doomed)]
+            for k in doomed:
+                self._bucket_rows.pop(k, None)
+            self._buckets_version += 1
+        for key in doomed:
+            started = time.monotonic()
+            self._sealed.delete(key)
+            self._metrics.bucket_op("delete", time.monotonic() - started)
+        name = registry_name(self._topic, self._partition)
+        self._registry.apply([("remove", name, k, None) for k in doomed])
+        return doomed
 
     def _sealed_bucket(self, job: SealJob):
         """The encoded bucket of a job (meta, data, index), or None for a job without rows."""
@@ -314,9 +460,11 @@ class TopicPartition:
         else:
             meta, data, index = sealed
             written = self._sealed.write(meta, data, index)
-            record = msgpack.packb([meta.count, len(meta.segments)])
+            record = record_of(meta)
             self._registry.apply([("put", name, meta.key, record), through])
             entry = (meta.start_ledger, meta.end_ledger, meta.key)
+            with self._seal_lock:
+                self._bucket_rows[meta.key] = meta.count
         self._publish(job.end_ledger, entry)
         if sealed is None:
             return
@@ -743,22 +891,14 @@ class TopicPartition:
         keys = await self._coordinator.once(
             "bucket_retention", self._topic, self._partition, name, THROUGH_KEY
         )
-        if not keys:
-            return
-        doomed = set(keys)
-
-        def drop() -> None:
-            with self._seal_lock:  # subscriptions stop loading them first
-                self._buckets = [b for b in self._buckets if b[2] not in doomed]
-                self._buckets_version += 1
-
-        await self._run(drop)
-        for key in keys:
-            started = time.monotonic()
-            await asyncio.to_thread(self._sealed.delete, key)
-            self._metrics.bucket_op("delete", time.monotonic() - started)
-        await asyncio.to_thread(self._registry.apply, [("remove", name, k, None) for k in keys])
-        log.info("%s/%d: deleted %d finished buckets", self._topic, self._partition, len(keys))
+        if keys:
+            done = await self._run(self._delete_buckets, keys, on=self._seal_exec)
+            if done:
+                log.info(
+                    "%s/%d: deleted %d finished buckets", self._topic, self._partition, len(done)
+                )
+        if self._over_limit():  # (a merge that failed is tried again here)
+            self._seal_exec.submit(self._merge_buckets)
 
     async def trim(self) -> list[int]:
         """Delete the buckets every shared subscription is done with, and the ledgers no
@@ -783,3 +923,12 @@ class TopicPartition:
 def _positions_of(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
     """The positions of (ledger, first entry, count) ranges, in order."""
     return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
+
+
+def _merge_window(rows: list[int], excess: int) -> list[int]:
+    """Which adjacent buckets to merge next, given each one's rows (in ledger order) and
+    how many buckets too many there are: the window of up to 4 (fewer when fewer would do)
+    with the fewest rows, the earliest on a tie."""
+    width = max(2, min(4, excess + 1, len(rows)))
+    best = min(range(len(rows) - width + 1), key=lambda i: (sum(rows[i : i + width]), i))
+    return list(range(best, best + width))

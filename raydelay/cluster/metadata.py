@@ -206,6 +206,15 @@ class Metadata:
             s["ledgers"][pk] = [x for x in s["ledgers"][pk] if x[0] not in drop]
         elif op == "assign":
             s["hosts"][a["key"]] = a["host"]
+        elif op == "merge":
+            entries = s["registry"].setdefault(a["name"], {})
+            for key in a["sources"]:
+                entries.pop(key, None)
+            entries[a["key"]] = a["record"]
+            prefix = f"{a['topic']}/{a['partition']}/"
+            for sub_key, done in s["progress"].items():
+                if sub_key.startswith(prefix) and _sub_of(sub_key)[0] == a["topic"]:
+                    merged_progress(done, a["sources"], a["runs"], a["key"])
         elif op == "registry":
             for kind, name, bucket_key, record in a["ops"]:
                 entries = s["registry"].setdefault(name, {})
@@ -393,7 +402,10 @@ class Metadata:
         key = f"{topic}/{partition}/{subscription}"
         position = [int(position[0]), int(position[1])]
         log_mark = [int(log_mark[0]), int(log_mark[1])]
-        progress = {str(k): int(v) for k, v in progress.items()}
+        progress = {
+            str(k): [int(x) for x in v] if isinstance(v, (list, tuple)) else int(v)
+            for k, v in progress.items()
+        }
         s = self.state
         if (
             s["mark_delete"].get(key) != position
@@ -404,7 +416,7 @@ class Metadata:
                 "mark_delete", key=key, position=position, log_mark=log_mark, progress=progress
             )
 
-    def progress(self, topic: str, partition: int, subscription: str) -> dict[str, int]:
+    def progress(self, topic: str, partition: int, subscription: str) -> dict[str, Any]:
         return dict(self.state["progress"].get(f"{topic}/{partition}/{subscription}", {}))
 
     def bucket_retention(
@@ -475,6 +487,45 @@ class Metadata:
 
     # --- the bucket registry ----------------------------------------------------------------
 
+    def merge_buckets(
+        self,
+        topic: str,
+        partition: int,
+        name: str,
+        sources: list[str],
+        key: str,
+        record: bytes,
+        runs: list[int],
+    ) -> bool:
+        """Register the merged bucket ``key`` in place of ``sources`` (of registry
+        ``name``; ``runs``: how many runs each holds), and carry every subscription's
+        progress through them over to it, in one journal record. True once done (again
+        when it was done already); False when a source is no longer registered (retention
+        deleted it meanwhile): nothing changes."""
+        self._check_partition(topic, partition)
+        if not isinstance(record, bytes):
+            raise InvalidArgument("record: a merged bucket's record must be bytes")
+        if len(sources) < 2 or len(runs) != len(sources):
+            raise InvalidArgument("sources: a merge needs two buckets or more, with their runs")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in runs):
+            raise InvalidArgument(f"runs: positive run counts expected, got {runs!r}")
+        entries = self.state["registry"].get(name, {})
+        if key in entries and not any(k in entries for k in sources):
+            return True  # (a retried call)
+        if not all(k in entries for k in sources):
+            return False
+        self._change(
+            "merge",
+            topic=topic,
+            partition=partition,
+            name=name,
+            sources=list(sources),
+            key=key,
+            record=record,
+            runs=list(runs),
+        )
+        return True
+
     def registry_list(self, name: str) -> dict[str, bytes]:
         return dict(self.state["registry"].get(name, {}))
 
@@ -496,6 +547,27 @@ class Metadata:
             raise InvalidArgument(
                 f"partition: topic {topic!r} has partitions 0..{n - 1}, got {partition!r}"
             )
+
+
+def merged_progress(done: dict[str, Any], sources: list[str], runs: list[int], key: str) -> None:
+    """Carry a subscription's progress through the ``sources`` of a merge (``runs``: how
+    many runs each holds) over to the merged bucket ``key``, in place: one number per run
+    (-1: finished), or -1 when every run is finished. A source it never reported starts at
+    its first segment."""
+    if not any(k in done for k in sources):
+        return
+    per_run: list[int] = []
+    for src, n in zip(sources, runs, strict=True):
+        v = done.pop(src, 0)
+        if isinstance(v, list) and len(v) == n:
+            per_run += [int(x) for x in v]
+        elif v == -1:
+            per_run += [-1] * n
+        elif n == 1 and not isinstance(v, list):
+            per_run.append(int(v))
+        else:
+            per_run += [0] * n
+    done[key] = -1 if all(x == -1 for x in per_run) else per_run
 
 
 def _encode(obj: dict[str, Any]) -> bytes:

@@ -21,10 +21,17 @@ entries of the ledgers not sealed yet. At a ledger boundary, once it holds at le
 
 Format 1 metas (before ``index``) carried the segment bitmaps inline; they still decode.
 
-Every subscription reads the same buckets (:mod:`raydelay.dispatch.sealed`). Buckets are
-never merged: a subscription loads a segment only when its deliver_at comes near, so the
-number of buckets costs only their metas, and each payload is written twice in all (the
-log, then its bucket), after which the log's ledger can go.
+Every subscription reads the same buckets (:mod:`raydelay.dispatch.sealed`). Each payload
+is written twice in all (the log, then its bucket), after which the log's ledger can go.
+
+**Merges.** Above ``max_num_buckets``, adjacent buckets are merged (:func:`merge_metas`)
+without rewriting a payload: a merged bucket is a new meta over the *runs* of its sources
+(each run is the data and index objects one seal wrote, which the merged bucket now owns),
+and its *load groups*: the runs' segments taken in deliver_at order and gathered a few
+thousand rows at a time. A subscription loads one group with one ranged read per segment
+in it, so the number of buckets it keeps bookkeeping for stays bounded while the payloads
+stay where the seal wrote them. A format 3 meta is a merged one; a bucket a seal wrote is
+one run with one group per segment, and keeps format 2.
 
 "Delayed" here means not due when committed: ``deliver_at`` later than the entry's
 publish time. Entries due at commit are delivered from the log like immediate ones.
@@ -51,6 +58,7 @@ from raydelay.log.entries import (
 from raydelay.positions import SHIFT
 
 FORMAT_VERSION = 2
+MERGED_FORMAT_VERSION = 3
 INDEX_FORMAT_VERSION = 1
 SEGMENT_FORMAT = b"raydelay.sealed.v1"
 THROUGH_KEY = "~through"  # the registry record holding sealed_through (msgpack int)
@@ -89,11 +97,27 @@ class SegmentInfo:
 
 
 @dataclass(frozen=True)
+class RunInfo:
+    """Segments one seal wrote: their bytes are in the ``data`` object of bucket ``key``
+    and their position keys in its ``index`` object."""
+
+    key: str
+    segments: tuple[SegmentInfo, ...]
+
+    @property
+    def ledgers(self) -> tuple[int, int]:
+        return parse_bucket_key(self.key)[:2]
+
+
+Part = tuple[int, int]  # (run number, segment number in the run)
+
+
+@dataclass(frozen=True)
 class SealedMeta:
     start_ledger: int
     end_ledger: int
     bucket_id: int
-    segments: tuple[SegmentInfo, ...]
+    segments: tuple[SegmentInfo, ...]  # a sealed bucket's own; () for a merged one
     ledgers: tuple[tuple[int, int], ...] = ()  # (id, entry count) of the ledgers it covers
     # (marker, target) position keys of the cancel markers in its ledgers: a subscription
     # that skips those ledgers in the log learns them here before it delivers anything
@@ -102,14 +126,28 @@ class SealedMeta:
     # a format 1 meta carried its segments' keys inline; a format 2 one leaves them to the
     # bucket's index object
     segment_keys: tuple[BitMap64, ...] | None = field(default=None, compare=False)
+    # a merged bucket: the runs it owns (in ledger order) and its load groups (below)
+    merged_runs: tuple[RunInfo, ...] = ()
+    merged_groups: tuple[tuple[Part, ...], ...] = ()
 
     @property
     def key(self) -> str:
         return bucket_key(self.start_ledger, self.end_ledger, self.bucket_id)
 
     @property
+    def runs(self) -> tuple[RunInfo, ...]:
+        """The runs of segments the bucket reads: its own one, or a merged bucket's."""
+        return self.merged_runs or (RunInfo(self.key, self.segments),)
+
+    @property
+    def groups(self) -> tuple[tuple[Part, ...], ...]:
+        """What a subscription loads at once, in deliver_at order: each group is a few
+        segments of its runs (one per group for a bucket a seal wrote)."""
+        return self.merged_groups or tuple(((0, i),) for i in range(len(self.segments)))
+
+    @property
     def count(self) -> int:
-        return sum(s.count for s in self.segments)
+        return sum(s.count for r in self.runs for s in r.segments)
 
     def positions(self) -> BitMap64:
         """Every position key of the bucket (shared: do not mutate)."""
@@ -128,28 +166,40 @@ def segment_of(segment_keys: tuple[BitMap64, ...], keys: np.ndarray) -> np.ndarr
     return where
 
 
+def _segments_out(segments: tuple[SegmentInfo, ...]) -> list:
+    return [[s.min_d, s.max_d, s.count, s.offset, s.length] for s in segments]
+
+
+def _segments_in(raw: list) -> tuple[SegmentInfo, ...]:
+    return tuple(SegmentInfo(int(a), int(b), int(c), int(o), int(n)) for a, b, c, o, n, *_ in raw)
+
+
 def encode_meta(meta: SealedMeta) -> bytes:
-    return msgpack.packb(
-        {
-            "v": FORMAT_VERSION,
-            "start": meta.start_ledger,
-            "end": meta.end_ledger,
-            "id": meta.bucket_id,
-            "ledgers": [list(x) for x in meta.ledgers],
-            "markers": [list(x) for x in meta.markers],
-            "keys": meta.keys.serialize(),
-            "segments": [[s.min_d, s.max_d, s.count, s.offset, s.length] for s in meta.segments],
-        },
-        use_bin_type=True,
-    )
+    obj = {
+        "v": MERGED_FORMAT_VERSION if meta.merged_runs else FORMAT_VERSION,
+        "start": meta.start_ledger,
+        "end": meta.end_ledger,
+        "id": meta.bucket_id,
+        "ledgers": [list(x) for x in meta.ledgers],
+        "markers": [list(x) for x in meta.markers],
+        "keys": meta.keys.serialize(),
+    }
+    if meta.merged_runs:
+        obj["runs"] = [[r.key, _segments_out(r.segments)] for r in meta.merged_runs]
+        obj["groups"] = [[x for part in g for x in part] for g in meta.merged_groups]
+    else:
+        obj["segments"] = _segments_out(meta.segments)
+    return msgpack.packb(obj, use_bin_type=True)
 
 
 def decode_meta(raw: bytes, what: str = "sealed bucket meta") -> SealedMeta:
     try:
         obj = msgpack.unpackb(raw, raw=False)
         version = obj.get("v")
-        if version not in (1, FORMAT_VERSION):
-            raise CodecError(f"{what}: format {version!r}, expected {FORMAT_VERSION}")
+        if version not in (1, FORMAT_VERSION, MERGED_FORMAT_VERSION):
+            raise CodecError(
+                f"{what}: format {version!r}, expected {FORMAT_VERSION} or {MERGED_FORMAT_VERSION}"
+            )
         segment_keys = None
         if version == 1:  # each segment ended with its keys
             segment_keys = tuple(BitMap64.deserialize(s[5]) for s in obj["segments"])
@@ -158,21 +208,30 @@ def decode_meta(raw: bytes, what: str = "sealed bucket meta") -> SealedMeta:
                 keys |= k
         else:
             keys = BitMap64.deserialize(obj["keys"])
-        segs = tuple(
-            SegmentInfo(int(a), int(b), int(c), int(o), int(n))
-            for a, b, c, o, n, *_ in obj["segments"]
-        )
+        runs: tuple[RunInfo, ...] = ()
+        groups: tuple[tuple[Part, ...], ...] = ()
+        if version == MERGED_FORMAT_VERSION:
+            runs = tuple(RunInfo(str(k), _segments_in(segs)) for k, segs in obj["runs"])
+            groups = tuple(
+                tuple((int(g[i]), int(g[i + 1])) for i in range(0, len(g), 2))
+                for g in obj["groups"]
+            )
+            for r, no in (p for g in groups for p in g):
+                if not (0 <= r < len(runs) and 0 <= no < len(runs[r].segments)):
+                    raise CodecError(f"{what}: group names segment {no} of run {r}, not held")
         ledgers = tuple((int(i), int(c)) for i, c in obj["ledgers"])
         markers = tuple((int(m), int(t)) for m, t in obj["markers"])
         return SealedMeta(
             int(obj["start"]),
             int(obj["end"]),
             int(obj["id"]),
-            segs,
+            _segments_in(obj.get("segments", [])),
             ledgers,
             markers,
             keys,
             segment_keys,
+            runs,
+            groups,
         )
     except CodecError:
         raise
@@ -252,6 +311,51 @@ def seal(
         bitmap64_of(rows.positions),
     )
     return meta, b"".join(parts), encode_index(tuple(segment_keys))
+
+
+def merge_metas(metas: list[SealedMeta], *, bucket_id: int, group_rows: int) -> SealedMeta:
+    """The meta of a bucket that merges ``metas`` (adjacent ledger ranges, in ledger order)
+    without rewriting a payload: it owns their runs, and its load groups take every
+    segment of them in order of earliest deliver_at, ``group_rows`` rows or so at a time
+    (a group never splits a segment, so neighbouring groups may overlap in time: the
+    reader takes due rows from every loaded group)."""
+    if len(metas) < 2:
+        raise InvalidArgument("metas: a merge needs at least two buckets")
+    for a, b in zip(metas, metas[1:], strict=False):
+        if b.start_ledger <= a.end_ledger:
+            raise InvalidArgument(
+                f"metas: buckets {a.key} and {b.key} overlap or are out of ledger order"
+            )
+    runs = tuple(r for m in metas for r in m.runs)
+    order = sorted(
+        (seg.min_d, r, no) for r, run in enumerate(runs) for no, seg in enumerate(run.segments)
+    )
+    groups: list[tuple[Part, ...]] = []
+    group: list[Part] = []
+    rows = 0
+    for _, r, no in order:
+        group.append((r, no))
+        rows += runs[r].segments[no].count
+        if rows >= group_rows:
+            groups.append(tuple(group))
+            group, rows = [], 0
+    if group:
+        groups.append(tuple(group))
+    keys = BitMap64()
+    for m in metas:
+        keys |= m.keys
+    return SealedMeta(
+        metas[0].start_ledger,
+        metas[-1].end_ledger,
+        bucket_id,
+        (),
+        tuple(x for m in metas for x in m.ledgers),
+        tuple(x for m in metas for x in m.markers),
+        keys,
+        None,
+        runs,
+        tuple(groups),
+    )
 
 
 @dataclass(frozen=True)

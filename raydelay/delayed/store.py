@@ -3,25 +3,34 @@
 One bucket is three objects under ``topics/<topic>/<partition>/buckets/<key>/``: ``data``
 (its segments back to back), ``index`` (each segment's position keys) then ``meta``,
 written in that order; the topic registers the bucket in the coordinator only after all
-three are durable. A bucket in the store but not
-in the registry is an orphan of a seal that died half-way; the topic deletes it.
+three are durable. A bucket in the store but not in the registry is an orphan of a seal
+that died half-way; the topic deletes it.
+
+A merged bucket writes only its ``meta``: its runs' ``data`` and ``index`` objects stay
+under the keys of the buckets that sealed them, and belong to it from the moment the
+registry names it in place of its sources (see :func:`orphans`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
+import msgpack
 import numpy as np
 
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.delayed.sealed import (
+    RunInfo,
     SealedMeta,
     bucket_object,
     decode_index,
     decode_meta,
     decode_segment,
+    encode_index,
     encode_meta,
+    merge_metas,
     registry_name,
     segment_of,
 )
@@ -64,23 +73,39 @@ class SealedStore:
             self._metas.put(key, meta)
         return meta
 
-    def segment_keys(self, meta: SealedMeta) -> tuple:
-        """Each segment's position keys: from a format 1 meta, or the bucket's index."""
+    def segment_keys(self, meta: SealedMeta, run: int = 0) -> tuple:
+        """Each segment's position keys, of one run of a bucket: from a format 1 meta, or
+        the run's index object."""
         if meta.segment_keys is not None:
             return meta.segment_keys
+        info = meta.runs[run]
         with self._lock:
-            found = self._indexes.get(meta.key)
+            found = self._indexes.get(info.key)
         if found is not None:
             return found
-        raw = self._store.get(self._key(meta.key, "index"))
-        found = decode_index(raw, f"bucket {meta.key} index")
-        if len(found) != len(meta.segments):
+        raw = self._store.get(self._key(info.key, "index"))
+        found = decode_index(raw, f"bucket {info.key} index")
+        if len(found) != len(info.segments):
             raise CodecError(
-                f"bucket {meta.key} index: {len(found)} segments, its meta has {len(meta.segments)}"
+                f"bucket {info.key} index: {len(found)} segments, its meta has {len(info.segments)}"
             )
         with self._lock:
-            self._indexes.put(meta.key, found)
+            self._indexes.put(info.key, found)
         return found
+
+    def write_merged(self, meta: SealedMeta, sources: list[SealedMeta]) -> int:
+        """Write a merged bucket: its meta only (its runs stay where they are), after an
+        index object for a source of format 1, which carried its segments' keys in its
+        meta. Returns the bytes written."""
+        written = 0
+        for src in sources:
+            if src.segment_keys is not None:
+                raw = encode_index(src.segment_keys)
+                self._store.put(self._key(src.key, "index"), raw)
+                written += len(raw)
+        encoded = encode_meta(meta)
+        self._store.put(self._key(meta.key, "meta"), encoded)
+        return written + len(encoded)
 
     def segment(self, key: str, offset: int, length: int) -> Rows:
         data = self._store.get_range(self._key(key, "data"), offset, offset + length)
@@ -101,26 +126,57 @@ class SealedStore:
                 if not hit:
                     continue  # none of them is in this bucket: its index is not needed
                 inside = bitmap64_values(hit).astype(np.int64)
-                where = segment_of(self.segment_keys(meta), inside)
+                for no, run in enumerate(meta.runs):
+                    lo, hi = run.ledgers
+                    mine = inside[((inside >> SHIFT) >= lo) & ((inside >> SHIFT) <= hi)]
+                    if len(mine):
+                        parts += self._read_run(meta, no, run, mine)
             except NotFound:
                 continue  # deleted meanwhile
-            for no in np.unique(where[where >= 0]).tolist():
-                seg = meta.segments[no]
-                rows = self.segment(bkey, seg.offset, seg.length)
-                idx = np.flatnonzero(np.isin(rows.positions, inside[where == no]))
-                parts.append(
-                    Rows(rows.positions[idx], rows.publish_time_ms[idx], rows.entries.take(idx))
-                )
         return Rows.concat(parts)
 
+    def _read_run(self, meta: SealedMeta, no: int, run: RunInfo, keys: np.ndarray) -> list[Rows]:
+        where = segment_of(self.segment_keys(meta, no), keys)
+        out = []
+        for seg_no in np.unique(where[where >= 0]).tolist():
+            seg = run.segments[seg_no]
+            rows = self.segment(run.key, seg.offset, seg.length)
+            idx = np.flatnonzero(np.isin(rows.positions, keys[where == seg_no]))
+            out.append(Rows(rows.positions[idx], rows.publish_time_ms[idx], rows.entries.take(idx)))
+        return out
+
     def delete(self, key: str) -> int:
-        """Delete a bucket's objects (meta first: a half-deleted bucket is an orphan)."""
-        for what in ("meta", "index", "data"):
+        """Delete a registered bucket: its runs' data and index objects, then its meta (a
+        bucket left half-deleted keeps its meta, so a second try finds its runs). With no
+        meta stored, only the objects under ``key`` go. Returns the objects deleted."""
+        try:
+            runs = [r.key for r in self.meta(key).runs]
+        except NotFound:
+            runs = [key]
+        for run in runs:
+            self._delete_run(run)
+        self.delete_meta(key)
+        return 2 * len(runs) + 1
+
+    def delete_objects(self, key: str) -> int:
+        """Delete the objects under ``key`` only (an orphan: a bucket the registry does not
+        name; a merged one's runs belong to the buckets that are registered)."""
+        self._delete_run(key)
+        self.delete_meta(key)
+        return 3
+
+    def _delete_run(self, key: str) -> None:
+        for what in ("data", "index"):
             self._store.delete(self._key(key, what))
         with self._lock:
-            self._metas.pop(key)
             self._indexes.pop(key)
-        return 3
+
+    def delete_meta(self, key: str) -> None:
+        """Delete a bucket's meta only: a source of a merge, whose runs the merged bucket
+        owns now."""
+        self._store.delete(self._key(key, "meta"))
+        with self._lock:
+            self._metas.pop(key)
 
     def stored_keys(self) -> set[str]:
         """The bucket keys that have any object in the store."""
@@ -129,3 +185,72 @@ class SealedStore:
 
     def _key(self, key: str, what: str) -> str:
         return bucket_object(self._topic, self._partition, key, what)
+
+
+# register(sources, merged meta, its registry record, each source's run count) -> whether
+# the merged bucket is registered in place of the sources (False: a source is gone)
+Register = Callable[[list[str], SealedMeta, bytes, list[int]], bool]
+
+
+def record_of(meta: SealedMeta) -> bytes:
+    """A bucket's registry record: its rows and groups, and a merged one's run keys."""
+    if not meta.merged_runs:
+        return msgpack.packb([meta.count, len(meta.segments)])
+    return msgpack.packb([meta.count, len(meta.groups), [r.key for r in meta.merged_runs]])
+
+
+def runs_of(records: dict[str, bytes]) -> dict[str, list[str]]:
+    """Per registered bucket, the keys of the runs it owns (from its registry record: a
+    merged bucket's names them; any other owns only its own)."""
+    out = {}
+    for key, raw in records.items():
+        rec = msgpack.unpackb(raw)
+        out[key] = [str(k) for k in rec[2]] if len(rec) > 2 else [key]
+    return out
+
+
+def merge(
+    sealed: SealedStore,
+    keys: list[str],
+    *,
+    bucket_id: int,
+    group_rows: int,
+    register: Register,
+) -> tuple[SealedMeta, int] | None:
+    """Merge the adjacent buckets ``keys``: write the merged meta, have ``register`` put it
+    in the registry in place of them (one step, which carries the subscriptions' progress
+    over), then drop their metas, whose runs it owns now. Returns the merged meta and the
+    bytes written, or None when a source was gone (its meta is deleted again).
+
+    A crash between any two steps leaves the sources valid: before ``register`` the
+    merged meta is an orphan, after it the sources' metas are (:func:`clean`)."""
+    metas = [sealed.meta(k) for k in keys]
+    merged = merge_metas(metas, bucket_id=bucket_id, group_rows=group_rows)
+    written = sealed.write_merged(merged, metas)
+    if not register(keys, merged, record_of(merged), [len(m.runs) for m in metas]):
+        sealed.delete_meta(merged.key)
+        return None
+    for k in keys:
+        sealed.delete_meta(k)
+    return merged, written
+
+
+def clean(sealed: SealedStore, records: dict[str, bytes]) -> list[str]:
+    """A partition's recovery: delete what a seal or a merge that died half-way left in
+    the store, given the registry's records; returns the keys touched."""
+    strays, sources = orphans(sealed.stored_keys(), runs_of(records))
+    for key in strays:
+        log.warning("deleting orphan bucket %s", key)
+        sealed.delete_objects(key)
+    for key in sources:  # a merge that registered its bucket, then died
+        sealed.delete_meta(key)
+    return strays + sources
+
+
+def orphans(stored: set[str], owned: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    """What a partition's recovery deletes, given the bucket keys with objects in the store
+    and, per registered bucket, the run keys it owns: (keys whose every object goes, keys
+    whose meta only goes: a merge's sources, whose runs a registered bucket owns)."""
+    runs = {r for rs in owned.values() for r in rs}
+    strays = sorted(k for k in stored if k not in owned)
+    return [k for k in strays if k not in runs], [k for k in strays if k in runs]

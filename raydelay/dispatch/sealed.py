@@ -1,102 +1,166 @@
 """One subscription's view of its partition's sealed buckets (pure: no Ray, no store).
 
 The topic seals each range of ledgers once (:mod:`raydelay.delayed.sealed`); every shared
-subscription reads the same buckets. Per subscription and bucket, this keeps only:
+subscription reads the same buckets. A bucket is one or more *runs* (the segments one seal
+wrote; a merged bucket owns the runs of the buckets it merged) read a *group* at a time
+(a few segments, in deliver_at order). Per subscription and run, this keeps only:
 
 - ``done``: the segments before it have every row acknowledged (persisted through the
   coordinator, so a restart reloads from there, and the bucket can go once every
   subscription is done with all of it);
-- the segments loaded and the read position in each (rows come out in (deliver_at,
-  position) order, carrying their payloads);
+- ``next``: the segments before it were loaded (or skipped);
 - ``taken``: (position, deliver_at): the subscription had already taken every row below
   that position due at or before that time from the topic's unsealed index, before the
-  bucket was sealed; the bucket leaves those out.
+  run was sealed; those rows are left out.
 
-A segment is loaded only when its earliest deliver_at comes within ``lookahead_ms``,
-at most ``max_loaded_rows`` rows ahead per bucket and ``max_loaded_total`` rows over all
-buckets (the earliest segments first), so the memory held grows with neither the number
-of buckets nor the pending messages, even when a large backlog is overdue in every
-bucket at once. The actor does the loading (I/O);
-this class says what to load (:meth:`wanted`) and takes it in (:meth:`install`).
+and per bucket the groups loaded, each with its rows still to deliver in (deliver_at,
+position) order, carrying their payloads. Neighbouring groups of a merged bucket may
+overlap in time, so due rows are taken from every loaded group, the earliest first.
+
+A group is loaded only when its earliest deliver_at comes within ``lookahead_ms``, at most
+``max_loaded_rows`` rows ahead per run and ``max_loaded_total`` rows over all buckets (the
+earliest first), so the memory held grows with neither the number of buckets nor the
+pending messages, even when a large backlog is overdue in every bucket at once. The actor
+does the loading (I/O); this class says what to load (:meth:`wanted`) and takes it in
+(:meth:`install`).
 
 Segments whose every row was taken from the unsealed index (a bucket sealed while the
-subscription was reading its ledgers in real time) are not loaded: only their position
-keys are (from the bucket's index, one small object), so that their acknowledgements still
-count towards ``done``. A run of them is skipped in one load, so the rows due next are
-reached at once, not one segment load at a time.
+subscription was reading its ledgers in real time) are not read: only their position keys
+are (from their run's index, one small object), so that their acknowledgements still
+count towards ``done``. A run of such groups is skipped in one load, so the rows due next
+are reached at once, not one load at a time.
+
+**Merges.** When the topic merges buckets this reader holds, :meth:`adopt` of the merged
+bucket carries every run's state over (``done``, ``next``, ``taken``, the segments popped
+and the groups loaded), so a merge under a reading subscription loses nothing and hands
+out nothing twice; a run it did not hold yet starts afresh, as its bucket would have.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 from pyroaring import BitMap64
 
 from raydelay.delayed.common import due_window_counts
 from raydelay.delayed.index import Membership, smallest_counts
-from raydelay.delayed.sealed import SealedMeta
-from raydelay.log.entries import Rows
-from raydelay.positions import split_keys
+from raydelay.delayed.sealed import RunInfo, SealedMeta
+from raydelay.log.entries import Entries, Rows
+from raydelay.positions import SHIFT, split_keys
 
-FINISHED = -1  # the progress of a bucket every row of which is acknowledged
+FINISHED = -1  # the progress of a bucket (or of a run) every row of which is acknowledged
 
 Group = tuple[Rows, np.ndarray, np.ndarray]  # (segment rows, row indexes, position keys)
+Progress = int | list[int]  # segments done: one number per bucket, or one per run
+
+
+class PartRead(NamedTuple):
+    """One segment of a load: its run's number in the bucket, its number in the run, and
+    where it is: the ``data`` (or ``index``) object of bucket ``run_key``, bytes
+    ``offset`` .. ``offset + length``."""
+
+    run: int
+    segment: int
+    run_key: str
+    offset: int
+    length: int
 
 
 class SegmentLoad(NamedTuple):
-    """A segment to read from the store: its bucket, number, and byte range there. With
-    ``taken`` > 0, the ``taken`` segments from ``no`` on were wholly taken from the
-    unsealed index: only their position keys are wanted (:meth:`SealedReader.install_taken`)."""
+    """What to read from the store for bucket ``key``, from its group ``no`` on (``groups``
+    of them): the rows of the segments in ``reads``, and only the position keys of those
+    in ``keys_only`` (their every row was taken from the unsealed index already)."""
 
     key: str
     no: int
-    offset: int
-    length: int
-    taken: int = 0
+    reads: tuple[PartRead, ...]
+    keys_only: tuple[PartRead, ...] = ()
+    groups: int = 1
 
 
 @dataclass
-class _Segment:
-    """A loaded segment: ``rows`` as read; ``idx`` the rows still to deliver (those not
-    taken from the unsealed index already), with their ``d`` and ``keys``, from ``pos`` on;
-    ``all_keys`` every position of the segment (it is done once all are acknowledged)."""
+class _Run:
+    info: RunInfo
+    done: int
+    next: int
+    taken: tuple[int, int]
+    last_key: int  # its largest position key
+    popped: dict[int, np.ndarray] = field(default_factory=dict)  # segment -> its keys
 
-    no: int
+    def left(self) -> int:
+        return sum(s.count for s in self.info.segments[self.next :])
+
+
+@dataclass(eq=False)
+class _Segment:
+    """Loaded rows: ``rows`` as read; ``idx`` those still to deliver (not taken from the
+    unsealed index already) in (deliver_at, position) order, with their ``d``, ``keys``
+    and ``part`` (which of ``parts`` each comes from), from ``pos`` on. A part is popped
+    once ``left`` says none of its rows is still to deliver."""
+
     rows: Rows
     idx: np.ndarray
     d: np.ndarray
     keys: np.ndarray
-    all_keys: np.ndarray
+    part: np.ndarray
+    parts: list[tuple[int, int]]  # (run, segment)
+    part_keys: list[np.ndarray]
+    left: np.ndarray
     pos: int = 0
 
     def __len__(self) -> int:
         return len(self.keys) - self.pos
 
 
-@dataclass
+@dataclass(eq=False)
 class _Bucket:
     meta: SealedMeta
-    done: int  # segments before it are fully acknowledged
-    next_load: int  # the next segment to load
-    taken: tuple[int, int]  # rows below this position due at or before this time: taken
-    last_key: int = -1  # its largest position key
-    loading: int | None = None  # the segment being loaded
-    loaded: deque[_Segment] = field(default_factory=deque)
-    popped: deque[tuple[int, np.ndarray]] = field(default_factory=deque)  # (no, keys)
+    runs: list[_Run]
+    next_group: int = 0
+    loading: SegmentLoad | None = None
+    loaded: list[_Segment] = field(default_factory=list)
 
     def loaded_rows(self) -> int:
         return sum(len(s) for s in self.loaded)
 
+    def needed(self, g: int) -> list[tuple[int, int]]:
+        """The segments of group ``g`` not loaded yet."""
+        return [(r, no) for r, no in self.meta.groups[g] if no >= self.runs[r].next]
 
-def _drop_finished(b: _Bucket) -> None:
-    """Move the bucket's leading segments with nothing left to deliver to ``popped`` (in
-    segment order: ``done`` advances over them in that order)."""
-    while b.loaded and not len(b.loaded[0]):
-        s = b.loaded.popleft()
-        b.popped.append((s.no, s.all_keys))
+    def skip_loaded(self) -> None:
+        groups = self.meta.groups
+        while self.next_group < len(groups) and not self.needed(self.next_group):
+            self.next_group += 1
+
+    def next_min_d(self) -> int | None:
+        """The earliest deliver_at of the next group's segments to load (None: none)."""
+        if self.next_group >= len(self.meta.groups):
+            return None
+        runs = self.runs
+        return min(runs[r].info.segments[no].min_d for r, no in self.needed(self.next_group))
+
+
+def _last_key_in(keys: BitMap64, run: RunInfo) -> int:
+    """The largest position key of ``keys`` in the run's ledger range (-1: none)."""
+    lo, hi = run.ledgers
+    below_end = keys.rank(((hi + 1) << SHIFT) - 1)
+    if below_end > (keys.rank((lo << SHIFT) - 1) if lo > 0 else 0):
+        return int(keys[below_end - 1])
+    return -1
+
+
+def _join(parts: list[Rows]) -> Rows:
+    """The rows of ``parts`` one after the other (not re-sorted)."""
+    if len(parts) == 1:
+        return parts[0]
+    return Rows(
+        np.concatenate([p.positions for p in parts]),
+        np.concatenate([p.publish_time_ms for p in parts]),
+        Entries(pa.concat_batches([p.entries.batch for p in parts])),
+    )
 
 
 class SealedReader:
@@ -115,6 +179,7 @@ class SealedReader:
         self.sealed_through = -1
         self.counters = {
             "adopted": 0,
+            "merged": 0,
             "segments_loaded": 0,
             "segments_skipped": 0,
             "rows_loaded": 0,
@@ -123,18 +188,47 @@ class SealedReader:
 
     # --- the set of buckets ---------------------------------------------------------------
 
-    def adopt(self, meta: SealedMeta, *, done: int = 0, taken: tuple[int, int] = (0, -1)) -> None:
-        """Start reading a bucket from segment ``done`` (``FINISHED``: it is done with),
-        leaving out the rows ``taken`` says were taken already."""
+    def held_runs(self, meta: SealedMeta) -> set[str]:
+        """The keys of ``meta``'s runs a bucket held here already reads."""
+        mine = {r.info.key for b in self.buckets.values() for r in b.runs}
+        return {r.key for r in meta.runs} & mine
+
+    def adopt(
+        self, meta: SealedMeta, *, done: Progress = 0, taken: tuple[int, int] = (0, -1)
+    ) -> list[str]:
+        """Start reading a bucket from its progress ``done`` (``FINISHED``: it is done
+        with), leaving out the rows ``taken`` says were taken already. A merged bucket
+        takes the place of the buckets held here whose runs it owns, with their state;
+        returns their keys."""
         self.sealed_through = max(self.sealed_through, meta.end_ledger)
         if meta.key in self.buckets:
-            return
-        n = len(meta.segments)
-        done = n if done == FINISHED else max(0, min(int(done), n))
-        last = int(meta.keys.max()) if meta.keys else -1
-        self.buckets[meta.key] = _Bucket(meta, done, done, (int(taken[0]), int(taken[1])), last)
-        self.counters["adopted"] += 1
+            return []
+        taken = (int(taken[0]), int(taken[1]))
+        by_run = {r.info.key: (key, r) for key, b in self.buckets.items() for r in b.runs}
+        starts = _starts(meta, done)
+        runs = []
+        for info, start in zip(meta.runs, starts, strict=True):
+            old = by_run.get(info.key)
+            if old is not None:
+                r = old[1]
+                runs.append(_Run(info, r.done, r.next, r.taken, r.last_key, r.popped))
+            else:
+                runs.append(_Run(info, start, start, taken, _last_key_in(meta.keys, info)))
+        b = _Bucket(meta, runs)
+        replaced = sorted({by_run[info.key][0] for info in meta.runs if info.key in by_run})
+        number = {info.key: i for i, info in enumerate(meta.runs)}
+        for key in replaced:
+            old_b = self.buckets.pop(key)
+            for s in old_b.loaded:
+                s.parts = [(number[old_b.runs[r].info.key], no) for r, no in s.parts]
+                b.loaded.append(s)
+            # (a load of it in flight is dropped: its install finds no bucket, and
+            # ``next`` never moved for it)
+        b.skip_loaded()
+        self.buckets[meta.key] = b
         self.covered |= meta.positions()
+        self.counters["merged" if replaced else "adopted"] += 1
+        return replaced
 
     def forget(self, key: str) -> None:
         """The bucket is gone from the store (every subscription was done with it)."""
@@ -150,107 +244,146 @@ class SealedReader:
     # --- loading --------------------------------------------------------------------------
 
     def next_load_ms(self) -> int | None:
-        """When :meth:`wanted` will next want a segment (epoch ms): its lookahead before the
-        earliest deliver_at of a next segment not loading yet; None: no segment left."""
+        """When :meth:`wanted` will next want a load (epoch ms): its lookahead before the
+        earliest deliver_at of a next group not loading yet; None: nothing left to load."""
         times = [
-            b.meta.segments[b.next_load].min_d - self.lookahead_ms
+            t - self.lookahead_ms
             for b in self.buckets.values()
-            if b.loading is None and b.next_load < len(b.meta.segments)
+            if b.loading is None and (t := b.next_min_d()) is not None
         ]
         return min(times) if times else None
 
     def wanted(self, now_ms: int, max_loads: int = 4) -> list[SegmentLoad]:
-        """Segments to load now, as (bucket key, segment no, byte offset, length): the next
-        segment of each bucket whose deliver_at comes within the lookahead, while the
-        bucket holds few rows loaded. Marks them as loading."""
+        """Loads to do now: the next group of each bucket whose deliver_at comes within the
+        lookahead, while the bucket holds few rows loaded (or a run of groups taken
+        already, at once). Marks them as loading."""
         out: list[SegmentLoad] = []
         horizon = now_ms + self.lookahead_ms
-        held = sum(
-            b.loaded_rows() + (b.meta.segments[b.loading].count if b.loading is not None else 0)
-            for b in self.buckets.values()
-        )
+        held = 0
+        for b in self.buckets.values():
+            held += b.loaded_rows()
+            if b.loading is not None:
+                held += sum(self._count(b, p) for p in b.loading.reads)
         for key, b in sorted(self.buckets.items(), key=lambda kv: self._next_d(kv[1])):
             if len(out) >= max_loads or held >= self.max_loaded_total:
                 break
-            if b.loading is not None or b.next_load >= len(b.meta.segments):
+            if b.loading is not None or b.next_group >= len(b.meta.groups):
                 continue
-            seg = b.meta.segments[b.next_load]
-            skip = self._taken_run(b)
-            if skip:
-                b.loading = b.next_load
-                out.append(SegmentLoad(key, b.next_load, seg.offset, seg.length, taken=skip))
+            skipped = self._taken_groups(b)
+            if skipped:
+                g, parts = skipped
+                b.loading = SegmentLoad(key, b.next_group, (), parts, g - b.next_group)
+                out.append(b.loading)
                 continue
-            if seg.min_d > horizon or b.loaded_rows() >= self.max_loaded_rows:
+            needed = b.needed(b.next_group)
+            first = min(b.runs[r].info.segments[no].min_d for r, no in needed)
+            if first > horizon or b.loaded_rows() >= self.max_loaded_rows * len(b.runs):
                 continue
-            b.loading = b.next_load
-            held += seg.count
-            out.append(SegmentLoad(key, b.next_load, seg.offset, seg.length))
+            reads = tuple(self._part(b, r, no) for r, no in needed if not self._taken(b, r, no))
+            keys_only = tuple(self._part(b, r, no) for r, no in needed if self._taken(b, r, no))
+            b.loading = SegmentLoad(key, b.next_group, reads, keys_only)
+            held += sum(self._count(b, p) for p in reads)
+            out.append(b.loading)
         return out
 
     @staticmethod
-    def _taken_run(b: _Bucket) -> int:
-        """How many segments from ``next_load`` on hold only rows taken already (every
-        position of the bucket is below ``taken``'s, and the segment's deliver_at at or
-        before its time)."""
-        below, through = b.taken
-        if b.loaded or b.last_key < 0 or b.last_key >= below:
-            return 0  # (behind loaded rows, a skip would pop out of order)
-        n = 0
-        for seg in b.meta.segments[b.next_load :]:
-            if seg.max_d > through:
+    def _part(b: _Bucket, r: int, no: int) -> PartRead:
+        info = b.runs[r].info
+        seg = info.segments[no]
+        return PartRead(r, no, info.key, seg.offset, seg.length)
+
+    @staticmethod
+    def _count(b: _Bucket, p: PartRead) -> int:
+        return b.runs[p.run].info.segments[p.segment].count
+
+    @staticmethod
+    def _taken(b: _Bucket, r: int, no: int) -> bool:
+        """Whether every row of segment ``no`` of run ``r`` was taken already (all the
+        run's positions are below its ``taken`` position, and the segment's deliver_at at
+        or before its time)."""
+        run = b.runs[r]
+        below, through = run.taken
+        return 0 <= run.last_key < below and run.info.segments[no].max_d <= through
+
+    def _taken_groups(self, b: _Bucket) -> tuple[int, tuple[PartRead, ...]] | None:
+        """The groups from ``next_group`` on whose segments to load were all taken
+        already: (the group after them, those segments), or None."""
+        g, parts = b.next_group, []
+        while g < len(b.meta.groups):
+            needed = b.needed(g)
+            if not all(self._taken(b, r, no) for r, no in needed):
                 break
-            n += 1
-        return n
+            parts += [self._part(b, r, no) for r, no in needed]
+            g += 1
+        return (g, tuple(parts)) if g > b.next_group else None
 
-    def install_taken(self, key: str, no: int, segment_keys: list[np.ndarray]) -> None:
-        """The position keys of the segments from ``no`` on that a load with ``taken``
-        skipped: popped at once (their rows went out from the unsealed index)."""
+    def install(
+        self,
+        key: str,
+        no: int,
+        rows: list[Rows] | tuple[Rows, ...] = (),
+        keys: list[np.ndarray] | tuple[np.ndarray, ...] = (),
+    ) -> None:
+        """A load the actor did: the rows of its ``reads`` (each sorted by deliver_at,
+        then position) and the position keys of its ``keys_only``, in their order."""
         b = self.buckets.get(key)
-        if b is None or b.loading != no:
-            return  # forgotten meanwhile
-        b.loading = None
-        b.next_load = no + len(segment_keys)
-        for i, keys in enumerate(segment_keys):
-            b.popped.append((no + i, keys))
-        self.counters["segments_skipped"] += len(segment_keys)
+        if b is None or b.loading is None or b.loading.no != no:
+            return  # forgotten (or merged) meanwhile
+        ld, b.loading = b.loading, None
+        for p, ks in zip(ld.keys_only, keys, strict=True):
+            run = b.runs[p.run]
+            run.popped[p.segment] = np.asarray(ks, dtype=np.int64)
+            run.next = max(run.next, p.segment + 1)
+        self.counters["segments_skipped"] += len(ld.keys_only)
+        if ld.reads:
+            self._take_in(b, ld.reads, list(rows))
+        b.next_group = max(b.next_group, no + ld.groups)
+        b.skip_loaded()
 
-    def install(self, key: str, no: int, rows: Rows) -> None:
-        """A segment the actor loaded (rows sorted by deliver_at, then position)."""
-        b = self.buckets.get(key)
-        if b is None or b.loading != no:
-            return  # forgotten meanwhile
-        b.loading = None
-        b.next_load = no + 1
-        self.counters["segments_loaded"] += 1
-        self.counters["rows_loaded"] += len(rows)
-        d, keys = rows.entries.deliver_at_ms, rows.positions
-        idx = np.arange(len(rows), dtype=np.int64)
-        below, through = b.taken
-        if below > 0 and through >= 0:
-            # rows taken from the unsealed index before the bucket was sealed: left out now,
-            # so that the next row to deliver is always the head (its wake-up time)
-            idx = idx[~((keys < below) & (d <= through))]
-        b.loaded.append(_Segment(no, rows, idx, d[idx], keys[idx], keys))
-        _drop_finished(b)
+    def _take_in(self, b: _Bucket, reads: tuple[PartRead, ...], rows: list[Rows]) -> None:
+        if len(rows) != len(reads):
+            raise ValueError(f"install: {len(rows)} row blocks for {len(reads)} reads")
+        joined = _join(rows)
+        sizes = [len(r) for r in rows]
+        part = np.repeat(np.arange(len(reads), dtype=np.int64), sizes)
+        d, keys = joined.entries.deliver_at_ms, joined.positions
+        # rows taken from the unsealed index before their run was sealed: left out now,
+        # so that the next row to deliver is always a head (its wake-up time)
+        below = np.repeat([b.runs[p.run].taken[0] for p in reads], sizes)
+        through = np.repeat([b.runs[p.run].taken[1] for p in reads], sizes)
+        idx = np.flatnonzero(~((keys < below) & (d <= through)))
+        idx = idx[np.lexsort((keys[idx], d[idx]))]
+        left = np.bincount(part[idx], minlength=len(reads))
+        parts = [(p.run, p.segment) for p in reads]
+        starts = np.cumsum([0] + sizes)
+        part_keys = [keys[starts[i] : starts[i + 1]] for i in range(len(reads))]
+        for p in reads:
+            run = b.runs[p.run]
+            run.next = max(run.next, p.segment + 1)
+        s = _Segment(joined, idx, d[idx], keys[idx], part[idx], parts, part_keys, left)
+        for i in np.flatnonzero(left == 0).tolist():
+            r, no = parts[i]
+            b.runs[r].popped[no] = part_keys[i]
+        if len(s):
+            b.loaded.append(s)
+        self.counters["segments_loaded"] += len(reads)
+        self.counters["rows_loaded"] += len(joined)
 
     def load_failed(self, key: str, no: int) -> None:
         b = self.buckets.get(key)
-        if b is not None and b.loading == no:
+        if b is not None and b.loading is not None and b.loading.no == no:
             b.loading = None
 
     # --- taking due rows --------------------------------------------------------------------
 
     def take_due(self, now_ms: int, max_rows: int) -> list[Group]:
         """Pop up to ``max_rows`` due rows (deliver_at <= now), earliest first, from the
-        loaded segments, leaving out the rows the bucket's ``taken`` covers."""
+        loaded groups."""
         out: list[Group] = []
         room = max_rows
         while room > 0:
-            heads = [b for b in self.buckets.values() if b.loaded]
-            dues = [
-                int(np.searchsorted(b.loaded[0].d, now_ms, "right")) - b.loaded[0].pos
-                for b in heads
-            ]
+            heads = [(b, s) for b in self.buckets.values() for s in b.loaded if len(s)]
+            dues = [int(np.searchsorted(s.d, now_ms, "right")) - s.pos for _, s in heads]
             total = sum(max(0, n) for n in dues)
             if total == 0:
                 break
@@ -258,75 +391,85 @@ class SealedReader:
                 counts = [max(0, n) for n in dues]
             else:
                 parts, owners = [], []
-                for b, n in zip(heads, dues, strict=True):
+                for (_, s), n in zip(heads, dues, strict=True):
                     if n > 0:
-                        s = b.loaded[0]
                         ks = s.keys[s.pos : s.pos + n]
                         parts.append((s.d[s.pos : s.pos + n], *split_keys(ks)))
-                        owners.append(b)
+                        owners.append(s)
                 took = dict(zip(map(id, owners), smallest_counts(parts, room), strict=True))
-                counts = [took.get(id(b), 0) for b in heads]
-            for b, c in zip(heads, counts, strict=True):
+                counts = [took.get(id(s), 0) for _, s in heads]
+            for (b, s), c in zip(heads, counts, strict=True):
                 if c <= 0:
                     continue
-                s = b.loaded[0]
                 out.append((s.rows, s.idx[s.pos : s.pos + c], s.keys[s.pos : s.pos + c]))
-                s.pos += c
+                self._pop(b, s, c)
                 room -= c
-                _drop_finished(b)
         return out
 
+    @staticmethod
+    def _pop(b: _Bucket, s: _Segment, n: int) -> None:
+        """``n`` rows of ``s`` went out: a part none of whose rows is left is popped."""
+        hit = np.bincount(s.part[s.pos : s.pos + n], minlength=len(s.parts))
+        s.pos += n
+        s.left -= hit
+        for i in np.flatnonzero((hit > 0) & (s.left == 0)).tolist():
+            r, no = s.parts[i]
+            b.runs[r].popped[no] = s.part_keys[i]
+        if not len(s):
+            b.loaded.remove(s)
+
     def has_due(self, now_ms: int) -> bool:
-        """Whether a loaded row is due at ``now_ms`` (the head of each bucket is its next
-        row to deliver)."""
+        """Whether a loaded row is due at ``now_ms``."""
         return any(
-            b.loaded and int(b.loaded[0].d[b.loaded[0].pos]) <= now_ms
-            for b in self.buckets.values()
+            int(s.d[s.pos]) <= now_ms for b in self.buckets.values() for s in b.loaded if len(s)
         )
 
     def next_time(self) -> int | None:
         """The earliest deliver_at of a row not popped yet (loaded or not)."""
-        times = [t for t in map(self._next_d, self.buckets.values()) if t is not None]
+        times = [t for t in map(self._next_d, self.buckets.values()) if t < _NEVER]
         return min(times) if times else None
 
     @staticmethod
     def _next_d(b: _Bucket) -> int:
-        if b.loaded:
-            return int(b.loaded[0].d[b.loaded[0].pos])
-        if b.next_load < len(b.meta.segments):
-            return b.meta.segments[b.next_load].min_d
-        return 2**63 - 1
+        times = [int(s.d[s.pos]) for s in b.loaded if len(s)]
+        nxt = b.next_min_d()
+        if nxt is not None:
+            times.append(nxt)
+        return min(times) if times else _NEVER
 
     # --- progress -----------------------------------------------------------------------------
 
     def advance(self, all_acked) -> list[str]:
-        """Move each bucket's ``done`` over popped segments whose rows ``all_acked(keys)``
-        says are acknowledged; returns the keys of buckets that became finished."""
+        """Move each run's ``done`` over popped segments whose rows ``all_acked(keys)`` says
+        are acknowledged; returns the keys of buckets that became finished."""
         finished = []
         for key, b in self.buckets.items():
-            before = b.done
-            while b.popped and b.popped[0][0] == b.done and all_acked(b.popped[0][1]):
-                b.popped.popleft()
-                b.done += 1
-            if b.done == len(b.meta.segments) and before < b.done:
+            moved = False
+            for run in b.runs:
+                while run.done in run.popped and all_acked(run.popped[run.done]):
+                    del run.popped[run.done]
+                    run.done += 1
+                    moved = True
+            if moved and all(r.done >= len(r.info.segments) for r in b.runs):
                 finished.append(key)
         self.counters["finished"] += len(finished)
         return finished
 
-    def progress(self) -> dict[str, int]:
-        """Per bucket: segments done, or FINISHED."""
-        return {
-            k: FINISHED if b.done >= len(b.meta.segments) else b.done
-            for k, b in self.buckets.items()
-        }
+    def progress(self) -> dict[str, Progress]:
+        """Per bucket: segments done (one number per run for a merged bucket), or
+        FINISHED."""
+        out: dict[str, Progress] = {}
+        for k, b in self.buckets.items():
+            per_run = [FINISHED if r.done >= len(r.info.segments) else r.done for r in b.runs]
+            if all(x == FINISHED for x in per_run):
+                out[k] = FINISHED
+            else:
+                out[k] = per_run[0] if len(per_run) == 1 else per_run
+        return out
 
     def remaining(self) -> int:
         """Rows not popped yet (cancelled ones included until they are reached)."""
-        n = 0
-        for b in self.buckets.values():
-            n += b.loaded_rows()
-            n += sum(s.count for s in b.meta.segments[b.next_load :])
-        return n
+        return sum(b.loaded_rows() + sum(r.left() for r in b.runs) for b in self.buckets.values())
 
     def loaded_rows(self) -> int:
         return sum(b.loaded_rows() for b in self.buckets.values())
@@ -338,9 +481,27 @@ class SealedReader:
         spans = [
             (seg.min_d, seg.max_d, seg.count)
             for b in self.buckets.values()
-            for seg in b.meta.segments[b.next_load :]
+            for r in b.runs
+            for seg in r.info.segments[r.next :]
         ]
         out = np.asarray(due_window_counts(edges, [], Membership(), spans), dtype=np.int64)
         for d in loaded:
             out += np.bincount(np.searchsorted(edges, d, side="right"), minlength=len(out))
         return out.tolist()
+
+
+_NEVER = 2**63 - 1
+
+
+def _starts(meta: SealedMeta, done: Progress) -> list[int]:
+    """Each run's first segment not done, from a bucket's progress."""
+    sizes = [len(r.segments) for r in meta.runs]
+    if isinstance(done, (list, tuple)):
+        if len(done) != len(sizes):  # (a progress from before a merge: start afresh)
+            return [0] * len(sizes)
+        return [n if d == FINISHED else max(0, min(int(d), n)) for d, n in zip(done, sizes)]
+    if done == FINISHED:
+        return sizes
+    if len(sizes) != 1:
+        return [0] * len(sizes)
+    return [max(0, min(int(done), sizes[0]))]

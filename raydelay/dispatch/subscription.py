@@ -66,7 +66,7 @@ from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keyshared import SLOTS, Ring, slots_of
 from raydelay.dispatch.objects import ObjectCache
-from raydelay.dispatch.sealed import SealedReader, SegmentLoad
+from raydelay.dispatch.sealed import Progress, SealedReader, SegmentLoad
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import (
     NO_CANCEL,
@@ -77,7 +77,7 @@ from raydelay.log.entries import (
     Rows,
     concat_entries,
 )
-from raydelay.positions import KEY_DTYPE, key_of, position_keys, position_of, split_keys
+from raydelay.positions import KEY_DTYPE, SHIFT, key_of, position_keys, position_of, split_keys
 
 log = logging.getLogger(__name__)
 
@@ -969,18 +969,36 @@ class Subscription:
 
     # --- sealed buckets -----------------------------------------------------------------------
 
-    def adopt(self, meta: SealedMeta, done: int = 0) -> None:
+    def adopt(self, meta: SealedMeta, done: Progress = 0) -> list[str]:
         """The topic sealed a bucket: read its rows from it, but for the ones already taken
         from the topic's unsealed index (:attr:`tail_taken`). Call it before taking in a
-        due query's answer that reports the bucket sealed."""
+        due query's answer that reports the bucket sealed. A merged bucket takes over the
+        buckets held whose runs it owns, where they stood; returns their keys."""
         if self.sealed is None or meta.key in self.sealed.buckets:
-            return
-        self._learn_ledgers(meta.ledgers)  # the cursor must not skip them once deleted
-        for marker, target in meta.markers:  # before any of its rows can go out
-            self._apply_marker(marker, target)
-        positions = meta.positions()
-        self.sealed.adopt(meta, done=done, taken=self.tail_taken)
-        self.log_cursor.ack(*split_keys(bitmap64_values(positions)))
+            return []
+        held = self.sealed.held_runs(meta)
+        fresh = [r.ledgers for r in meta.runs if r.key not in held]
+        if fresh:
+            # what the cursor and the cancels must learn of the ledgers new here (of a
+            # merged bucket, only its runs not held yet: the others were learnt)
+            def new_here(key: int) -> bool:
+                lg = key >> SHIFT
+                return any(lo <= lg <= hi for lo, hi in fresh)
+
+            self._learn_ledgers([x for x in meta.ledgers if any(a <= x[0] <= b for a, b in fresh)])
+            for marker, target in meta.markers:  # before any of its rows can go out
+                if new_here(marker):
+                    self._apply_marker(marker, target)
+        replaced = self.sealed.adopt(meta, done=done, taken=self.tail_taken)
+        if fresh:
+            positions = meta.positions()
+            if held:
+                keep = BitMap64()
+                for lo, hi in fresh:
+                    keep.add_range(lo << SHIFT, (hi + 1) << SHIFT)
+                positions = positions & keep
+            self.log_cursor.ack(*split_keys(bitmap64_values(positions)))
+        return replaced
 
     def _ack_gone_ledgers(self, present: set[int]) -> None:
         """Entries of a bucket's ledgers that are gone from the log and not in the bucket

@@ -105,12 +105,20 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
     for key in store.list(f"{name}/"):
         bucket, obj = key[len(name) + 1 :].split("/")
         stored.setdefault(bucket, set()).add(obj)
-    assert set(stored) == registered
-    for key, objects in stored.items():
-        assert objects == {"meta", "index", "data"}
+    # (a merged bucket is a meta over the runs of the buckets it merged, whose data and
+    # index objects stay under their own keys)
+    runs: set[str] = set()
+    for key in registered:
         meta = decode_meta(store.get(f"{name}/{key}/meta"))
-        data = store.get(f"{name}/{key}/data")
-        assert sum(s.length for s in meta.segments) == len(data)
+        for run in meta.runs:
+            data = store.get(f"{name}/{run.key}/data")
+            assert sum(s.length for s in run.segments) == len(data)
+            runs.add(run.key)
+    assert set(stored) == registered | runs
+    for key, objects in stored.items():
+        assert objects == ({"meta"} if key in registered else set()) | (
+            {"index", "data"} if key in runs else set()
+        ), key
     # and every message arrives once it is due, none before
     got = receive_all(consumer, n, timeout_s=60, max_messages=5_000)
     assert {m.message_id for m, _ in got} == set(sent)

@@ -172,3 +172,54 @@ def test_a_message_whose_ledger_is_gone_can_still_be_cancelled(cluster, topic_na
     # Then the cancel holds: every other one arrives, that one never
     got = _drain(consumer, 4_999, timeout_s=40)
     assert set(got) == {b"d%d" % i for i in range(1, 5_000)}
+
+
+def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing(
+    cluster, topic_name
+):
+    # Given a partition that may hold 3 buckets (the session's max_num_buckets), a
+    # subscription whose consumer receives and acknowledges all along, and 8 waves of
+    # 2,000 delayed messages (a bucket each), due in an order that interleaves the buckets
+    cluster.create_topic(topic_name, partitions=1)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    start = now_ms() + 2_000
+    got: dict[bytes, list] = collections.defaultdict(list)
+    cancelled: set[bytes] = set()
+
+    def receive(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            batch = consumer.receive_batch(max_messages=2_000, timeout_s=0.2)
+            t = now_ms()
+            for m in batch:
+                got[m.payload].append((m.redelivery_count, t, m.deliver_at_ms))
+            if batch:
+                consumer.ack(batch)
+
+    for wave in range(8):
+        payloads = [b"w%d-%d" % (wave, i) for i in range(2_000)]
+        due = [start + ((i * 7 + wave * 131) % 2_000) * 4 for i in range(2_000)]
+        mids = producer.send_many(payloads, deliver_at=due)
+        assert all(producer.cancel_many(mids[:25]))  # cancels, in buckets to be merged
+        cancelled |= set(payloads[:25])
+        receive(0.25)
+        # When the host and the subscription's actor die while merges run
+        if wave == 3:
+            restart_partition(topic_name, 0)
+        if wave == 5:
+            restart(f"sub/{topic_name}/s/0")
+    receive(1.0)
+    restart(f"sub/{topic_name}/s/0")  # ... and again while the merged buckets deliver
+    wanted = {b"w%d-%d" % (w, i) for w in range(8) for i in range(2_000)} - cancelled
+    rest = _drain(consumer, len(wanted - set(got)), timeout_s=60)
+    for k, v in rest.items():
+        got[k] += v
+    # Then the partition merged down to 3 buckets
+    stats = _topic_stats(topic_name)
+    assert stats["merged"] >= 1 and stats["buckets"] <= 3, stats
+    # and every message arrived, none cancelled, none early, and a second delivery only
+    # after a restart, with its redelivery_count raised
+    assert set(got) == wanted
+    assert all(t >= d for v in got.values() for _, t, d in v), "early"
+    assert all(c >= 1 for v in got.values() for c, _, _ in v[1:]), "a duplicate without a count"

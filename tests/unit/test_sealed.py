@@ -188,20 +188,23 @@ def _meta(
     return meta, segs
 
 
-def _load_all(reader: SealedReader, segs_by_bucket: dict, now: int) -> list:
+def _do(reader: SealedReader, ld, segs_by_run: dict) -> None:
+    """One load, as the actor does it: the rows of its reads, the keys of its keys_only
+    (``segs_by_run``: each run's segments' rows by number, under the run's key)."""
+    rows = [segs_by_run[p.run_key][p.segment] for p in ld.reads]
+    keys = [segs_by_run[p.run_key][p.segment].positions for p in ld.keys_only]
+    reader.install(ld.key, ld.no, rows, keys)
+
+
+def _load_all(reader: SealedReader, segs_by_run: dict, now: int, max_loads: int = 4) -> list:
     """Do every load the reader asks for at ``now``, as the actor would; returns them."""
     done = []
     while True:
-        wanted = reader.wanted(now)
+        wanted = reader.wanted(now, max_loads=max_loads)
         if not wanted:
             return done
         for ld in wanted:
-            segs = segs_by_bucket[ld.key]
-            if ld.taken:  # only the position keys of segments taken already
-                keys = [segs[n].positions for n in range(ld.no, ld.no + ld.taken)]
-                reader.install_taken(ld.key, ld.no, keys)
-            else:
-                reader.install(ld.key, ld.no, segs[ld.no])
+            _do(reader, ld, segs_by_run)
         done += wanted
 
 
@@ -463,9 +466,10 @@ def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_over
     for meta, _ in metas.values():
         reader.adopt(meta)
     # When the loader asks what to load, again and again, and nothing is taken
+    segs = {key: m[1] for key, m in metas.items()}
     for _ in range(10):
-        for key, no, *_ in reader.wanted(10_000, max_loads=100):
-            reader.install(key, no, metas[key][1][no])
+        for ld in reader.wanted(10_000, max_loads=100):
+            _do(reader, ld, segs)
     # Then at most the cap is loaded, and it is the earliest segments
     assert reader.loaded_rows() == 10
     first = reader.take_due(10_000, 100)
@@ -473,8 +477,8 @@ def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_over
     # and taking them frees room for the next ones, until every row went out, earliest first
     taken = [int(k) for g in first for k in g[2]]
     while True:
-        for key, no, *_ in reader.wanted(10_000, max_loads=100):
-            reader.install(key, no, metas[key][1][no])
+        for ld in reader.wanted(10_000, max_loads=100):
+            _do(reader, ld, segs)
         assert reader.loaded_rows() <= 10
         more = reader.take_due(10_000, 100)
         if not more:
@@ -573,7 +577,7 @@ def test_a_bucket_sealed_under_a_reading_subscription_skips_what_it_took_and_goe
     sub.adopt(meta)
     loads = _load_all(reader, {meta.key: segs}, now=2_000)
     # Then the 5 segments every row of which it took are skipped in one load, not read
-    assert [(ld.no, ld.taken) for ld in loads[:1]] == [(0, 5)]
+    assert [(ld.no, ld.groups, len(ld.keys_only), ld.reads) for ld in loads[:1]] == [(0, 5, 5, ())]
     assert reader.counters["segments_skipped"] == 5
     # and the rows it did not take are the next ones due: none taken stands in front
     assert reader.next_time() == 2_100
