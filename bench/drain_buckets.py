@@ -3,11 +3,14 @@
 At 100M pending (``make bench-full``) one partition holds about 1,200 sealed buckets, and
 an overdue backlog is spread over every one of them. This bench gets there at a small
 size: the same backlog (``--messages`` in one partition, due over ``--spread`` seconds,
-no consumer until all of it is overdue, then one consumer drains it) is drained twice,
-once with the default ledgers (a few dozen buckets) and once with small ledgers and
-buckets (about a thousand). The ratio of the two drain rates is the cost of many buckets.
-For each run it also reports the subscription actor's peak RSS during the drain and the
-most rows it held loaded from buckets.
+no consumer until all of it is overdue, then one consumer drains it) is drained three
+times: with the default ledgers (a few dozen buckets); with small ledgers and buckets
+(about a thousand sealed), which the partition merges down to ``max_num_buckets`` (64)
+as it seals them; and the same with merges off (``max_num_buckets = -1``). The ratio of
+each drain rate to the first is the cost of many buckets, with and without merges. For
+each run it also reports the buckets the partition holds, the merges it made, the bytes
+it wrote to the store per byte appended (log, buckets and merges), the subscription
+actor's peak RSS during the drain and the most rows it held loaded from buckets.
 
 Usage: python bench/drain_buckets.py [--messages 2000000] [--spread 60]
 """
@@ -34,6 +37,10 @@ from raydelay.cluster.handles import subscription_partition  # noqa: E402
 SMALL = {
     "topic": {"max_entries_per_ledger": 2_000},
     "delayed": {"min_index_count_per_bucket": 2_000},
+}
+SMALL_UNMERGED = {
+    "topic": {"max_entries_per_ledger": 2_000},
+    "delayed": {"min_index_count_per_bucket": 2_000, "max_num_buckets": -1},
 }
 
 
@@ -75,16 +82,18 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     runs = [
         one_run("default ledgers", {}, args.messages, args.spread),
-        one_run("small ledgers (2,000 entries)", SMALL, args.messages, args.spread),
+        one_run("small ledgers (2,000 entries), merged", SMALL, args.messages, args.spread),
+        one_run("small ledgers, merges off", SMALL_UNMERGED, args.messages, args.spread),
     ]
     base = runs[0]["rate"]
     print(f"\n## Overdue drain, {args.messages:,} messages due over {args.spread} s, 1 partition\n")
-    print("| ledgers | buckets | drain msg/s | vs default | complete | "
-          "subscription peak RSS MiB | peak rows loaded |")  # fmt: skip
-    print("|---|---:|---:|---:|---|---:|---:|")
+    print("| ledgers | buckets held | merges | written / appended | drain msg/s | vs default "
+          "| complete | subscription peak RSS MiB | peak rows loaded |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
     for r in runs:
         print(
-            f"| {r['label']} | {r['buckets']:,} | {r['rate']:,.0f} | {r['rate'] / base:.2f}x "
+            f"| {r['label']} | {r['topic_buckets']:,} | {r['merges']:,} "
+            f"| {r['written_per_appended']:.2f}x | {r['rate']:,.0f} | {r['rate'] / base:.2f}x "
             f"| {r['complete']} | {r['peak_rss'] / 2**20:,.0f} | {r['peak_loaded']:,} |"
         )
 

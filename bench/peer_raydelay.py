@@ -304,9 +304,7 @@ class RaydelayPeer:
         topic_stats = ask(topic_partition(topic, 0).stats.remote)
         written = None
         if "bytes_written" in topic_stats:  # the log's and the buckets' bytes
-            written = (topic_stats["bytes_written"] + topic_stats["sealed_bytes"]) / (
-                n * PAYLOAD_BYTES
-            )
+            written = _written(topic_stats) / (n * PAYLOAD_BYTES)
         out = {
             "n": n,
             "load_s": load_s,
@@ -370,7 +368,7 @@ class RaydelayPeer:
         # (None when the code measured predates these counters: a baseline run)
         written = None
         if "bytes_written" in topic_stats:
-            written = topic_stats["bytes_written"] + topic_stats["sealed_bytes"]
+            written = _written(topic_stats)
         sub_buckets = self.cluster.stats(topic, subs[0])["buckets"]
         progress(f"fanout K={k}: {spent:.1f} CPU s, {rss / 2**20:,.0f} MiB RSS growth")
         producer.close()
@@ -416,6 +414,9 @@ class RaydelayPeer:
             "n": n,
             "spread_s": spread_s,
             "load_s": load_s,
+            "topic_buckets": topic_stats["buckets"],
+            "merges": topic_stats.get("merged", 0),
+            "written_per_appended": _written(topic_stats) / (n * PAYLOAD_BYTES),
             "drained": drain.received,
             "complete": done,
             "seconds": seconds,
@@ -430,6 +431,15 @@ class RaydelayPeer:
     def close(self) -> None:
         self.cluster.shutdown()
         ray.shutdown()
+
+
+def _written(topic_stats: dict) -> int:
+    """Bytes the partition wrote to the store: its log, its buckets, and its merges."""
+    return (
+        topic_stats["bytes_written"]
+        + topic_stats["sealed_bytes"]
+        + topic_stats.get("merged_bytes", 0)
+    )
 
 
 def receive_from(consumer, path: str = "batch", size: int = RECEIVE, defer_ack: bool = False):

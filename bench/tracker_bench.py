@@ -39,7 +39,6 @@ from raydelay.delayed import (  # noqa: E402
     InMemoryBucketRegistry,
     InMemoryDelayedDeliveryTracker,
 )
-from raydelay.delayed.bucket import IoMode  # noqa: E402
 from raydelay.storage import LocalDirObjectStore  # noqa: E402
 
 T0 = 1_700_000_000_000
@@ -56,13 +55,10 @@ def batches(n: int, seed: int = 7):
         yield idx // LEDGER + 1, idx % LEDGER, T0 + 1_000 + rng.integers(0, HOUR_MS, len(idx))
 
 
-def bucket_tracker(
-    tmp: str, clock, name: str, io: IoMode = "threads", **kw
-) -> BucketDelayedDeliveryTracker:
-    """The bench's bucket tracker: local dir store, I/O threads unless ``io`` says otherwise,
-    tick 10 ms, strict, other settings as given."""
+def bucket_tracker(tmp: str, clock, name: str, **kw) -> BucketDelayedDeliveryTracker:
+    """The bench's bucket tracker: local dir store (its I/O on the caller's thread), tick
+    10 ms, strict, other settings as given."""
     return BucketDelayedDeliveryTracker(
-        io=io,
         store=LocalDirObjectStore(tmp),
         registry=InMemoryBucketRegistry(),
         name=f"subs/bench/0/{name}",
@@ -86,7 +82,7 @@ def run_tracker(kind: str, n: int, tmp: str) -> dict:
     if kind == "memory":
         t = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=10, strict=True)
     else:
-        t = bucket_tracker(tmp, clock, kind, io="threads" if kind == "bucket-bg" else "inline")
+        t = bucket_tracker(tmp, clock, kind)
     data = list(batches(n))
     add_lat, pop_lat = [], []
     started = time.perf_counter()
@@ -324,13 +320,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rd-bench-") as tmp:
         print("  running heapq ...", flush=True)
         hq = run_heapq(n)
-        print("  running bucket tracker (local dir store, I/O inline) ...", flush=True)
+        print("  running bucket tracker (local dir store) ...", flush=True)
         bucket = run_tracker("bucket", n, tmp)
-        print("  running bucket tracker (local dir store, background I/O) ...", flush=True)
-        bucket_bg = run_tracker("bucket-bg", n, tmp)
         print("  running in-memory tracker ...", flush=True)
         mem = run_tracker("memory", n, tmp)
-    for r in (hq, bucket, bucket_bg, mem):
+    for r in (hq, bucket, mem):
         assert r["delivered"] == n, f"delivered {r['delivered']} of {n}"
 
     print()
@@ -341,8 +335,7 @@ def main() -> None:
     print(f"|{'-' * 40}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 10}|")
     rows = (
         ("heapq (no durability)", hq),
-        ("Bucket tracker, local dir, inline I/O", bucket),
-        ("Bucket tracker, local dir, bg I/O", bucket_bg),
+        ("Bucket tracker, local dir", bucket),
         ("InMemoryDelayedDeliveryTracker", mem),
     )
     for name, r in rows:
@@ -352,12 +345,8 @@ def main() -> None:
         )
     s = bucket["stats"]
     print(
-        f"bucket tracker, bg I/O: {bucket_bg['tail']:,} positions came out only in the final flush: the stepped clock "
-        "outruns background loads (1 s of clock per ~0.3 ms); inline I/O loads each segment when due"
-    )
-    print(
-        f"bucket work during the run: sealed {s['sealed']}, merged {s['merged']}, segments loaded {s['loaded']}, "
-        f"downgraded {s['downgraded']}, snapshot bytes {s['snapshot_bytes']:,}"
+        f"bucket work during the run: sealed {s['sealed']}, merged {s['merged']}, segments loaded "
+        f"{s['segments_loaded']}, downgraded {s['downgraded']}, bytes written {s['bytes_written']:,}"
     )
 
     print()
@@ -379,7 +368,7 @@ def main() -> None:
     s2 = st["stats"]
     print(
         f"during it: added {st['added']:,} in {st['elapsed_s']:.1f} s, popped {st['popped']:,}; sealed {s2['sealed']}, "
-        f"merged {s2['merged']}, segments loaded {s2['loaded']}, downgraded {s2['downgraded']}"
+        f"merged {s2['merged']}, segments loaded {s2['segments_loaded']}, downgraded {s2['downgraded']}"
     )
     print(
         f"lateness of popped positions (pop time - deliver_at): p50 {st['late_p50']:.0f} ms, p99 {st['late_p99']:.0f} ms, "

@@ -79,7 +79,8 @@ class TopicMetrics:
             self._published.inc(n, self._tags)
 
     def bucket_op(self, op: str, seconds: float, nbytes: int = 0) -> None:
-        """A bucket operation of the topic (``create``, ``delete``); may run on any thread."""
+        """A bucket operation of the topic (``create``, ``merge``, ``delete``); may run on any
+        thread."""
         tags = {**self._tags, "subscription": ""}
         self._ops.inc(1, {**tags, "op": op})
         self._op_s.observe(seconds, {**tags, "op": op})

@@ -9,7 +9,7 @@ state, as a partition actor had. Calls name the partition (``call(partition, met
 A shared subscription indexes no delayed message itself: the partition's host does it once
 for every subscription. Due delayed messages come with their payloads from the topic's
 unsealed index (``due_unsealed``) and from the partition's sealed buckets (see
-:mod:`raydelay.dispatch.sealed`); the log is read for everything else, and an in-memory
+:mod:`raydelay.delayed.reader`); the log is read for everything else, and an in-memory
 tracker holds only this subscription's delayed nacks.
 
 The actor owns the I/O; the subscription decides. A consumer's ``receive`` is
@@ -67,10 +67,10 @@ from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
 from raydelay.delayed.index import bitmap64_values
+from raydelay.delayed.reader import SealedReader, SegmentLoad
 from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.cursor import Cursor, Position
-from raydelay.dispatch.sealed import SealedReader, SegmentLoad
 from raydelay.dispatch.subscription import (
     SPREAD_TYPES,
     Delivery,

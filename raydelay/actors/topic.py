@@ -54,7 +54,7 @@ from raydelay.delayed.sealed import (
     registry_name,
     seal,
 )
-from raydelay.delayed.store import SealedStore, clean, merge, record_of
+from raydelay.delayed.store import SealedStore, clean, merge, merge_window, record_of
 from raydelay.errors import InvalidArgument, NotFound, Unavailable
 from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
@@ -315,7 +315,7 @@ class TopicPartition:
         ``max_num_buckets`` remain. A merge that fails is tried again after the next seal
         or retention pass."""
         while self._over_limit():
-            window = _merge_window(
+            window = merge_window(
                 [self._bucket_rows.get(k, 0) for _, _, k in self._buckets],
                 len(self._buckets) - self._config.delayed.max_num_buckets,
             )
@@ -923,12 +923,3 @@ class TopicPartition:
 def _positions_of(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
     """The positions of (ledger, first entry, count) ranges, in order."""
     return [(lg, first + i) for lg, first, count in ranges for i in range(count)]
-
-
-def _merge_window(rows: list[int], excess: int) -> list[int]:
-    """Which adjacent buckets to merge next, given each one's rows (in ledger order) and
-    how many buckets too many there are: the window of up to 4 (fewer when fewer would do)
-    with the fewest rows, the earliest on a tie."""
-    width = max(2, min(4, excess + 1, len(rows)))
-    best = min(range(len(rows) - width + 1), key=lambda i: (sum(rows[i : i + width]), i))
-    return list(range(best, best + width))

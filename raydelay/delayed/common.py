@@ -10,7 +10,7 @@ from pyroaring import BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.columns import check_deliver_at, check_position, superseded
-from raydelay.delayed.index import Membership, sorted_keys, sorted_positions
+from raydelay.delayed.index import Membership, RunQueue, sorted_keys, sorted_positions
 from raydelay.errors import InvalidArgument
 
 Cols = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -41,6 +41,7 @@ class TrackerBase:
     _tick_time_ms: int
     _strict: bool
     _members: Membership
+    _queue: RunQueue
     # each tracker's pop: up to max_messages due positions, as (ledger ids, entry ids) parts
     _take_due: Callable[[int], tuple[list[np.ndarray], list[np.ndarray]]]
 
@@ -85,6 +86,26 @@ class TrackerBase:
     def tracked_among(self, keys: BitMap64) -> BitMap64:
         """The position keys (``ledger << 32 | entry``) of ``keys`` that are tracked."""
         return self._members.members & keys
+
+    def _pop(
+        self, cutoff: int, n: int, refill: Callable[[int], bool] | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Up to ``n`` live due positions from the queue, earliest first; when it runs dry,
+        ``refill(room)`` may bring more (True: look again)."""
+        out_l: list[np.ndarray] = []
+        out_e: list[np.ndarray] = []
+        while n > 0:
+            got = self._queue.take(cutoff, n)
+            if got is None:
+                if refill is not None and refill(n):
+                    continue
+                break
+            (d, l, e), _ = got  # noqa: E741
+            live_l, live_e = self._members.take(d, l, e)
+            out_l.append(live_l)
+            out_e.append(live_e)
+            n -= len(live_l)
+        return out_l, out_e
 
     def _split_due(
         self, ls: np.ndarray, es: np.ndarray, ds: np.ndarray, result: np.ndarray

@@ -21,7 +21,7 @@ from array import array
 from typing import Literal
 
 import numpy as np
-from pyroaring import BitMap, BitMap64
+from pyroaring import BitMap64
 
 from raydelay.delayed.columns import EMPTY, Run, concat
 from raydelay.positions import KEY_DTYPE, key_of, position_keys
@@ -97,10 +97,8 @@ class Membership:
                 self.ghosts -= revived
         return fresh
 
-    def restore(self, ledger_id: int, bm: BitMap) -> None:
-        """Recovery: track every entry of ``bm`` (a persisted bucket's bitmap of one ledger)."""
-        entries = np.frombuffer(bm.to_array(), dtype=np.uint32)
-        keys = bitmap64_of(position_keys(np.full(len(entries), ledger_id), entries))
+    def restore_keys(self, keys: BitMap64) -> None:
+        """Recovery: track every position key of ``keys`` (a persisted bucket's)."""
         before = len(self.members)
         self.members |= keys
         self.count += len(self.members) - before

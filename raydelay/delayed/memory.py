@@ -81,16 +81,7 @@ class InMemoryDelayedDeliveryTracker(TrackerBase):
     def _take_due(self, max_messages: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         n = check_max_messages(max_messages)
         cutoff = self._cutoff()
-        out_l, out_e = [], []
-        while n > 0:
-            got = self._queue.take(cutoff, n)
-            if got is None:
-                break
-            (d, l, e), _ = got  # noqa: E741
-            live_l, live_e = self._members.take(d, l, e)
-            out_l.append(live_l)
-            out_e.append(live_e)
-            n -= len(live_l)
+        out_l, out_e = self._pop(cutoff, n)
         if self._members.count == 0:
             self._queue.clear()  # only stale copies can remain
             self._highest_deliver_at = -1

@@ -21,7 +21,7 @@ entries of the ledgers not sealed yet. At a ledger boundary, once it holds at le
 
 Format 1 metas (before ``index``) carried the segment bitmaps inline; they still decode.
 
-Every subscription reads the same buckets (:mod:`raydelay.dispatch.sealed`). Each payload
+Every subscription reads the same buckets (:mod:`raydelay.delayed.reader`). Each payload
 is written twice in all (the log, then its bucket), after which the log's ledger can go.
 
 **Merges.** Above ``max_num_buckets``, adjacent buckets are merged (:func:`merge_metas`)
@@ -40,12 +40,12 @@ publish time. Entries due at commit are delivered from the log like immediate on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import msgpack
 import numpy as np
 from pyroaring import BitMap64
 
-from raydelay.delayed.bucket import cut_segments
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.errors import CodecError, InvalidArgument
 from raydelay.log.entries import (
@@ -134,12 +134,12 @@ class SealedMeta:
     def key(self) -> str:
         return bucket_key(self.start_ledger, self.end_ledger, self.bucket_id)
 
-    @property
+    @cached_property
     def runs(self) -> tuple[RunInfo, ...]:
         """The runs of segments the bucket reads: its own one, or a merged bucket's."""
         return self.merged_runs or (RunInfo(self.key, self.segments),)
 
-    @property
+    @cached_property
     def groups(self) -> tuple[tuple[Part, ...], ...]:
         """What a subscription loads at once, in deliver_at order: each group is a few
         segments of its runs (one per group for a bucket a seal wrote)."""
@@ -264,6 +264,19 @@ def encode_segment(rows: Rows) -> bytes:
 
 def decode_segment(data, what: str = "sealed segment") -> Rows:
     return Rows.from_batch(_read_ipc(data, what).replace_schema_metadata(None))
+
+
+def cut_segments(d: np.ndarray, max_indexes: int, max_step_ms: int) -> list[tuple[int, int]]:
+    """Segment bounds over sorted deliver_ats: a segment ends when it holds ``max_indexes``
+    positions or when the next position would stretch its span beyond ``max_step_ms``."""
+    bounds = []
+    i, n = 0, len(d)
+    while i < n:
+        j = int(np.searchsorted(d, d[i] + max_step_ms, side="right"))
+        j = max(i + 1, min(j, i + max_indexes, n))
+        bounds.append((i, j))
+        i = j
+    return bounds
 
 
 def seal(

@@ -24,7 +24,6 @@ from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.delayed.sealed import (
     RunInfo,
     SealedMeta,
-    bucket_object,
     decode_index,
     decode_meta,
     decode_segment,
@@ -47,10 +46,18 @@ _INDEXES_KEPT = 4  # a few: lookups of gone ledgers are rare
 
 class SealedStore:
     def __init__(
-        self, store: ObjectStore, topic: str, partition: int, meta_cache: int = 16
+        self,
+        store: ObjectStore,
+        topic: str = "",
+        partition: int = 0,
+        meta_cache: int = 16,
+        *,
+        prefix: str | None = None,
     ) -> None:
+        """The buckets of a topic's partition, or (``prefix``) those under another key
+        prefix: a :class:`~raydelay.delayed.tracker.BucketDelayedDeliveryTracker`'s."""
         self._store = store
-        self._topic, self._partition = topic, partition
+        self._prefix = prefix if prefix is not None else registry_name(topic, partition)
         self._metas: LruCache[str, SealedMeta] = LruCache(meta_cache)
         self._indexes: LruCache[str, tuple] = LruCache(_INDEXES_KEPT)
         self._lock = threading.Lock()  # the seal thread and readers share the caches
@@ -180,11 +187,11 @@ class SealedStore:
 
     def stored_keys(self) -> set[str]:
         """The bucket keys that have any object in the store."""
-        prefix = registry_name(self._topic, self._partition) + "/"
+        prefix = self._prefix + "/"
         return {k[len(prefix) :].split("/", 1)[0] for k in self._store.list(prefix)}
 
     def _key(self, key: str, what: str) -> str:
-        return bucket_object(self._topic, self._partition, key, what)
+        return f"{self._prefix}/{key}/{what}"
 
 
 # register(sources, merged meta, its registry record, each source's run count) -> whether
@@ -233,6 +240,15 @@ def merge(
     for k in keys:
         sealed.delete_meta(k)
     return merged, written
+
+
+def merge_window(rows: list[int], excess: int) -> list[int]:
+    """Which adjacent buckets to merge next, given each one's rows (in ledger order) and
+    how many buckets too many there are: the window of up to 4 (fewer when fewer would do)
+    with the fewest rows, the earliest on a tie."""
+    width = max(2, min(4, excess + 1, len(rows)))
+    best = min(range(len(rows) - width + 1), key=lambda i: (sum(rows[i : i + width]), i))
+    return list(range(best, best + width))
 
 
 def clean(sealed: SealedStore, records: dict[str, bytes]) -> list[str]:

@@ -62,11 +62,11 @@ from pyroaring import BitMap, BitMap64
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
+from raydelay.delayed.reader import Progress, SealedReader, SegmentLoad
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keyshared import SLOTS, Ring, slots_of
 from raydelay.dispatch.objects import ObjectCache
-from raydelay.dispatch.sealed import Progress, SealedReader, SegmentLoad
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import (
     NO_CANCEL,

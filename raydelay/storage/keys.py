@@ -89,11 +89,6 @@ def cursor_key(topic: str, partition: int, subscription: str, version: int) -> s
     return f"{subscription_prefix(topic, partition, subscription)}/cursor/{version:020d}"
 
 
-def bucket_prefix(name: str, bucket_key: str) -> str:
-    """``<name>/buckets/<start>_<end>_<id>``: the objects of one immutable bucket."""
-    return f"{name}/buckets/{bucket_key}"
-
-
 def journal_key(seq: int) -> str:
     return f"meta/journal/{seq:020d}"
 

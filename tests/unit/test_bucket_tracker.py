@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-import threading
-
+import msgpack
 import numpy as np
 import pytest
 
 from raydelay.clock import ManualClock
-from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryBucketRegistry, codec
-from raydelay.delayed.bucket import cut_segments
+from raydelay.delayed import BucketDelayedDeliveryTracker, InMemoryBucketRegistry
+from raydelay.delayed.sealed import (
+    bucket_key,
+    cut_segments,
+    decode_index,
+    decode_meta,
+    decode_segment,
+)
 from raydelay.errors import CodecError, InvalidArgument, RaydelayError, StorageError
 from raydelay.retries import STORE_WRITE
 from raydelay.storage import FaultyObjectStore, LocalDirObjectStore, MemoryObjectStore
 
 NAME = "subs/orders/0/billing"
 T0 = 1_000_000
+B111 = bucket_key(1, 1, 1)  # the first bucket: ledger 1, id 1
 
 
 class Env:
@@ -80,8 +86,8 @@ def test_seal_happens_only_at_a_ledger_boundary():
     assert t.immutable_bucket_count() == 0
     fill(t, 2, 1)  # the first position of a later ledger seals ledger 1
     assert t.immutable_bucket_count() == 1
-    assert env.bucket_keys() == ["1_1_1"]
-    assert list(env.registry.list(NAME)) == ["1_1_1"]
+    assert env.bucket_keys() == [B111]
+    assert list(env.registry.list(NAME)) == [B111]
 
 
 def test_below_the_minimum_no_seal_even_across_ledgers():
@@ -94,19 +100,19 @@ def test_below_the_minimum_no_seal_even_across_ledgers():
 
 
 def test_segments_are_cut_by_count_and_written_as_objects():
+    # the partition's own bucket format: data (Arrow segments), index, meta
     env = Env()
     t, _ = seal_first_bucket(env)
-    assert env.objects("1_1_1") == ["meta", "seg-000001", "seg-000002", "seg-000003"]
-    meta = codec.decode_meta(env.store.get(f"{NAME}/buckets/1_1_1/meta"), "meta")
+    assert env.objects(B111) == ["data", "index", "meta"]
+    meta = decode_meta(env.store.get(f"{NAME}/buckets/{B111}/meta"), "meta")
     assert [s.count for s in meta.segments] == [4, 4, 2]
-    assert sorted(meta.segments[0].bitmaps[1]) == [0, 1, 2, 3]
-    record = codec.decode_record(env.registry.list(NAME)["1_1_1"], "r")
-    assert (record.start_ledger, record.end_ledger, record.segment_count, record.count) == (
-        1,
-        1,
-        3,
-        10,
-    )
+    index = decode_index(env.store.get(f"{NAME}/buckets/{B111}/index"))
+    assert sorted(int(k) & 0xFFFFFFFF for k in index[0]) == [0, 1, 2, 3]
+    data = env.store.get(f"{NAME}/buckets/{B111}/data")
+    seg = meta.segments[1]
+    rows = decode_segment(data[seg.offset : seg.offset + seg.length])
+    assert rows.positions.tolist() == [(1 << 32) | e for e in (4, 5, 6, 7)]
+    assert msgpack.unpackb(env.registry.list(NAME)[B111]) == [10, 3]
 
 
 def test_segments_are_cut_by_time_step():
@@ -137,7 +143,7 @@ def test_a_covered_ledger_goes_straight_to_the_shared_queue():
 def test_a_bucket_is_deleted_after_its_last_segment():
     env = Env()
     t, _ = seal_first_bucket(env)
-    assert env.bucket_keys() == ["1_1_1"]
+    assert env.bucket_keys() == [B111]
     out = drain(t, env.clock, T0 + 10_000)
     assert len(out) == 11
     assert t.immutable_bucket_count() == 0
@@ -150,12 +156,14 @@ def test_only_one_segment_per_bucket_is_resident_until_needed():
     t = env.tracker()
     fill(t, 1, 100, step_ms=1_000)
     fill(t, 2, 1, first_delay_ms=500_000)
-    loaded = t.stats()["loaded_runs"]
-    assert loaded == 1  # segment 1 only; 9 more wait in the store
+    assert t.stats()["segments_loaded"] == 0  # nothing is read before it comes due
     env.clock.set(T0 + 1_000 + 9 * 1_000)  # the 10 positions of segment 1 are due
     assert len(t.get_scheduled_messages(1_000)) == 10
-    assert t.stats()["loaded"] == 2  # segment 2 came in once segment 1 ran out...
-    assert t.stats()["loaded_runs"] == 1  # ...and is the only one resident
+    assert t.stats()["segments_loaded"] == 1  # segment 1 only; 9 more wait in the store
+    env.clock.set(T0 + 1_000 + 14 * 1_000)
+    assert len(t.get_scheduled_messages(1_000)) == 5
+    assert t.stats()["segments_loaded"] == 2
+    assert t.stats()["loaded_indexes"] <= 10 + 1  # segment 2's rest, and the mutable one
 
 
 # -- recovery ---------------------------------------------------------------------------------
@@ -213,36 +221,54 @@ def test_a_cancel_inside_a_sealed_bucket_survives_a_restart():
     assert len(out) == 8
 
 
-def test_a_crashed_merge_is_resolved_on_recovery():
-    env = Env(max_num_buckets=10)
+@pytest.mark.parametrize("step", ["merged-meta", "registry-put", "source-removed"])
+def test_a_crashed_merge_is_resolved_on_recovery(step):
+    # Given three sealed buckets, and a tracker that merges them and dies at a step
+    env = Env()
     t = env.tracker()
     for ledger in (1, 2, 3):
         fill(t, ledger, 10)
     fill(t, 4, 1)
     t.flush()
-    # simulate a crash after a merge wrote its bucket but before it removed its sources
-    t_merge = env.tracker(max_num_buckets=1)
-    t_merge.flush()
-    merged = env.bucket_keys()
-    assert len(merged) == 1
-    for key in ("1_1_1", "2_2_2"):
-        env.registry.put(NAME, key, b"stale")  # placeholders are replaced below
-    # rebuild the stale source entries for real, as they were before the merge
-    env2 = Env()
-    t_src = env2.tracker()
-    for ledger in (1, 2):
-        fill(t_src, ledger, 10)
-    fill(t_src, 3, 1)
-    t_src.flush()
-    for key, raw in env2.registry.list(NAME).items():
-        env.registry.put(NAME, key, raw)
-        for obj in env2.store.list(f"{NAME}/buckets/{key}/"):
-            env.store.put(obj, env2.store.get(obj))
-    t3 = env.tracker(max_num_buckets=10)
-    t3.flush()
-    assert t3.immutable_bucket_count() == 1  # the merged bucket supersedes its sources
-    assert t3.number_of_delayed_messages() == 30
-    assert sorted(env.registry.list(NAME)) == merged
+
+    class Dies(Exception):
+        pass
+
+    registry, store = env.registry, env.store
+    real_put, real_remove, real_store_put = registry.put, registry.remove, store.put
+    if step == "merged-meta":  # the merged meta written, nothing registered
+
+        def put(name, key, record):
+            raise Dies()
+
+        registry.put = put
+    elif step == "registry-put":  # registered, no source removed
+
+        def remove(name, key):
+            raise Dies()
+
+        registry.remove = remove
+    else:  # one source removed, not the other
+
+        def remove(name, key, calls=[]):  # noqa: B006
+            calls.append(key)
+            if len(calls) > 1:
+                raise Dies()
+            real_remove(name, key)
+
+        registry.remove = remove
+    t._max_buckets = 1  # (the tracker over the same store, now told to merge)
+    t._merge()
+    registry.put, registry.remove, store.put = real_put, real_remove, real_store_put
+    # When a new tracker comes up over the same store and registry
+    t2 = env.tracker(max_num_buckets=10)
+    # Then every position is there once, in whole buckets, nothing left over
+    assert t2.number_of_delayed_messages() == 30
+    owned = {r.key for key in env.registry.list(NAME) for r in t2._sealed.meta(key).runs}
+    assert sorted(owned) == sorted([bucket_key(1, 1, 1), bucket_key(2, 2, 2), bucket_key(3, 3, 3)])
+    assert set(env.bucket_keys()) == owned | set(env.registry.list(NAME))
+    out = drain(t2, env.clock, T0 + 100_000)
+    assert len(out) == len(set(out)) == 30
 
 
 # -- merging ---------------------------------------------------------------------------------
@@ -283,9 +309,14 @@ def test_merge_window_prefers_the_smallest_adjacent_buckets():
         fill(t, i + 1, n, first_delay_ms=100_000)
     fill(t, 7, 1, first_delay_ms=100_000)
     t.flush()
-    # 6 buckets over a limit of 4: the widest window (4) holding the fewest positions
-    # merges; of ledgers 2-5 and 3-6 (70 each) the one due first (a tie: the first)
-    assert env.bucket_keys() == ["1_1_1", "2_5_6", "6_6_7"]
+    # a fifth bucket merges the smallest adjacent pair (ledgers 3-4, id 6), a sixth the
+    # smallest pair again (that one and ledger 5, id 8): 4 buckets, the big ones untouched
+    assert sorted(env.registry.list(NAME)) == [
+        bucket_key(1, 1, 1),
+        bucket_key(2, 2, 2),
+        bucket_key(3, 5, 8),
+        bucket_key(6, 6, 7),
+    ]
     assert t.number_of_delayed_messages() == 151
 
 
@@ -316,7 +347,7 @@ def test_one_failed_write_is_retried_and_the_bucket_persists():
     t.flush()
     assert t.immutable_bucket_count() == 1
     assert t.stats()["downgraded"] == 0
-    assert env.objects("1_1_1") == ["meta", "seg-000001", "seg-000002", "seg-000003"]
+    assert env.objects(B111) == ["data", "index", "meta"]
 
 
 @pytest.mark.parametrize("landed", [False, True], ids=["put-failed", "reply-lost"])
@@ -364,7 +395,7 @@ def test_positions_below_mark_delete_are_dropped_and_their_buckets_trimmed():
     out = drain(t, env.clock, T0 + 100_000)
     assert {lg for lg, _ in out} == {3, 4}
     t.flush()
-    assert all(not k.startswith(("1_", "2_")) for k in env.bucket_keys())
+    assert all(k.split("_")[0] not in (f"{1:020d}", f"{2:020d}") for k in env.bucket_keys())
     assert t.add_message(1, 99, T0 + 200_000) is True  # acknowledged already: dropped
     assert not t.contains_message(1, 99)
 
@@ -390,8 +421,8 @@ def test_a_corrupt_meta_object_fails_recovery_naming_the_key():
     env = Env()
     t, _ = seal_first_bucket(env)
     t.flush()
-    env.store.put(f"{NAME}/buckets/1_1_1/meta", b"\x00garbage")
-    with pytest.raises(CodecError, match="1_1_1/meta"):
+    env.store.put(f"{NAME}/buckets/{B111}/meta", b"\x00garbage")
+    with pytest.raises(CodecError, match=f"{B111} meta"):
         env.tracker()
 
 
@@ -405,7 +436,7 @@ def test_closed_tracker_refuses_calls():
 
 def test_orphan_objects_are_swept_on_recovery():
     env = Env()
-    env.store.put(f"{NAME}/buckets/5_5_9/seg-000001", b"half-written")
+    env.store.put(f"{NAME}/buckets/{bucket_key(5, 5, 9)}/data", b"half-written")
     t = env.tracker()
     t.flush()
     assert env.store.list("") == []
@@ -414,8 +445,8 @@ def test_orphan_objects_are_swept_on_recovery():
 # -- background I/O --------------------------------------------------------------------------
 
 
-def test_threaded_io_on_a_local_dir_store_loses_nothing_across_a_restart(tmp_path):
-    env = Env(store=LocalDirObjectStore(tmp_path), max_num_buckets=3, io="threads")
+def test_a_local_dir_store_loses_nothing_across_a_restart(tmp_path):
+    env = Env(store=LocalDirObjectStore(tmp_path), max_num_buckets=3)
     t = env.tracker()
     expected = []
     for ledger in range(1, 9):
@@ -425,84 +456,28 @@ def test_threaded_io_on_a_local_dir_store_loses_nothing_across_a_restart(tmp_pat
     t.close()
     t2 = env.tracker()
     assert t2.number_of_delayed_messages() == 70  # ledger 8 was still mutable
-    out = []
-    env.clock.set(T0 + 100_000)
-    for _ in range(100):
-        t2.flush()
-        got = t2.get_scheduled_messages(1_000)
-        out += got
-        if not got and t2.number_of_delayed_messages() == 0:
-            break
+    out = drain(t2, env.clock, T0 + 100_000)
     assert sorted(out) == sorted(expected[:70])
     t2.close()
 
 
-def test_a_slow_store_does_not_block_adds_or_pops():
-    gate = threading.Event()
-
-    class GatedStore(MemoryObjectStore):
-        def put(self, key, data):
-            gate.wait(10)
-            super().put(key, data)
-
-    env = Env(store=GatedStore())
-    t = env.tracker(io="threads")
-    first = fill(t, 1, 10, first_delay_ms=10)
-    fill(t, 2, 1)  # seals: the write now waits on the gate
-    assert env.store.list("") == []  # not written yet, and add_messages has returned
-    env.clock.set(T0 + 40)  # segment 1 (4 positions) is due and served from memory
-    assert t.get_scheduled_messages(100) == first[:4]
-    env.clock.set(T0 + 100)
-    assert t.get_scheduled_messages(100) == first[4:]  # later segments too, while writing
-    gate.set()
-    t.flush()
-    # the write landed; no copy handed out while it was under way comes back from it
-    assert env.bucket_keys() == ["1_1_1"]
-    env.clock.set(T0 + 100_000)
-    assert pop_all_background(t) == [(2, 0)]
-    t.flush()
-    assert t.immutable_bucket_count() == 0 and env.bucket_keys() == []  # read through: retired
-    t.close()
-
-
-def test_copies_handed_out_while_sealing_never_return_even_through_a_merge():
-    gate = threading.Event()
-
-    class GatedStore(MemoryObjectStore):
-        def put(self, key, data):
-            gate.wait(10)
-            super().put(key, data)
-
-    env = Env(store=GatedStore(), max_num_buckets=1)
-    t = env.tracker(io="threads")
+def test_copies_handed_out_never_return_even_through_a_merge():
+    env = Env(max_num_buckets=1)
+    t = env.tracker()
     fill(t, 1, 10, first_delay_ms=10)  # due at T0+10, +20, ... +100
-    fill(t, 2, 1, first_delay_ms=10_000)  # seals ledger 1; its write waits on the gate
-    env.clock.set(T0 + 60)  # six due: segment 1 (four) and two of segment 2, served while sealing
+    fill(t, 2, 1, first_delay_ms=10_000)  # seals ledger 1
+    env.clock.set(T0 + 60)  # six due: segment 1 (four) and two of segment 2
     assert t.get_scheduled_messages(100) == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]
     assert t.add_message(1, 4, T0 + 5_000) is True  # a nack: (1, 4) comes back later
-    gate.set()
-    t.flush()
     fill(t, 2, 9, first_delay_ms=10_000, start_entry=1)
     fill(t, 3, 1, first_delay_ms=10_000)  # seals ledger 2: two buckets, one allowed: merge
     t.flush()
     assert t.stats()["merged"] == 1 and t.immutable_bucket_count() == 1
     env.clock.set(T0 + 200)
-    assert pop_all_background(t) == [(1, 6), (1, 7), (1, 8), (1, 9)]  # no stale (1, 4) at T0+50
+    assert sorted(t.get_scheduled_messages(1_000)) == [(1, 6), (1, 7), (1, 8), (1, 9)]
     env.clock.set(T0 + 5_000)
-    assert pop_all_background(t) == [(1, 4)]
+    assert t.get_scheduled_messages(1_000) == [(1, 4)]  # once, at its new time
     t.close()
-
-
-def pop_all_background(t):
-    """Pop what is due, letting background segment loads land in between."""
-    out = []
-    for _ in range(50):
-        got = t.get_scheduled_messages(1_000)
-        t.flush()
-        if not got and not t.has_message_available():
-            return sorted(out)
-        out += got
-    raise AssertionError("never settled")
 
 
 # -- due windows --------------------------------------------------------------------------------
@@ -553,7 +528,9 @@ def test_minus_one_means_one_segment_per_time_step_and_no_merges():
     # 11 sealed (the last ledger's rows wait in the mutable bucket), none merged
     assert t.immutable_bucket_count() == 11 and t.stats()["merged"] == 0
     # each bucket is one segment (its 10 rows are within one time step)
-    assert all(env.objects(key) == ["meta", "seg-000001"] for key in env.bucket_keys())
+    for key in env.bucket_keys():
+        meta = decode_meta(env.store.get(f"{NAME}/buckets/{key}/meta"))
+        assert len(meta.segments) == 1
     env.clock.set(T0 + 2_000)
     assert len(t.get_scheduled_messages(1_000)) == 120
     with pytest.raises(InvalidArgument, match="max_num_buckets: must be > 0, or -1"):

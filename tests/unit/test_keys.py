@@ -18,7 +18,6 @@ from raydelay.positions import (
 )
 from raydelay.storage import LocalDirObjectStore, MemoryObjectStore, validate_key, validate_name
 from raydelay.storage.keys import (
-    bucket_prefix,
     cursor_key,
     ledger_entries_key,
     subscription_prefix,
@@ -74,7 +73,6 @@ def test_layout_keys_follow_the_design():
         cursor_key("orders", 0, "billing", 5) == "subs/orders/0/billing/cursor/00000000000000000005"
     )
     assert subscription_prefix("orders", 1, "b") == "subs/orders/1/b"
-    assert bucket_prefix("subs/orders/1/b", "3_9_12") == "subs/orders/1/b/buckets/3_9_12"
     with pytest.raises(InvalidArgument, match="topic"):
         ledger_entries_key("../x", 0, 1, 0)
     with pytest.raises(InvalidArgument, match="partition"):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from raydelay.actors.topic import _merge_window
 from raydelay.cluster.metadata import Metadata
 from raydelay.delayed.index import bitmap64_values
+from raydelay.delayed.reader import FINISHED, SealedReader
 from raydelay.delayed.sealed import (
     SealedMeta,
     TopicIndex,
@@ -23,8 +23,7 @@ from raydelay.delayed.sealed import (
     registry_name,
     seal,
 )
-from raydelay.delayed.store import SealedStore, clean, merge, record_of, runs_of
-from raydelay.dispatch.sealed import FINISHED, SealedReader
+from raydelay.delayed.store import SealedStore, clean, merge, merge_window, record_of, runs_of
 from raydelay.errors import InvalidArgument, Unavailable
 from raydelay.log.entries import Entries, LedgerObject
 from raydelay.positions import key_of
@@ -260,12 +259,12 @@ def test_the_registry_swaps_a_merged_bucket_in_and_carries_progress_over_in_one_
 
 
 def test_merges_take_the_smallest_adjacent_window_just_wide_enough():
-    assert _merge_window([10, 1, 1, 10], 1) == [1, 2]
-    assert _merge_window([5, 5, 1, 9, 1, 1], 2) == [3, 4, 5] or _merge_window(
+    assert merge_window([10, 1, 1, 10], 1) == [1, 2]
+    assert merge_window([5, 5, 1, 9, 1, 1], 2) == [3, 4, 5] or merge_window(
         [5, 5, 1, 9, 1, 1], 2
     ) == [0, 1, 2]
-    assert _merge_window([1] * 10, 9) == [0, 1, 2, 3]  # at most four at once
-    assert _merge_window([3, 2], 5) == [0, 1]
+    assert merge_window([1] * 10, 9) == [0, 1, 2, 3]  # at most four at once
+    assert merge_window([3, 2], 5) == [0, 1]
 
 
 # --- a crash at every step of a merge ------------------------------------------------------

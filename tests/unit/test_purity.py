@@ -106,7 +106,11 @@ def pure_modules() -> list[Path]:
 
 def test_the_walk_covers_the_delayed_index():
     names = {module_name(p) for p in pure_modules()}
-    assert {"raydelay.delayed.bucket", "raydelay.delayed.memory", "raydelay.delayed.codec"} <= names
+    assert {
+        "raydelay.delayed.tracker",
+        "raydelay.delayed.memory",
+        "raydelay.delayed.reader",
+    } <= names
     assert {
         "raydelay.dispatch.subscription",
         "raydelay.dispatch.cursor",

@@ -14,6 +14,7 @@ from pyroaring import BitMap64
 
 from raydelay.clock import ManualClock
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
+from raydelay.delayed.reader import FINISHED, SealedReader
 from raydelay.delayed.sealed import (
     SealedMeta,
     SegmentInfo,
@@ -28,7 +29,6 @@ from raydelay.delayed.sealed import (
     segment_of,
 )
 from raydelay.delayed.store import SealedStore
-from raydelay.dispatch.sealed import FINISHED, SealedReader
 from raydelay.dispatch.subscription import Subscription
 from raydelay.errors import CodecError, InvalidArgument
 from raydelay.log.entries import NO_DELAY, Entries, LedgerObject

@@ -16,9 +16,9 @@ from raydelay.delayed import (
     InMemoryBucketRegistry,
     InMemoryDelayedDeliveryTracker,
 )
+from raydelay.delayed.reader import SealedReader
 from raydelay.dispatch.cursor import Cursor
 from raydelay.dispatch.objects import ObjectCache
-from raydelay.dispatch.sealed import SealedReader
 from raydelay.dispatch.subscription import (
     DISPATCH_MARK_STEP,
     ConsumerBusy,

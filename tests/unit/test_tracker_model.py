@@ -19,6 +19,7 @@ from raydelay.delayed import (
     InMemoryBucketRegistry,
     InMemoryDelayedDeliveryTracker,
 )
+from raydelay.errors import StorageError
 from raydelay.storage import FaultyObjectStore, MemoryObjectStore
 
 TICK = 5
@@ -51,7 +52,6 @@ class TrackerModel(RuleBasedStateMachine):
                 clock=self.clock, tick_time_ms=TICK, strict=self.strict
             )
         return BucketDelayedDeliveryTracker(
-            io="manual" if self.kind == "async" else "inline",
             store=self.store,
             registry=self.registry,
             name="subs/t/0/s",
@@ -132,8 +132,6 @@ class TrackerModel(RuleBasedStateMachine):
                     f"{pos} was never tracked, or came back without a restart"
                 )
         due_left = sorted((d, p) for p, d in self.model.items() if d <= cutoff)
-        if self.kind == "async":
-            return  # loads land when their jobs run: due positions may wait, never go early
         if len(got) < n:
             assert due_left == [], f"due positions left behind: {due_left[:5]}"
         elif got and due_left and self.restarts == 0:
@@ -161,27 +159,21 @@ class TrackerModel(RuleBasedStateMachine):
             del self.model[pos]
             self.cancelled.add(pos)
 
-    @precondition(lambda self: self.kind == "async")
-    @rule(n=st.integers(1, 4))
-    def run_jobs(self, n):
-        self.tracker.run_background_jobs(n)
-
-    @precondition(lambda self: self.kind in ("bucket", "async"))
-    @rule(fail_writes=st.integers(0, 5), crash=st.booleans())
-    def restart(self, fail_writes, crash):
+    @precondition(lambda self: self.kind == "bucket")
+    @rule(fail_writes=st.integers(0, 5))
+    def restart(self, fail_writes):
         if fail_writes:
             self.store.fail_next("put", times=fail_writes)
-        if crash and self.kind == "async":
-            # some queued background jobs land, the rest die with the process
-            self.tracker.run_background_jobs(fail_writes)
-            self.crashes += 1
-        else:
+        try:
             self.tracker.flush()
+            lost_cancels = False
+        except StorageError:  # its cancels are not durable: as after a crash
+            lost_cancels = True
         self.store.reset()
         self._replay()
-        if crash and self.kind == "async":
-            # tombstone writes may have died too: the subscription re-applies the cancel
-            # markers it reads again from the log, as it does after every restart
+        if lost_cancels:
+            # the subscription re-applies the cancel markers it reads again from the log,
+            # as it does after every restart
             for pos in sorted(self.cancelled):
                 self.tracker.remove_message(*pos)
 
@@ -234,9 +226,7 @@ class TrackerModel(RuleBasedStateMachine):
             batch = self.tracker.get_scheduled_messages(50)
             out += batch
             if not batch:
-                if self.kind != "async" or self.tracker.number_of_delayed_messages() == 0:
-                    break  # inline: an empty pop means nothing due is left
-                self.tracker.flush()  # background loads land; a pop may queue the next one
+                break  # an empty pop means nothing due is left
         for pos in out:
             assert pos not in self.cancelled
         missing = set(self.model) - set(out)
@@ -259,7 +249,7 @@ def _machine(kind: str, strict: bool):
     return cls
 
 
-@pytest.mark.parametrize("kind", ["memory", "bucket", "async"])
+@pytest.mark.parametrize("kind", ["memory", "bucket"])
 @pytest.mark.parametrize("strict", [True, False])
 def test_tracker_matches_the_model(kind, strict):
     machine = _machine(kind, strict)

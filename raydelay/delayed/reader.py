@@ -474,6 +474,14 @@ class SealedReader:
     def loaded_rows(self) -> int:
         return sum(b.loaded_rows() for b in self.buckets.values())
 
+    def nbytes(self) -> int:
+        """Memory held by the loaded rows (an estimate)."""
+        return sum(
+            s.rows.entries.nbytes() + s.rows.positions.nbytes * 6
+            for b in self.buckets.values()
+            for s in b.loaded
+        )
+
     def due_histogram(self, edges: np.ndarray) -> list[int]:
         """Rows not popped yet per due window, as the trackers count them
         (``len(edges) + 1`` counts); a segment not loaded is spread over its span."""
