@@ -64,3 +64,21 @@ __all__ = [
     "position_of",
     "split_keys",
 ]
+
+
+def ledger_groups(ledgers: np.ndarray):
+    """Yield (ledger_id, index array) per distinct ledger of a column of ledger ids,
+    ledgers ascending: one sort, not one pass over the column per ledger."""
+    if len(ledgers) == 0:
+        return
+    first = int(ledgers[0])
+    if (ledgers == first).all():
+        yield first, np.arange(len(ledgers))
+        return
+    order = np.argsort(ledgers, kind="stable")
+    sorted_ls = ledgers[order]
+    cuts = np.flatnonzero(np.diff(sorted_ls)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(ledgers)]))
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield int(sorted_ls[s]), order[s:e]

@@ -15,7 +15,7 @@ from pyroaring import BitMap
 
 from raydelay.errors import InvalidArgument
 from raydelay.positions import LOW as MAX_ENTRY_ID
-from raydelay.positions import MAX_LEDGER_ID
+from raydelay.positions import MAX_LEDGER_ID, ledger_groups
 
 I64 = np.int64
 E_DTYPE = np.int64  # entry ids live in [0, 2**32): roaring bitmaps are 32-bit
@@ -95,23 +95,6 @@ def is_sorted(d: np.ndarray, l: np.ndarray, e: np.ndarray) -> bool:  # noqa: E74
         return True
     dd, dl, de = np.diff(d), np.diff(l), np.diff(e)
     return bool(((dd > 0) | ((dd == 0) & ((dl > 0) | ((dl == 0) & (de >= 0))))).all())
-
-
-def ledger_groups(ls: np.ndarray):
-    """Yield (ledger_id, index array) per distinct ledger, ledgers ascending."""
-    if len(ls) == 0:
-        return
-    first = int(ls[0])
-    if (ls == first).all():
-        yield first, np.arange(len(ls))
-        return
-    order = np.argsort(ls, kind="stable")
-    sorted_ls = ls[order]
-    cuts = np.flatnonzero(np.diff(sorted_ls)) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [len(ls)]))
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        yield int(sorted_ls[s]), order[s:e]
 
 
 class Run:

@@ -42,13 +42,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-import pyarrow as pa
 from pyroaring import BitMap64
 
 from raydelay.delayed.common import due_window_counts
 from raydelay.delayed.index import Membership, smallest_counts
 from raydelay.delayed.sealed import RunInfo, SealedMeta
-from raydelay.log.entries import Entries, Rows
+from raydelay.log.entries import Rows
 from raydelay.positions import SHIFT, split_keys
 
 FINISHED = -1  # the progress of a bucket (or of a run) every row of which is acknowledged
@@ -150,17 +149,6 @@ def _last_key_in(keys: BitMap64, run: RunInfo) -> int:
     if below_end > (keys.rank((lo << SHIFT) - 1) if lo > 0 else 0):
         return int(keys[below_end - 1])
     return -1
-
-
-def _join(parts: list[Rows]) -> Rows:
-    """The rows of ``parts`` one after the other (not re-sorted)."""
-    if len(parts) == 1:
-        return parts[0]
-    return Rows(
-        np.concatenate([p.positions for p in parts]),
-        np.concatenate([p.publish_time_ms for p in parts]),
-        Entries(pa.concat_batches([p.entries.batch for p in parts])),
-    )
 
 
 class SealedReader:
@@ -343,7 +331,7 @@ class SealedReader:
     def _take_in(self, b: _Bucket, reads: tuple[PartRead, ...], rows: list[Rows]) -> None:
         if len(rows) != len(reads):
             raise ValueError(f"install: {len(rows)} row blocks for {len(reads)} reads")
-        joined = _join(rows)
+        joined = Rows.join(rows)
         sizes = [len(r) for r in rows]
         part = np.repeat(np.arange(len(reads), dtype=np.int64), sizes)
         d, keys = joined.entries.deliver_at_ms, joined.positions

@@ -491,10 +491,10 @@ class TopicIndex:
                 old = p.rows.positions < taken_below
                 idx = np.flatnonzero((p.d <= now_ms) & ~(old & (p.d <= taken_through)))
                 if len(idx):
-                    taken.append(_take(p.rows, idx))
+                    taken.append(p.rows.take(idx))
                 lo = hi  # done with this part
             if hi > lo:
-                taken.append(_take(p.rows, np.sort(p.order[lo:hi])))
+                taken.append(p.rows.take(np.sort(p.order[lo:hi])))
             if hi < len(p.d_sorted):
                 d = int(p.d_sorted[hi])
                 next_d = d if next_d < 0 else min(next_d, d)
@@ -509,7 +509,3 @@ class TopicIndex:
             later = p.d[p.d > now_ms]
             out += np.bincount(np.searchsorted(edges, later, side="right"), minlength=len(out))
         return out
-
-
-def _take(rows: Rows, idx: np.ndarray) -> Rows:
-    return Rows(rows.positions[idx], rows.publish_time_ms[idx], rows.entries.take(idx))

@@ -21,7 +21,7 @@ import numpy as np
 from pyroaring import BitMap
 
 from raydelay.errors import CodecError
-from raydelay.positions import Position
+from raydelay.positions import Position, ledger_groups
 
 FORMAT_VERSION = 1
 NOTHING: Position = (-1, -1)
@@ -80,11 +80,10 @@ class Cursor:
         md_l, md_e = self.mark_delete
         ledger_ids = np.asarray(ledger_ids, dtype=np.int64)
         entry_ids = np.asarray(entry_ids, dtype=np.int64)
-        for ledger_id in np.unique(ledger_ids):
-            ledger_id = int(ledger_id)
+        for ledger_id, idx in ledger_groups(ledger_ids):
             if ledger_id < md_l:
                 continue
-            es = entry_ids[ledger_ids == ledger_id]
+            es = entry_ids[idx]
             if ledger_id == md_l:
                 es = es[es > md_e]
             if len(es) == 0:

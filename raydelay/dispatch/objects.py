@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 from raydelay.log.entries import LedgerObject
-from raydelay.positions import LOW, split_keys
+from raydelay.positions import LOW, ledger_groups, split_keys
 
 Group = tuple[LedgerObject, np.ndarray, np.ndarray]  # (object, indexes in it, position keys)
 
@@ -63,8 +63,7 @@ class ObjectCache:
         groups: list[Group] = []
         missing: list[np.ndarray] = []
         ledgers, all_entries = split_keys(keys)
-        for ledger_id in np.unique(ledgers).tolist():
-            same = ledgers == ledger_id
+        for ledger_id, same in ledger_groups(ledgers):
             ks = keys[same]
             firsts = self._firsts.get(ledger_id)
             if not firsts:

@@ -77,7 +77,15 @@ from raydelay.log.entries import (
     Rows,
     concat_entries,
 )
-from raydelay.positions import KEY_DTYPE, SHIFT, key_of, position_keys, position_of, split_keys
+from raydelay.positions import (
+    KEY_DTYPE,
+    SHIFT,
+    key_of,
+    ledger_groups,
+    position_keys,
+    position_of,
+    split_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -625,11 +633,11 @@ class Subscription:
         keep &= ledgers >= md_l
         if md_key is not None:
             keep &= keys > md_key
-        for ledger_id in np.unique(ledgers).tolist():
-            bm = self.cursor.acked.get(ledger_id)
+        acked = self.cursor.acked
+        for ledger_id, same in ledger_groups(ledgers) if acked else ():
+            bm = acked.get(ledger_id)
             if not bm:
                 continue
-            same = ledgers == ledger_id
             es = entries[same]
             if bm.range_cardinality(int(es.min()), int(es.max()) + 1):
                 both = BitMap(array("I", es.astype(np.uint32).tobytes())) & bm
@@ -844,7 +852,10 @@ class Subscription:
         if self._early and room > 0:
             room -= self._release_early(now_ms, room)
         if self.sealed is not None and room > 0:
-            for rows, idx, keys in self.sealed.take_due(now_ms, room):
+            groups = self.sealed.take_due(now_ms, room)
+            if len(groups) > 1:  # one staged block: a receive looks up one, not many
+                groups = [_coalesce(groups)]
+            for rows, idx, keys in groups:
                 room -= self._stage(rows, idx, keys)
         if room > 0 and self.tracker.has_message_available():
             due = np.asarray(self.tracker.get_scheduled_keys(room), dtype=KEY_DTYPE)
@@ -1596,6 +1607,15 @@ class Subscription:
         known = list(ledgers)
         self.cursor.learn_ledgers(known)
         self.log_cursor.learn_ledgers(known)
+
+
+def _coalesce(
+    groups: list[tuple[Rows, np.ndarray, np.ndarray]],
+) -> tuple[Rows, np.ndarray, np.ndarray]:
+    """Groups of rows (rows, indexes, keys) as one: their rows taken once, in order."""
+    rows = Rows.join([r.take(idx) for r, idx, _ in groups])
+    keys = np.concatenate([k for _, _, k in groups])
+    return rows, np.arange(len(keys), dtype=np.int64), keys
 
 
 def _first(bm: BitMap64, n: int) -> np.ndarray:

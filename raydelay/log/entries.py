@@ -312,18 +312,26 @@ class Rows:
         )
 
     @classmethod
-    def concat(cls, parts: list[Rows]) -> Rows:
-        """One block of ``parts``, sorted by position."""
+    def join(cls, parts: list[Rows]) -> Rows:
+        """The rows of ``parts`` one after the other (not re-sorted)."""
         if not parts:
             return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), empty_entries())
         if len(parts) == 1:
-            rows = parts[0]
-        else:
-            rows = cls(
-                np.concatenate([p.positions for p in parts]),
-                np.concatenate([p.publish_time_ms for p in parts]),
-                Entries(pa.concat_batches([p.entries.batch for p in parts])),
-            )
+            return parts[0]
+        return cls(
+            np.concatenate([p.positions for p in parts]),
+            np.concatenate([p.publish_time_ms for p in parts]),
+            Entries(pa.concat_batches([p.entries.batch for p in parts])),
+        )
+
+    def take(self, idx: np.ndarray) -> Rows:
+        """The rows at ``idx``, in that order."""
+        return Rows(self.positions[idx], self.publish_time_ms[idx], self.entries.take(idx))
+
+    @classmethod
+    def concat(cls, parts: list[Rows]) -> Rows:
+        """One block of ``parts``, sorted by position."""
+        rows = cls.join(parts)
         order = np.argsort(rows.positions, kind="stable")
         if len(order) and np.any(order != np.arange(len(order))):
             rows = cls(rows.positions[order], rows.publish_time_ms[order], rows.entries.take(order))

@@ -35,7 +35,7 @@ from raydelay.log.entries import (
     index_length,
 )
 from raydelay.log.ledgers import LedgerTable, Position
-from raydelay.positions import KEY_DTYPE, key_of, position_keys, split_keys
+from raydelay.positions import KEY_DTYPE, key_of, ledger_groups, position_keys, split_keys
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import ledger_entries_key
 
@@ -212,8 +212,8 @@ class LogReader:
         keys = np.unique(keys)
         ledgers, entries = split_keys(keys)
         parts = []
-        for ledger_id in np.unique(ledgers).tolist():
-            es = entries[ledgers == ledger_id]
+        for ledger_id, same in ledger_groups(ledgers):
+            es = entries[same]
             count = self._ledgers.count_of(ledger_id)
             if count is None:
                 continue

@@ -8,7 +8,9 @@ against that code:
 
 The same script, run against commit b1562e6 (an actor per partition and per
 (subscription, partition), before partition hosts; the topic indexed the log into sealed
-buckets under topics/.../buckets/), wrote tests/data/partition-actors-store.tar.gz.
+buckets under topics/.../buckets/), wrote tests/data/partition-actors-store.tar.gz; run
+against commit 9ee1534 (partition hosts, before merges), it wrote
+tests/data/hosts-store.tar.gz.
 
 What the store holds (tests/integration/test_format2_store.py checks it all comes back):
 topic ``orders`` with 2 partitions and the shared subscription ``billing``;

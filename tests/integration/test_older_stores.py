@@ -8,7 +8,10 @@ one is (see tests/data/ for how each was made):
   sealed buckets, the subscriptions delete their own, and messages due in 2100 stay
   pending;
 - partition actors: while every partition, and every (subscription, partition), was an
-  actor of its own. Its partitions come up on hosts, its subscription on one actor.
+  actor of its own. Its partitions come up on hosts, its subscription on one actor;
+- hosts, before merges: partition hosts, each partition's sealed buckets never merged.
+  It comes up with ``max_num_buckets = 1``: each partition merges its buckets into one
+  as it starts, under the subscription reading them.
 
 It runs in its own process with its own local Ray, because the session's coordinator
 is bound to the session's store."""
@@ -33,7 +36,8 @@ import raydelay
 cluster = raydelay.connect(config={
     "storage": {"kind": "local", "local": {"root": sys.argv[1]}},
     "topic": {"max_entries_per_ledger": 1_000},
-    "delayed": {"min_index_count_per_bucket": 500, "max_indexes_per_segment": 200},
+    "delayed": {"min_index_count_per_bucket": 500, "max_indexes_per_segment": 200}
+    | json.loads(sys.argv[3]),
 })
 consumer = cluster.subscribe("orders", "billing")
 got = []
@@ -50,14 +54,24 @@ import os
 own = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/subs/" in d and "/buckets" in d]
 sealed = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/topics/" in d and "/buckets/" in d]
 placed = [[r["class"], r["serves"]] for r in cluster.placement()]
-print(json.dumps({"got": got, "stats": stats, "own": own, "sealed": sealed, "placed": placed}, default=str))
+from raydelay.cluster.handles import topic_partition
+import ray
+topics = [ray.get(topic_partition("orders", p).stats.remote()) for p in (0, 1)]
+merged = [[t["buckets"], t["merged"]] for t in topics]
+print(json.dumps({"got": got, "stats": stats, "own": own, "sealed": sealed, "placed": placed,
+                  "merged": merged}, default=str))
 cluster.shutdown()
 """
 
 
 @pytest.mark.parametrize(
     "fixture",
-    ["format2-store.tar.gz", "subscription-buckets-store.tar.gz", "partition-actors-store.tar.gz"],
+    [
+        "format2-store.tar.gz",
+        "subscription-buckets-store.tar.gz",
+        "partition-actors-store.tar.gz",
+        "hosts-store.tar.gz",
+    ],
 )
 def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
     with tarfile.open(DATA / fixture) as tar:
@@ -65,8 +79,10 @@ def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
     root = tmp_path / "store"
     expected_acked = set(json.loads((root / "EXPECTED.json").read_text())["acked"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    merges = fixture.startswith("hosts")
+    delayed = {"max_num_buckets": 1} if merges else {}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(root), "3400"],
+        [sys.executable, "-c", SCRIPT, str(root), "3400", json.dumps(delayed)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -86,7 +102,7 @@ def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
             assert key == f"k{i % 7}" and props == {}
         else:
             assert key is None and props == {"n": str(i)}
-    future = fixture.startswith(("subscription-buckets", "partition-actors"))
+    future = fixture.startswith(("subscription-buckets", "partition-actors", "hosts"))
     if future:
         # the 1,000 due in 2100 are pending in sealed buckets or the unsealed tail, and
         # the subscription's own buckets are gone
@@ -99,3 +115,7 @@ def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
     assert subs == [["orders/billing/0", "orders/billing/1"]]
     hosted = sorted(k for kind, serves in out["placed"] if kind == "HostActor" for k in serves)
     assert hosted == ["orders/0", "orders/1"]
+    if merges:
+        # the buckets each partition sealed before merges existed are merged into one
+        assert [buckets for buckets, _ in out["merged"]] == [1, 1], out["merged"]
+        assert sum(n for _, n in out["merged"]) >= 1
