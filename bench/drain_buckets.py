@@ -87,7 +87,7 @@ def main() -> None:
     ]
     base = runs[0]["rate"]
     print(f"\n## Overdue drain, {args.messages:,} messages due over {args.spread} s, 1 partition\n")
-    print("| ledgers | buckets held | merges | written / appended | drain msg/s | vs default "
+    print("| ledgers | buckets left after the drain | merges | written / appended | drain msg/s | vs default "
           "| complete | subscription peak RSS MiB | peak rows loaded |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
     for r in runs:
