@@ -205,3 +205,36 @@ def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cl
     # while a new cancel of that position is refused: it is not in the log any more
     with pytest.raises(NotFound, match="is not in the log"):
         rpc.get(topic.cancel.remote([target], "p", 2))
+    # and a cancel whose first send failed (a host restarting), sent again once its target
+    # left the log (the first send may have landed, its record gone with its ledger),
+    # answers "not cancelled" instead of failing
+    from raydelay.actors.host import partition_peer
+    from raydelay.cluster.handles import fan_out_cancel
+    from raydelay.config import config_to_dict
+
+    real = partition_peer(topic_name, 0, config_to_dict(cluster.config))
+
+    class FirstSendFails:
+        name, sends = real.name, 0
+
+        def remote(self, method, *args):
+            self.sends += 1
+            if self.sends == 1:
+                return _unavailable.remote()
+            return real.remote(method, *args)
+
+        def lost(self):
+            real.lost()
+
+    peer = FirstSendFails()
+    out, resent = fan_out_cancel(
+        lambda p: peer, lambda p, s: None, [], {0: ([target], 3)}, "p", deadline_s=20
+    )
+    assert (out, resent, peer.sends) == ({0: [False]}, 1, 2)
+
+
+@ray.remote
+def _unavailable():
+    from raydelay.errors import Unavailable
+
+    raise Unavailable("host restarting")
