@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raydelay.delayed.sealed import (  # noqa: E402
     SealedMeta,
     TopicIndex,
-    decode_segment,
     seal,
 )
 from raydelay.delayed.store import SealedStore, merge, merge_window  # noqa: E402
@@ -58,16 +57,8 @@ def bucket_rows(ledger: int, rows: int, rng: np.random.Generator) -> Rows:
 
 
 def sources_rows(sealed: SealedStore, metas: list[SealedMeta]) -> Rows:
-    return Rows.concat(
-        [
-            decode_segment(
-                sealed._store.get_range(sealed._key(r.key, "data"), s.offset, s.offset + s.length)
-            )  # fmt: skip
-            for m in metas
-            for r in m.runs
-            for s in r.segments
-        ]
-    )
+    segments = [(r.key, s) for m in metas for r in m.runs for s in r.segments]
+    return Rows.concat([sealed.segment(key, s.offset, s.length) for key, s in segments])
 
 
 def rewrite(sealed: SealedStore, keys: list[str], bucket_id: int) -> SealedMeta:

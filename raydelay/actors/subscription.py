@@ -66,7 +66,6 @@ from raydelay.cluster.nodes import check_store
 from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
-from raydelay.delayed.index import bitmap64_values
 from raydelay.delayed.reader import SealedReader, SegmentLoad
 from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
 from raydelay.delayed.store import SealedStore
@@ -657,14 +656,7 @@ class SubscriptionPartition:
         bucket = sealed.buckets.get(ld.key)
         if not ld.keys_only or bucket is None:
             return list(rows), []  # (forgotten meanwhile: install ignores it)
-        meta = bucket.meta
-
-        def keys() -> list[np.ndarray]:
-            return [
-                bitmap64_values(store.segment_keys(meta, p.run)[p.segment]) for p in ld.keys_only
-            ]
-
-        return list(rows), await asyncio.to_thread(keys)
+        return list(rows), await asyncio.to_thread(store.part_keys, bucket.meta, ld.keys_only)
 
     async def _persist_and_report(self) -> bool:
         """The periodic cursor write, then the progress report to the coordinator; whether

@@ -213,7 +213,7 @@ class Metadata:
             entries[a["key"]] = a["record"]
             prefix = f"{a['topic']}/{a['partition']}/"
             for sub_key, done in s["progress"].items():
-                if sub_key.startswith(prefix) and _sub_of(sub_key)[0] == a["topic"]:
+                if sub_key.startswith(prefix):
                     merged_progress(done, a["sources"], a["runs"], a["key"])
         elif op == "registry":
             for kind, name, bucket_key, record in a["ops"]:

@@ -100,6 +100,11 @@ class SealedStore:
             self._indexes.put(info.key, found)
         return found
 
+    def part_keys(self, meta: SealedMeta, parts) -> list[np.ndarray]:
+        """The position keys of segments of ``meta`` (each part names its ``run`` and its
+        ``segment`` in it, as a load's ``keys_only`` does), from their runs' indexes."""
+        return [bitmap64_values(self.segment_keys(meta, p.run)[p.segment]) for p in parts]
+
     def write_merged(self, meta: SealedMeta, sources: list[SealedMeta]) -> int:
         """Write a merged bucket: its meta only (its runs stay where they are), after an
         index object for a source of format 1, which carried its segments' keys in its

@@ -52,7 +52,7 @@ from raydelay.delayed.common import (
     check_positive_int,
     due_window_counts,
 )
-from raydelay.delayed.index import Membership, RunQueue, bitmap64_of, bitmap64_values
+from raydelay.delayed.index import Membership, RunQueue, bitmap64_of
 from raydelay.delayed.reader import FINISHED, SealedReader
 from raydelay.delayed.registry import BucketRegistry
 from raydelay.delayed.sealed import SealedMeta, parse_bucket_key, seal
@@ -348,7 +348,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             log.warning("%s: sealing %s failed, kept in memory: %s", self._name, meta.key, exc)
             self.counters["downgraded"] += 1
             self._queue.add_loose(d, l, e)
-            self._forget_bucket(meta.key, registered=True)
+            self._forget_bucket(meta.key)
             return
         self.counters["sealed"] += 1
         self.counters["bytes_written"] += written
@@ -421,10 +421,7 @@ class BucketDelayedDeliveryTracker(TrackerBase):
             try:
                 meta = self._reader.buckets[ld.key].meta
                 rows = [self._sealed.segment(p.run_key, p.offset, p.length) for p in ld.reads]
-                keys = [
-                    bitmap64_values(self._sealed.segment_keys(meta, p.run)[p.segment])
-                    for p in ld.keys_only
-                ]
+                keys = self._sealed.part_keys(meta, ld.keys_only)
             except Exception as exc:  # noqa: BLE001 - tried again at the next call
                 log.warning("%s: loading bucket %s failed: %s", self._name, ld.key, exc)
                 self._reader.load_failed(ld.key, ld.no)
@@ -439,14 +436,13 @@ class BucketDelayedDeliveryTracker(TrackerBase):
         for key in self._reader.advance(lambda keys: True):
             self._forget_bucket(key)
 
-    def _forget_bucket(self, key: str, registered: bool = True) -> None:
+    def _forget_bucket(self, key: str) -> None:
         """A bucket is done with (or its seal failed): out of the registry, then out of
         the store; its ledgers need no cancels any more."""
         meta = self._reader.buckets[key].meta if key in self._reader.buckets else None
         self._reader.forget(key)
         try:
-            if registered:
-                self._registry.remove(self._name, key)
+            self._registry.remove(self._name, key)
             self._sealed.delete(key)
             self.counters["deleted"] += 1
         except Exception as exc:  # noqa: BLE001 - an orphan, swept at the next recovery

@@ -58,10 +58,7 @@ def _load(reader: SealedReader, sealed: SealedStore, now: int) -> None:
         for ld in wanted:
             meta = reader.buckets[ld.key].meta
             rows = [sealed.segment(p.run_key, p.offset, p.length) for p in ld.reads]
-            keys = [
-                bitmap64_values(sealed.segment_keys(meta, p.run)[p.segment]) for p in ld.keys_only
-            ]
-            reader.install(ld.key, ld.no, rows, keys)
+            reader.install(ld.key, ld.no, rows, sealed.part_keys(meta, ld.keys_only))
 
 
 def _take(reader: SealedReader, sealed: SealedStore, now: int, n: int = 10**6) -> list[int]:
