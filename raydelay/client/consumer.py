@@ -67,8 +67,9 @@ _ACKS_IN_FLIGHT = 16  # ack calls left unconfirmed before an ack looks at the an
 _ACKS_QUEUED = 256  # ... and past this many the oldest are waited for, briefly
 _SETTLE_WAIT_S = 0.5  # how long an ack waits for an old one before taking it back
 _HUNG_S = 5.0  # a receive this long past its timeout: its partition is down
-# the waits before a down partition is tried again (jittered; 0.25 s doubling up to 2 s)
-DOWN_BACKOFF = Backoff(first_s=0.25, max_s=2.0)
+# the waits before a down partition is tried again (jittered; 0.1 s doubling up to 2 s)
+DOWN_BACKOFF = Backoff(first_s=0.1, max_s=2.0)
+_IDLE_RETRY_S = 1.0  # the retry thread's wait while no partition is down
 # How long a prefetch call stands at a partition (seconds) before it is renewed. It must
 # not follow the caller's timeout: a call made with the few milliseconds a receive has
 # left returns empty at once, and renewing it spins the subscription actors.
@@ -120,6 +121,7 @@ class Consumer:
                 link.remove_consumer(p, self.consumer_id)
             raise
         self._stop = threading.Event()
+        self._retry_now = threading.Event()  # wakes the retry thread before its next tick
         self._heartbeats = threading.Thread(
             target=self._heartbeat,
             args=(lease_s / 3,),
@@ -277,12 +279,19 @@ class Consumer:
     # --- partitions that are down -----------------------------------------------------------
 
     def _failed(self, p: int, exc: Exception) -> None:
-        """Partition ``p`` failed a call: down until its backoff runs out."""
+        """Partition ``p`` failed a call: down until its backoff runs out (the retry thread
+        wakes at that instant: Ray fails a call to a restarted actor once the new process
+        is up, so the first try again, 0.1 s later, most often finds it answering)."""
         with self._lock:
             first = p not in self._down
             if first or p not in self._backoff:
                 self._backoff[p] = DOWN_BACKOFF.delays_s()
             self._down[p] = time.monotonic() + next(self._backoff[p])
+        log.debug(
+            "%s/%s partition %d: call failed (%s); next try in %.3f s",
+            self.topic, self.subscription, p, exc, self._down[p] - time.monotonic(),
+        )  # fmt: skip
+        self._retry_now.set()  # (the retry thread waits for the earliest lapse)
         if first:
             log.warning(
                 "%s/%s partition %d: %s; its messages wait, the other partitions go on",
@@ -316,12 +325,23 @@ class Consumer:
     def _defer(self, p: int, keys: np.ndarray, nack: Nack | None) -> None:
         with self._lock:
             self._deferred.setdefault(p, []).append((keys, nack))
+        self._retry_now.set()
 
     def _retry_deferred(self) -> None:
         """Background: look the actors of down partitions up again once their backoff ran
         out (receive asks them again after that), and send the acks and nacks kept for
         them; what fails again is kept for the next try."""
-        while not self._stop.wait(DOWN_BACKOFF.first_s):
+        while not self._stop.is_set():
+            with self._lock:
+                now = time.monotonic()
+                waits = [at - now for at in self._down.values() if at > 0]
+                pending = bool(self._deferred) or 0.0 in self._down.values()
+            # asleep while all is well (a failure or a kept call wakes it at once)
+            idle_s = DOWN_BACKOFF.first_s if pending else _IDLE_RETRY_S
+            self._retry_now.wait(min(waits) if waits else idle_s)
+            self._retry_now.clear()
+            if self._stop.is_set():
+                return
             now = time.monotonic()
             with self._lock:
                 lapsed = [p for p, at in self._down.items() if 0 < at <= now]
@@ -643,6 +663,7 @@ class Consumer:
             log.warning("closing consumer of %s/%s: %s", self.topic, self.subscription, exc)
         self._closed = True
         self._stop.set()
+        self._retry_now.set()
         refs = [self._link.remove_consumer(p, self.consumer_id) for p in range(self.partitions)]
         try:
             # (a partition that does not answer lets this consumer's lease lapse instead)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from typing import Literal
 
 import numpy as np
 from pyroaring import BitMap64
@@ -397,36 +396,21 @@ class RunQueue:
 def smallest_counts(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int) -> list[int]:
     """How many of each part's leading rows make up the ``n`` smallest (deliver_at, ledger,
     entry) of all parts, each part sorted by that triple (and holding ``n`` or more rows
-    in all). Two binary searches: on deliver_at, then on the position key among the rows
-    tied at the boundary deliver_at."""
-    ds = [p[0] for p in parts]
-
-    def count_d(x: int, side: Literal["left", "right"]) -> int:
-        return sum(int(np.searchsorted(d, x, side)) for d in ds)
-
-    lo, hi = min(int(d[0]) for d in ds if len(d)), max(int(d[-1]) for d in ds if len(d))
-    while lo < hi:  # the smallest x with at least n rows at or before it
-        mid = (lo + hi) // 2
-        if count_d(mid, "right") >= n:
-            hi = mid
-        else:
-            lo = mid + 1
-    below = [int(np.searchsorted(d, lo, "left")) for d in ds]
-    tied_end = [int(np.searchsorted(d, lo, "right")) for d in ds]
+    in all). Two selections, each linear in the rows looked at: the ``n``-th smallest
+    deliver_at among the parts' first ``n`` rows (no part gives more), then, among the
+    rows tied at it, the position key that completes the count. Copies of that boundary
+    position go in part order."""
+    ds = [p[0][:n] for p in parts]
+    x = int(np.partition(np.concatenate(ds), n - 1)[n - 1])
+    below = [int(np.searchsorted(d, x, "left")) for d in ds]
+    tied_end = [int(np.searchsorted(d, x, "right")) for d in ds]
     need = n - sum(below)
     keys = [position_keys(p[1][b:t], p[2][b:t]) for p, b, t in zip(parts, below, tied_end)]
-    klo = min(int(k[0]) for k in keys if len(k))
-    khi = max(int(k[-1]) for k in keys if len(k))
-    while klo < khi:
-        mid = (klo + khi) // 2
-        if sum(int(np.searchsorted(k, mid, "right")) for k in keys) >= need:
-            khi = mid
-        else:
-            klo = mid + 1
-    counts = [int(np.searchsorted(k, klo, "left")) for k in keys]
+    k = int(np.partition(np.concatenate(keys), need - 1)[need - 1])
+    counts = [int(np.searchsorted(ks, k, "left")) for ks in keys]
     need -= sum(counts)
-    for i, k in enumerate(keys):  # copies of the boundary position itself, in part order
-        extra = min(need, int(np.searchsorted(k, klo, "right")) - counts[i])
+    for i, ks in enumerate(keys):  # copies of the boundary position itself, in part order
+        extra = min(need, int(np.searchsorted(ks, k, "right")) - counts[i])
         counts[i] += extra
         need -= extra
     return [b + c for b, c in zip(below, counts)]

@@ -95,10 +95,10 @@ class _Run:
 
 @dataclass(eq=False)
 class _Segment:
-    """Loaded rows: ``rows`` as read; ``idx`` those still to deliver (not taken from the
-    unsealed index already) in (deliver_at, position) order, with their ``d``, ``keys``
-    and ``part`` (which of ``parts`` each comes from), from ``pos`` on. A part is popped
-    once ``left`` says none of its rows is still to deliver."""
+    """Loaded rows: ``rows`` those to deliver (not taken from the unsealed index already)
+    in (deliver_at, position) order, ``idx`` their indexes (0, 1, ...), with their ``d``,
+    ``keys`` and ``part`` (which of ``parts`` each comes from), from ``pos`` on. A part is
+    popped once ``left`` says none of its rows is still to deliver."""
 
     rows: Rows
     idx: np.ndarray
@@ -348,7 +348,18 @@ class SealedReader:
         for p in reads:
             run = b.runs[p.run]
             run.next = max(run.next, p.segment + 1)
-        s = _Segment(joined, idx, d[idx], keys[idx], part[idx], parts, part_keys, left)
+        # the rows to deliver are kept in delivery order (one take, here): a due window is
+        # then a slice of them, never a take per receive
+        s = _Segment(
+            joined.take(idx),
+            np.arange(len(idx), dtype=np.int64),
+            d[idx],
+            keys[idx],
+            part[idx],
+            parts,
+            part_keys,
+            left,
+        )
         for i in np.flatnonzero(left == 0).tolist():
             r, no = parts[i]
             b.runs[r].popped[no] = part_keys[i]

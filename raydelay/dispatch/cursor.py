@@ -2,7 +2,10 @@
 
 - ``mark_delete`` = (ledger, entry): every entry at or before it is acknowledged.
   (-1, -1) means nothing is; (L, -1) means everything before ledger L is.
-- Acks beyond it are kept as one roaring bitmap of entry ids per ledger.
+- Acks beyond it are kept as one 64-bit roaring bitmap of position keys
+  (``ledger << 32 | entry``): an ack, or a check of a column of keys, is one bitmap
+  operation however many ledgers the keys span. It is persisted as one bitmap of entry
+  ids per ledger (:attr:`Cursor.acked`), as before.
 - The cursor learns the ledger sequence (ids and, once closed, sizes) from the
   log replies, so it can move mark-delete across ledger boundaries.
 
@@ -18,10 +21,11 @@ from collections.abc import Iterable
 
 import msgpack
 import numpy as np
-from pyroaring import BitMap
+from pyroaring import BitMap, BitMap64
 
+from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.errors import CodecError
-from raydelay.positions import Position, ledger_groups
+from raydelay.positions import LOW, SHIFT, Position, key_of, ledger_groups, position_keys
 
 FORMAT_VERSION = 1
 NOTHING: Position = (-1, -1)
@@ -30,7 +34,8 @@ NOTHING: Position = (-1, -1)
 class Cursor:
     def __init__(self, mark_delete: Position = NOTHING) -> None:
         self.mark_delete: Position = (int(mark_delete[0]), int(mark_delete[1]))
-        self.acked: dict[int, BitMap] = {}
+        # the position keys acknowledged after mark-delete (``ledger << 32 | entry``)
+        self.acked_keys = BitMap64()
         self._ledgers: dict[int, int | None] = {}  # ledger id -> size once closed
         self._order: list[int] = []  # known ledger ids, ascending
         # Delayed messages due at or before this (epoch ms) may have been delivered already
@@ -39,10 +44,28 @@ class Cursor:
 
     def copy(self) -> Cursor:
         out = Cursor(self.mark_delete)
-        out.acked = {k: BitMap(v) for k, v in self.acked.items()}
+        out.acked_keys = BitMap64(self.acked_keys)
         out._ledgers = dict(self._ledgers)
         out._order = list(self._order)
         return out
+
+    @property
+    def acked(self) -> dict[int, BitMap]:
+        """The individual acks as one bitmap of entry ids per ledger (the persisted form)."""
+        keys = bitmap64_values(self.acked_keys)
+        if not len(keys):
+            return {}
+        return {
+            ledger_id: BitMap(array("I", (keys[idx] & LOW).astype(np.uint32).tobytes()))
+            for ledger_id, idx in ledger_groups(keys >> SHIFT)
+        }
+
+    def _floor_key(self) -> int:
+        """The largest position key mark-delete covers (-1: none)."""
+        md_l, md_e = self.mark_delete
+        if md_l < 0:
+            return -1
+        return key_of(md_l, md_e) if md_e >= 0 else key_of(md_l, 0) - 1
 
     # --- the ledger sequence -------------------------------------------------------------
 
@@ -71,36 +94,26 @@ class Cursor:
     def is_acked(self, ledger_id: int, entry_id: int) -> bool:
         if (ledger_id, entry_id) <= self.mark_delete:
             return True
-        bm = self.acked.get(ledger_id)
-        return bm is not None and entry_id in bm
+        return key_of(ledger_id, entry_id) in self.acked_keys
 
     def ack(self, ledger_ids: np.ndarray, entry_ids: np.ndarray) -> int:
         """Acknowledge positions (columns); returns how many were not acknowledged before."""
-        added = 0
-        md_l, md_e = self.mark_delete
-        ledger_ids = np.asarray(ledger_ids, dtype=np.int64)
-        entry_ids = np.asarray(entry_ids, dtype=np.int64)
-        for ledger_id, idx in ledger_groups(ledger_ids):
-            if ledger_id < md_l:
-                continue
-            es = entry_ids[idx]
-            if ledger_id == md_l:
-                es = es[es > md_e]
-            if len(es) == 0:
-                continue
-            bm = self.acked.get(ledger_id)
-            if bm is None:
-                bm = self.acked[ledger_id] = BitMap()
-            before = len(bm)
-            bm.update(array("I", es.astype(np.uint32).tobytes()))  # the buffer fast path
-            added += len(bm) - before
+        keys = np.sort(position_keys(np.asarray(ledger_ids), np.asarray(entry_ids)))
+        keys = keys[keys > self._floor_key()]
+        if not len(keys):
+            return 0
+        new = bitmap64_of(keys)  # (from sorted keys: the fast way)
+        new -= self.acked_keys
+        added = len(new)
         if added:
+            self.acked_keys |= new
             self._advance()
         return added
 
     def _advance(self) -> None:
         """Move mark-delete over the contiguous acknowledged run, across closed ledgers."""
         md_l, md_e = self.mark_delete
+        acked = self.acked_keys
         while True:
             if md_l not in self._ledgers:
                 # Unknown: before the first ledger, or deleted by retention (which only
@@ -110,28 +123,24 @@ class Cursor:
                     break
                 md_l, md_e = nxt, -1
                 continue
-            bm = self.acked.get(md_l)
-            if bm is not None and (md_e + 1) in bm:
-                run = _run_length(bm, md_e + 1)
-                bm.remove_range(md_e + 1, md_e + 1 + run)
-                md_e += run
-                if not bm:
-                    del self.acked[md_l]
+            first = key_of(md_l, md_e + 1)
+            if first in acked:
+                md_e += min(_run_length(acked, first), LOW - md_e)
             size = self._ledgers[md_l]
             if size is not None and md_e >= size - 1:
                 nxt = next((i for i in self._order if i > md_l), None)
                 if nxt is None:
                     break
-                self.acked.pop(md_l, None)
                 md_l, md_e = nxt, -1
                 continue
             break
         self.mark_delete = (md_l, md_e)
-        for ledger_id in [i for i in self.acked if i < md_l]:
-            del self.acked[ledger_id]
+        floor = self._floor_key()
+        if floor >= 0 and acked and acked.min() <= floor:
+            acked.remove_range(0, floor + 1)
 
     def individually_acked(self) -> int:
-        return sum(len(bm) for bm in self.acked.values())
+        return len(self.acked_keys)
 
     def unacked_between(self, tail: Position | None) -> int:
         """How many entries after mark-delete and up to ``tail`` are not acknowledged."""
@@ -146,8 +155,9 @@ class Cursor:
             end = tail[1] + 1 if ledger_id == tail[0] else (size or 0)
             start = md_e + 1 if ledger_id == md_l else 0
             if end > start:
-                bm = self.acked.get(ledger_id)
-                acked = 0 if bm is None else bm.range_cardinality(start, end)
+                acked = self.acked_keys.range_cardinality(
+                    key_of(ledger_id, start), key_of(ledger_id, end)
+                )
                 total += end - start - acked
         return total
 
@@ -174,7 +184,10 @@ class Cursor:
                 version = raw.get("v") if isinstance(raw, dict) else None
                 raise CodecError(f"{what}: unknown format version {version!r}")
             cursor = Cursor((raw["md"][0], raw["md"][1]))
-            cursor.acked = {int(k): BitMap.deserialize(v) for k, v in raw["acked"].items()}
+            for ledger_id, data in raw["acked"].items():
+                es = np.frombuffer(BitMap.deserialize(data).to_array(), dtype=np.uint32)
+                keys = position_keys(np.full(len(es), int(ledger_id), dtype=np.int64), es)
+                cursor.acked_keys |= bitmap64_of(keys)
             cursor.learn_ledgers((int(i), c) for i, c in raw["ledgers"])
             cursor.delayed_mark = int(raw.get("dmark", -1))
             return cursor, (int(raw["read"][0]), int(raw["read"][1]))
@@ -184,7 +197,7 @@ class Cursor:
             raise CodecError(f"{what}: cannot decode ({exc})") from exc
 
 
-def _run_length(bm: BitMap, start: int) -> int:
+def _run_length(bm: BitMap64, start: int) -> int:
     """How many consecutive values from ``start`` are in ``bm`` (``start`` is in it)."""
     base = bm.rank(start - 1) if start > 0 else 0
     lo, hi = 1, len(bm) - base  # the run is at least 1 and at most the values >= start

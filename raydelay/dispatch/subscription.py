@@ -48,7 +48,6 @@ import bisect
 import functools
 import itertools
 import logging
-from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -57,7 +56,7 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-from pyroaring import BitMap, BitMap64
+from pyroaring import BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.base import DelayedDeliveryTracker
@@ -81,8 +80,6 @@ from raydelay.positions import (
     KEY_DTYPE,
     SHIFT,
     key_of,
-    ledger_groups,
-    position_keys,
     position_of,
     split_keys,
 )
@@ -90,6 +87,8 @@ from raydelay.positions import (
 log = logging.getLogger(__name__)
 
 SUBSCRIPTION_TYPES = ("shared", "key_shared", "exclusive", "failover")
+# a backlog of due sealed-bucket rows is taken this many at a time (see collect_due)
+SEALED_WINDOW = 50_000
 # The types that spread messages over consumers and honour deliver_at; exclusive and
 # failover deliver in log order and ignore it (Pulsar's rule).
 SPREAD_TYPES = ("shared", "key_shared")
@@ -282,6 +281,7 @@ class Subscription:
         # bucket. Its mark-delete is how far the partition's ledgers may be deleted.
         self.log_cursor = self.cursor.copy()
         self._staged: deque[Group] = deque()
+        self._staged_bitmaps: dict[int, BitMap64] = {}  # id(keys of a staged group) -> bitmap
         self._staged_rows = 0
         # The delayed rows of the ledgers not sealed yet are the topic's too (shared, with
         # sealed buckets): the subscription takes the due ones from it, and has taken every
@@ -537,10 +537,7 @@ class Subscription:
                 continue
             span = BitMap64()
             span.add_range(key_of(ledger_id, lo), key_of(ledger_id, size))
-            acked = self.cursor.acked.get(ledger_id)
-            if acked:
-                entries = np.frombuffer(acked.to_array(), dtype=np.uint32)
-                span -= bitmap64_of(position_keys(np.full(len(entries), ledger_id), entries))
+            span -= self.cursor.acked_keys
             loose |= span
         if loose:
             loose -= self.tracker.tracked_among(loose)
@@ -622,28 +619,21 @@ class Subscription:
         self._tail_seen = soonest if self._tail_seen is None else min(self._tail_seen, soonest)
         self.tail_dirty = True
 
-    def _unseen(self, keys: np.ndarray) -> np.ndarray:
-        """Which positions are neither acknowledged nor cancelled ahead of the read."""
+    def _unseen(self, keys: np.ndarray, bm: BitMap64 | None = None) -> np.ndarray:
+        """Which positions are neither acknowledged nor cancelled ahead of the read (``bm``:
+        the bitmap of ``keys``, when the caller has it)."""
         keep = np.ones(len(keys), dtype=bool)
         if not len(keys):
             return keep
         md_key = key_of(*self.cursor.mark_delete) if self.cursor.mark_delete[1] >= 0 else None
         md_l = self.cursor.mark_delete[0]
-        ledgers, entries = split_keys(keys)
-        keep &= ledgers >= md_l
+        keep &= (keys >> SHIFT) >= md_l
         if md_key is not None:
             keep &= keys > md_key
-        acked = self.cursor.acked
-        for ledger_id, same in ledger_groups(ledgers) if acked else ():
-            bm = acked.get(ledger_id)
-            if not bm:
-                continue
-            es = entries[same]
-            if bm.range_cardinality(int(es.min()), int(es.max()) + 1):
-                both = BitMap(array("I", es.astype(np.uint32).tobytes())) & bm
-                keep[same] &= ~np.isin(es, np.frombuffer(both.to_array(), dtype=np.uint32))
-        if self._cancelled_ahead:
-            hit = bitmap64_of(keys) & self._cancelled_ahead
+        acked, ahead = self.cursor.acked_keys, self._cancelled_ahead
+        if acked or ahead:
+            bm = bitmap64_of(keys) if bm is None else bm
+            hit = (bm & acked) | (bm & ahead)
             if hit:
                 keep &= ~np.isin(keys, bitmap64_values(hit))
         return keep
@@ -852,7 +842,15 @@ class Subscription:
         if self._early and room > 0:
             room -= self._release_early(now_ms, room)
         if self.sealed is not None and room > 0:
-            groups = self.sealed.take_due(now_ms, room)
+            # a backlog of due sealed rows is taken a window of SEALED_WINDOW rows at a time
+            # (the earliest first), staged for the receives that follow: a take costs about
+            # the same for 10k rows as for 50k (a slice of each loaded segment). The next
+            # window is taken once this one went out (a receive's top-up takes no more
+            # than it hands out), so no row waits behind a later window.
+            want = room
+            if not self.redeliver and self.type != "key_shared":
+                want = max(room, SEALED_WINDOW)
+            groups = self.sealed.take_due(now_ms, want)
             if len(groups) > 1:  # one staged block: a receive looks up one, not many
                 groups = [_coalesce(groups)]
             for rows, idx, keys in groups:
@@ -867,20 +865,24 @@ class Subscription:
         """Due delayed rows taken from the topic's index: into the redelivery set, with
         their payloads kept for :meth:`staged`. Rows acknowledged (or cancelled) are left
         out; rows an earlier life may have delivered get their redelivery_count raised."""
-        keep = self._unseen(keys)
+        order = np.argsort(keys)  # (a bitmap builds three times faster from sorted keys)
+        idx, keys = idx[order], keys[order]
+        bm = bitmap64_of(keys)
+        keep = self._unseen(keys, bm)
         if not keep.all():
             idx, keys = idx[keep], keys[keep]
+            bm = bitmap64_of(keys)
         if not len(keys):
             return 0
         if self.delayed_before >= 0:
             old = rows.entries.deliver_at_ms[idx] <= self.delayed_before
             if old.any():
                 self._bump_counts(keys[old], floor=1)
-        self.redeliver |= bitmap64_of(keys)
+        self.redeliver |= bm
         if self.type == "key_shared":
             self._learn_slots(rows, idx, keys)
-        order = np.argsort(keys)
-        self._staged.append((rows, idx[order], keys[order]))
+        self._staged.append((rows, idx, keys))
+        self._staged_bitmaps[id(keys)] = bm
         self._staged_rows += len(keys)
         return len(keys)
 
@@ -969,14 +971,21 @@ class Subscription:
         """Drop staged rows no longer waiting for delivery (and the oldest beyond
         ``max_rows``: those are read from the topic if they are wanted again)."""
         kept: deque[Group] = deque()
+        bitmaps: dict[int, BitMap64] = {}  # (each group's keys, built once: steps are often)
         self._staged_rows = 0
         for group in self._staged:
-            if bitmap64_of(group[2]) & self.redeliver:
+            bm = self._staged_bitmaps.get(id(group[2]))
+            if bm is None:
+                bm = bitmap64_of(group[2])
+            if bm.intersect(self.redeliver):
                 kept.append(group)
+                bitmaps[id(group[2])] = bm
                 self._staged_rows += len(group[2])
         while self._staged_rows > max_rows and len(kept) > 1:
-            self._staged_rows -= len(kept.popleft()[2])
-        self._staged = kept
+            dropped = kept.popleft()[2]
+            bitmaps.pop(id(dropped), None)
+            self._staged_rows -= len(dropped)
+        self._staged, self._staged_bitmaps = kept, bitmaps
 
     # --- sealed buckets -----------------------------------------------------------------------
 
@@ -1009,6 +1018,8 @@ class Subscription:
                     keep.add_range(lo << SHIFT, (hi + 1) << SHIFT)
                 positions = positions & keep
             self.log_cursor.ack(*split_keys(bitmap64_values(positions)))
+        if meta.keys:  # its rows exist: an ack of one is not past the end of the log
+            self._see_end(int(meta.keys.max()))
         return replaced
 
     def _ack_gone_ledgers(self, present: set[int]) -> None:
@@ -1612,10 +1623,20 @@ class Subscription:
 def _coalesce(
     groups: list[tuple[Rows, np.ndarray, np.ndarray]],
 ) -> tuple[Rows, np.ndarray, np.ndarray]:
-    """Groups of rows (rows, indexes, keys) as one: their rows taken once, in order."""
-    rows = Rows.join([r.take(idx) for r, idx, _ in groups])
+    """Groups of rows (rows, indexes, keys) as one: their rows copied once, in order (a
+    group of consecutive indexes, as the sealed reader hands out, is sliced, not taken)."""
+    rows = Rows.join([_rows_at(r, idx) for r, idx, _ in groups])
     keys = np.concatenate([k for _, _, k in groups])
     return rows, np.arange(len(keys), dtype=np.int64), keys
+
+
+def _rows_at(rows: Rows, idx: np.ndarray) -> Rows:
+    """``rows.take(idx)``, as a slice when ``idx`` is a run of consecutive indexes."""
+    if len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1:
+        lo = int(idx[0])
+        if np.array_equal(idx, np.arange(lo, lo + len(idx))):
+            return rows.slice(lo, lo + len(idx))
+    return rows.take(idx)
 
 
 def _first(bm: BitMap64, n: int) -> np.ndarray:

@@ -328,6 +328,10 @@ class Rows:
         """The rows at ``idx``, in that order."""
         return Rows(self.positions[idx], self.publish_time_ms[idx], self.entries.take(idx))
 
+    def slice(self, lo: int, hi: int) -> Rows:
+        """Rows ``lo`` .. ``hi`` (views, no copy)."""
+        return Rows(self.positions[lo:hi], self.publish_time_ms[lo:hi], self.entries.slice(lo, hi))
+
     @classmethod
     def concat(cls, parts: list[Rows]) -> Rows:
         """One block of ``parts``, sorted by position."""

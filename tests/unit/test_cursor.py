@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from raydelay.dispatch.cursor import Cursor
 from raydelay.errors import CodecError
+from raydelay.positions import key_of
 
 LEDGERS = [(3, 5), (7, 4), (9, None)]  # two closed ledgers and an open one
 
@@ -95,5 +96,13 @@ def test_mark_delete_is_always_the_end_of_the_acknowledged_prefix(batches, close
         else:
             expected = order[prefix - 1]
         assert c.mark_delete == expected
-        for p in order:
-            assert c.is_acked(*p) == (p in acked)
+        back, _ = Cursor.decode(c.encode((9, 0)))
+        for cursor in (c, back, c.copy()):
+            for p in order:
+                assert cursor.is_acked(*p) == (p in acked)
+                # the key bitmap (one step to check a column of keys): every position
+                # acknowledged after mark-delete, and none not acknowledged
+                if p not in acked:
+                    assert key_of(*p) not in cursor.acked_keys
+                elif p > cursor.mark_delete:
+                    assert key_of(*p) in cursor.acked_keys

@@ -655,3 +655,103 @@ def test_the_delayed_mark_moves_ahead_in_the_background_only_when_rows_come_due(
     assert sub.needs_delayed_mark(101_000)  # (written by the driver, not yet here)
     asyncio.run(sub.persist())
     assert not sub.needs_delayed_mark(101_000)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.integers(0, 4)), max_size=12),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(1, 40),
+)
+def test_smallest_counts_takes_exactly_the_n_smallest_rows_of_all_parts(raw, n):
+    from raydelay.delayed.index import smallest_counts
+
+    # parts sorted by (deliver_at, ledger, entry), copies of one position allowed
+    parts = []
+    for rows in raw:
+        rows = sorted(rows)
+        parts.append(tuple(np.array([r[i] for r in rows], dtype=np.int64) for i in range(3)))
+    total = sum(len(p[0]) for p in parts)
+    n = min(n, total)
+    if n == 0:
+        return
+    counts = smallest_counts(parts, n)
+    assert sum(counts) == n and all(0 <= c <= len(p[0]) for c, p in zip(counts, parts))
+    taken = sorted(tuple(int(a[i]) for a in p) for p, c in zip(parts, counts) for i in range(c))
+    everything = sorted(tuple(int(a[i]) for a in p) for p in parts for i in range(len(p[0])))
+    assert taken == everything[:n]
+
+
+def test_an_overdue_backlog_goes_out_a_window_at_a_time_earliest_window_first(monkeypatch):
+    import raydelay.dispatch.subscription as subscription_module
+
+    monkeypatch.setattr(subscription_module, "SEALED_WINDOW", 25)
+    # Given three buckets whose rows interleave in time, all of them overdue
+    rng = np.random.default_rng(7)
+    metas, segs = [], {}
+    for ledger in (1, 2, 3):
+        dues = rng.integers(100, 1_000, 20).tolist()
+        meta, s = _meta(ledger, [(key_of(ledger, e), d) for e, d in enumerate(dues)])
+        metas.append(meta)
+        segs[meta.key] = s
+    due_of = {
+        int(k): int(d)
+        for s in segs.values()
+        for rows in s.values()
+        for k, d in zip(rows.positions, rows.entries.deliver_at_ms)
+    }
+    clock = ManualClock(5_000)
+    reader = SealedReader(lookahead_ms=1_000)
+    sub = _subscription(reader, clock)
+    sub.add_consumer("c")
+    for meta in metas:
+        sub.adopt(meta)
+    _load_all(reader, segs, now=5_000, max_loads=100)
+    # When a consumer receives 10 at a time
+    windows = []
+    while True:
+        sub.collect_due(5_000, 10)
+        groups, need = sub.staged(sub.keys_to_fetch(10))
+        assert len(need) == 0  # every payload came with its row
+        got = [int(k) for dv in sub.deliver("c", groups, 10, 5_000) for k in dv.keys]
+        if not got:
+            break
+        sub.ack("c", np.array(got, dtype=np.int64))
+        windows.append(got)
+        _load_all(reader, segs, now=5_000, max_loads=100)
+    # Then every row goes out once, each receive gets 10, and the rows go out a window
+    # at a time: the first two receives hand out 20 of the 25 earliest due; the third
+    # the 5 left of them and the 5 due next (the top-up), and no more
+    out = [k for w in windows for k in w]
+    assert sorted(out) == sorted(due_of) and len(out) == len(set(out)) == 60
+    assert [len(w) for w in windows] == [10] * 6
+    by_due = sorted(due_of, key=lambda k: (due_of[k], k))
+    assert set(out[:20]) < set(by_due[:25])
+    assert sorted(out[:30]) == sorted(by_due[:30])
+
+
+def test_rows_of_a_bucket_sealed_beyond_what_the_subscription_read_can_be_acked():
+    # Given a subscription that read the log only up to 1:1 (it lags behind the topic)
+    clock = ManualClock(0)
+    reader = SealedReader()
+    sub = _subscription(reader, clock)
+    sub.add_consumer("c")
+    sub.on_read([_object(1, 0, [NO_DELAY, NO_DELAY], publish_ms=0)], [(1, None)], (1, 1))
+    # When the topic sealed ledgers 1 and 2 meanwhile, and their rows fall due
+    meta, segs = _meta(1, [(key_of(1, 5), 100), (key_of(2, 3), 200)])
+    sub.adopt(meta)
+    _load_all(reader, {meta.key: segs}, now=0)
+    clock.set(1_000)
+    sub.collect_due(1_000, 10)
+    groups, need = sub.staged(sub.keys_to_fetch(10))
+    sub.dispatch_mark = sub.wanted_mark() or sub.dispatch_mark
+    out = [int(k) for dv in sub.deliver("c", groups, 10, 1_000) for k in dv.keys]
+    assert key_of(2, 3) in out
+    # Then the consumer's ack of them is taken (they exist), and a position past
+    # everything known is still refused
+    assert sub.ack("c", np.array([key_of(1, 5), key_of(2, 3)], dtype=np.int64)) == 2
+    with pytest.raises(InvalidArgument, match="past the end"):
+        sub.ack("c", np.array([key_of(3, 0)], dtype=np.int64))
