@@ -67,7 +67,11 @@ _ACKS_IN_FLIGHT = 16  # ack calls left unconfirmed before an ack looks at the an
 _ACKS_QUEUED = 256  # ... and past this many the oldest are waited for, briefly
 _SETTLE_WAIT_S = 0.5  # how long an ack waits for an old one before taking it back
 _HUNG_S = 5.0  # a receive this long past its timeout: its partition is down
-# the waits before a down partition is tried again (jittered; 0.1 s doubling up to 2 s)
+# the waits before a down partition is tried again: every 50 ms (jittered) for its first
+# RESTART_POLL_S, the time a restarted actor takes to come back, then 0.1 s doubling up
+# to 2 s (a call to an actor that is restarting fails at once: a poll costs little)
+RESTART_POLL = Backoff(first_s=0.05, max_s=0.05)
+RESTART_POLL_S = 3.0
 DOWN_BACKOFF = Backoff(first_s=0.1, max_s=2.0)
 _IDLE_RETRY_S = 1.0  # the retry thread's wait while no partition is down
 # How long a prefetch call stands at a partition (seconds) before it is renewed. It must
@@ -104,6 +108,7 @@ class Consumer:
         # partitions found down: when to try again, and the wait after that
         self._down: dict[int, float] = {}
         self._backoff: dict[int, Iterator[float]] = {}  # a down partition's next waits
+        self._down_since: dict[int, float] = {}  # when a down partition failed first
         # acks and nacks of down partitions, to send once they answer: (keys, the nack or None)
         self._deferred: dict[int, list[tuple[np.ndarray, Nack | None]]] = {}
         self._lock = threading.Lock()  # _down, _deferred (the retry thread too)
@@ -280,13 +285,20 @@ class Consumer:
 
     def _failed(self, p: int, exc: Exception) -> None:
         """Partition ``p`` failed a call: down until its backoff runs out (the retry thread
-        wakes at that instant: Ray fails a call to a restarted actor once the new process
-        is up, so the first try again, 0.1 s later, most often finds it answering)."""
+        wakes at that instant). For its first few seconds down it is tried every 50 ms:
+        an actor Ray restarts is back within about a second, and its consumers find it
+        then, not a doubling wait later."""
         with self._lock:
+            now = time.monotonic()
             first = p not in self._down
             if first or p not in self._backoff:
                 self._backoff[p] = DOWN_BACKOFF.delays_s()
-            self._down[p] = time.monotonic() + next(self._backoff[p])
+                self._down_since[p] = now
+            if now - self._down_since[p] < RESTART_POLL_S:
+                wait_s = next(RESTART_POLL.delays_s())
+            else:
+                wait_s = next(self._backoff[p])
+            self._down[p] = now + wait_s
         log.debug(
             "%s/%s partition %d: call failed (%s); next try in %.3f s",
             self.topic, self.subscription, p, exc, self._down[p] - time.monotonic(),
@@ -303,6 +315,7 @@ class Consumer:
             with self._lock:
                 self._down.pop(p, None)
                 self._backoff.pop(p, None)
+                self._down_since.pop(p, None)
             log.info("%s/%s partition %d: answering again", self.topic, self.subscription, p)
 
     def _refresh(self, p: int) -> bool:

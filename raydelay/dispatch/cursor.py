@@ -102,7 +102,15 @@ class Cursor:
         keys = keys[keys > self._floor_key()]
         if not len(keys):
             return 0
-        new = bitmap64_of(keys)  # (from sorted keys: the fast way)
+        return self.ack_keys(bitmap64_of(keys))  # (from sorted keys: the fast way)
+
+    def ack_keys(self, keys: BitMap64) -> int:
+        """Acknowledge the position keys of a bitmap (it is not changed); returns how many
+        were not acknowledged before."""
+        new = BitMap64(keys)
+        floor = self._floor_key()
+        if floor >= 0 and new and new.min() <= floor:
+            new.remove_range(0, floor + 1)
         new -= self.acked_keys
         added = len(new)
         if added:

@@ -535,11 +535,9 @@ class Subscription:
             lo = start_e if ledger_id == start_l else 0
             if size <= lo:
                 continue
-            span = BitMap64()
-            span.add_range(key_of(ledger_id, lo), key_of(ledger_id, size))
-            span -= self.cursor.acked_keys
-            loose |= span
+            loose.add_range(key_of(ledger_id, lo), key_of(ledger_id, size))
         if loose:
+            loose -= self.cursor.acked_keys
             loose -= self.tracker.tracked_among(loose)
             if self.sealed is not None:
                 loose -= self.sealed.covered & loose
@@ -1017,7 +1015,7 @@ class Subscription:
                 for lo, hi in fresh:
                     keep.add_range(lo << SHIFT, (hi + 1) << SHIFT)
                 positions = positions & keep
-            self.log_cursor.ack(*split_keys(bitmap64_values(positions)))
+            self.log_cursor.ack_keys(positions)
         if meta.keys:  # its rows exist: an ack of one is not past the end of the log
             self._see_end(int(meta.keys.max()))
         return replaced
@@ -1383,7 +1381,7 @@ class Subscription:
                 self._slot.pop(k, None)
         if self.dead:
             self.dead -= bm
-        added = self._ack_cursor(ks)
+        added = self._ack_cursor(ks, bm)
         self.counters["acked"] += added
         return added
 
@@ -1609,10 +1607,13 @@ class Subscription:
 
     # --- the cursor ---------------------------------------------------------------------------
 
-    def _ack_cursor(self, keys: np.ndarray) -> int:
-        ls, es = split_keys(keys)
-        self.log_cursor.ack(ls, es)
-        return self.cursor.ack(ls, es)
+    def _ack_cursor(self, keys: np.ndarray, bm: BitMap64 | None = None) -> int:
+        """Acknowledge ``keys`` (``bm``: their bitmap, when the caller has it) in the cursor
+        and the log's cursor; returns how many the cursor had not acknowledged."""
+        if bm is None:
+            bm = bitmap64_of(np.sort(keys))
+        self.log_cursor.ack_keys(bm)
+        return self.cursor.ack_keys(bm)
 
     def _learn_ledgers(self, ledgers: Iterable[tuple[int, int | None]]) -> None:
         known = list(ledgers)
