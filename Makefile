@@ -69,6 +69,7 @@ bench-parts: venv
 	$(PY) bench/recovery_bench.py
 	$(PY) bench/ingest_bench.py
 	$(PY) bench/drain_buckets.py
+	$(PY) bench/drain_core.py
 	$(PY) bench/merge_bench.py
 	$(PY) bench/key_shared.py
 
