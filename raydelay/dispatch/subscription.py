@@ -1106,7 +1106,7 @@ class Subscription:
 
     def _learn_slots(self, source: Source, idx: np.ndarray, keys: np.ndarray) -> np.ndarray:
         col = source.entries.batch.column(2)
-        if len(idx) and int(idx[-1]) - int(idx[0]) + 1 == len(idx):  # a run: no copy
+        if _is_run(idx):  # no copy
             col = col.slice(int(idx[0]), len(idx))
         else:
             col = col.take(pa.array(idx, type=pa.int64()))
@@ -1631,12 +1631,18 @@ def _coalesce(
     return rows, np.arange(len(keys), dtype=np.int64), keys
 
 
+def _is_run(idx: np.ndarray) -> bool:
+    """Whether ``idx`` is a run of consecutive indexes, ascending (not merely a shuffle of
+    one: both ends are checked first, then every step)."""
+    if not len(idx) or int(idx[-1]) - int(idx[0]) != len(idx) - 1:
+        return False
+    return len(idx) == 1 or bool((np.diff(idx) == 1).all())
+
+
 def _rows_at(rows: Rows, idx: np.ndarray) -> Rows:
     """``rows.take(idx)``, as a slice when ``idx`` is a run of consecutive indexes."""
-    if len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1:
-        lo = int(idx[0])
-        if np.array_equal(idx, np.arange(lo, lo + len(idx))):
-            return rows.slice(lo, lo + len(idx))
+    if _is_run(idx):
+        return rows.slice(int(idx[0]), int(idx[0]) + len(idx))
     return rows.take(idx)
 
 

@@ -8,6 +8,7 @@ import asyncio
 import hypothesis.strategies as st
 import msgpack
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from pyroaring import BitMap64
@@ -755,3 +756,30 @@ def test_rows_of_a_bucket_sealed_beyond_what_the_subscription_read_can_be_acked(
     assert sub.ack("c", np.array([key_of(1, 5), key_of(2, 3)], dtype=np.int64)) == 2
     with pytest.raises(InvalidArgument, match="past the end"):
         sub.ack("c", np.array([key_of(3, 0)], dtype=np.int64))
+
+
+def test_a_key_shared_subscription_learns_each_staged_rows_own_hash_slot():
+    from raydelay.dispatch.keyshared import slots_of
+    from raydelay.dispatch.subscription import _is_run
+    from raydelay.log.entries import Rows
+
+    # a shuffle of a run is not a run (its slice would pair keys with other rows' slots)
+    assert _is_run(np.array([3, 4, 5])) and _is_run(np.array([7]))
+    assert not _is_run(np.array([0, 2, 1, 3])) and not _is_run(np.array([], dtype=np.int64))
+    clock = ManualClock(0)
+    tracker = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
+    sub = Subscription(
+        name="t/0/s", subscription_type="key_shared", tracker=tracker, clock=clock,
+        sealed=SealedReader(),
+    )  # fmt: skip
+    # Given four due rows whose position order is not their deliver_at order
+    names = ["alpha", "bravo", "charlie", "delta"]
+    entries = Entries.build([b"p"] * 4, np.array([10, 30, 20, 40]), keys=names)
+    positions = np.array([key_of(1, 0), key_of(1, 2), key_of(1, 1), key_of(1, 3)])
+    rows = Rows(positions, np.zeros(4, dtype=np.int64), entries)
+    # When they are staged (the subscription sorts them by position)
+    assert sub._stage(rows, np.arange(4), positions) == 4
+    # Then each position's slot is the slot of its own key
+    expected = slots_of(pa.array(names, type=pa.string()), {})
+    for i, k in enumerate(positions.tolist()):
+        assert sub._slot[k] == int(expected[i])
