@@ -67,7 +67,7 @@ from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
 from raydelay.delayed.reader import SealedReader, SegmentLoad
-from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
+from raydelay.delayed.sealed import SealedMeta
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.subscription import (
@@ -236,20 +236,27 @@ class SubscriptionPartition:
             metas = [m for m in pool.map(one, keys) if m is not None]
         return sorted(metas, key=lambda m: m.start_ledger)
 
-    async def _refresh_buckets(self, sealed: SealedReader, upto: int) -> None:
-        """Adopt the new buckets that end at or before ledger ``upto`` and forget the ones
-        deleted. Only a due query calls it, before it takes in an answer that reports them
-        sealed (see ``Subscription.adopt``)."""
+    async def _refresh_buckets(
+        self, sealed: SealedReader, upto: int, after: tuple[int, int]
+    ) -> None:
+        """Adopt the new buckets and forget the ones deleted. Only a due query calls it,
+        before it takes in an answer that reports the ledgers through ``upto`` sealed (see
+        ``Subscription.adopt``). The list is read after that answer was made, so it may
+        hold buckets sealed since: their runs past ``upto`` leave out what the answer
+        takes (``after``: the taken mark once it is taken in). A bucket merged since may
+        hold runs of both kinds; waiting for it to end by ``upto`` would let the taken
+        mark pass its older runs' rows, which the answer did not carry (they were sealed)."""
         info: BucketList = await self._topic_actor.once("buckets")
         keys = set(info.buckets)
         new = [k for k in info.buckets if k not in sealed.buckets]
-        ready = [k for k in new if parse_bucket_key(k)[1] <= upto]
-        for meta in await asyncio.to_thread(self._load_metas, ready):
-            self._sub.adopt(meta)  # (a merged bucket takes over its sources held here)
+        metas = await asyncio.to_thread(self._load_metas, new)
+        for meta in metas:
+            # (a merged bucket takes over its sources held here)
+            self._sub.adopt(meta, later=(upto, after))
         sealed.sealed_through = max(sealed.sealed_through, min(info.through, upto))
-        if len(ready) == len(new):
-            # (only then: a bucket gone may be a source of a merged one not adopted yet,
-            # whose state it carries over)
+        if len(metas) == len(new):
+            # (only then: a bucket gone may be a source of a merged one whose meta was
+            # not read, merged again meanwhile; its state moves over when it is adopted)
             for gone in [k for k in sealed.buckets if k not in keys]:
                 sealed.forget(gone)
             self._bucket_version = info.version
@@ -262,7 +269,9 @@ class SubscriptionPartition:
                 "due_unsealed", query.below, query.through_ms, query.now_ms
             )
             if reply.through > sealed.sealed_through or reply.version != self._bucket_version:
-                await self._refresh_buckets(sealed, upto=reply.through)
+                below, through = self._sub.tail_taken  # (what take_unsealed will make it)
+                after = (max(below, int(reply.below)), max(through, int(query.now_ms)))
+                await self._refresh_buckets(sealed, upto=reply.through, after=after)
             rows = Rows.from_batch(reply.rows)
             self._count_log_bytes(int(reply.rows.nbytes))
             self._sub.take_unsealed(rows, reply.below, query.now_ms, reply.next_d, reply.waiting)

@@ -182,12 +182,19 @@ class SealedReader:
         return {r.key for r in meta.runs} & mine
 
     def adopt(
-        self, meta: SealedMeta, *, done: Progress = 0, taken: tuple[int, int] = (0, -1)
+        self,
+        meta: SealedMeta,
+        *,
+        done: Progress = 0,
+        taken: tuple[int, int] = (0, -1),
+        later: tuple[int, tuple[int, int]] | None = None,
     ) -> list[str]:
         """Start reading a bucket from its progress ``done`` (``FINISHED``: it is done
-        with), leaving out the rows ``taken`` says were taken already. A merged bucket
-        takes the place of the buckets held here whose runs it owns, with their state;
-        returns their keys."""
+        with), leaving out the rows ``taken`` says were taken already. ``later`` =
+        (ledger, taken after): its runs past that ledger leave out the rows ``taken
+        after`` says instead (sealed after the due query whose answer took them). A merged
+        bucket takes the place of the buckets held here whose runs it owns, with their
+        state; returns their keys."""
         self.sealed_through = max(self.sealed_through, meta.end_ledger)
         if meta.key in self.buckets:
             return []
@@ -201,7 +208,10 @@ class SealedReader:
                 r = old[1]
                 runs.append(_Run(info, r.done, r.next, r.taken, r.last_key, r.popped))
             else:
-                runs.append(_Run(info, start, start, taken, _last_key_in(meta.keys, info)))
+                run_taken = taken
+                if later is not None and info.ledgers[1] > later[0]:
+                    run_taken = (int(later[1][0]), int(later[1][1]))
+                runs.append(_Run(info, start, start, run_taken, _last_key_in(meta.keys, info)))
         b = _Bucket(meta, runs)
         replaced = sorted({by_run[info.key][0] for info in meta.runs if info.key in by_run})
         number = {info.key: i for i, info in enumerate(meta.runs)}
@@ -252,6 +262,8 @@ class SealedReader:
             held += b.loaded_rows()
             if b.loading is not None:
                 held += sum(self._count(b, p) for p in b.loading.reads)
+        if held >= self.max_loaded_total:
+            return out  # (an overdue backlog at the cap: most steps; no need to sort)
         for key, b in sorted(self.buckets.items(), key=lambda kv: self._next_d(kv[1])):
             if len(out) >= max_loads or held >= self.max_loaded_total:
                 break

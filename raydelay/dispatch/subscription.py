@@ -767,7 +767,7 @@ class Subscription:
             self.cursor.delayed_mark = max(now_ms, soon) + DELAYED_MARK_STEP_MS
             persist = True
         return Step(
-            wake_at_ms=self._wake_at_ms(now_ms),
+            wake_at_ms=self._wake_at_ms(now_ms, soon),
             deliverable=self.has_deliverable(now_ms),
             wants_read=self.wants_read(),
             expired=expired,
@@ -777,11 +777,15 @@ class Subscription:
             persist=persist,
         )
 
-    def _wake_at_ms(self, now_ms: int) -> int | None:
+    def _wake_at_ms(self, now_ms: int, next_delayed_ms: int | None = None) -> int | None:
         """The earliest time after ``now_ms`` something is due: a delivery, an ack
         deadline, a cursor write, a poll of the unsealed index, a sealed segment to load,
         a lease to lapse."""
-        times = [self.next_wakeup_ms(), self._persist_due_ms, self._tail_refill_ms()]
+        times = [
+            self.next_wakeup_ms(next_delayed_ms),
+            self._persist_due_ms,
+            self._tail_refill_ms(),
+        ]
         if self.sealed is not None:
             times.append(self.sealed.next_load_ms())
         if self.tail_dirty and self.sealed is not None and self._tail_asked_ms is not None:
@@ -987,11 +991,18 @@ class Subscription:
 
     # --- sealed buckets -----------------------------------------------------------------------
 
-    def adopt(self, meta: SealedMeta, done: Progress = 0) -> list[str]:
+    def adopt(
+        self,
+        meta: SealedMeta,
+        done: Progress = 0,
+        later: tuple[int, tuple[int, int]] | None = None,
+    ) -> list[str]:
         """The topic sealed a bucket: read its rows from it, but for the ones already taken
         from the topic's unsealed index (:attr:`tail_taken`). Call it before taking in a
-        due query's answer that reports the bucket sealed. A merged bucket takes over the
-        buckets held whose runs it owns, where they stood; returns their keys."""
+        due query's answer that reports the bucket sealed. ``later`` = (ledger, taken
+        after): its runs past that ledger were sealed after that answer was made, which took
+        their due rows as ``taken after`` says. A merged bucket takes over the buckets held
+        whose runs it owns, where they stood; returns their keys."""
         if self.sealed is None or meta.key in self.sealed.buckets:
             return []
         held = self.sealed.held_runs(meta)
@@ -1007,7 +1018,7 @@ class Subscription:
             for marker, target in meta.markers:  # before any of its rows can go out
                 if new_here(marker):
                     self._apply_marker(marker, target)
-        replaced = self.sealed.adopt(meta, done=done, taken=self.tail_taken)
+        replaced = self.sealed.adopt(meta, done=done, taken=self.tail_taken, later=later)
         if fresh:
             positions = meta.positions()
             if held:
@@ -1561,11 +1572,12 @@ class Subscription:
             or (bool(self._early) and self._early_due(now_ms))
         )
 
-    def next_wakeup_ms(self) -> int | None:
-        """When something may next become deliverable (epoch ms), or None."""
-        times = [
-            t for t in (self.tracker.next_delivery_time(), self._next_delayed_ms()) if t is not None
-        ]
+    def next_wakeup_ms(self, next_delayed_ms: int | None = None) -> int | None:
+        """When something may next become deliverable (epoch ms), or None
+        (``next_delayed_ms``: :meth:`_next_delayed_ms`, when the caller has it)."""
+        if next_delayed_ms is None:
+            next_delayed_ms = self._next_delayed_ms()
+        times = [t for t in (self.tracker.next_delivery_time(), next_delayed_ms) if t is not None]
         if self._deadlines:
             times.append(self._deadlines[0][0])
         return min(times) if times else None
