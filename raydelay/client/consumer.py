@@ -69,7 +69,7 @@ _SETTLE_WAIT_S = 0.5  # how long an ack waits for an old one before taking it ba
 _HUNG_S = 5.0  # a receive this long past its timeout: its partition is down
 # the waits before a down partition is tried again: every 50 ms (jittered) for its first
 # RESTART_POLL_S, the time a restarted actor takes to come back, then 0.1 s doubling up
-# to 2 s (a call to an actor that is restarting fails at once: a poll costs little)
+# to 2 s (a poll is one name lookup and one call: it costs little)
 RESTART_POLL = Backoff(first_s=0.05, max_s=0.05)
 RESTART_POLL_S = 3.0
 DOWN_BACKOFF = Backoff(first_s=0.1, max_s=2.0)
