@@ -60,7 +60,7 @@ class Cursor:
             for ledger_id, idx in ledger_groups(keys >> SHIFT)
         }
 
-    def _floor_key(self) -> int:
+    def floor_key(self) -> int:
         """The largest position key mark-delete covers (-1: none)."""
         md_l, md_e = self.mark_delete
         if md_l < 0:
@@ -99,7 +99,7 @@ class Cursor:
     def ack(self, ledger_ids: np.ndarray, entry_ids: np.ndarray) -> int:
         """Acknowledge positions (columns); returns how many were not acknowledged before."""
         keys = np.sort(position_keys(np.asarray(ledger_ids), np.asarray(entry_ids)))
-        keys = keys[keys > self._floor_key()]
+        keys = keys[keys > self.floor_key()]
         if not len(keys):
             return 0
         return self.ack_keys(bitmap64_of(keys))  # (from sorted keys: the fast way)
@@ -108,7 +108,7 @@ class Cursor:
         """Acknowledge the position keys of a bitmap (it is not changed); returns how many
         were not acknowledged before."""
         new = BitMap64(keys)
-        floor = self._floor_key()
+        floor = self.floor_key()
         if floor >= 0 and new and new.min() <= floor:
             new.remove_range(0, floor + 1)
         new -= self.acked_keys
@@ -143,7 +143,7 @@ class Cursor:
                 continue
             break
         self.mark_delete = (md_l, md_e)
-        floor = self._floor_key()
+        floor = self.floor_key()
         if floor >= 0 and acked and acked.min() <= floor:
             acked.remove_range(0, floor + 1)
 

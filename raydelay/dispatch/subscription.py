@@ -623,11 +623,7 @@ class Subscription:
         keep = np.ones(len(keys), dtype=bool)
         if not len(keys):
             return keep
-        md_key = key_of(*self.cursor.mark_delete) if self.cursor.mark_delete[1] >= 0 else None
-        md_l = self.cursor.mark_delete[0]
-        keep &= (keys >> SHIFT) >= md_l
-        if md_key is not None:
-            keep &= keys > md_key
+        keep &= keys > self.cursor.floor_key()
         acked, ahead = self.cursor.acked_keys, self._cancelled_ahead
         if acked or ahead:
             bm = bitmap64_of(keys) if bm is None else bm
