@@ -114,6 +114,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     consume.set_defaults(func=cmd_consume)
 
+    peek = sub.add_parser(
+        "peek",
+        help="show the next scheduled messages of a subscription, changing nothing",
+        description="Print the next scheduled messages of a shared or key_shared "
+        "subscription that no consumer holds yet, in the order they will be delivered, one "
+        "tab-separated line each as consume prints them. Nothing is delivered or "
+        "acknowledged.",
+    )
+    peek.add_argument("topic")
+    peek.add_argument("subscription")
+    peek.add_argument(
+        "-n", "--max", type=int, default=20, help="at most N (default 20; -1: no limit)"
+    )
+    peek.add_argument(
+        "--due-after",
+        help="only those due at or after this time (ISO-8601 with a zone, or epoch ms)",
+    )
+    peek.add_argument(
+        "--due-before",
+        help="only those due before this time (ISO-8601 with a zone, or epoch ms)",
+    )
+    peek.add_argument("--key", help="only the messages of this key")
+    peek.set_defaults(func=cmd_peek)
+
+    reset = sub.add_parser(
+        "reset-cursor",
+        help="move a subscription's cursor: replay from a time or a message, or skip ahead",
+        description="Move the cursor of a subscription that has no consumers. TO is "
+        "'earliest', 'latest', a message id (topic/partition/ledger:entry: that message is "
+        "delivered again, and what follows it on its partition), or a time (ISO-8601 with a "
+        "zone, or epoch ms: on every partition, the first entry published at or after it). "
+        "What follows is delivered again; cancelled messages stay cancelled.",
+    )
+    reset.add_argument("topic")
+    reset.add_argument("subscription")
+    reset.add_argument("to", metavar="TO")
+    reset.set_defaults(func=cmd_reset_cursor)
+
     cancel = sub.add_parser(
         "cancel",
         help="cancel scheduled messages by id",
@@ -321,14 +359,14 @@ def cmd_topics_delete(args: argparse.Namespace) -> int:
 # --- produce / consume / cancel ----------------------------------------------------------------
 
 
-def _deliver_at_arg(text: str) -> int:
+def _deliver_at_arg(text: str, field: str = "deliver_at") -> int:
     from raydelay.ingest.rows import AT_NAIVE, parse_time
 
     ms = parse_time(text)
     if ms == AT_NAIVE:
-        raise InvalidArgument(f"deliver_at: {text!r} has no time zone (add e.g. +00:00)")
+        raise InvalidArgument(f"{field}: {text!r} has no time zone (add e.g. +00:00)")
     if isinstance(ms, str):
-        raise InvalidArgument(f"deliver_at: {text!r} is not an ISO-8601 time or epoch milliseconds")
+        raise InvalidArgument(f"{field}: {text!r} is not an ISO-8601 time or epoch milliseconds")
     return ms
 
 
@@ -417,24 +455,66 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 continue
             idle_until = time.monotonic() + args.timeout
             for m in msgs:
-                due = (
-                    datetime.fromtimestamp(m.deliver_at_ms / 1000, timezone.utc).isoformat(
-                        timespec="milliseconds"
-                    )
-                    if m.deliver_at_ms is not None
-                    else "-"
-                )
-                props = ",".join(f"{k}={v}" for k, v in sorted((m.properties or {}).items()))
-                print(
-                    f"{m.message_id}\t{due}\t{m.key or '-'}\t{props or '-'}\t"
-                    f"{m.redelivery_count}\t{m.payload.decode('utf-8', 'replace')}"
-                )
+                print(_message_line(m))
             if args.ack:
                 consumer.ack(msgs)
             got += len(msgs)
     finally:
         consumer.close()
     print(f"{_count(got, 'message')}{', acknowledged' if args.ack else ''}", file=sys.stderr)
+    return 0
+
+
+def _message_line(m: Any) -> str:
+    """One message as a tab-separated line: id, deliver_at, key, properties, redelivery
+    count, payload."""
+    due = (
+        datetime.fromtimestamp(m.deliver_at_ms / 1000, timezone.utc).isoformat(
+            timespec="milliseconds"
+        )
+        if m.deliver_at_ms is not None
+        else "-"
+    )
+    props = ",".join(f"{k}={v}" for k, v in sorted((m.properties or {}).items()))
+    return (
+        f"{m.message_id}\t{due}\t{m.key or '-'}\t{props or '-'}\t"
+        f"{m.redelivery_count}\t{m.payload.decode('utf-8', 'replace')}"
+    )
+
+
+def cmd_peek(args: argparse.Namespace) -> int:
+    after, before = (
+        None if text is None else _deliver_at_arg(text, field)
+        for text, field in ((args.due_after, "due_after"), (args.due_before, "due_before"))
+    )
+    cluster = _attach(args)
+    started = time.monotonic()  # (the peek itself, not attaching to Ray)
+    found = cluster.peek(
+        args.topic,
+        args.subscription,
+        limit=args.max,
+        due_after=after,
+        due_before=before,
+        key=args.key,
+    )
+    for m in found:
+        print(_message_line(m))
+    print(
+        f"{_count(len(found), 'scheduled message')} in {time.monotonic() - started:.2f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_reset_cursor(args: argparse.Namespace) -> int:
+    to: Any = args.to
+    if to not in ("earliest", "latest") and "/" not in to:
+        to = _deliver_at_arg(to, "to")
+    cluster = _attach(args)
+    marks = cluster.reset_cursor(args.topic, args.subscription, to)
+    for p, md in sorted(marks.items()):
+        where = "before the first entry" if md[0] < 0 else f"mark-delete {md[0]}:{md[1]}"
+        print(f"{args.topic}/{p}\t{where}")
     return 0
 
 

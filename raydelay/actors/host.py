@@ -55,6 +55,7 @@ PARTITION_METHODS = frozenset(
         "read_positions",
         "wait_for_entries",
         "cancel_markers",
+        "position_at",
         "last_sequence",
         "pid",
         "tail",
@@ -64,6 +65,7 @@ PARTITION_METHODS = frozenset(
         "trim",
         "due_unsealed",
         "unsealed_histogram",
+        "peek_unsealed",
         "buckets",
     }
 )

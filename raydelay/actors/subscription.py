@@ -67,9 +67,10 @@ from raydelay.cluster.rpc import in_thread
 from raydelay.config import Config, config_from_dict
 from raydelay.delayed import InMemoryDelayedDeliveryTracker
 from raydelay.delayed.reader import SealedReader, SegmentLoad
-from raydelay.delayed.sealed import SealedMeta
+from raydelay.delayed.sealed import SealedMeta, parse_bucket_key
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.cursor import Cursor, Position
+from raydelay.dispatch.peek import PeekRange, SegmentRef
 from raydelay.dispatch.subscription import (
     SPREAD_TYPES,
     Delivery,
@@ -164,6 +165,8 @@ class SubscriptionPartition:
             lookahead_ms=self._config.subscription.lookahead_ms,
         )
         self._rewinds: dict[str, int] = {}  # consumer -> its redeliver-all calls so far
+        # what peeks cost: how many, and the sealed segments they read from the store
+        self._peeks = {"peeks": 0, "segments_read": 0, "segment_bytes_read": 0}
         self._bucket_version: int | None = None
         self._load_times: deque[tuple[str, float]] = deque(maxlen=10_000)
         self._reported_progress: tuple[Any, ...] | None = None
@@ -348,15 +351,19 @@ class SubscriptionPartition:
                 "persisting the cursor",
             )
         }
-        self._spawn(self._drive())
-        # The log reader long-polls the topic actor for up to _LONG_POLL_S: beside the driver.
-        self._spawn(self._read_log())
+        self._loops = [
+            self._spawn(self._drive()),
+            # The log reader long-polls the topic actor for up to _LONG_POLL_S: beside the
+            # driver.
+            self._spawn(self._read_log()),
+        ]
         self._spawn(self._cleanup_legacy())  # once, at start: deletes old objects off the loop
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _notify(self) -> None:
         async with self._available:
@@ -406,8 +413,8 @@ class SubscriptionPartition:
         self._sub.add_consumer(consumer_id, self._clock.now_ms())
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         while True:
-            if rewinds < self._rewinds.get(consumer_id, 0):
-                return delivery_batch([])
+            if rewinds < self._rewinds.get(consumer_id, 0) or self._closed:
+                return delivery_batch([])  # (closed: a reset replaced this state)
             out = await self._deliver(consumer_id, int(max_messages))
             # (a standing call does not renew the lease: the client's heartbeats do, and
             # they stop when its process dies)
@@ -521,6 +528,7 @@ class SubscriptionPartition:
         return self._sub.stats() | {
             "recovery": recovery,
             "tracker": self._tracker_stats(),
+            "peek": dict(self._peeks),
             "consumer_leases": self._sub.consumer_leases(self._clock.now_ms()),
         }
 
@@ -547,6 +555,61 @@ class SubscriptionPartition:
             self._alarm.close()
             for task in list(self._tasks):
                 task.cancel()
+
+    async def stop_for_reset(self, md: Position) -> None:
+        """Stop this state for good and write what a start from mark-delete ``md`` needs
+        (a reset of the cursor): the progress through the sealed buckets from ``md``'s
+        ledger on starts again, then the cursor says ``md``, with no individual acks.
+        The I/O under way finishes first, and nothing of this state is written after:
+        the caller then recovers a new state from the store (``SubscriptionPartition``).
+        A crash between the two writes leaves the old cursor, with buckets to read again
+        whose rows it acknowledged (they are skipped): nothing is lost, and the reset
+        can be asked again."""
+        self._closed = True
+        if self._started:
+            self._alarm.close()
+            for task in self._loops:
+                task.cancel()
+            rest = [t for t in self._tasks if t not in self._loops]
+            await asyncio.gather(*rest, return_exceptions=True)
+        async with self._sub._persist_lock:  # (a receive's write-ahead finishes first)
+            self._sub._write_cursor = None
+            await asyncio.to_thread(self._write_reset, md)
+        if self._started:
+            await self._notify()  # standing receives here return empty
+
+    def _write_reset(self, md: Position) -> None:
+        progress = self._coordinator.call_from_thread(
+            "progress", self._topic, self._partition, self._name, deadline_s=self._deadline_s
+        )
+        progress = {
+            k: v for k, v in progress.items() if parse_bucket_key(k)[1] < md[0]
+        }  # (a bucket not listed starts from its first segment)
+        self._coordinator.call_from_thread(
+            "set_progress",
+            self._topic,
+            self._partition,
+            self._name,
+            list(md),
+            list(md),
+            progress,
+            deadline_s=self._deadline_s,
+        )
+        cursor = Cursor(md)
+        cursor.delayed_mark = self._sub.cursor.delayed_mark  # (what may have gone out: counted)
+        key = cursor_key(self._topic, self._partition, self._name, self._cursor_version + 1)
+        self._put_cursor(key, cursor.encode(max(self._sub.dispatch_mark, md)))
+        log.info("%s: cursor reset to mark-delete %s", self._sub.name, md)
+
+    def take_over(self, old: SubscriptionPartition) -> None:
+        """After a reset: the consumers of the state this one replaces, as they were."""
+        now = self._clock.now_ms()
+        for consumer_id in old._sub.consumers():
+            try:
+                self._sub.add_consumer(consumer_id, now)
+            except ConsumerBusy:
+                pass
+        self._rewinds.update(old._rewinds)
 
     # --- the driver ---------------------------------------------------------------------------
 
@@ -799,6 +862,53 @@ class SubscriptionPartition:
             out += np.asarray(unsealed, dtype=np.int64)
         return out.tolist()
 
+    async def peek(
+        self,
+        limit: int,
+        due_after: int | None = None,
+        due_before: int | None = None,
+        key: str | None = None,
+    ) -> pa.RecordBatch:
+        """The next scheduled messages not delivered yet (see ``Subscription.peek``), as
+        one record batch of :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA` in delivery
+        order. Nothing changes."""
+        self._ensure_started()
+        self._peeks["peeks"] += 1
+        q = PeekRange(int(limit), due_after, due_before, key)
+        store = self._sealed_store
+
+        def segment(r: SegmentRef) -> Rows:
+            try:
+                rows = store.segment(r.run_key, r.offset, r.length)
+            except NotFound:  # (its bucket was finished and deleted meanwhile)
+                return Rows.join([])
+            self._peeks["segments_read"] += 1
+            self._peeks["segment_bytes_read"] += r.length
+            return rows
+
+        async def read_segments(refs: list[SegmentRef]) -> list[Rows]:
+            return list(await asyncio.gather(*(asyncio.to_thread(segment, r) for r in refs)))
+
+        async def read_unsealed(
+            below: int, through: int, q: PeekRange, start: tuple[int, int] | None, page: int
+        ) -> Rows:
+            batch = await self._topic_actor.once("peek_unsealed", below, through, q, start, page)
+            return Rows.from_batch(batch)
+
+        unknown: list[SealedMeta] = []
+        sealed = self._sub.sealed
+        if sealed is not None:  # (buckets sealed since the last due query)
+            info: BucketList = await self._topic_actor.once("buckets")
+            new = [k for k in info.buckets if k not in sealed.buckets]
+            unknown = await asyncio.to_thread(self._load_metas, new) if new else []
+        rows, counts = await self._sub.peek(
+            q, self._read_rows, read_segments, read_unsealed, unknown
+        )
+        n = len(rows)
+        return delivery_batch(
+            [Delivery(rows, np.arange(n, dtype=np.int64), rows.positions, counts)]
+        )
+
     async def _report_progress(self) -> bool:
         """Tell the coordinator mark-delete, the log mark and the progress through each
         sealed bucket (what retention goes by), when they changed."""
@@ -879,6 +989,7 @@ PARTITION_METHODS = frozenset(
         "flush",
         "close",
         "due_histogram",
+        "peek",
     }
 )
 _OPEN_THREADS = 8  # partitions recovered at once
@@ -914,6 +1025,9 @@ class SubscriptionActor:
         with ThreadPoolExecutor(min(_OPEN_THREADS, len(mine))) as pool:
             self._parts = dict(zip(mine, pool.map(open_one, mine), strict=True))
         self._started = False
+        self._topic, self._subscription, self._config = topic, subscription, config
+        self._coordinator = coordinator
+        self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
         log.info(
             "%s: %d partitions recovered in %.2f s",
             self._name,
@@ -952,7 +1066,45 @@ class SubscriptionActor:
         """Run ``method(*args)`` of the partition ``partition`` this actor serves."""
         if method not in PARTITION_METHODS:
             raise InvalidArgument(f"method: a subscription partition has no call {method!r}")
+        resetting = self._resetting.get(partition)
+        if resetting is not None:  # (the state it would reach is being replaced)
+            await resetting.wait()
         return await getattr(self._part(partition), method)(*args)
+
+    async def reset(self, marks: dict[int, list[int]]) -> None:
+        """Reset the cursors of some partitions it serves: partition -> the new
+        mark-delete position (every entry at or before it counts as acknowledged). Each
+        partition's state is stopped, its cursor and bucket progress written anew, and a
+        new state recovered from them, as after a restart ("rebuild from mark-delete"):
+        the entries after the position are read again and delayed ones delivered when
+        due; cancels stay applied. Calls to those partitions wait meanwhile."""
+        for p in marks:
+            self._part(int(p))  # (InvalidArgument for a partition it does not serve)
+        waits = {int(p): asyncio.Event() for p in marks if int(p) not in self._resetting}
+        self._resetting.update(waits)
+        try:
+            await asyncio.gather(*(self._reset_one(p, tuple(marks[p])) for p in waits))
+        finally:
+            for p, event in waits.items():
+                del self._resetting[p]
+                event.set()
+
+    async def _reset_one(self, partition: int, md: tuple[int, int]) -> None:
+        old = self._parts[partition]
+        await old.stop_for_reset((int(md[0]), int(md[1])))
+        new = await asyncio.to_thread(
+            rpc.recover,
+            SubscriptionPartition,
+            self._topic,
+            partition,
+            self._subscription,
+            self._config,
+            self._coordinator,
+            what=f"sub/{self._topic}/{partition}/{self._subscription}",
+        )
+        new.take_over(old)
+        self._parts[partition] = new
+        new._ensure_started()
 
     async def heartbeat_many(self, consumer_id: str, partitions: list[int]) -> list[bool]:
         """A consumer's heartbeat to several partitions in one call (see ``heartbeat``)."""

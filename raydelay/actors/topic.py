@@ -55,6 +55,7 @@ from raydelay.delayed.sealed import (
     seal,
 )
 from raydelay.delayed.store import SealedStore, clean, merge, merge_window, record_of
+from raydelay.dispatch.peek import PeekRange, page_of
 from raydelay.errors import InvalidArgument, NotFound, Unavailable
 from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
 from raydelay.log.partition import LedgerInfo, PartitionLog
@@ -522,6 +523,26 @@ class TopicPartition:
 
         return await self._run(query, on=self._query_exec)
 
+    async def peek_unsealed(
+        self,
+        taken_below: int,
+        taken_through: int,
+        q: PeekRange,
+        start: tuple[int, int] | None,
+        page: int,
+    ) -> pa.RecordBatch:
+        """A peek of the unsealed index for a subscription that took every row below
+        ``taken_below`` due at or before ``taken_through``: up to ``page`` rows in ``q``'s
+        range, in (deliver_at, position) order, after ``start`` (see ``page_of``)."""
+        self._ensure_started()
+
+        def query() -> Rows:
+            with self._index_lock:
+                rows = self._bucket_index.untaken(int(taken_below), int(taken_through))
+            return page_of(rows, q, start, int(page))
+
+        return (await self._run(query, on=self._query_exec)).to_batch()
+
     async def unsealed_histogram(self, edges: list[int], now_ms: int) -> list[int]:
         """Rows of the unsealed ledgers not due yet, per due window."""
         self._ensure_started()
@@ -845,6 +866,11 @@ class TopicPartition:
         self._ensure_started()
         position = (int(from_position[0]), int(from_position[1]))
         return await self._run(self._log.cancel_markers, position)
+
+    async def position_at(self, time_ms: int):
+        """The first position published at or after ``time_ms`` (epoch ms), or None."""
+        self._ensure_started()
+        return await self._run(self._log.position_at, int(time_ms))
 
     async def last_sequence(self, producer: str) -> int:
         self._ensure_started()

@@ -8,17 +8,27 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 
 from raydelay.actors.coordinator import coordinator_peer, spawn_coordinator
 from raydelay.actors.host import partition_peer
 from raydelay.actors.subscription import spawn_subscription
 from raydelay.client.consumer import Consumer
-from raydelay.client.message import check_number
+from raydelay.client.message import (
+    Message,
+    MessageId,
+    check_key,
+    check_number,
+    messages_from_batch,
+    time_ms_of,
+)
 from raydelay.client.producer import Producer
 from raydelay.cluster import handles, owner, placement, rpc
 from raydelay.cluster.handles import Peer, SubscriptionPartitions, TopicPartitions
@@ -37,7 +47,7 @@ from raydelay.cluster.names import (
 from raydelay.cluster.nodes import check_store
 from raydelay.config import ClientConfig, Config, config_from_dict, config_to_dict, load_config
 from raydelay.errors import InvalidArgument, NotFound, StorageError, StoreOwned, Unavailable
-from raydelay.limits import check_limit
+from raydelay.limits import NO_LIMIT, check_limit
 from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
 from raydelay.subscription_types import check_subscription_type
@@ -457,6 +467,7 @@ class Cluster:
             subscription,
             lease_s=self.config.subscription.consumer_lease_s,
             prefetch=prefetch,
+            seek=lambda to: self._reset(topic, subscription, n, to),
         )
         self._consumers.append(consumer)
         return consumer
@@ -569,6 +580,177 @@ class Cluster:
         totals = [sum(col) for col in zip(*parts, strict=True)]
         labels = [f"<= {_span(w)}" for w in windows_s] + ["later"]
         return list(zip(labels, totals, strict=True))
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def peek(
+        self,
+        topic: str,
+        subscription: str,
+        limit: int = 100,
+        due_after: int | datetime | None = None,
+        due_before: int | datetime | None = None,
+        key: str | None = None,
+    ) -> list[Message]:
+        """The next scheduled messages of a subscription that no consumer has yet, in the
+        order it will deliver them (deliver_at, then position), with their payloads.
+        Nothing changes: no message is delivered, acknowledged or loaded for delivery.
+
+        - ``limit``: at most this many (-1: all in the range; mind the size).
+        - ``due_after`` / ``due_before``: only those due at or after / before this instant
+          (epoch ms or an aware datetime).
+        - ``key``: only the messages of this key.
+
+        It looks at the sealed buckets (reading from the store only the segments that
+        can hold the answer, so a backlog of 100M is paged through, not loaded), the
+        partition's unsealed delayed entries, the subscription's delayed nacks, and the
+        due messages waiting for a consumer (those first). ``redelivery_count`` says how
+        many times each was delivered before. Cancelled and acknowledged messages are not
+        shown. An exclusive or failover subscription delivers in log order and ignores
+        deliver_at (Pulsar's rule): nothing of it is scheduled, so it is refused."""
+        self._check_open()
+        lim = check_limit("limit", limit)
+        lim = NO_LIMIT if lim == sys.maxsize else lim
+        after = None if due_after is None else time_ms_of("due_after", due_after)
+        before = None if due_before is None else time_ms_of("due_before", due_before)
+        if after is not None and before is not None and before <= after:
+            raise InvalidArgument(
+                f"due_before: must be after due_after ({after}), got {before}: the range is empty"
+            )
+        check_key(key)
+        n = self._partitions(topic)
+        options = self._subscription_options(topic, subscription)
+        if options["type"] not in ("shared", "key_shared"):
+            raise InvalidArgument(
+                f"subscription: {topic}/{subscription} is {options['type']}: it delivers in log "
+                "order and ignores deliver_at, so nothing of it waits for a due time"
+            )
+        self._flush_acks(topic)
+        batches = self._call(
+            lambda: [
+                self._subscription_peer(topic, p, subscription).remote(
+                    "peek", lim, after, before, key
+                )
+                for p in range(n)
+            ],
+            "subscription",
+        )
+        found = [m for p, b in enumerate(batches) for m in messages_from_batch(topic, p, b)]
+        found.sort(
+            key=lambda m: (
+                -1 if m.deliver_at_ms is None else m.deliver_at_ms,
+                m.message_id.partition,
+                m.message_id.ledger_id,
+                m.message_id.entry_id,
+            )
+        )
+        return found if lim == NO_LIMIT else found[:lim]
+
+    def reset_cursor(self, topic: str, subscription: str, to: Any) -> dict[int, list[int]]:
+        """Move a subscription's cursor (Pulsar's ``reset-cursor``); it must have no
+        consumers (a consumer moves its own with :meth:`Consumer.seek`).
+
+        ``to``: ``"earliest"`` (the oldest entry kept), ``"latest"`` (after the last entry),
+        a :class:`MessageId` or its string (that message is the first delivered again, on
+        its partition; the other partitions keep their cursors), or a time (epoch ms or an
+        aware datetime: on every partition, the first entry published at or after it, as
+        Pulsar resets by time).
+
+        Each partition then rebuilds its state from the new mark-delete position: what
+        comes after it is delivered again (a delayed message when it is due, at once if
+        it is overdue), with ``redelivery_count`` raised for what had gone out before;
+        cancelled messages stay cancelled. A reset reaches back only as far as the data
+        kept: ledgers every subscription acknowledged, and buckets every subscription
+        finished, are deleted. Returns partition -> the new mark-delete position."""
+        self._check_open()
+        n = self._partitions(topic)
+        self._subscription_options(topic, subscription)  # NotFound
+        self._flush_acks(topic)
+        holders = self.stats(topic, subscription)["consumers"]
+        if holders:
+            raise InvalidArgument(
+                f"subscription: {topic}/{subscription} has {len(holders)} consumer(s) "
+                f"({', '.join(sorted(holders))}); close them first (a consumer killed holds its "
+                "lease for subscription.consumer_lease_s), or call Consumer.seek on one"
+            )
+        return self._reset(topic, subscription, n, to)
+
+    def _reset(self, topic: str, subscription: str, n: int, to: Any) -> dict[int, list[int]]:
+        marks = self._reset_marks(topic, n, to)
+        groups: dict[str, tuple[Peer, dict[int, list[int]]]] = {}
+        for p, md in marks.items():
+            peer = self._subscription_peer(topic, p, subscription)
+            groups.setdefault(peer.name, (peer, {}))[1][p] = md
+        peers = [peer for peer, _ in groups.values()]
+
+        def lost() -> None:
+            for peer in peers:
+                peer.lost()
+
+        rpc.call(
+            lambda: [peer.handle.reset.remote(work) for peer, work in groups.values()],
+            what=f"resetting the cursor of {topic}/{subscription}",
+            deadline_s=self._client.retry_deadline_s,
+            on_failure=lost,
+        )
+        return marks
+
+    def _reset_marks(self, topic: str, n: int, to: Any) -> dict[int, list[int]]:
+        """partition -> the mark-delete position a reset ``to`` gives (see reset_cursor)."""
+        if isinstance(to, str) and to in ("earliest", "latest"):
+            if to == "earliest":
+                return {p: [-1, -1] for p in range(n)}
+            tails = self._on_partitions(topic, n, "tail")
+            return {
+                p: [-1, -1] if t is None else [int(t[0]), int(t[1])] for p, t in enumerate(tails)
+            }
+        if isinstance(to, str):
+            to = MessageId.parse(to)
+        if isinstance(to, MessageId):
+            return {to.partition: self._mark_before(topic, n, to)}
+        if isinstance(to, datetime) or (
+            isinstance(to, (int, np.integer)) and not isinstance(to, bool)
+        ):
+            at = time_ms_of("to", to)
+            found = self._on_partitions(topic, n, "position_at", at)
+            tails = self._on_partitions(topic, n, "tail")
+            out = {}
+            for p, (pos, tail) in enumerate(zip(found, tails, strict=True)):
+                if pos is not None:
+                    out[p] = [int(pos[0]), int(pos[1]) - 1]
+                else:  # every entry is older: after the last one
+                    out[p] = [-1, -1] if tail is None else [int(tail[0]), int(tail[1])]
+            return out
+        raise InvalidArgument(
+            "to: expected 'earliest', 'latest', a MessageId (or its string), epoch "
+            f"milliseconds or an aware datetime; got {type(to).__name__}"
+        )
+
+    def _mark_before(self, topic: str, n: int, mid: MessageId) -> list[int]:
+        """The mark-delete position just before message ``mid``, which must be in the log."""
+        if mid.topic != topic:
+            raise InvalidArgument(f"message_id: {mid} is of topic {mid.topic!r}, not {topic!r}")
+        if not 0 <= mid.partition < n:
+            raise InvalidArgument(
+                f"message_id: {topic} has partitions 0..{n - 1}, not {mid.partition}"
+            )
+        ledgers = self._call(
+            lambda: [self._topic_peer(topic, mid.partition).remote("ledgers")], f"topic {topic}"
+        )[0]
+        sizes = dict((int(i), c) for i, c in ledgers)
+        if mid.ledger_id not in sizes:
+            if ledgers and mid.ledger_id < min(sizes):
+                raise NotFound(f"message_id: {mid} is no longer in the log (retention deleted it)")
+            raise InvalidArgument(f"message_id: {mid} is past the end of {topic}/{mid.partition}")
+        count = sizes[mid.ledger_id]
+        if count is None:  # the open ledger: up to its last entry
+            tail = self._call(
+                lambda: [self._topic_peer(topic, mid.partition).remote("tail")], f"topic {topic}"
+            )[0]
+            count = int(tail[1]) + 1 if tail is not None and int(tail[0]) == mid.ledger_id else 0
+        if mid.entry_id >= count:
+            raise InvalidArgument(f"message_id: {mid} is past the end of {topic}/{mid.partition}")
+        return [mid.ledger_id, mid.entry_id - 1]
 
     # --- lifecycle -----------------------------------------------------------------------------
 

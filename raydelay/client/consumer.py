@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -93,8 +93,10 @@ class Consumer:
         *,
         lease_s: float,
         prefetch: bool = False,
+        seek: Callable[[Any], Any] | None = None,
     ) -> None:
         self._link = link
+        self._seek = seek  # resets the subscription's cursor (Cluster._reset)
         self.topic = topic
         self.subscription = subscription
         self.partitions = partitions = link.partitions
@@ -614,6 +616,22 @@ class Consumer:
                 "subscription",
             )
         )
+
+    def seek(self, to: Any) -> None:
+        """Move the subscription's cursor (Pulsar's ``Consumer.seek``), for every consumer
+        of it: ``to`` is ``"earliest"``, ``"latest"``, a :class:`MessageId` (that message
+        is the next one delivered again on its partition), or a time (epoch ms or an aware
+        datetime: the first entry published at or after it, on every partition). See
+        :meth:`raydelay.Cluster.reset_cursor`. The acks sent before go first; what this
+        consumer holds but has not acked is given back (the reset delivers it again if it
+        comes after the new position), and what it had received and not handed out is
+        dropped."""
+        self._check_open()
+        if self._seek is None:
+            raise InvalidArgument("seek: this consumer was not made by Cluster.subscribe")
+        self.flush()
+        self._seek(to)
+        self.redeliver_unacknowledged()  # (and drops what the buffer and calls under way hold)
 
     def _group(self, messages: Any, field: str) -> dict[int, np.ndarray]:
         """partition -> int64 position keys of ``messages``."""

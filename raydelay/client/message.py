@@ -322,6 +322,34 @@ def seconds_of(field_name: str, value: object, where: str = "") -> float:
     return value
 
 
+def time_ms_of(field_name: str, value: object, where: str = "") -> int:
+    """An instant as epoch milliseconds: an int (numpy's too) or an aware datetime, from
+    0 to the end of year 9999."""
+    sfx = f" ({where})" if where else ""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgument(
+                f"{field_name}: a naive datetime is ambiguous; give it a timezone{sfx}"
+            )
+        at = int(round(value.timestamp() * 1000))
+    elif isinstance(value, np.integer):
+        at = int(value)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(
+            f"{field_name}: expected epoch milliseconds (int) or an aware datetime, got "
+            f"{type(value).__name__}{sfx}"
+        )
+    else:
+        at = value
+    if at < 0:
+        raise InvalidArgument(f"{field_name}: must be >= 0 (epoch ms), got {at}{sfx}")
+    if at > MAX_DELIVER_AT_MS:
+        raise InvalidArgument(
+            f"{field_name}: {at} is after year 9999 (at most {MAX_DELIVER_AT_MS} epoch ms){sfx}"
+        )
+    return at
+
+
 def deliver_at_of(
     deliver_at: object, deliver_after: object, now_ms: int, max_delay_ms: int, where: str = ""
 ) -> int:
@@ -341,27 +369,7 @@ def deliver_at_of(
             raise InvalidArgument(f"deliver_after: {after:g} s from now is after year 9999{sfx}")
         at = now_ms + int(round(after * 1000))
     elif deliver_at is not None:
-        if isinstance(deliver_at, datetime):
-            if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
-                raise InvalidArgument(
-                    f"deliver_at: a naive datetime is ambiguous; give it a timezone{sfx}"
-                )
-            at = int(round(deliver_at.timestamp() * 1000))
-        elif isinstance(deliver_at, np.integer):
-            at = int(deliver_at)
-        elif isinstance(deliver_at, bool) or not isinstance(deliver_at, int):
-            raise InvalidArgument(
-                f"deliver_at: expected epoch milliseconds (int) or an aware datetime, got "
-                f"{type(deliver_at).__name__}{sfx}"
-            )
-        else:
-            at = deliver_at
-        if at < 0:
-            raise InvalidArgument(f"deliver_at: must be >= 0 (epoch ms), got {at}{sfx}")
-        if at > MAX_DELIVER_AT_MS:
-            raise InvalidArgument(
-                f"deliver_at: {at} is after year 9999 (at most {MAX_DELIVER_AT_MS} epoch ms){sfx}"
-            )
+        at = time_ms_of("deliver_at", deliver_at, where)
     else:
         return NO_DELAY
     if max_delay_ms and at - now_ms > max_delay_ms:

@@ -22,6 +22,7 @@ from raydelay.delayed.common import (
     due_window_counts,
 )
 from raydelay.delayed.index import Membership, RunQueue
+from raydelay.positions import position_keys
 
 
 class InMemoryDelayedDeliveryTracker(TrackerBase):
@@ -75,6 +76,31 @@ class InMemoryDelayedDeliveryTracker(TrackerBase):
         return due_window_counts(
             np.asarray(edges, dtype=np.int64), self._queue.columns(), self._members, []
         )
+
+    def waiting(
+        self, due_after: int | None = None, due_before: int | None = None, limit: int = -1
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The tracked positions (int64 keys) and their deliver_at (epoch ms), earliest
+        first, due at or after ``due_after`` and before ``due_before`` (None: open), at
+        most ``limit`` of them (-1: all). Nothing changes (a peek)."""
+        ks, ds = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+        for d, l, e in self._queue.columns():  # noqa: E741
+            if not len(d):
+                continue
+            keep = self._members.member_mask(d, l, e)
+            if due_after is not None:
+                keep &= d >= due_after
+            if due_before is not None:
+                keep &= d < due_before
+            ks.append(position_keys(l[keep], e[keep]))
+            ds.append(np.asarray(d[keep], dtype=np.int64))
+        keys, d = np.concatenate(ks), np.concatenate(ds)
+        order = np.lexsort((keys, d))
+        _, first = np.unique(keys[order], return_index=True)
+        order = order[np.sort(first)]
+        if limit != -1:
+            order = order[:limit]
+        return keys[order], d[order]
 
     # -- popping ---------------------------------------------------------------------
 

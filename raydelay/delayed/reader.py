@@ -448,6 +448,36 @@ class SealedReader:
             times.append(nxt)
         return min(times) if times else _NEVER
 
+    # --- peeking --------------------------------------------------------------------------
+
+    def peek_parts(
+        self, unknown: list[SealedMeta] = (), taken: tuple[int, int] = (0, -1)
+    ) -> tuple[list[Rows], list[tuple[int, int, str, int, int, int, int]]]:
+        """What is still to deliver, for a peek (nothing changes): the loaded rows not
+        popped, and each segment not loaded as (min_d, max_d, run key, offset, length,
+        taken below, taken through) (see ``raydelay.dispatch.peek.SegmentRef``). The
+        buckets ``unknown`` are sealed and not adopted yet: all of their segments count,
+        but for the rows ``taken`` says were taken from the unsealed index."""
+        loaded = [s.rows.slice(s.pos, len(s.keys)) for b in self.buckets.values() for s in b.loaded]
+        refs = [
+            (seg.min_d, seg.max_d, r.info.key, seg.offset, seg.length, *r.taken)
+            for b in self.buckets.values()
+            for r in b.runs
+            for seg in r.info.segments[r.next :]
+            if seg.count and not (0 <= r.last_key < r.taken[0] and seg.max_d <= r.taken[1])
+        ]
+        held = {r.info.key for b in self.buckets.values() for r in b.runs}
+        refs += [
+            (seg.min_d, seg.max_d, info.key, seg.offset, seg.length, *taken)
+            for meta in unknown
+            if meta.key not in self.buckets
+            for info in meta.runs
+            if info.key not in held
+            for seg in info.segments
+            if seg.count
+        ]
+        return [x for x in loaded if len(x)], refs
+
     # --- progress -----------------------------------------------------------------------------
 
     def advance(self, all_acked) -> list[str]:

@@ -502,6 +502,16 @@ class TopicIndex:
         end = int(parts[-1].rows.positions[-1]) + 1 if parts else taken_below
         return Rows.concat(taken), max(end, taken_below), next_d, waiting
 
+    def untaken(self, taken_below: int, taken_through: int) -> Rows:
+        """The rows held (those sealing included) a subscription has not taken yet (see
+        :meth:`due`), due or not, sorted by position: what a peek looks at."""
+        parts = [p for _, ps in self._sealing for p in ps] + self._parts
+        out = []
+        for p in parts:
+            keep = ~((p.rows.positions < taken_below) & (p.d <= taken_through))
+            out.append(p.rows if keep.all() else p.rows.take(np.flatnonzero(keep)))
+        return Rows.concat(out)
+
     def waiting_histogram(self, edges: np.ndarray, now_ms: int) -> np.ndarray:
         """Rows not due yet per due window (as the trackers count them)."""
         out = np.zeros(len(edges) + 1, dtype=np.int64)

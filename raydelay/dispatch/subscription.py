@@ -66,6 +66,7 @@ from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.keyshared import SLOTS, Ring, slots_of
 from raydelay.dispatch.objects import ObjectCache
+from raydelay.dispatch.peek import NO_LIMIT, PeekRange, SegmentRef, first_rows, with_deliver_at
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import (
     NO_CANCEL,
@@ -100,6 +101,8 @@ TAIL_POLL_MS = 1_000
 DEAD_LETTER_BATCH = 1_000  # dead letters published per flush
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
 _KEY_SLOT_CACHE = 1_000_000  # key_shared: message keys whose hash slot is kept
+PEEK_READS = 8  # sealed segments a peek reads at once
+PEEK_PAGE = 50_000  # rows a peek asks of the host's unsealed index at a time, without a limit
 
 
 class Source(Protocol):
@@ -133,6 +136,23 @@ class Fetch(Protocol):
     ``keys`` it still has, sorted by position."""
 
     async def __call__(self, keys: np.ndarray) -> Rows: ...
+
+
+class ReadSegments(Protocol):
+    """Reads sealed segments not loaded (a peek): the rows of each, in their order."""
+
+    async def __call__(self, refs: list[SegmentRef]) -> list[Rows]: ...
+
+
+class ReadUnsealed(Protocol):
+    """Asks the partition's host for the rows of its unsealed index a subscription has not
+    taken (every row below position key ``below`` due at or before ``through`` it took),
+    within ``q``'s range and key, in (deliver_at, position) order, after the row
+    ``start`` = (deliver_at, position key) (None: from the first), at most ``page``."""
+
+    async def __call__(
+        self, below: int, through: int, q: PeekRange, start: tuple[int, int] | None, page: int
+    ) -> Rows: ...
 
 
 class CursorWriter(Protocol):
@@ -1556,6 +1576,109 @@ class Subscription:
         self.tracker.remove_message(lg, e)
         self._ack_keys(np.array([k], dtype=np.int64))  # out of the redelivery set, read-ahead
         return True
+
+    # --- peek --------------------------------------------------------------------------------
+
+    async def peek(
+        self,
+        q: PeekRange,
+        fetch: Fetch,
+        read_segments: ReadSegments,
+        read_unsealed: ReadUnsealed | None = None,
+        unknown: list[SealedMeta] = (),
+    ) -> tuple[Rows, np.ndarray]:
+        """The next scheduled messages not delivered yet, in delivery order (see
+        :mod:`raydelay.dispatch.peek`), and how many times each was delivered before.
+        Nothing changes. ``fetch`` reads payloads of positions from the log;
+        ``read_segments`` reads sealed segments not loaded; ``read_unsealed`` asks the
+        host's unsealed index (None: not asked). ``unknown``: buckets the host lists that
+        are not adopted here yet (their rows are in neither place the subscription looks)."""
+        waiting = getattr(self.tracker, "waiting", None)
+        if waiting is None:
+            raise InvalidArgument(f"peek: the tracker {type(self.tracker).__name__} cannot list")
+        # what is held here, taken at one moment (nothing awaits before the last line)
+        held: list[Rows] = [e.rows.take(e.order[e.pos :]) for e in self._early if len(e)]
+        refs: list[SegmentRef] = []
+        if self.sealed is not None:
+            loaded, raw = self.sealed.peek_parts(unknown, self.tail_taken)
+            held += loaded
+            refs = sorted(SegmentRef(*r) for r in raw if q.admits_span(r[0], r[1]))
+        ready = self.redeliver - self.dead
+        cap = len(ready) if q.limit == NO_LIMIT else min(len(ready), max(q.limit, 1_000))
+        groups, need = self.staged(_first(ready, cap))
+        held += [rows.take(idx) for rows, idx, _ in groups]
+        nacked, nacked_d = waiting(q.due_after, q.due_before, q.limit)
+        taken = self.tail_taken
+        # then the reads: positions without payloads, the host's index, sealed segments
+        found = self._peek_select(held, q)
+        if len(need) or len(nacked):
+            rows = await fetch(np.unique(np.concatenate([need, nacked])))
+            parts = [found, rows.take(np.flatnonzero(np.isin(rows.positions, need)))]
+            hit = np.isin(nacked, rows.positions)
+            if hit.any():  # (a nacked one goes out at its nack's time, not its deliver_at)
+                at = np.searchsorted(rows.positions, nacked[hit])
+                parts.append(with_deliver_at(rows.take(at), nacked_d[hit]))
+            found = self._peek_select(parts, q)
+        if read_unsealed is not None and self.sealed is not None:
+            found = await self._peek_unsealed(found, q, read_unsealed, taken)
+        i = 0
+        while i < len(refs):
+            bar = q.bar(found)
+            batch = []
+            while (
+                i < len(refs) and len(batch) < PEEK_READS and (bar is None or refs[i].min_d <= bar)
+            ):
+                batch.append(refs[i])
+                i += 1
+            if not batch:
+                break  # (every segment left starts after the answer's last row)
+            got = await read_segments(batch)
+            parts = [
+                rows.take(np.flatnonzero(ref.untaken(rows)))
+                for ref, rows in zip(batch, got, strict=True)
+            ]
+            found = self._peek_select([found, *parts], q)
+        return found, self._counts_of(found.positions)
+
+    async def _peek_unsealed(
+        self, found: Rows, q: PeekRange, read_unsealed: ReadUnsealed, taken: tuple[int, int]
+    ) -> Rows:
+        """``found`` with the host's unsealed rows, asked a page at a time until the answer
+        is full and the pages pass its last row (rows acknowledged here are left out after
+        the host answered, so one page may not be enough)."""
+        page = PEEK_PAGE if q.limit == NO_LIMIT else max(q.limit, 1_000)
+        start: tuple[int, int] | None = None
+        while True:
+            rows = await read_unsealed(taken[0], taken[1], q, start, page)
+            found = self._peek_select([found, rows], q)
+            if len(rows) < page:
+                return found
+            last = (int(rows.entries.deliver_at_ms[-1]), int(rows.positions[-1]))
+            bar = q.bar(found)
+            if bar is not None and last[0] > bar:
+                return found
+            start = last
+
+    def _peek_select(self, parts: list[Rows], q: PeekRange) -> Rows:
+        """The rows of ``parts`` a peek shows: in ``q``'s range, neither acknowledged nor
+        cancelled, held by no consumer and not dead-lettered; sorted, at most its limit."""
+        kept = []
+        for rows in parts:
+            if not len(rows):
+                continue
+            keep = q.mask(rows)
+            if keep.any():
+                keep &= self._unseen(rows.positions)
+            if keep.any() and (self.dead or self._consumers):
+                held = BitMap64(self.dead)
+                for c in self._consumers.values():
+                    held |= c.pending
+                if held:
+                    keep &= ~np.isin(
+                        rows.positions, bitmap64_values(held & bitmap64_of(np.sort(rows.positions)))
+                    )
+            kept.append(rows.take(np.flatnonzero(keep)))
+        return first_rows(kept, q.limit)
 
     # --- timers and stats -----------------------------------------------------------------------
 

@@ -155,6 +155,11 @@ class PartitionLog:
         """The decoded objects of one ledger, in order (recovery of the topic's index)."""
         return self._reader.objects_of(ledger_id)
 
+    def position_at(self, time_ms: int) -> Position | None:
+        """The first position published at or after ``time_ms`` (epoch ms); None: every
+        entry of the log is older (see :meth:`raydelay.log.reader.LogReader.position_at`)."""
+        return self._reader.position_at(time_ms, [x.ledger_id for x in self._ledgers.infos])
+
     def cancel_markers(self, from_position: Position) -> list[tuple[Position, Position]]:
         """Every cancel marker at or after ``from_position``: (marker, target) pairs, in log
         order. A restarted subscription learns them all before it delivers anything, so a

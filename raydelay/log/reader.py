@@ -145,6 +145,28 @@ class LogReader:
         self._indexes.put((ledger_id, first), index)
         return index, head
 
+    def position_at(self, time_ms: int, ledger_ids: list[int]) -> Position | None:
+        """The first position of ``ledger_ids`` (ascending) published at or after
+        ``time_ms`` (epoch ms), or None when every entry is older. Publish times only grow
+        along the log, so this reads the last object's index of each ledger before the
+        one that holds it, and a few in that one (a binary search)."""
+        for ledger_id in ledger_ids:
+            firsts = self.firsts(ledger_id)
+            if not firsts or self._published(ledger_id, firsts[-1]) < time_ms:
+                continue
+            lo, hi = 0, len(firsts) - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._published(ledger_id, firsts[mid]) >= time_ms:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return (ledger_id, firsts[lo])
+        return None
+
+    def _published(self, ledger_id: int, first: int) -> int:
+        return self.object_index(ledger_id, first)[0].publish_time_ms
+
     def objects_of(self, ledger_id: int) -> Iterator[LedgerObject]:
         """The decoded objects of one ledger, in order (recovery of the topic's index)."""
         for first in self.firsts(ledger_id):

@@ -131,3 +131,15 @@ def run_child(script: str, cwd, *args: str, timeout_s: float = 400) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def wait_until(what: str, cond, timeout_s: float = 30.0):
+    """Poll ``cond()`` every 0.2 s until it returns something truthy (returned), or fail
+    the test after ``timeout_s`` naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)

@@ -66,9 +66,31 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
     # that say they start again with the actors
     assert "last heard from" in out and " s of 10 s" in out
     assert "delivered (since its actors started)" in out
+    # and peek shows the five scheduled ones in the order they will go out, due first
+    code, out, err = run(capsys, "peek", topic_name, "audit")
+    assert code == 0 and "5 scheduled messages in " in err
+    lines = [line.split("\t") for line in out.strip().splitlines()]
+    assert [x[0] for x in lines[:3]] == ids and [x[-1] for x in lines] == list("abcxy")
+    code, out, _ = run(capsys, "peek", topic_name, "audit", "-n", "2")
+    assert code == 0 and [x.split("\t")[-1] for x in out.strip().splitlines()] == ["a", "b"]
+    tomorrow = lines[3][1]  # (the ISO time peek printed is what --due-after takes)
+    code, out, _ = run(capsys, "peek", topic_name, "audit", "--due-after", tomorrow)
+    assert code == 0 and [x.split("\t")[-1] for x in out.strip().splitlines()] == ["x", "y"]
     # When one of the soon ones is cancelled
     code, out, _ = run(capsys, "cancel", ids[0])
     assert code == 0 and out.strip() == f"{ids[0]}\tcancelled"
+    # Then peek no longer shows it
+    code, out, _ = run(capsys, "peek", topic_name, "audit", "-n", "-1")
+    assert code == 0 and [x.split("\t")[-1] for x in out.strip().splitlines()] == list("bcxy")
+    # and reset-cursor says it needs the consumers gone, then replays from the earliest
+    code, out, err = run(capsys, "reset-cursor", topic_name, "audit", "earliest")
+    assert code == 2 and "has 1 consumer" in err
+    for c in list(cluster._consumers):
+        c.close()
+    code, out, _ = run(capsys, "reset-cursor", topic_name, "audit", "earliest")
+    assert code == 0 and sorted(out.split()) == sorted(
+        [f"{topic_name}/0", f"{topic_name}/1"] + ["before", "the", "first", "entry"] * 2
+    )
     # Then consuming (with no limit on the count) gets the immediate message only, and acks it
     code, out, err = run(
         capsys, "consume", topic_name, "audit", "--ack", "--timeout", "1", "-n", "-1"
@@ -96,6 +118,9 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
         (["produce", "t", "/no/such/file"], "file: cannot read '/no/such/file'"),
         (["produce", "t", "--deliver-at", "2030-01-01T10:00:00"], "has no time zone"),
         (["consume", "t", "s", "-n", "0"], "max: expected >= 1, or -1 for no limit, got 0"),
+        (["peek", "t", "s", "--due-after", "2030-01-01T10:00"], "due_after: '2030-01-01T10:00'"),
+        (["peek", "t", "s", "--due-before", "soon"], "due_before: 'soon' is not an ISO-8601"),
+        (["reset-cursor", "t", "s", "2030-01-01T10:00"], "to: '2030-01-01T10:00' has no time zone"),
         (["ingest", "/no/such.parquet", "--topic", "t", "--payload-col", "p"], "does not exist"),
     ],
 )

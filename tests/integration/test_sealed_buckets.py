@@ -18,7 +18,13 @@ import pytest
 import ray
 
 from raydelay.storage import make_store
-from tests.integration.helpers import now_ms, restart, restart_partition, topic_partition
+from tests.integration.helpers import (
+    now_ms,
+    restart,
+    restart_partition,
+    topic_partition,
+    wait_until,
+)
 
 
 def _topic(topic: str, partition: int = 0):
@@ -27,16 +33,6 @@ def _topic(topic: str, partition: int = 0):
 
 def _topic_stats(topic: str) -> dict:
     return ray.get(_topic(topic).stats.remote())
-
-
-def _wait(what: str, cond, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def _drain(consumer, count: int, timeout_s: float = 60.0, ack: bool = True):
@@ -76,7 +72,7 @@ def test_every_subscription_gets_each_message_once_from_one_index(cluster, topic
     producer.send_many([b"n%d" % i for i in range(1_000)])
     assert all(producer.cancel_many(delayed[:100]))
     # When the topic has sealed, and a fourth subscription is made after it
-    _wait("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 2)
+    wait_until("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 2)
     late = cluster.subscribe(topic_name, "late")
     reads_before = _topic_stats(topic_name)["point_reads"]
     # Then each subscription gets every uncancelled message exactly once, none early
@@ -94,8 +90,8 @@ def test_every_subscription_gets_each_message_once_from_one_index(cluster, topic
     got = _drain(late, len(wanted))
     assert set(got) == wanted and all(len(v) == 1 for v in got.values())
     # Once every subscription is done, the buckets and the sealed ledgers are deleted
-    _wait("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
-    _wait(
+    wait_until("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
+    wait_until(
         "sealed ledgers deleted",
         lambda: _topic_stats(topic_name)["ledgers"][0][0] > first_ledger,
     )
@@ -115,7 +111,7 @@ def test_a_fifo_subscription_keeps_the_log_the_buckets_no_longer_hold(cluster, t
     # When the shared one is done with everything
     got = _drain(shared, 5_500)
     assert len(got) == 5_500
-    _wait("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
+    wait_until("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
     # Then the ledgers stay for the failover one, which reads all of it in log order
     time.sleep(1.0)
     assert _topic_stats(topic_name)["ledgers"][0][0] == first_ledger
@@ -134,7 +130,7 @@ def test_restarts_of_topic_and_subscription_actors_lose_nothing(cluster, topic_n
     restart_partition(topic_name, 0)
     producer.send_many([b"b%d" % i for i in range(3_000)], deliver_at=due + 1_000)
     producer.send_many([b"n%d" % i for i in range(500)])
-    _wait("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 1)
+    wait_until("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 1)
     restart_partition(topic_name, 0)
     # ... and one subscription's actor dies half-way through delivering
     first = _drain(consumers[0], 3_000, timeout_s=15)
@@ -164,7 +160,7 @@ def test_a_message_whose_ledger_is_gone_can_still_be_cancelled(cluster, topic_na
     producer = cluster.create_producer(topic_name)
     first_ledger = _topic_stats(topic_name)["ledgers"][0][0]
     mids = producer.send_many([b"d%d" % i for i in range(5_000)], deliver_at=now_ms() + 8_000)
-    _wait(
+    wait_until(
         "a sealed ledger deleted", lambda: _topic_stats(topic_name)["ledgers"][0][0] > first_ledger
     )
     assert mids[0].ledger_id == first_ledger
