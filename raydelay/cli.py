@@ -152,6 +152,21 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("to", metavar="TO")
     reset.set_defaults(func=cmd_reset_cursor)
 
+    redrive = sub.add_parser(
+        "redrive",
+        help="send a dead-letter topic's messages back to where they came from",
+        description="Send the messages of a dead-letter topic back to the topic and partition "
+        "each came from (or to --to TOPIC), due at once, with payload, key and properties, "
+        "their redelivery count starting from 0, and acknowledge them in the dead-letter "
+        "topic. Each goes back exactly once, even when a redrive is interrupted and run again.",
+    )
+    redrive.add_argument("dead_letter_topic")
+    redrive.add_argument("--to", dest="to_topic", help="send them all to this topic instead")
+    redrive.add_argument(
+        "-n", "--max", type=int, default=-1, help="at most N (default -1: all of them)"
+    )
+    redrive.set_defaults(func=cmd_redrive)
+
     cancel = sub.add_parser(
         "cancel",
         help="cancel scheduled messages by id",
@@ -515,6 +530,18 @@ def cmd_reset_cursor(args: argparse.Namespace) -> int:
     for p, md in sorted(marks.items()):
         where = "before the first entry" if md[0] < 0 else f"mark-delete {md[0]}:{md[1]}"
         print(f"{args.topic}/{p}\t{where}")
+    return 0
+
+
+def cmd_redrive(args: argparse.Namespace) -> int:
+    cluster = _attach(args)
+    started = time.monotonic()
+
+    def progress(moved: int) -> None:
+        print(f"moved {moved:,} ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
+
+    moved = cluster.redrive(args.dead_letter_topic, args.to_topic, args.max, progress=progress)
+    print(f"{_count(moved, 'message')} sent back from {args.dead_letter_topic}")
     return 0
 
 

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from raydelay.client.message import (
     time_ms_of,
 )
 from raydelay.client.producer import Producer
+from raydelay.client.reader import Reader
+from raydelay.client.redrive import redrive
 from raydelay.cluster import handles, owner, placement, rpc
 from raydelay.cluster.handles import Peer, SubscriptionPartitions, TopicPartitions
 from raydelay.cluster.local import (  # noqa: F401 - RAY_SYSTEM_CONFIG is re-exported
@@ -468,6 +471,7 @@ class Cluster:
             lease_s=self.config.subscription.consumer_lease_s,
             prefetch=prefetch,
             seek=lambda to: self._reset(topic, subscription, n, to),
+            tails=lambda: self._on_partitions(topic, n, "tail"),
         )
         self._consumers.append(consumer)
         return consumer
@@ -675,6 +679,71 @@ class Cluster:
             )
         return self._reset(topic, subscription, n, to)
 
+    def create_reader(
+        self, topic: str, start: Any = "earliest", *, inclusive: bool = False
+    ) -> Reader:
+        """A reader of every partition of ``topic``, in log order, with no subscription and
+        no acknowledgements; it ignores deliver_at (Pulsar's readers).
+
+        ``start``: ``"earliest"`` (the oldest entry kept), ``"latest"`` (what comes after
+        the last entry now), a :class:`MessageId` or its string (the entry after it, or it
+        with ``inclusive``; the topic's other partitions from the earliest), or a time
+        (epoch ms or an aware datetime: the first entry published at or after it)."""
+        self._check_open()
+        if not isinstance(inclusive, bool):
+            raise InvalidArgument(f"inclusive: expected True or False, got {inclusive!r}")
+        n = self._partitions(topic)
+        peers = [self._topic_peer(topic, p) for p in range(n)]
+        starts = self._read_from(topic, n, start, inclusive, "start")
+        if len(starts) < n:
+            starts = {p: (-1, 0) for p in range(n)} | starts
+        return Reader(
+            topic,
+            peers,
+            starts,
+            resolve=lambda to: self._read_from(topic, n, to, True, "to"),
+            tails=lambda: self._on_partitions(topic, n, "tail"),
+        )
+
+    def _read_from(
+        self, topic: str, n: int, to: Any, inclusive: bool, field: str
+    ) -> dict[int, tuple[int, int]]:
+        """partition -> the first position to read for ``to`` (see create_reader)."""
+        if isinstance(to, str) and to == "earliest":
+            return {p: (-1, 0) for p in range(n)}
+        if isinstance(to, str) and not isinstance(to, MessageId) and to != "latest":
+            to = MessageId.parse(to)
+        if isinstance(to, MessageId):
+            md = self._mark_before(topic, n, to)
+            return {to.partition: (md[0], md[1] + (1 if inclusive else 2))}
+        marks = self._reset_marks(topic, n, to, field)
+        return {p: (md[0], md[1] + 1) if md[0] >= 0 else (-1, 0) for p, md in marks.items()}
+
+    def redrive(
+        self,
+        dead_letter_topic: str,
+        to_topic: str | None = None,
+        limit: int | None = None,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Send dead letters back to the topic and partition they came from (or to
+        ``to_topic``), due at once, with their payload, key and properties, their
+        redelivery count starting again from 0; acknowledge them in the dead-letter topic
+        (SQS's redrive). Each goes back exactly once, however often a redrive is
+        interrupted and run again (see :mod:`raydelay.client.redrive`). One redrive of a
+        topic runs at a time; another waits for it (or for a killed one's lease to lapse).
+
+        ``limit``: at most this many (None or -1: all); ``progress(moved)`` is called after
+        each batch. Returns how many moved."""
+        self._check_open()
+        lim = -1 if limit is None else check_limit("limit", limit)
+        lim = NO_LIMIT if lim == sys.maxsize else lim
+        if to_topic is not None:
+            validate_name("to_topic", to_topic)
+        self._partitions(dead_letter_topic)  # NotFound
+        return redrive(self, dead_letter_topic, to_topic, lim, progress)
+
     def _reset(self, topic: str, subscription: str, n: int, to: Any) -> dict[int, list[int]]:
         marks = self._reset_marks(topic, n, to)
         groups: dict[str, tuple[Peer, dict[int, list[int]]]] = {}
@@ -695,7 +764,7 @@ class Cluster:
         )
         return marks
 
-    def _reset_marks(self, topic: str, n: int, to: Any) -> dict[int, list[int]]:
+    def _reset_marks(self, topic: str, n: int, to: Any, field: str = "to") -> dict[int, list[int]]:
         """partition -> the mark-delete position a reset ``to`` gives (see reset_cursor)."""
         if isinstance(to, str) and to in ("earliest", "latest"):
             if to == "earliest":
@@ -711,7 +780,7 @@ class Cluster:
         if isinstance(to, datetime) or (
             isinstance(to, (int, np.integer)) and not isinstance(to, bool)
         ):
-            at = time_ms_of("to", to)
+            at = time_ms_of(field, to)
             found = self._on_partitions(topic, n, "position_at", at)
             tails = self._on_partitions(topic, n, "tail")
             out = {}
@@ -722,7 +791,7 @@ class Cluster:
                     out[p] = [-1, -1] if tail is None else [int(tail[0]), int(tail[1])]
             return out
         raise InvalidArgument(
-            "to: expected 'earliest', 'latest', a MessageId (or its string), epoch "
+            f"{field}: expected 'earliest', 'latest', a MessageId (or its string), epoch "
             f"milliseconds or an aware datetime; got {type(to).__name__}"
         )
 

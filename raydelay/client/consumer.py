@@ -50,6 +50,7 @@ from raydelay.client.message import (
     check_number,
     messages_from_batch,
 )
+from raydelay.client.reader import last_ids, only_id
 from raydelay.clock import now_ms as _now_ms
 from raydelay.errors import InvalidArgument, StorageError, Unavailable
 from raydelay.positions import LOW, MAX_LEDGER_ID, position_in_range, position_keys
@@ -94,9 +95,11 @@ class Consumer:
         lease_s: float,
         prefetch: bool = False,
         seek: Callable[[Any], Any] | None = None,
+        tails: Callable[[], list] | None = None,
     ) -> None:
         self._link = link
         self._seek = seek  # resets the subscription's cursor (Cluster._reset)
+        self._tails = tails  # each partition's last position
         self.topic = topic
         self.subscription = subscription
         self.partitions = partitions = link.partitions
@@ -632,6 +635,20 @@ class Consumer:
         self.flush()
         self._seek(to)
         self.redeliver_unacknowledged()  # (and drops what the buffer and calls under way hold)
+
+    def last_message_ids(self) -> list[MessageId | None]:
+        """The id of each partition's last entry (None: the partition is empty)."""
+        self._check_open()
+        if self._tails is None:
+            raise InvalidArgument(
+                "last_message_ids: this consumer was not made by Cluster.subscribe"
+            )
+        return last_ids(self.topic, self._tails())
+
+    def get_last_message_id(self) -> MessageId | None:
+        """The id of the topic's last entry (Pulsar's ``get_last_message_id``); a topic of
+        one partition only (see :meth:`last_message_ids`)."""
+        return only_id(self.topic, self.last_message_ids())
 
     def _group(self, messages: Any, field: str) -> dict[int, np.ndarray]:
         """partition -> int64 position keys of ``messages``."""

@@ -1621,7 +1621,7 @@ class Subscription:
             found = self._peek_select(parts, q)
         if read_unsealed is not None and self.sealed is not None:
             found = await self._peek_unsealed(found, q, read_unsealed, taken)
-        i = 0
+        i, every = 0, []  # (without a limit, every row read is kept and sorted once)
         while i < len(refs):
             bar = q.bar(found)
             batch = []
@@ -1634,10 +1634,15 @@ class Subscription:
                 break  # (every segment left starts after the answer's last row)
             got = await read_segments(batch)
             parts = [
-                rows.take(np.flatnonzero(ref.untaken(rows)))
+                self._peek_filter(rows.take(np.flatnonzero(ref.untaken(rows))), q)
                 for ref, rows in zip(batch, got, strict=True)
             ]
-            found = self._peek_select([found, *parts], q)
+            if q.limit == NO_LIMIT:
+                every += parts
+            else:
+                found = first_rows([found, *parts], q.limit)
+        if every:
+            found = first_rows([found, *every], q.limit)
         return found, self._counts_of(found.positions)
 
     async def _peek_unsealed(
@@ -1660,25 +1665,26 @@ class Subscription:
             start = last
 
     def _peek_select(self, parts: list[Rows], q: PeekRange) -> Rows:
-        """The rows of ``parts`` a peek shows: in ``q``'s range, neither acknowledged nor
-        cancelled, held by no consumer and not dead-lettered; sorted, at most its limit."""
-        kept = []
-        for rows in parts:
-            if not len(rows):
-                continue
-            keep = q.mask(rows)
-            if keep.any():
-                keep &= self._unseen(rows.positions)
-            if keep.any() and (self.dead or self._consumers):
-                held = BitMap64(self.dead)
-                for c in self._consumers.values():
-                    held |= c.pending
-                if held:
-                    keep &= ~np.isin(
-                        rows.positions, bitmap64_values(held & bitmap64_of(np.sort(rows.positions)))
-                    )
-            kept.append(rows.take(np.flatnonzero(keep)))
-        return first_rows(kept, q.limit)
+        """The rows of ``parts`` a peek shows (see :meth:`_peek_filter`), sorted, at most
+        its limit."""
+        return first_rows([self._peek_filter(rows, q) for rows in parts], q.limit)
+
+    def _peek_filter(self, rows: Rows, q: PeekRange) -> Rows:
+        """The rows a peek shows: in ``q``'s range, neither acknowledged nor cancelled, held
+        by no consumer and not dead-lettered."""
+        if not len(rows):
+            return rows
+        keep = q.mask(rows)
+        if keep.any():
+            keep &= self._unseen(rows.positions)
+        if keep.any() and (self.dead or self._consumers):
+            held = BitMap64(self.dead)
+            for c in self._consumers.values():
+                held |= c.pending
+            if held:
+                hit = held & bitmap64_of(np.sort(rows.positions))
+                keep &= ~np.isin(rows.positions, bitmap64_values(hit))
+        return rows if keep.all() else rows.take(np.flatnonzero(keep))
 
     # --- timers and stats -----------------------------------------------------------------------
 

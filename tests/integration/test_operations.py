@@ -7,6 +7,10 @@ and the subscription's own nacks: every place a peek has to look.
 
 from __future__ import annotations
 
+import collections
+import signal
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -286,3 +290,194 @@ def test_reset_refuses_bad_targets_and_changes_nothing(cluster, topic_name):
     with pytest.raises(NotFound):
         cluster.reset_cursor(topic_name, "nobody", "earliest")
     assert cluster.stats(topic_name, "s")["mark_delete"] == before
+
+
+# --- readers ----------------------------------------------------------------------------------
+
+
+def _read_all(reader, timeout_s: float = 1.0) -> list:
+    got = []
+    while batch := reader.read_batch(1_000, timeout_s=timeout_s):
+        got += batch
+    return got
+
+
+def test_a_reader_reads_every_partition_in_log_order_ignoring_deliver_at(cluster, topic_name):
+    # Given three partitions: 150 messages now, 150 due in an hour, 5 of those cancelled
+    cluster.create_topic(topic_name, partitions=3)
+    producer = cluster.create_producer(topic_name)
+    now_ids = producer.send_many(
+        [b"n%d" % i for i in range(150)], keys=[f"k{i}" for i in range(150)]
+    )
+    later = producer.send_many(
+        [b"l%d" % i for i in range(150)], deliver_after=3600, keys=[f"k{i}" for i in range(150)]
+    )
+    assert all(producer.cancel_many(later[:5]))
+    # When a reader reads from the earliest
+    reader = cluster.create_reader(topic_name)
+    got = _read_all(reader)
+    # Then it reads all 300 at once, in log order on each partition, with their due times
+    # (the cancel markers are not messages; the cancelled messages are still in the log)
+    assert sorted(m.message_id for m in got) == sorted([*now_ids, *later])
+    for p in range(3):
+        mine = [m.message_id for m in got if m.message_id.partition == p]
+        assert mine == sorted(mine)
+    due = {m.message_id: m.deliver_at_ms for m in got}
+    assert all(due[i] is None for i in now_ids) and all(due[i] > now_ms() for i in later)
+    # and it has nothing more until something is sent
+    assert not reader.has_message_available() and reader.read_next(timeout_s=0.2) is None
+    fresh = producer.send_many([b"f%d" % i for i in range(6)])
+    assert reader.has_message_available()
+    assert sorted(m.message_id for m in _read_all(reader)) == sorted(fresh)
+    # When it seeks to one message by id, it reads that partition from there again
+    mid = sorted(i for i in now_ids if i.partition == 1)[10]
+    reader.seek(mid)
+    again = _read_all(reader)
+    assert [m.message_id for m in again] == sorted(
+        i for i in [*now_ids, *later, *fresh] if i.partition == 1 and i >= mid
+    )
+    # and the last ids are each partition's last entry (a cancel marker may be one)
+    last = reader.last_message_ids()
+    assert len(last) == 3 and all(x.partition == p for p, x in enumerate(last))
+    sent = [*now_ids, *later, *fresh]
+    assert last == [max(i for i in [*sent, *last] if i.partition == p) for p in range(3)]
+    with pytest.raises(InvalidArgument, match="has 3 partitions; last_message_ids"):
+        reader.get_last_message_id()
+    reader.close()
+    with pytest.raises(InvalidArgument, match="reader: it was closed"):
+        reader.read_next(timeout_s=0)
+
+
+def test_readers_start_where_they_are_told(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=1)
+    producer = cluster.create_producer(topic_name)
+    ids = list(producer.send_many([b"a%d" % i for i in range(20)]))
+    time.sleep(0.05)
+    middle = now_ms()
+    time.sleep(0.05)
+    ids += producer.send_many([b"b%d" % i for i in range(20)])
+    consumer = cluster.subscribe(topic_name, "s")
+    assert consumer.get_last_message_id() == ids[-1]
+    latest = cluster.create_reader(topic_name, "latest")
+    after = cluster.create_reader(topic_name, ids[4])
+    at = cluster.create_reader(topic_name, str(ids[4]), inclusive=True)
+    by_time = cluster.create_reader(topic_name, middle)
+    assert [m.message_id for m in _read_all(after)] == ids[5:]
+    assert [m.message_id for m in _read_all(at)] == ids[4:]
+    assert [m.message_id for m in _read_all(by_time)] == ids[20:]
+    assert latest.read_next(timeout_s=0.3) is None
+    more = producer.send_many([b"c"])
+    assert latest.read_next(timeout_s=10).message_id == more[0]
+    assert latest.get_last_message_id() == more[0]
+    for bad, message in [
+        (3.5, "start: expected 'earliest', 'latest', a MessageId"),
+        ("soon", "message_id: 'soon' is not"),
+        (ids[0]._replace(entry_id=999), "past the end"),
+    ]:
+        with pytest.raises(InvalidArgument, match=message):
+            cluster.create_reader(topic_name, bad)
+    with pytest.raises(InvalidArgument, match="inclusive: expected True or False"):
+        cluster.create_reader(topic_name, inclusive="yes")
+    with pytest.raises(NotFound):
+        cluster.create_reader("no-such-topic")
+
+
+# --- dead-letter redrive ------------------------------------------------------------------------
+
+
+def test_dead_letters_go_back_once_with_their_key_and_properties(cluster, topic_name):
+    # Given 40 messages dead-lettered after one redelivery (nacked twice)
+    cluster.create_topic(topic_name, partitions=2)
+    consumer = cluster.subscribe(topic_name, "s", max_redeliveries=1)
+    producer = cluster.create_producer(topic_name)
+    ids = producer.send_many(
+        [b"m%d" % i for i in range(40)],
+        keys=[f"k{i}" for i in range(40)],
+        properties=[{"n": str(i)} for i in range(40)],
+    )
+    dlq = f"{topic_name}-s-DLQ"
+    for _ in range(2):
+        got = []
+        while len(got) < 40:
+            got += consumer.receive(max_messages=100, timeout_s=5.0)
+        consumer.nack(got)
+    wait_until("the dead letters", lambda: cluster.stats(dlq)["partitions"][0]["tail"])
+    wait_until(
+        "40 dead letters",
+        lambda: len(_read_all(cluster.create_reader(dlq), timeout_s=0.3)) == 40,
+    )
+    # When they are redriven
+    moved = []
+    assert cluster.redrive(dlq, progress=moved.append) == 40 and moved[-1] == 40
+    # Then the subscription gets each again, on its partition, counted from 0, with its
+    # key and properties, and a note of where it was
+    back = []
+    while len(back) < 40:
+        msgs = consumer.receive(max_messages=100, timeout_s=5.0)
+        assert msgs, "the redriven messages did not come"
+        back += msgs
+        consumer.ack(msgs)
+    by_payload = {m.payload: m for m in back}
+    assert len(by_payload) == 40 and all(m.redelivery_count == 0 for m in back)
+    for i, mid in enumerate(ids):
+        m = by_payload[b"m%d" % i]
+        assert m.key == f"k{i}" and m.properties["n"] == str(i)
+        assert m.properties["raydelay.redriven_from"].startswith(f"{dlq}/0/")
+        assert m.message_id.partition == mid.partition and m.message_id > mid
+    # and a second redrive finds nothing left
+    assert cluster.redrive(dlq) == 0
+
+
+def test_a_redrive_killed_in_the_middle_and_run_again_moves_each_once(cluster, topic_name):
+    # Given 3,000 dead letters of a two-partition topic
+    cluster.create_topic(topic_name, partitions=2)
+    dlq = f"{topic_name}-DLQ"
+    cluster.create_topic(dlq, partitions=1)
+    origins = [f"{topic_name}/{i % 2}/1:{i}" for i in range(3_000)]
+    dead = cluster.create_producer(dlq).send_many(
+        [b"d%d" % i for i in range(3_000)],
+        properties=[
+            {"raydelay.original_message_id": o, "n": str(i)} for i, o in enumerate(origins)
+        ],
+    )
+    # When a redrive is SIGKILLed after its first batch went back
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raydelay.cli", "--address", address, "redrive", dlq],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stderr:
+        if line.startswith("moved "):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    # and run again (it waits for the killed one's lease on the dead-letter topic)
+    rest = cluster.redrive(dlq)
+    # Then every dead letter is in its topic exactly once, on the partition it came from
+    back = _read_all(cluster.create_reader(topic_name))
+    sources = collections.Counter(m.properties["raydelay.redriven_from"] for m in back)
+    assert sorted(sources) == sorted(str(i) for i in dead) and set(sources.values()) == {1}
+    assert all(m.message_id.partition == int(m.properties["n"]) % 2 for m in back)
+    assert 0 < rest < 3_000
+
+
+def test_redrive_refuses_bad_input(cluster, topic_name):
+    cluster.create_topic(topic_name, partitions=1)
+    cluster.create_topic(f"{topic_name}-x", partitions=3)
+    cluster.create_producer(topic_name).send_many([b"no origin"])
+    with pytest.raises(NotFound):
+        cluster.redrive("no-such-dlq")
+    with pytest.raises(NotFound):
+        cluster.redrive(topic_name, to_topic="deleted-or-never-made")
+    with pytest.raises(InvalidArgument, match="limit: must be > 0, or -1"):
+        cluster.redrive(topic_name, limit=0)
+    with pytest.raises(InvalidArgument, match="to_topic: .* must match"):
+        cluster.redrive(topic_name, to_topic="a/b")
+    # a dead letter that does not say where it came from needs to_topic, and nothing moves
+    with pytest.raises(InvalidArgument, match="has no raydelay.original_message_id"):
+        cluster.redrive(topic_name)
+    with pytest.raises(InvalidArgument, match="is the dead-letter topic itself"):
+        cluster.redrive(topic_name, to_topic=topic_name)
+    assert cluster.redrive(topic_name, to_topic=f"{topic_name}-x") == 1
+    assert cluster.redrive(topic_name, to_topic=f"{topic_name}-x") == 0
