@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -30,6 +31,7 @@ from raydelay.client.message import (
     messages_from_batch,
     time_ms_of,
 )
+from raydelay.client.multi import MultiTopicConsumer
 from raydelay.client.producer import Producer
 from raydelay.client.reader import Reader
 from raydelay.client.redrive import redrive
@@ -389,7 +391,7 @@ class Cluster:
 
     def subscribe(
         self,
-        topic: str,
+        topic: str | list[str] | re.Pattern,
         subscription: str,
         subscription_type: str = "shared",
         ack_timeout_s: float | None = None,
@@ -399,7 +401,7 @@ class Cluster:
         prefetch: bool = False,
         initial_position: str = "earliest",
         partitions_per_actor: int | None = None,
-    ) -> Consumer:
+    ) -> Consumer | MultiTopicConsumer:
         """Create (or join) a subscription and return a consumer of it.
 
         - ``ack_timeout_s``: unacked messages are redelivered after this many seconds
@@ -418,8 +420,32 @@ class Cluster:
           key go to one consumer at a time, in order.
         - ``partitions_per_actor``: how many partitions one actor (process) of the
           subscription serves; -1 (the default, ``subscription.partitions_per_actor``) is
-          all of them. Set when the subscription is created; it cannot change after."""
+          all of them. Set when the subscription is created; it cannot change after.
+
+        ``topic`` may be a list of topics, or a compiled pattern (``re.compile("orders-.*")``,
+        matched against whole names): then the subscription is made on each, and a
+        :class:`~raydelay.client.multi.MultiTopicConsumer` receives from all of them at once
+        (a pattern's consumer also subscribes topics created later, looked for once a
+        second; this subscription's own dead-letter topics are left out)."""
         self._check_open()
+        if isinstance(topic, (list, tuple, re.Pattern)):
+            return self._subscribe_many(
+                topic,
+                subscription,
+                dict(
+                    subscription_type=subscription_type,
+                    ack_timeout_s=ack_timeout_s,
+                    max_redeliveries=max_redeliveries,
+                    dead_letter_topic=dead_letter_topic,
+                    prefetch=prefetch,
+                    initial_position=initial_position,
+                    partitions_per_actor=partitions_per_actor,
+                ),
+            )
+        if isinstance(topic, str) and set(topic) & set("*+?[](){}|^$\\"):
+            raise InvalidArgument(
+                f"topic: {topic!r} is not a topic name; for a pattern pass re.compile({topic!r})"
+            )
         validate_name("subscription", subscription)
         if initial_position not in ("earliest", "latest"):
             raise InvalidArgument(
@@ -475,6 +501,54 @@ class Cluster:
         )
         self._consumers.append(consumer)
         return consumer
+
+    def _subscribe_many(
+        self, topics: list[str] | tuple | re.Pattern, subscription: str, options: dict
+    ) -> MultiTopicConsumer:
+        """A consumer of ``subscription`` on a list of topics or on those a pattern matches."""
+        validate_name("subscription", subscription)
+
+        def join(topic: str) -> Consumer:
+            consumer = self.subscribe(topic, subscription, **options)
+            assert isinstance(consumer, Consumer)  # (one topic: one Consumer)
+            return consumer
+
+        pattern = topics if isinstance(topics, re.Pattern) else None
+        if pattern is not None:
+
+            def matching() -> list[str]:
+                return sorted(
+                    t
+                    for t in self.topics()
+                    if pattern.fullmatch(t) and not t.endswith(f"-{subscription}-DLQ")
+                )
+
+            names = matching()
+        else:
+            names = list(topics)
+            if not names:
+                raise InvalidArgument("topic: an empty list of topics")
+            for t in names:
+                validate_name("topic", t)
+            if len(set(names)) != len(names):
+                raise InvalidArgument(f"topic: a topic is listed twice in {names!r}")
+            for t in names:
+                self._partitions(t)  # NotFound, before any subscription is made
+        consumers: dict[str, Consumer] = {}
+        try:
+            for t in names:
+                consumers[t] = join(t)
+        except BaseException:
+            for c in consumers.values():
+                c.close()
+            raise
+        return MultiTopicConsumer(
+            subscription,
+            consumers,
+            join=join,
+            topics_now=matching if pattern is not None else None,
+            pattern=pattern,
+        )
 
     def delete_subscription(self, topic: str, subscription: str) -> int:
         """Delete a subscription: its consumers here are closed, its actors stopped, its

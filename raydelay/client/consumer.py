@@ -81,6 +81,15 @@ _IDLE_RETRY_S = 1.0  # the retry thread's wait while no partition is down
 _STANDING_S = 2.0
 
 
+def check_receive(max_messages: object, timeout_s: object) -> float:
+    """Check a receive's arguments; returns the timeout in seconds."""
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+        raise InvalidArgument(f"max_messages: expected an int, got {type(max_messages).__name__}")
+    if not 1 <= max_messages <= MAX_RECEIVE:
+        raise InvalidArgument(f"max_messages: must be 1..{MAX_RECEIVE}, got {max_messages}")
+    return check_number("timeout_s", timeout_s)
+
+
 class Consumer:
     """One consumer of a subscription (``Cluster.subscribe``). ``link`` carries its calls
     to the subscription's partitions (:class:`raydelay.client.links.SubscriptionLink`);
@@ -197,20 +206,21 @@ class Consumer:
         return MessageBatch(self.topic, self._take(max_messages, timeout_s))
 
     def _take(self, max_messages: int, timeout_s: float) -> list[tuple[int, pa.RecordBatch]]:
-        self._check_open()
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
-            raise InvalidArgument(
-                f"max_messages: expected an int, got {type(max_messages).__name__}"
-            )
-        if not 1 <= max_messages <= MAX_RECEIVE:
-            raise InvalidArgument(f"max_messages: must be 1..{MAX_RECEIVE}, got {max_messages}")
-        timeout_s = check_number("timeout_s", timeout_s)
+        timeout_s = self._check_receive(max_messages, timeout_s)
         deadline = time.monotonic() + timeout_s
         while not self._buffer:
             remaining = deadline - time.monotonic()
             self._poll(max_messages, max(remaining, 0.0))
             if self._buffer or remaining <= 0:
                 break
+        return self._from_buffer(max_messages)
+
+    def _check_receive(self, max_messages: object, timeout_s: object) -> float:
+        self._check_open()
+        return check_receive(max_messages, timeout_s)
+
+    def _from_buffer(self, max_messages: int) -> list[tuple[int, pa.RecordBatch]]:
+        """Up to ``max_messages`` of what the buffer holds, in order of arrival."""
         out: list[tuple[int, pa.RecordBatch]] = []
         room = max_messages
         while self._buffer and room > 0:
@@ -226,13 +236,7 @@ class Consumer:
         return out
 
     def _poll(self, max_messages: int, timeout_s: float) -> None:
-        # Ask each partition for its share, so that about max_messages wait here (assigned
-        # to this consumer, their ack deadlines running) per round of replies.
-        share = -(-max_messages // self.partitions)
-        if self.prefetch:  # calls outlive this receive: wait only for this one's timeout
-            call_s, wait_s = max(timeout_s, _STANDING_S), timeout_s
-        else:  # calls end with this receive's timeout; the margin covers the trip back
-            call_s, wait_s = timeout_s, timeout_s + 5.0
+        share, call_s, wait_s = self._plan(max_messages, timeout_s)
         self._ask(share, call_s)
         refs = list(self._inflight)
         if not refs:  # every partition is down: wait for the first retry
@@ -243,8 +247,32 @@ class Consumer:
         if ready:  # take every other reply that is already there too
             more = self._link.ready(refs, len(refs), 0)
             ready = list(dict.fromkeys(ready + more))
+        self._collect(ready)
+        # With prefetch, a call stands at every partition again at once, while the caller
+        # works on what arrived: a message falling due meanwhile is answered the moment it is
+        # due, not when the next receive reaches the partition (as Pulsar's consumer
+        # prefetches).
+        if self.prefetch:
+            self._ask(share, call_s)
+
+    def _plan(self, max_messages: int, timeout_s: float) -> tuple[int, float, float]:
+        """(each partition's share, how long a receive call stands, how long to wait for
+        the first answer). Each partition is asked for its share, so that about
+        ``max_messages`` wait here (assigned to this consumer, their ack deadlines
+        running) per round of replies."""
+        share = -(-max_messages // self.partitions)
+        if self.prefetch:  # calls outlive this receive: wait only for this one's timeout
+            return share, max(timeout_s, _STANDING_S), timeout_s
+        # calls end with this receive's timeout; the margin covers the trip back
+        return share, timeout_s, timeout_s + 5.0
+
+    def _collect(self, ready: list) -> None:
+        """Take in the receive calls of ``ready`` that are this consumer's (and mark the
+        partitions of calls long overdue down)."""
         for ref in ready:
-            p = self._inflight.pop(ref)
+            p = self._inflight.pop(ref, None)
+            if p is None:
+                continue
             self._asked.pop(ref, None)  # (both maps change together)
             try:
                 rb = self._link.get(ref, what=f"subscription {p}")
@@ -264,12 +292,6 @@ class Consumer:
                 hung = self._inflight.get(ref)
                 if hung is not None:
                     self._failed(hung, Unavailable("no answer"))
-        # With prefetch, a call stands at every partition again at once, while the caller
-        # works on what arrived: a message falling due meanwhile is answered the moment it is
-        # due, not when the next receive reaches the partition (as Pulsar's consumer
-        # prefetches).
-        if self.prefetch:
-            self._ask(share, call_s)
 
     def _ask(self, share: int, timeout_s: float) -> None:
         """A receive call outstanding at every partition that has none and is not down

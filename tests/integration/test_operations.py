@@ -8,6 +8,7 @@ and the subscription's own nacks: every place a peek has to look.
 from __future__ import annotations
 
 import collections
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from datetime import datetime, timezone
 import pytest
 import ray
 
+from raydelay.client.message import MessageId
 from raydelay.errors import InvalidArgument, NotFound
 from tests.integration.helpers import now_ms, topic_partition, wait_until
 
@@ -481,3 +483,90 @@ def test_redrive_refuses_bad_input(cluster, topic_name):
         cluster.redrive(topic_name, to_topic=topic_name)
     assert cluster.redrive(topic_name, to_topic=f"{topic_name}-x") == 1
     assert cluster.redrive(topic_name, to_topic=f"{topic_name}-x") == 0
+
+
+# --- multi-topic consumers --------------------------------------------------------------------
+
+
+def test_one_consumer_reads_a_list_of_topics(cluster, topic_name):
+    a, b = f"{topic_name}-a", f"{topic_name}-b"
+    cluster.create_topic(a, partitions=2)
+    cluster.create_topic(b, partitions=1)
+    consumer = cluster.subscribe([a, b], "s")
+    sent = {
+        a: set(cluster.create_producer(a).send_many([b"a%d" % i for i in range(100)])),
+        b: set(
+            cluster.create_producer(b).send_many([b"b%d" % i for i in range(60)], deliver_after=0.5)
+        ),
+    }
+    # When it receives in batches: each batch draws from both topics, each message says its own
+    got = []
+    while len(got) < 160:
+        batch = consumer.receive_batch(max_messages=50, timeout_s=5.0)
+        assert batch, "the messages stopped coming"
+        assert len(batch) <= 50
+        got += list(batch)
+        table = batch.to_arrow()
+        assert table.column_names[:2] == ["topic", "partition"] and table.num_rows == len(batch)
+        consumer.ack(batch)
+    assert {m.message_id for m in got if m.message_id.topic == a} == sent[a]
+    assert {m.message_id for m in got if m.message_id.topic == b} == sent[b]
+    # and a nack of messages of both topics brings each back from its own
+    more = [
+        *cluster.create_producer(a).send_many([b"x"]),
+        *cluster.create_producer(b).send_many([b"y"]),
+    ]
+    twice = []
+    while len(twice) < 2:
+        twice += consumer.receive(timeout_s=5.0)
+    consumer.nack(twice)
+    back = []
+    while len(back) < 2:
+        back += consumer.receive(timeout_s=5.0)
+    assert sorted(m.message_id for m in back) == sorted(more)
+    assert all(m.redelivery_count == 1 for m in back)
+    consumer.ack(back)
+    consumer.flush()
+    assert cluster.stats(a, "s")["backlog"] == 0 and cluster.stats(b, "s")["backlog"] == 0
+
+
+def test_a_pattern_subscription_picks_up_a_topic_made_later(cluster, topic_name):
+    first = f"{topic_name}-1"
+    cluster.create_topic(first)
+    cluster.create_topic(f"other-{topic_name}")
+    consumer = cluster.subscribe(re.compile(f"{topic_name}-.*"), "s", max_redeliveries=3)
+    assert consumer.topics == [first]
+    cluster.create_producer(first).send_many([b"one"])
+    # When a matching topic is made after the consumer, and a message sent to it at once
+    later = f"{topic_name}-2"
+    cluster.create_topic(later, partitions=2)
+    sent = cluster.create_producer(later).send_many([b"two"])
+    # Then the consumer finds it and gets its message (sent before it was found)
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += consumer.receive(timeout_s=1.0)
+    assert sorted(m.payload for m in got) == [b"one", b"two"]
+    assert [m.message_id for m in got if m.payload == b"two"] == list(sent)
+    # and its own dead-letter topics match the pattern but are left out
+    assert consumer.topics == [first, later]
+    assert f"{first}-s-DLQ" in cluster.topics()
+    consumer.close()
+
+
+def test_multi_topic_subscribe_refuses_bad_input(cluster, topic_name):
+    cluster.create_topic(topic_name)
+    with pytest.raises(InvalidArgument, match="an empty list"):
+        cluster.subscribe([], "s")
+    with pytest.raises(InvalidArgument, match="listed twice"):
+        cluster.subscribe([topic_name, topic_name], "s")
+    with pytest.raises(NotFound):
+        cluster.subscribe([topic_name, "no-such-topic"], "s")
+    assert "s" not in cluster.stats(topic_name)["subscriptions"]  # (nothing half made)
+    with pytest.raises(InvalidArgument, match=r"for a pattern pass re.compile\('orders-\.\*'\)"):
+        cluster.subscribe("orders-.*", "s")
+    consumer = cluster.subscribe([topic_name], "s")
+    with pytest.raises(InvalidArgument, match="is not one this consumer reads"):
+        consumer.ack(MessageId("elsewhere", 0, 1, 1))
+    with pytest.raises(InvalidArgument, match="max_messages: must be 1.."):
+        consumer.receive(max_messages=0)
