@@ -31,7 +31,7 @@ from raydelay.client.message import (
     messages_from_batch,
     time_ms_of,
 )
-from raydelay.client.multi import MultiTopicConsumer
+from raydelay.client.multi import PATTERN_REFRESH_S, MultiTopicConsumer
 from raydelay.client.producer import Producer
 from raydelay.client.reader import Reader
 from raydelay.client.redrive import redrive
@@ -496,17 +496,28 @@ class Cluster:
             subscription,
             lease_s=self.config.subscription.consumer_lease_s,
             prefetch=prefetch,
-            seek=lambda to: self._reset(topic, subscription, n, to),
+            seek=lambda to, inclusive: self._reset(topic, subscription, n, to, inclusive),
             tails=lambda: self._on_partitions(topic, n, "tail"),
         )
         self._consumers.append(consumer)
         return consumer
 
     def _subscribe_many(
-        self, topics: list[str] | tuple | re.Pattern, subscription: str, options: dict
+        self,
+        topics: list[str] | tuple | re.Pattern | Callable[[str], bool],
+        subscription: str,
+        options: dict,
+        refresh_s: float = PATTERN_REFRESH_S,
     ) -> MultiTopicConsumer:
-        """A consumer of ``subscription`` on a list of topics or on those a pattern matches."""
+        """A consumer of ``subscription`` on a list of topics, or on those a pattern (or a
+        predicate on names) matches."""
         validate_name("subscription", subscription)
+        if callable(topics) and not isinstance(topics, re.Pattern):
+            predicate = topics
+        elif isinstance(topics, re.Pattern):
+            predicate = topics.fullmatch
+        else:
+            predicate = None
 
         def join(topic: str) -> Consumer:
             consumer = self.subscribe(topic, subscription, **options)
@@ -514,13 +525,13 @@ class Cluster:
             return consumer
 
         pattern = topics if isinstance(topics, re.Pattern) else None
-        if pattern is not None:
+        if predicate is not None:
 
             def matching() -> list[str]:
                 return sorted(
                     t
                     for t in self.topics()
-                    if pattern.fullmatch(t) and not t.endswith(f"-{subscription}-DLQ")
+                    if predicate(t) and not t.endswith(f"-{subscription}-DLQ")
                 )
 
             names = matching()
@@ -546,8 +557,9 @@ class Cluster:
             subscription,
             consumers,
             join=join,
-            topics_now=matching if pattern is not None else None,
+            topics_now=matching if predicate is not None else None,
             pattern=pattern,
+            pattern_refresh_s=refresh_s,
         )
 
     def delete_subscription(self, topic: str, subscription: str) -> int:
@@ -775,7 +787,7 @@ class Cluster:
             topic,
             peers,
             starts,
-            resolve=lambda to: self._read_from(topic, n, to, True, "to"),
+            resolve=lambda to, inclusive: self._read_from(topic, n, to, inclusive, "to"),
             tails=lambda: self._on_partitions(topic, n, "tail"),
         )
 
@@ -818,8 +830,14 @@ class Cluster:
         self._partitions(dead_letter_topic)  # NotFound
         return redrive(self, dead_letter_topic, to_topic, lim, progress)
 
-    def _reset(self, topic: str, subscription: str, n: int, to: Any) -> dict[int, list[int]]:
+    def _reset(
+        self, topic: str, subscription: str, n: int, to: Any, inclusive: bool = True
+    ) -> dict[int, list[int]]:
+        if isinstance(to, str) and to not in ("earliest", "latest"):
+            to = MessageId.parse(to)
         marks = self._reset_marks(topic, n, to)
+        if isinstance(to, MessageId) and not inclusive:  # (delivery goes on after it)
+            marks = {p: [md[0], md[1] + 1] for p, md in marks.items()}
         groups: dict[str, tuple[Peer, dict[int, list[int]]]] = {}
         for p, md in marks.items():
             peer = self._subscription_peer(topic, p, subscription)

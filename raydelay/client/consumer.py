@@ -103,7 +103,7 @@ class Consumer:
         *,
         lease_s: float,
         prefetch: bool = False,
-        seek: Callable[[Any], Any] | None = None,
+        seek: Callable[[Any, bool], Any] | None = None,
         tails: Callable[[], list] | None = None,
     ) -> None:
         self._link = link
@@ -642,11 +642,12 @@ class Consumer:
             )
         )
 
-    def seek(self, to: Any) -> None:
+    def seek(self, to: Any, *, inclusive: bool = False) -> None:
         """Move the subscription's cursor (Pulsar's ``Consumer.seek``), for every consumer
-        of it: ``to`` is ``"earliest"``, ``"latest"``, a :class:`MessageId` (that message
-        is the next one delivered again on its partition), or a time (epoch ms or an aware
-        datetime: the first entry published at or after it, on every partition). See
+        of it: ``to`` is ``"earliest"``, ``"latest"``, a :class:`MessageId` (delivery goes
+        on after that message on its partition, or from it with ``inclusive``, as Pulsar's
+        ``start_message_id_inclusive``), or a time (epoch ms or an aware datetime: the
+        first entry published at or after it, on every partition). See
         :meth:`raydelay.Cluster.reset_cursor`. The acks sent before go first; what this
         consumer holds but has not acked is given back (the reset delivers it again if it
         comes after the new position), and what it had received and not handed out is
@@ -654,8 +655,10 @@ class Consumer:
         self._check_open()
         if self._seek is None:
             raise InvalidArgument("seek: this consumer was not made by Cluster.subscribe")
+        if not isinstance(inclusive, bool):
+            raise InvalidArgument(f"inclusive: expected True or False, got {inclusive!r}")
         self.flush()
-        self._seek(to)
+        self._seek(to, inclusive)
         self.redeliver_unacknowledged()  # (and drops what the buffer and calls under way hold)
 
     def last_message_ids(self) -> list[MessageId | None]:

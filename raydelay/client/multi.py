@@ -166,7 +166,7 @@ class MultiTopicConsumer:
         for topic in sorted(now - set(self._consumers)):
             try:
                 self._consumers[topic] = self._join(topic)
-                log.info("pattern %s: subscribed new topic %s", self.pattern.pattern, topic)
+                log.info("%s: subscribed new topic %s", self._what(), topic)
             except NotFound:  # (deleted again meanwhile)
                 continue
         for topic in sorted(set(self._consumers) - now):
@@ -174,7 +174,10 @@ class MultiTopicConsumer:
             try:
                 consumer.close()
             except Exception as exc:  # noqa: BLE001 - the topic is gone: nothing to hand back
-                log.info("pattern %s: topic %s gone (%s)", self.pattern.pattern, topic, exc)
+                log.info("%s: topic %s gone (%s)", self._what(), topic, exc)
+
+    def _what(self) -> str:
+        return f"pattern {self.pattern.pattern}" if self.pattern is not None else "topics"
 
     # --- acknowledging ----------------------------------------------------------------------
 
@@ -197,15 +200,15 @@ class MultiTopicConsumer:
             return sum(c.redeliver_unacknowledged() for c in self._consumers.values())
         return sum(c.redeliver_unacknowledged(part) for c, part in self._by_topic(msgs, "msgs"))
 
-    def seek(self, to: Any) -> None:
+    def seek(self, to: Any, *, inclusive: bool = False) -> None:
         """Move the subscription's cursor on every topic: ``"earliest"``, ``"latest"`` or
         a time (see :meth:`Consumer.seek`), or a :class:`MessageId` (its topic only)."""
         self._check_open()
         if isinstance(to, MessageId):
-            self._consumer_of(to.topic, "to").seek(to)
+            self._consumer_of(to.topic, "to").seek(to, inclusive=inclusive)
             return
         for c in self._consumers.values():
-            c.seek(to)
+            c.seek(to, inclusive=inclusive)
 
     def flush(self) -> None:
         for c in self._consumers.values():

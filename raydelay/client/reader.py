@@ -43,7 +43,7 @@ _RETRY_S = 0.25  # a partition whose read failed is asked again after this
 class Reader:
     """A reader of every partition of a topic (``Cluster.create_reader``). ``peers``: the
     partitions on their hosts; ``starts``: each partition's first position to read;
-    ``resolve(to)``: partition -> first position to read, for :meth:`seek`; ``tails()``:
+    ``resolve(to, inclusive)``: partition -> first position to read, for :meth:`seek`; ``tails()``:
     each partition's last position (or None)."""
 
     def __init__(
@@ -52,7 +52,7 @@ class Reader:
         peers: list[Peer],
         starts: dict[int, Position],
         *,
-        resolve: Callable[[Any], dict[int, Position]],
+        resolve: Callable[[Any, bool], dict[int, Position]],
         tails: Callable[[], list[Position | None]],
     ) -> None:
         self.topic = topic
@@ -169,13 +169,16 @@ class Reader:
 
     # --- moving -----------------------------------------------------------------------------
 
-    def seek(self, to: Any) -> None:
+    def seek(self, to: Any, *, inclusive: bool = True) -> None:
         """Read from elsewhere: ``to`` is ``"earliest"``, ``"latest"``, a
-        :class:`MessageId` (read from that message on, on its partition; the others are
-        left where they are) or a time (epoch ms or an aware datetime: on every
-        partition, from the first entry published at or after it)."""
+        :class:`MessageId` (read from that message on, or from the one after it without
+        ``inclusive``, on its partition; the others are left where they are) or a time
+        (epoch ms or an aware datetime: on every partition, from the first entry
+        published at or after it)."""
         self._check_open()
-        moved = self._resolve(to)
+        if not isinstance(inclusive, bool):
+            raise InvalidArgument(f"inclusive: expected True or False, got {inclusive!r}")
+        moved = self._resolve(to, inclusive)
         self._generation += 1
         self._inflight.clear()
         self._buffer = deque(m for m in self._buffer if m.message_id.partition not in moved)

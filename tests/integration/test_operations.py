@@ -257,7 +257,7 @@ def test_seek_from_a_consumer_during_a_subscription_restart(cluster, topic_name,
     actor = ray.get_actor(f"sub/{topic_name}/s/0", namespace="raydelay")
     ray.kill(actor, no_restart=False)
     first = min(m for m in ids if m.partition == 0)
-    consumer.seek(first)
+    consumer.seek(first, inclusive=True)
     # Then partition 0 delivers all of its messages again, once each, and no cancelled one
     again = _drain(consumer, quiet_s=2.0)
     want = sorted(m for m in ids if m.partition == 0)
@@ -266,6 +266,12 @@ def test_seek_from_a_consumer_during_a_subscription_restart(cluster, topic_name,
     # And a seek by time to before everything brings both partitions back
     consumer.seek(0)
     assert sorted(m.message_id for m in _drain(consumer)) == sorted(ids)
+    # and a seek to a message id without inclusive goes on after it, as Pulsar's does
+    tenth = sorted(m for m in ids if m.partition == 1)[10]
+    consumer.seek(tenth)
+    assert sorted(m.message_id for m in _drain(consumer)) == sorted(
+        m for m in ids if m.partition == 1 and m > tenth
+    )
 
 
 def test_reset_refuses_bad_targets_and_changes_nothing(cluster, topic_name):

@@ -4,6 +4,7 @@ sequence ids, argument errors, Key_Shared order) with only its import changed.""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -268,10 +269,18 @@ def test_argument_errors_are_pulsars(client, topic):
     [
         (lambda c, t: Client("pulsar+ssl://h:6651"), "TLS"),
         (lambda c, t: Client(URL, authentication=pulsar.AuthenticationToken("x")), "auth"),
-        (lambda c, t: c.create_reader(t, MessageId.earliest), "readers"),
-        (lambda c, t: c.subscribe([t, t + "2"], "s"), "several topics"),
+        (lambda c, t: c.create_reader(t, MessageId.earliest, is_read_compacted=True), "compacted"),
+        (
+            lambda c, t: c.create_producer(t.replace("persistent:", "non-persistent:")),
+            "non-persistent",
+        ),
         (lambda c, t: c.create_producer(t, compression_type=pulsar.CompressionType.LZ4), "compr"),
-        (lambda c, t: c.subscribe(t, "s").seek(MessageId.earliest), "seek"),
+        (
+            lambda c, t: c.subscribe(
+                [t, t + "2"], "s", dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(3)
+            ),
+            "dead letter policies on several topics",
+        ),
         (
             lambda c, t: c.subscribe(
                 t,
@@ -367,3 +376,63 @@ def test_the_migration_example_runs_as_written(cluster, capsys, monkeypatch, tmp
     out = capsys.readouterr().out
     assert "handled 4 timeouts, order-3 failed 3 times and went to the DLQ" in out
     assert "timeout order-3 (from billing)" in out
+
+
+def test_a_reader_reads_from_where_it_is_told_and_seeks_like_pulsar(client, topic):
+    producer = client.create_producer(topic)
+    ids = [producer.send(b"m%d" % i, deliver_after=timedelta(hours=1)) for i in range(10)]
+    # a reader ignores deliver_at, and starts after the id it is given (or at it, inclusive)
+    reader = client.create_reader(topic, MessageId.earliest)
+    assert [reader.read_next(5_000).data() for _ in range(10)] == [b"m%d" % i for i in range(10)]
+    with pytest.raises(pulsar.Timeout):
+        reader.read_next(100)
+    after = client.create_reader(topic, ids[3])
+    at = client.create_reader(topic, ids[3], start_message_id_inclusive=True)
+    assert after.read_next(5_000).data() == b"m4" and at.read_next(5_000).data() == b"m3"
+    # seek by id (after it), by publish time (the first at or after it), to the latest
+    reader.seek(ids[6])
+    assert reader.read_next(5_000).data() == b"m7"
+    first = after.read_next(5_000)
+    reader.seek(first.publish_timestamp())
+    assert reader.read_next(5_000).message_id() <= first.message_id()
+    reader.seek(MessageId.latest)
+    assert not reader.has_message_available()
+    assert reader.get_last_message_id() == ids[-1]
+    with pytest.raises(ValueError, match="invalid seek_arg type"):
+        reader.seek(1.5)
+    reader.close()
+    assert not reader.is_connected()
+
+
+def test_a_consumer_seeks_and_reads_several_topics(client, topic):
+    producer = client.create_producer(topic)
+    ids = [producer.send(b"m%d" % i) for i in range(5)]
+    consumer = client.subscribe(
+        topic,
+        "s",
+        consumer_type=ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    got = drain(consumer)
+    assert [m.data() for m in got] == [b"m%d" % i for i in range(5)]
+    consumer.seek(ids[1])  # (after it, as Pulsar's)
+    assert consumer.receive(5_000).data() == b"m2"
+    assert consumer.get_last_message_id() == ids[-1]
+    consumer.close()
+    # several topics: a list, then a pattern over the full names
+    other = topic + "-b"
+    client.create_producer(other).send(b"b0")
+    both = client.subscribe([topic, other], "t", initial_position=pulsar.InitialPosition.Earliest)
+    names = sorted(m.topic_name() for m in drain(both))
+    assert names == sorted([topic] * 5 + [other])
+    with pytest.raises(pulsar.OperationNotSupported):
+        both.acknowledge(ids[0])  # (an id from send() names no topic)
+    both.close()
+    by_pattern = client.subscribe(
+        re.compile(re.escape(topic) + ".*"),
+        "u",
+        initial_position=pulsar.InitialPosition.Earliest,
+        pattern_auto_discovery_period=1,
+    )
+    assert len(drain(by_pattern)) == 6
+    by_pattern.close()

@@ -28,10 +28,16 @@ What it maps, and how:
 - **Sequence ids** are per producer. A send that repeats one the topic holds from a
   producer of the same name is not stored again (Pulsar's deduplication, always on).
 
+- **Readers, seek and several topics.** ``create_reader``, ``Consumer.seek`` and
+  ``Reader.seek`` (a message id, ``MessageId.earliest`` / ``latest``, or a publish time in
+  epoch ms), ``get_last_message_id``, and ``subscribe`` with a list of topics or a
+  compiled pattern (matched against the full Pulsar names, looked for again every
+  ``pattern_auto_discovery_period`` seconds) map onto raydelay's own (see
+  ``raydelay.Cluster.create_reader``, ``Consumer.seek`` and ``subscribe``).
+
 What is not supported raises ``NotImplementedError`` naming the feature: TLS,
 authentication plugins, encryption, compression, chunking, producer access modes,
-readers, seek, multi-topic and regex subscriptions, table views, sticky key ranges
-and structured schemas.
+compacted reads, table views, sticky key ranges and structured schemas.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from raydelay.client.message import (
     check_properties,
     deliver_at_of,
 )
+from raydelay.client.multi import MultiTopicConsumer as _CoreMulti
 from raydelay.client.producer import partition_of
 from raydelay.compat.pulsar import schema
 from raydelay.errors import ConsumerBusy as _CoreBusy
@@ -96,6 +103,7 @@ __all__ = [
     "MessageId",
     "PartitionsRoutingMode",
     "Producer",
+    "Reader",
     "ProducerAccessMode",
     "PulsarException",
     "Result",
@@ -580,6 +588,139 @@ class Message:
         return f"Message(id={self.message_id()}, topic={self._topic_name!r})"
 
 
+# --- readers -------------------------------------------------------------------------------
+
+
+class Reader:
+    """Reads a topic in log order with no subscription (Pulsar's reader), over
+    :class:`raydelay.client.reader.Reader`; it ignores deliver_at."""
+
+    def __init__(
+        self,
+        client: Client,
+        core: Any,
+        topic_name: str,
+        partitions: int,
+        name: str,
+        inclusive: bool = False,
+    ) -> None:
+        self._client, self._core, self._inclusive = client, core, inclusive
+        self._topic_name, self._partitions, self._name = topic_name, partitions, name
+        self._closed = False
+        self._listener: threading.Thread | None = None
+
+    def topic(self) -> str:
+        return self._topic_name
+
+    def reader_name(self) -> str:
+        return self._name
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"reader {self._name!r} is closed")
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        """The next message; waits up to ``timeout_millis`` (None: until one comes) and
+        raises :class:`Timeout` when none came."""
+        self._check_open()
+        if timeout_millis is not None:
+            _check_type(int, timeout_millis, "timeout_millis")
+            if timeout_millis < 0:
+                raise ValueError(f"timeout_millis: must be >= 0, got {timeout_millis}")
+        m = self._core.read_next(None if timeout_millis is None else timeout_millis / 1000)
+        if m is None:
+            raise Timeout(f"no message within {timeout_millis} ms")
+        return _wrap(self._client, m, schema.BytesSchema(), self._topic_name, self._partitions)
+
+    def has_message_available(self) -> bool:
+        self._check_open()
+        return self._core.has_message_available()
+
+    def seek(self, messageid: Any) -> None:
+        """Read from elsewhere: a message id (the message after it, or it for a reader
+        made with ``start_message_id_inclusive``), ``MessageId.earliest`` /
+        ``MessageId.latest``, or a publish time (epoch ms)."""
+        self._check_open()
+        target = _seek_target(self._core.topic, messageid)
+        try:
+            self._core.seek(target, inclusive=self._inclusive)
+        except InvalidArgument as exc:
+            raise ValueError(str(exc)) from None
+
+    def get_last_message_id(self) -> MessageId:
+        self._check_open()
+        return _last_id(self._core)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._core.close()
+
+    def _start_listener(self, listener: Callable[[Reader, Message], None]) -> None:
+        def run() -> None:
+            while not self._closed:
+                try:
+                    m = self.read_next(500)
+                except (Timeout, AlreadyClosed, InvalidArgument):
+                    continue
+                try:
+                    listener(self, m)
+                except Exception:  # noqa: BLE001 - a user's listener must not stop it
+                    log.exception("reader listener failed")
+
+        self._listener = threading.Thread(target=run, name="pulsar-reader", daemon=True)
+        self._listener.start()
+
+
+def _wrap(client: Client, m: Any, schema_: schema.Schema, name: str, partitions: int) -> Message:
+    """A raydelay message as a Pulsar one; its topic name with a ``-partition-N`` suffix on
+    a partitioned topic (a consumer of several topics: the name of the message's own)."""
+    mid = m.message_id
+    if not name:  # (several topics)
+        name = client._full_name(mid.topic)
+        partitions = client._cluster._partitions(mid.topic)
+    if partitions > 1:
+        name = f"{name}-partition-{mid.partition}"
+    return Message(m, schema_, name)
+
+
+def _seek_target(local: str | None, arg: Any) -> Any:
+    """What a Pulsar seek argument (or a reader's start) means to raydelay: "earliest",
+    "latest", a raydelay MessageId, or epoch ms."""
+    if isinstance(arg, MessageId):
+        if arg._key() == MessageId.earliest._key():
+            return "earliest"
+        if arg._ledger == _I64_MAX:
+            return "latest"
+        if arg._ledger < 0 or arg._entry < 0:
+            raise ValueError(f"seek: {arg} names no message")
+        topic = _local_name(arg._topic) if arg._topic else local
+        if topic is None:
+            raise OperationNotSupported(
+                f"seek: {arg} has no topic name, and several topics are read"
+            )
+        return _CoreId(topic, max(arg._partition, 0), arg._ledger, arg._entry)
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        if arg < 0:
+            raise ValueError(f"seek: a publish time must be >= 0 (epoch ms), got {arg}")
+        return arg
+    raise ValueError(f"invalid seek_arg type {type(arg)}")
+
+
+def _last_id(core: Any) -> MessageId:
+    """A core consumer's or reader's last message id, as Pulsar's (earliest: none)."""
+    try:
+        last = core.get_last_message_id()
+    except InvalidArgument:
+        raise OperationNotSupported(
+            "get_last_message_id: the topic is partitioned (ask each partition)"
+        ) from None
+    return MessageId.earliest if last is None else MessageId._of(last)
+
+
 # --- topic names ----------------------------------------------------------------------------
 
 _PULSAR_NAME = re.compile(r"^(?:(persistent|non-persistent)://)?(?:([^/]+)/([^/]+)/)?([^/]+)$")
@@ -704,6 +845,8 @@ class Client:
         self._config, self._address = config, address or os.environ.get("RAYDELAY_ADDRESS")
         self._producers: list[Producer] = []
         self._consumers: list[Consumer] = []
+        self._readers: list[Reader] = []
+        self._names: dict[str, str] = {}  # raydelay topic -> the Pulsar name it was used by
         self._closed = False
 
     @property
@@ -715,6 +858,7 @@ class Client:
     def _topic(self, topic: Any) -> tuple[str, str, int]:
         """(raydelay name, Pulsar name, partitions) of a topic, created if new."""
         local, full = _parse_topic(topic)
+        self._names[local] = full
         cluster = self._cluster
         try:
             n = cluster._partitions(local)
@@ -825,11 +969,15 @@ class Client:
         is_pattern_topic: bool = False,
     ) -> Consumer:
         """A consumer of ``subscription_name`` on ``topic`` (both created if new)."""
+        several = isinstance(topic, (list, tuple, re.Pattern)) or is_pattern_topic
+        if is_pattern_topic and isinstance(topic, str):
+            topic = re.compile(topic)
         if isinstance(topic, (list, tuple)):
-            raise _unsupported("subscribing to several topics at once")
-        if isinstance(topic, re.Pattern) or is_pattern_topic:
-            raise _unsupported("regex subscriptions")
-        _check_type(str, topic, "topic")
+            for t in topic:
+                _check_type(str, t, "topic")
+        elif not isinstance(topic, re.Pattern):
+            _check_type(str, topic, "topic")
+        _check_type(int, pattern_auto_discovery_period, "pattern_auto_discovery_period")
         _check_type(str, subscription_name, "subscription_name")
         _check_type(ConsumerType, consumer_type, "consumer_type")
         _check_type(schema_module.Schema, schema, "schema")
@@ -868,6 +1016,18 @@ class Client:
             and key_shared_policy.key_shared_mode == KeySharedMode.Sticky
         ):
             raise _unsupported("Key_Shared sticky ranges (use KeySharedMode.AutoSplit)")
+        if several:
+            if dead_letter_policy is not None:
+                raise _unsupported("dead letter policies on several topics at once")
+            c = self._subscribe_many(
+                topic, subscription_name, consumer_type, initial_position,
+                pattern_auto_discovery_period, unacked_messages_timeout_ms,
+                (consumer_name, schema, receiver_queue_size, negative_ack_redelivery_delay_ms,
+                 batch_receive_policy, start_message_id_inclusive),
+            )  # fmt: skip
+            if message_listener is not None:
+                c._start_listener(message_listener)
+            return c
         local, full, n = self._topic(topic)
         cluster = self._cluster
         dlq = None
@@ -908,14 +1068,109 @@ class Client:
             receiver_queue_size,
             negative_ack_redelivery_delay_ms,
             batch_receive_policy or _DEFAULT_BATCH,
+            start_message_id_inclusive,
         )
         self._consumers.append(c)
         if message_listener is not None:
             c._start_listener(message_listener)
         return c
 
-    def create_reader(self, *args: Any, **kwargs: Any) -> Any:
-        raise _unsupported("readers")
+    def _subscribe_many(
+        self,
+        topics: Any,
+        subscription_name: str,
+        consumer_type: ConsumerType,
+        initial_position: InitialPosition,
+        period_s: int,
+        unacked_ms: int | None,
+        rest: tuple,
+    ) -> Consumer:
+        """A consumer of several topics: a list, or those a pattern matches by their full
+        Pulsar names (``persistent://tenant/ns/name``, or without the domain)."""
+        cluster = self._cluster
+        options = {
+            "subscription_type": _TYPES[consumer_type],
+            "ack_timeout_s": None if not unacked_ms else unacked_ms / 1000,
+            "initial_position": "earliest"
+            if initial_position == InitialPosition.Earliest
+            else "latest",
+        }
+        if isinstance(topics, re.Pattern):
+            pattern = topics
+
+            def match(local: str) -> bool:
+                full = self._full_name(local)
+                return bool(pattern.fullmatch(full) or pattern.fullmatch(full.split("://", 1)[1]))
+
+            target: Any = match
+        else:
+            target = [self._topic(t)[0] for t in topics]
+        try:
+            core = cluster._subscribe_many(
+                target, subscription_name, options, refresh_s=max(1, period_s)
+            )
+        except _CoreBusy as exc:
+            raise ConsumerBusy(str(exc)) from None
+        consumer_name, schema_, queue, nack_ms, batch_policy, inclusive = rest
+        c = Consumer(
+            self,
+            core,
+            "",
+            1,
+            subscription_name,
+            consumer_name or uuid.uuid4().hex[:10],
+            consumer_type,
+            schema_,
+            queue,
+            nack_ms,
+            batch_policy or _DEFAULT_BATCH,
+            inclusive,
+        )
+        self._consumers.append(c)
+        return c
+
+    def _full_name(self, local: str) -> str:
+        """The Pulsar name of a raydelay topic (as :meth:`_topic` mapped it, else in
+        ``public/default``)."""
+        return self._names.get(local) or f"persistent://public/default/{local}"
+
+    def create_reader(
+        self,
+        topic: str,
+        start_message_id: MessageId,
+        reader_listener: Callable[[Reader, Message], None] | None = None,
+        receiver_queue_size: int = 1000,
+        reader_name: str | None = None,
+        subscription_role_prefix: str | None = None,
+        is_read_compacted: bool = False,
+        crypto_key_reader: Any = None,
+        start_message_id_inclusive: bool = False,
+    ) -> Reader:
+        """A reader of ``topic`` (created if new) from ``start_message_id``
+        (``MessageId.earliest``, ``MessageId.latest`` or a message's id: the entry after
+        it, or it with ``start_message_id_inclusive``); it ignores deliver_at."""
+        _check_type(str, topic, "topic")
+        _check_type(MessageId, start_message_id, "start_message_id")
+        _check_type(int, receiver_queue_size, "receiver_queue_size")
+        _check_type_or_none(str, reader_name, "reader_name")
+        _check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
+        _check_type(bool, is_read_compacted, "is_read_compacted")
+        _check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+        if reader_listener is not None and not callable(reader_listener):
+            raise ValueError("Argument reader_listener is expected to be a callable")
+        if is_read_compacted:
+            raise _unsupported("compacted reads")
+        if crypto_key_reader is not None:
+            raise _unsupported("end-to-end encryption")
+        local, full, n = self._topic(topic)
+        start = _seek_target(local, start_message_id)
+        core = self._cluster.create_reader(local, start, inclusive=start_message_id_inclusive)
+        name = reader_name or f"reader-{uuid.uuid4().hex[:10]}"
+        r = Reader(self, core, full, n, name, start_message_id_inclusive)
+        self._readers.append(r)
+        if reader_listener is not None:
+            r._start_listener(reader_listener)
+        return r
 
     def create_table_view(self, *args: Any, **kwargs: Any) -> Any:
         raise _unsupported("table views")
@@ -935,6 +1190,8 @@ class Client:
             p.close()
         for c in self._consumers:
             c.close()
+        for r in self._readers:
+            r.close()
         self._closed = True
 
     def shutdown(self) -> None:
@@ -1229,9 +1486,9 @@ class Producer:
 
     def _ids_of(self, group: list[_Send], ranges: list) -> list[MessageId]:
         """The ids of a batch's messages, from the position ranges the log gave it."""
-        p, topic = group[0].partition, self._core.topic
-        ids = [
-            MessageId(p, int(ledger), int(first) + i, -1, topic=topic)
+        p = group[0].partition
+        ids = [  # (no topic, as Pulsar's: a consumer of several topics cannot place it)
+            MessageId(p, int(ledger), int(first) + i, -1)
             for ledger, first, n in ranges
             for i in range(int(n))
         ]
@@ -1296,17 +1553,20 @@ class Consumer:
         queue_size: int,
         nack_delay_ms: int,
         batch_policy: ConsumerBatchReceivePolicy,
+        inclusive: bool = False,
     ) -> None:
         self._client, self._core, self._topic_name = client, core, topic_name
+        self._several = isinstance(core, _CoreMulti)  # several topics (a list, a pattern)
+        self._inclusive = inclusive  # start_message_id_inclusive: what a seek by id means
         self._partitions, self._subscription, self._name = partitions, subscription, name
         self._kind, self._schema = kind, schema_
         self._fill = max(1, min(queue_size, _FILL_MAX))
         self._nack_delay_s = nack_delay_ms / 1000
         self._batch_policy = batch_policy
         self._buffer: deque[Any] = deque()
-        # FIFO types: what it handed out and no ack covered yet, per partition (what a
-        # cumulative ack acknowledges)
-        self._handed: dict[int, set[tuple[int, int]]] | None = (
+        # FIFO types: what it handed out and no ack covered yet, per (topic, partition)
+        # (what a cumulative ack acknowledges)
+        self._handed: dict[tuple[str, int], set[tuple[int, int]]] | None = (
             {} if kind in (ConsumerType.Exclusive, ConsumerType.Failover) else None
         )
         self._lock = threading.RLock()
@@ -1331,10 +1591,7 @@ class Consumer:
             raise AlreadyClosed(f"consumer {self._name!r} is closed")
 
     def _wrap(self, m: Any) -> Message:
-        name = self._topic_name
-        if self._partitions > 1:
-            name = f"{name}-partition-{m.message_id.partition}"
-        return Message(m, self._schema, name)
+        return _wrap(self._client, m, self._schema, self._topic_name, self._partitions)
 
     def _take(self, want: int, timeout_s: float | None) -> list[Any]:
         """Up to ``want`` raydelay messages: buffered ones first, else one ask of at most the
@@ -1351,7 +1608,7 @@ class Consumer:
                     if self._handed is not None:
                         for m in out:
                             mid = m.message_id
-                            self._handed.setdefault(mid.partition, set()).add(
+                            self._handed.setdefault((mid.topic, mid.partition), set()).add(
                                 (mid.ledger_id, mid.entry_id)
                             )
                     return out
@@ -1412,6 +1669,11 @@ class Consumer:
             elif isinstance(m, MessageId):
                 if m._ledger < 0 or m._entry < 0:
                     raise ValueError(f"{what}: {m} names no message")
+                if m._topic is None and self._several:
+                    raise OperationNotSupported(
+                        f"{what}: {m} has no topic name, and this consumer reads several "
+                        "topics (acknowledge the Message, or an id deserialized with its topic)"
+                    )
                 topic = m._topic or self._core.topic
                 out.append(_CoreId(topic, max(m._partition, 0), m._ledger, m._entry))
             else:
@@ -1424,7 +1686,8 @@ class Consumer:
         """Acknowledge one message (or its id)."""
         self._check_open()
         ids = self._ids(message, "acknowledge")
-        if any(i.topic != self._core.topic for i in ids):
+        mine = set(self._core.topics) if self._several else {self._core.topic}
+        if any(i.topic not in mine for i in ids):
             raise OperationNotSupported(f"acknowledge: {message} is not of {self._topic_name}")
         with self._lock:
             self._core.ack(ids)
@@ -1443,7 +1706,7 @@ class Consumer:
         (mid,) = self._ids(message, "acknowledge_cumulative")
         assert self._handed is not None
         with self._lock:
-            held = self._handed.get(mid.partition, set())
+            held = self._handed.get((mid.topic, mid.partition), set())
             upto = (mid.ledger_id, mid.entry_id)
             done = {pos for pos in held if pos <= upto} | {upto}
             held -= done
@@ -1468,8 +1731,10 @@ class Consumer:
     def unsubscribe(self) -> None:
         """Delete the subscription (its cursor with it), then close."""
         self._check_open()
+        topics = self._core.topics if self._several else [self._core.topic]
         self.close()
-        self._client._cluster.delete_subscription(self._core.topic, self._subscription)
+        for topic in topics:
+            self._client._cluster.delete_subscription(topic, self._subscription)
 
     def close(self) -> None:
         """Leave the subscription: what this consumer holds unacknowledged is redelivered."""
@@ -1507,7 +1772,27 @@ class Consumer:
         self._listener.start()
 
     def seek(self, messageid: Any) -> None:
-        raise _unsupported("seek")
+        """Move the subscription's cursor: to a message id (delivery goes on after it, or
+        from it with ``start_message_id_inclusive``), ``MessageId.earliest`` /
+        ``MessageId.latest``, or a publish time (epoch ms: the first message published at
+        or after it). What this consumer holds unacknowledged is delivered again if it
+        comes after the new position."""
+        self._check_open()
+        local = None if self._several else self._core.topic
+        target = _seek_target(local, messageid)
+        with self._lock:
+            self._buffer.clear()
+            if self._handed is not None:
+                self._handed.clear()
+            try:
+                self._core.seek(target, inclusive=self._inclusive)
+            except InvalidArgument as exc:
+                raise ValueError(str(exc)) from None
 
-    def get_last_message_id(self) -> Any:
-        raise _unsupported("get_last_message_id")
+    def get_last_message_id(self) -> MessageId:
+        """The id of the topic's last message (a topic of one partition; several topics:
+        ``OperationNotSupported``)."""
+        self._check_open()
+        if self._several:
+            raise OperationNotSupported("get_last_message_id: this consumer reads several topics")
+        return _last_id(self._core)
