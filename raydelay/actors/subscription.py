@@ -1028,6 +1028,7 @@ class SubscriptionActor:
         self._topic, self._subscription, self._config = topic, subscription, config
         self._coordinator = coordinator
         self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
+        self._reset_lock = asyncio.Lock()
         log.info(
             "%s: %d partitions recovered in %.2f s",
             self._name,
@@ -1066,10 +1067,15 @@ class SubscriptionActor:
         """Run ``method(*args)`` of the partition ``partition`` this actor serves."""
         if method not in PARTITION_METHODS:
             raise InvalidArgument(f"method: a subscription partition has no call {method!r}")
-        resetting = self._resetting.get(partition)
-        if resetting is not None:  # (the state it would reach is being replaced)
-            await resetting.wait()
+        await self._not_resetting(partition)
         return await getattr(self._part(partition), method)(*args)
+
+    async def _not_resetting(self, partition: int) -> None:
+        """Wait while the partition's cursor is reset (the state a call would reach is
+        being replaced)."""
+        resetting = self._resetting.get(int(partition))
+        if resetting is not None:
+            await resetting.wait()
 
     async def reset(self, marks: dict[int, list[int]]) -> None:
         """Reset the cursors of some partitions it serves: partition -> the new
@@ -1078,43 +1084,59 @@ class SubscriptionActor:
         new state recovered from them, as after a restart ("rebuild from mark-delete"):
         the entries after the position are read again and delayed ones delivered when
         due; cancels stay applied. Calls to those partitions wait meanwhile."""
+        marks = {int(p): (int(md[0]), int(md[1])) for p, md in marks.items()}
         for p in marks:
-            self._part(int(p))  # (InvalidArgument for a partition it does not serve)
-        waits = {int(p): asyncio.Event() for p in marks if int(p) not in self._resetting}
-        self._resetting.update(waits)
-        try:
-            await asyncio.gather(*(self._reset_one(p, tuple(marks[p])) for p in waits))
-        finally:
-            for p, event in waits.items():
-                del self._resetting[p]
-                event.set()
+            self._part(p)  # (InvalidArgument for a partition it does not serve)
+        async with self._reset_lock:  # (one reset at a time: a second one follows it)
+            waits = {p: asyncio.Event() for p in marks}
+            self._resetting.update(waits)
+            try:
+                await asyncio.gather(*(self._reset_one(p, md) for p, md in marks.items()))
+            finally:
+                for p, event in waits.items():
+                    del self._resetting[p]
+                    event.set()
 
     async def _reset_one(self, partition: int, md: tuple[int, int]) -> None:
+        """Stop the partition's state, write the reset, and recover a new state from the
+        store. Should the writes fail, the new state recovers from what the store holds
+        (the old cursor: nothing lost) and the failure goes to the caller, who may ask
+        again; the partition is never left without a running state."""
         old = self._parts[partition]
-        await old.stop_for_reset((int(md[0]), int(md[1])))
-        new = await asyncio.to_thread(
-            rpc.recover,
-            SubscriptionPartition,
-            self._topic,
-            partition,
-            self._subscription,
-            self._config,
-            self._coordinator,
-            what=f"sub/{self._topic}/{partition}/{self._subscription}",
-        )
-        new.take_over(old)
-        self._parts[partition] = new
-        new._ensure_started()
+        try:
+            await old.stop_for_reset(md)
+        finally:
+            new = await asyncio.to_thread(
+                rpc.recover,
+                SubscriptionPartition,
+                self._topic,
+                partition,
+                self._subscription,
+                self._config,
+                self._coordinator,
+                what=f"sub/{self._topic}/{partition}/{self._subscription}",
+            )
+            new.take_over(old)
+            self._parts[partition] = new
+            new._ensure_started()
 
     async def heartbeat_many(self, consumer_id: str, partitions: list[int]) -> list[bool]:
         """A consumer's heartbeat to several partitions in one call (see ``heartbeat``)."""
-        return [await self._part(int(p)).heartbeat(consumer_id) for p in partitions]
+        out = []
+        for p in partitions:
+            await self._not_resetting(p)
+            out.append(await self._part(int(p)).heartbeat(consumer_id))
+        return out
 
     async def cancel_many(
         self, work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
     ) -> dict[int, list[bool]]:
         """``cancel`` on several partitions in one call: partition -> (targets, markers)."""
-        return {int(p): await self._part(int(p)).cancel(t, m) for p, (t, m) in work.items()}
+        out = {}
+        for p, (t, m) in work.items():
+            await self._not_resetting(p)
+            out[int(p)] = await self._part(int(p)).cancel(t, m)
+        return out
 
     async def close(self) -> None:
         """Persist every partition's cursor and stop their loops."""

@@ -1609,8 +1609,12 @@ class Subscription:
         held += [rows.take(idx) for rows, idx, _ in groups]
         nacked, nacked_d = waiting(q.due_after, q.due_before, q.limit)
         taken = self.tail_taken
+        # held by a consumer or waiting for the dead-letter topic: not shown
+        taken_out = BitMap64(self.dead)
+        for c in self._consumers.values():
+            taken_out |= c.pending
+        found = self._peek_select(held, q, taken_out)
         # then the reads: positions without payloads, the host's index, sealed segments
-        found = self._peek_select(held, q)
         if len(need) or len(nacked):
             rows = await fetch(np.unique(np.concatenate([need, nacked])))
             parts = [found, rows.take(np.flatnonzero(np.isin(rows.positions, need)))]
@@ -1618,9 +1622,9 @@ class Subscription:
             if hit.any():  # (a nacked one goes out at its nack's time, not its deliver_at)
                 at = np.searchsorted(rows.positions, nacked[hit])
                 parts.append(with_deliver_at(rows.take(at), nacked_d[hit]))
-            found = self._peek_select(parts, q)
+            found = self._peek_select(parts, q, taken_out)
         if read_unsealed is not None and self.sealed is not None:
-            found = await self._peek_unsealed(found, q, read_unsealed, taken)
+            found = await self._peek_unsealed(found, q, read_unsealed, taken, taken_out)
         i, every = 0, []  # (without a limit, every row read is kept and sorted once)
         while i < len(refs):
             bar = q.bar(found)
@@ -1634,7 +1638,7 @@ class Subscription:
                 break  # (every segment left starts after the answer's last row)
             got = await read_segments(batch)
             parts = [
-                self._peek_filter(rows.take(np.flatnonzero(ref.untaken(rows))), q)
+                self._peek_filter(rows.take(np.flatnonzero(ref.untaken(rows))), q, taken_out)
                 for ref, rows in zip(batch, got, strict=True)
             ]
             if q.limit == NO_LIMIT:
@@ -1646,7 +1650,12 @@ class Subscription:
         return found, self._counts_of(found.positions)
 
     async def _peek_unsealed(
-        self, found: Rows, q: PeekRange, read_unsealed: ReadUnsealed, taken: tuple[int, int]
+        self,
+        found: Rows,
+        q: PeekRange,
+        read_unsealed: ReadUnsealed,
+        taken: tuple[int, int],
+        taken_out: BitMap64,
     ) -> Rows:
         """``found`` with the host's unsealed rows, asked a page at a time until the answer
         is full and the pages pass its last row (rows acknowledged here are left out after
@@ -1655,7 +1664,7 @@ class Subscription:
         start: tuple[int, int] | None = None
         while True:
             rows = await read_unsealed(taken[0], taken[1], q, start, page)
-            found = self._peek_select([found, rows], q)
+            found = self._peek_select([found, rows], q, taken_out)
             if len(rows) < page:
                 return found
             last = (int(rows.entries.deliver_at_ms[-1]), int(rows.positions[-1]))
@@ -1664,25 +1673,22 @@ class Subscription:
                 return found
             start = last
 
-    def _peek_select(self, parts: list[Rows], q: PeekRange) -> Rows:
+    def _peek_select(self, parts: list[Rows], q: PeekRange, taken_out: BitMap64) -> Rows:
         """The rows of ``parts`` a peek shows (see :meth:`_peek_filter`), sorted, at most
         its limit."""
-        return first_rows([self._peek_filter(rows, q) for rows in parts], q.limit)
+        return first_rows([self._peek_filter(rows, q, taken_out) for rows in parts], q.limit)
 
-    def _peek_filter(self, rows: Rows, q: PeekRange) -> Rows:
-        """The rows a peek shows: in ``q``'s range, neither acknowledged nor cancelled, held
-        by no consumer and not dead-lettered."""
+    def _peek_filter(self, rows: Rows, q: PeekRange, taken_out: BitMap64) -> Rows:
+        """The rows a peek shows: in ``q``'s range, neither acknowledged nor cancelled, and
+        not in ``taken_out`` (held by a consumer, or waiting for the dead-letter topic)."""
         if not len(rows):
             return rows
         keep = q.mask(rows)
         if keep.any():
             keep &= self._unseen(rows.positions)
-        if keep.any() and (self.dead or self._consumers):
-            held = BitMap64(self.dead)
-            for c in self._consumers.values():
-                held |= c.pending
-            if held:
-                hit = held & bitmap64_of(np.sort(rows.positions))
+        if keep.any() and taken_out:
+            hit = taken_out & bitmap64_of(np.sort(rows.positions))
+            if hit:
                 keep &= ~np.isin(rows.positions, bitmap64_values(hit))
         return rows if keep.all() else rows.take(np.flatnonzero(keep))
 
