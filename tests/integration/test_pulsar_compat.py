@@ -270,10 +270,7 @@ def test_argument_errors_are_pulsars(client, topic):
         (lambda c, t: Client("pulsar+ssl://h:6651"), "TLS"),
         (lambda c, t: Client(URL, authentication=pulsar.AuthenticationToken("x")), "auth"),
         (lambda c, t: c.create_reader(t, MessageId.earliest, is_read_compacted=True), "compacted"),
-        (
-            lambda c, t: c.create_producer(t.replace("persistent:", "non-persistent:")),
-            "non-persistent",
-        ),
+        (lambda c, t: c.create_table_view(t), "table views"),
         (lambda c, t: c.create_producer(t, compression_type=pulsar.CompressionType.LZ4), "compr"),
         (
             lambda c, t: c.subscribe(
@@ -436,3 +433,27 @@ def test_a_consumer_seeks_and_reads_several_topics(client, topic):
     )
     assert len(drain(by_pattern)) == 6
     by_pattern.close()
+
+
+def test_a_pattern_reads_persistent_and_non_persistent_topics_by_mode(client, topic):
+    base = topic.split("/")[-1]
+    durable = f"persistent://public/default/{base}-re-1"
+    fleeting = f"non-persistent://public/default/{base}-re-2"
+    for name in (durable, fleeting):
+        client.create_producer(name).send(name.encode())
+    pattern = re.compile(f"public/default/{re.escape(base)}-re-.*")
+
+    def topics_read(mode):
+        c = client.subscribe(
+            pattern,
+            f"s-{mode.name}",
+            initial_position=pulsar.InitialPosition.Earliest,
+            regex_subscription_mode=mode,
+        )
+        got = sorted(m.topic_name() for m in drain(c))
+        c.close()
+        return got
+
+    assert topics_read(pulsar.RegexSubscriptionMode.PersistentOnly) == [durable]
+    assert topics_read(pulsar.RegexSubscriptionMode.NonPersistentOnly) == [fleeting]
+    assert topics_read(pulsar.RegexSubscriptionMode.AllTopics) == sorted([durable, fleeting])

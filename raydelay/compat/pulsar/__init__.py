@@ -16,7 +16,9 @@ What it maps, and how:
   client's producers and consumers, never the cluster.
 - **Topics.** ``persistent://public/default/orders``, ``public/default/orders`` and
   ``orders`` all name the raydelay topic ``orders``; another tenant or namespace maps
-  to ``tenant.namespace.topic``. A topic is created (one partition) on first use, as
+  to ``tenant.namespace.topic``; a ``non-persistent://`` topic is a topic of its own
+  (``non-persistent.<name>``), stored durably like every raydelay topic (nothing is
+  dropped, which Pulsar's non-persistent topics may do). A topic is created (one partition) on first use, as
   Pulsar's auto-creation does; a raydelay topic of N partitions is a partitioned topic.
 - **Subscription types.** Exclusive, Failover, Shared and KeyShared are raydelay's
   ``exclusive``, ``failover``, ``shared`` and ``key_shared``. As in Pulsar, only Shared
@@ -106,6 +108,7 @@ __all__ = [
     "Reader",
     "ProducerAccessMode",
     "PulsarException",
+    "RegexSubscriptionMode",
     "Result",
     "ServiceInfo",
     "ServiceInfoProvider",
@@ -173,6 +176,12 @@ class ProducerAccessMode(Enum):
 class KeySharedMode(Enum):
     AutoSplit = 0
     Sticky = 1
+
+
+class RegexSubscriptionMode(Enum):
+    PersistentOnly = 0
+    NonPersistentOnly = 1
+    AllTopics = 2
 
 
 class BatchingType(Enum):
@@ -735,17 +744,40 @@ def _parse_topic(topic: Any) -> tuple[str, str]:
     if not m:
         raise ValueError(f"topic: {topic!r} is not a Pulsar topic name")
     domain, tenant, ns, name = m.groups()
-    if domain == "non-persistent":
-        raise _unsupported("non-persistent topics (every raydelay topic is durable)")
-    tenant, ns = tenant or "public", ns or "default"
+    domain, tenant, ns = domain or "persistent", tenant or "public", ns or "default"
     local = name if (tenant, ns) == ("public", "default") else f"{tenant}.{ns}.{name}"
+    if domain == "non-persistent":  # (its own topic, stored durably as every raydelay one)
+        local = f"{_NON_PERSISTENT}{local}"
     try:
         from raydelay.storage.keys import validate_name
 
         validate_name("topic", local)
     except InvalidArgument as exc:
         raise ValueError(f"{exc} (from the Pulsar topic {topic!r})") from None
-    return local, f"persistent://{tenant}/{ns}/{name}"
+    return local, f"{domain}://{tenant}/{ns}/{name}"
+
+
+# RegexSubscriptionMode (the C extension's enum, matched by name) -> the domains it reads
+_REGEX_MODES = {
+    "PersistentOnly": ("persistent",),
+    "NonPersistentOnly": ("non-persistent",),
+    "AllTopics": ("persistent", "non-persistent"),
+}
+
+
+def _regex_mode(mode: Any) -> str:
+    """The name of a RegexSubscriptionMode (None: PersistentOnly, Pulsar's default)."""
+    if mode is None:
+        return "PersistentOnly"
+    name = getattr(mode, "name", mode)
+    if name not in _REGEX_MODES:
+        raise ValueError(
+            f"regex_subscription_mode: expected one of {sorted(_REGEX_MODES)}, got {mode!r}"
+        )
+    return name
+
+
+_NON_PERSISTENT = "non-persistent."  # the raydelay name's prefix of a non-persistent topic
 
 
 def _local_name(topic: str) -> str:
@@ -1024,6 +1056,7 @@ class Client:
                 pattern_auto_discovery_period, unacked_messages_timeout_ms,
                 (consumer_name, schema, receiver_queue_size, negative_ack_redelivery_delay_ms,
                  batch_receive_policy, start_message_id_inclusive),
+                _regex_mode(regex_subscription_mode),
             )  # fmt: skip
             if message_listener is not None:
                 c._start_listener(message_listener)
@@ -1084,6 +1117,7 @@ class Client:
         period_s: int,
         unacked_ms: int | None,
         rest: tuple,
+        mode: str = "PersistentOnly",
     ) -> Consumer:
         """A consumer of several topics: a list, or those a pattern matches by their full
         Pulsar names (``persistent://tenant/ns/name``, or without the domain)."""
@@ -1097,10 +1131,14 @@ class Client:
         }
         if isinstance(topics, re.Pattern):
             pattern = topics
+            domains = _REGEX_MODES[mode]
 
             def match(local: str) -> bool:
                 full = self._full_name(local)
-                return bool(pattern.fullmatch(full) or pattern.fullmatch(full.split("://", 1)[1]))
+                domain, bare = full.split("://", 1)
+                return domain in domains and bool(
+                    pattern.fullmatch(full) or pattern.fullmatch(bare)
+                )
 
             target: Any = match
         else:
@@ -1132,7 +1170,12 @@ class Client:
     def _full_name(self, local: str) -> str:
         """The Pulsar name of a raydelay topic (as :meth:`_topic` mapped it, else in
         ``public/default``)."""
-        return self._names.get(local) or f"persistent://public/default/{local}"
+        known = self._names.get(local)
+        if known is not None:
+            return known
+        if local.startswith(_NON_PERSISTENT):
+            return f"non-persistent://public/default/{local[len(_NON_PERSISTENT) :]}"
+        return f"persistent://public/default/{local}"
 
     def create_reader(
         self,
