@@ -528,8 +528,8 @@ def cmd_reset_cursor(args: argparse.Namespace) -> int:
     cluster = _attach(args)
     marks = cluster.reset_cursor(args.topic, args.subscription, to)
     for p, md in sorted(marks.items()):
-        where = "before the first entry" if md[0] < 0 else f"mark-delete {md[0]}:{md[1]}"
-        print(f"{args.topic}/{p}\t{where}")
+        where = "from its first entry" if md[0] < 0 else f"from {md[0]}:{md[1] + 1} on"
+        print(f"{args.topic}/{p}\tdelivers again {where}")
     return 0
 
 

@@ -694,7 +694,8 @@ class Cluster:
         It looks at the sealed buckets (reading from the store only the segments that
         can hold the answer, so a backlog of 100M is paged through, not loaded), the
         partition's unsealed delayed entries, the subscription's delayed nacks, and the
-        due messages waiting for a consumer (those first). ``redelivery_count`` says how
+        delayed messages due and waiting for a consumer (those first). Immediate messages
+        are the backlog (``stats``), not the schedule, and are not shown. ``redelivery_count`` says how
         many times each was delivered before. Cancelled and acknowledged messages are not
         shown. An exclusive or failover subscription delivers in log order and ignores
         deliver_at (Pulsar's rule): nothing of it is scheduled, so it is refused."""

@@ -1679,11 +1679,14 @@ class Subscription:
         return first_rows([self._peek_filter(rows, q, taken_out) for rows in parts], q.limit)
 
     def _peek_filter(self, rows: Rows, q: PeekRange, taken_out: BitMap64) -> Rows:
-        """The rows a peek shows: in ``q``'s range, neither acknowledged nor cancelled, and
-        not in ``taken_out`` (held by a consumer, or waiting for the dead-letter topic)."""
+        """The rows a peek shows: scheduled (with a deliver_at), in ``q``'s range, neither
+        acknowledged nor cancelled, and not in ``taken_out`` (held by a consumer, or
+        waiting for the dead-letter topic)."""
         if not len(rows):
             return rows
-        keep = q.mask(rows)
+        # (an immediate message waiting for a consumer is backlog, not schedule; one nacked
+        # with a delay comes here with the nack's time)
+        keep = q.mask(rows) & (rows.entries.deliver_at_ms >= 0)
         if keep.any():
             keep &= self._unseen(rows.positions)
         if keep.any() and taken_out:

@@ -106,14 +106,22 @@ def test_peek_leaves_out_what_consumers_hold_and_shows_nacks_at_their_new_time(c
     while len(got) < 20:
         got += consumer.receive(max_messages=100, timeout_s=5.0)
     assert {m.message_id for m in got} == set(early)
-    # Given the 20 due ones received and held, 5 of them acked, 5 nacked for 30 s
+    # Given the 20 due ones received and held, 5 of them acked, 5 nacked for 30 s, and
+    # 10 immediate messages received and nacked at once (waiting for a consumer again)
     consumer.ack(got[:5])
     consumer.nack(got[5:10], delay_s=30.0)
+    now = producer.send_many([b"now-%d" % i for i in range(10)])
+    backlog = []
+    while len(backlog) < 10:
+        backlog += consumer.receive(max_messages=100, timeout_s=5.0)
+    assert {m.message_id for m in backlog} == set(now)
+    consumer.nack(backlog)
     consumer.flush()
     nacked_at = now_ms()
     # When the subscription is peeked
     seen = cluster.peek(topic_name, "s", limit=-1)
-    # Then the held and the acked are not in it, the nacked are, due when their nack says
+    # Then the held and the acked are not in it, nor the immediate ones (backlog, not
+    # schedule); the nacked are, due when their nack says
     ids = [m.message_id for m in seen]
     assert set(ids) == set(late) | {m.message_id for m in got[5:10]}
     for m in seen:
