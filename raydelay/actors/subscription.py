@@ -79,7 +79,7 @@ from raydelay.dispatch.subscription import (
     TailQuery,
 )
 from raydelay.dispatch.wire import delivery_batch
-from raydelay.errors import CodecError, ConsumerBusy, InvalidArgument, NotFound
+from raydelay.errors import CodecError, ConsumerBusy, InvalidArgument, NotFound, Unavailable
 from raydelay.log.entries import (
     NO_DELAY,
     AppendBatch,
@@ -113,6 +113,10 @@ _DECODED_ENTRIES = 200_000  # entries of decoded ledger objects kept for payload
 _STAGED_ROWS = 200_000  # sealed-bucket rows kept for delivery before they are pruned
 _RETRY_S = 0.5  # the pause after a failed background call before it is tried again
 _ALARM_SLACK_S = 0.002  # the loop's own timer, a fallback should the alarm be late
+# Listings of a partition's buckets tried before a refresh gives up for now (each one that
+# names a bucket merged or deleted before its meta was read is tried again)
+_LIST_TRIES = 5
+_CHANGING = "the partition's buckets kept changing while they were read (merges); trying again"
 
 
 class SubscriptionPartition:
@@ -212,13 +216,19 @@ class SubscriptionPartition:
 
     def _recover_buckets(self, sealed: SealedReader) -> None:
         """Take up the partition's sealed buckets where this subscription left them."""
-        info: BucketList = self._topic_actor.call_from_thread(
-            "buckets", deadline_s=self._deadline_s
-        )
         progress = self._coordinator.call_from_thread(
             "progress", self._topic, self._partition, self._name, deadline_s=self._deadline_s
         )
-        for meta in self._load_metas(info.buckets):
+        for _ in range(_LIST_TRIES):
+            info: BucketList = self._topic_actor.call_from_thread(
+                "buckets", deadline_s=self._deadline_s
+            )
+            metas = self._load_metas(info.buckets)
+            if len(metas) == len(info.buckets):
+                break
+        else:
+            raise Unavailable(_CHANGING)
+        for meta in metas:
             self._sub.adopt(meta, done=progress.get(meta.key, 0))
         sealed.sealed_through = max(sealed.sealed_through, info.through)
         self._bucket_version = info.version
@@ -249,20 +259,27 @@ class SubscriptionPartition:
         takes (``after``: the taken mark once it is taken in). A bucket merged since may
         hold runs of both kinds; waiting for it to end by ``upto`` would let the taken
         mark pass its older runs' rows, which the answer did not carry (they were sealed)."""
-        info: BucketList = await self._topic_actor.once("buckets")
+        # Every bucket of one listing is adopted before the answer is taken in: a bucket
+        # merged away between the listing and the read of its meta is listed again (as
+        # the merged one). Adopting the others and taking the answer in would move the
+        # taken mark over the missing bucket's rows, which no answer carried (they were
+        # sealed before it), and they would never be delivered.
+        for _ in range(_LIST_TRIES):
+            info: BucketList = await self._topic_actor.once("buckets")
+            new = [k for k in info.buckets if k not in sealed.buckets]
+            metas = await asyncio.to_thread(self._load_metas, new)
+            if len(metas) == len(new):
+                break
+        else:
+            raise Unavailable(_CHANGING)  # (the answer is not taken in; asked again later)
         keys = set(info.buckets)
-        new = [k for k in info.buckets if k not in sealed.buckets]
-        metas = await asyncio.to_thread(self._load_metas, new)
         for meta in metas:
             # (a merged bucket takes over its sources held here)
             self._sub.adopt(meta, later=(upto, after))
         sealed.sealed_through = max(sealed.sealed_through, min(info.through, upto))
-        if len(metas) == len(new):
-            # (only then: a bucket gone may be a source of a merged one whose meta was
-            # not read, merged again meanwhile; its state moves over when it is adopted)
-            for gone in [k for k in sealed.buckets if k not in keys]:
-                sealed.forget(gone)
-            self._bucket_version = info.version
+        for gone in [k for k in sealed.buckets if k not in keys]:
+            sealed.forget(gone)
+        self._bucket_version = info.version
 
     async def _query_tail(self, sealed: SealedReader, query: TailQuery) -> None:
         """Take the due rows of the topic's unsealed index; adopt first the buckets its
