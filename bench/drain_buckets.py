@@ -34,7 +34,7 @@ from bench import peer_raydelay  # noqa: E402
 from bench.peer_raydelay import RaydelayPeer  # noqa: E402
 from raydelay.cluster.handles import subscription_partition  # noqa: E402
 
-SMALL = {  # (merges are off by default since 2026-11-25: on here, to measure them)
+SMALL = {  # (64, as the default)
     "topic": {"max_entries_per_ledger": 2_000},
     "delayed": {"min_index_count_per_bucket": 2_000, "max_num_buckets": 64},
 }

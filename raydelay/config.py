@@ -146,7 +146,7 @@ class DelayedConfig(_Section):
     min_index_count_per_bucket: Positive = 50_000
     max_indexes_per_segment: int = 5_000  # -1: no limit
     max_time_step_per_segment_ms: Positive = 300_000
-    max_num_buckets: int = -1  # -1: never merge (the default until merges are safe: docs/design.md)
+    max_num_buckets: int = 64  # -1: never merge
     max_delay_ms: NonNegative = 0  # 0 = no limit
     fixed_delay_lookahead: NonNegative = 50_000  # in-memory tracker only
 

@@ -119,17 +119,15 @@ def s3_endpoint(request, monkeypatch) -> str:
 
 # --- one local Ray per test session (integration and e2e tiers) -----------------------------
 
-# Small ledgers and fast timers, so rollover, retention and cursor writes happen in tests.
-# Merges stay off here as in the default config: under a reading subscription they lost
-# rows of one bucket in 2 of 6 runs of tests/e2e/test_scenario.py (CPU-loaded machine,
-# 2026-11-25; 0 of 5 with merges off). tests/unit/test_merges.py still covers them.
+# Small ledgers and fast timers, so rollover, retention and cursor writes happen in tests;
+# at most 3 buckets a partition, so merges run under reading subscriptions all the time.
 RAY_TEST_CONFIG = {
     "topic": {"max_entries_per_ledger": 2_000, "retention_interval_ms": 300},
     "subscription": {"cursor_persist_interval_ms": 200},
     "delayed": {
         "min_index_count_per_bucket": 2_000,
         "max_indexes_per_segment": 1_000,
-        "max_num_buckets": -1,
+        "max_num_buckets": 3,
     },
 }
 

@@ -171,11 +171,6 @@ def test_a_message_whose_ledger_is_gone_can_still_be_cancelled(cluster, topic_na
     assert set(got) == {b"d%d" % i for i in range(1, 5_000)}
 
 
-@pytest.mark.skip(
-    reason="merges are off in the test config and by default since 2026-11-25: under a "
-    "reading subscription they lost rows (tests/e2e/test_scenario.py, 2 of 6 runs); "
-    "see docs/design.md, 'Merges above max_num_buckets'"
-)
 def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing(
     cluster, topic_name
 ):

@@ -32,7 +32,7 @@ def test_defaults_match_the_design_table():
     assert c.delayed.min_index_count_per_bucket == 50_000
     assert c.delayed.max_indexes_per_segment == 5_000
     assert c.delayed.max_time_step_per_segment_ms == 300_000
-    assert c.delayed.max_num_buckets == -1
+    assert c.delayed.max_num_buckets == 64
     assert c.delayed.max_delay_ms == 0
     assert c.topic.max_entries_per_ledger == 50_000
     assert c.topic.group_commit_ms == 0
@@ -60,7 +60,7 @@ def test_no_path_gives_the_embedded_default():
 def test_a_file_overrides_single_values_and_keeps_the_rest(tmp_path):
     c = load_config(write(tmp_path, "[delayed]\ntick_time_ms = 3\nstrict = false\n"), env={})
     assert c.delayed.tick_time_ms == 3 and c.delayed.strict is False
-    assert c.delayed.max_num_buckets == -1
+    assert c.delayed.max_num_buckets == 64
 
 
 def test_unknown_key_is_named(tmp_path):
