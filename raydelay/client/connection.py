@@ -795,15 +795,9 @@ class Cluster:
     def _read_from(
         self, topic: str, n: int, to: Any, inclusive: bool, field: str
     ) -> dict[int, tuple[int, int]]:
-        """partition -> the first position to read for ``to`` (see create_reader)."""
-        if isinstance(to, str) and to == "earliest":
-            return {p: (-1, 0) for p in range(n)}
-        if isinstance(to, str) and not isinstance(to, MessageId) and to != "latest":
-            to = MessageId.parse(to)
-        if isinstance(to, MessageId):
-            md = self._mark_before(topic, n, to)
-            return {to.partition: (md[0], md[1] + (1 if inclusive else 2))}
-        marks = self._reset_marks(topic, n, to, field)
+        """partition -> the first position to read for ``to`` (see create_reader): the
+        entry after the mark-delete position a reset to it gives."""
+        marks = self._reset_marks(topic, n, to, field, inclusive)
         return {p: (md[0], md[1] + 1) if md[0] >= 0 else (-1, 0) for p, md in marks.items()}
 
     def redrive(
@@ -834,11 +828,7 @@ class Cluster:
     def _reset(
         self, topic: str, subscription: str, n: int, to: Any, inclusive: bool = True
     ) -> dict[int, list[int]]:
-        if isinstance(to, str) and to not in ("earliest", "latest"):
-            to = MessageId.parse(to)
-        marks = self._reset_marks(topic, n, to)
-        if isinstance(to, MessageId) and not inclusive:  # (delivery goes on after it)
-            marks = {p: [md[0], md[1] + 1] for p, md in marks.items()}
+        marks = self._reset_marks(topic, n, to, inclusive=inclusive)
         groups: dict[str, tuple[Peer, dict[int, list[int]]]] = {}
         for p, md in marks.items():
             peer = self._subscription_peer(topic, p, subscription)
@@ -857,8 +847,11 @@ class Cluster:
         )
         return marks
 
-    def _reset_marks(self, topic: str, n: int, to: Any, field: str = "to") -> dict[int, list[int]]:
-        """partition -> the mark-delete position a reset ``to`` gives (see reset_cursor)."""
+    def _reset_marks(
+        self, topic: str, n: int, to: Any, field: str = "to", inclusive: bool = True
+    ) -> dict[int, list[int]]:
+        """partition -> the mark-delete position a reset ``to`` gives (see reset_cursor);
+        a message id is delivered again with ``inclusive``, else what follows it."""
         if isinstance(to, str) and to in ("earliest", "latest"):
             if to == "earliest":
                 return {p: [-1, -1] for p in range(n)}
@@ -869,7 +862,8 @@ class Cluster:
         if isinstance(to, str):
             to = MessageId.parse(to)
         if isinstance(to, MessageId):
-            return {to.partition: self._mark_before(topic, n, to)}
+            md = self._mark_before(topic, n, to)
+            return {to.partition: md if inclusive else [md[0], md[1] + 1]}
         if isinstance(to, datetime) or (
             isinstance(to, (int, np.integer)) and not isinstance(to, bool)
         ):

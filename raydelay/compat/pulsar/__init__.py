@@ -600,7 +600,26 @@ class Message:
 # --- readers -------------------------------------------------------------------------------
 
 
-class Reader:
+class _Endpoint:
+    """What a Pulsar consumer and reader share: a topic, a name, and being open."""
+
+    _topic_name: str
+    _name: str
+    _closed: bool
+    _what = "endpoint"
+
+    def topic(self) -> str:
+        return self._topic_name
+
+    def is_connected(self) -> bool:
+        return not self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"{self._what} {self._name!r} is closed")
+
+
+class Reader(_Endpoint):
     """Reads a topic in log order with no subscription (Pulsar's reader), over
     :class:`raydelay.client.reader.Reader`; it ignores deliver_at."""
 
@@ -618,18 +637,10 @@ class Reader:
         self._closed = False
         self._listener: threading.Thread | None = None
 
-    def topic(self) -> str:
-        return self._topic_name
+    _what = "reader"
 
     def reader_name(self) -> str:
         return self._name
-
-    def is_connected(self) -> bool:
-        return not self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise AlreadyClosed(f"reader {self._name!r} is closed")
 
     def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; waits up to ``timeout_millis`` (None: until one comes) and
@@ -1578,7 +1589,7 @@ class _Outgoing:
 # --- the consumer ---------------------------------------------------------------------------
 
 
-class Consumer:
+class Consumer(_Endpoint):
     """Receives from one subscription. It asks raydelay for up to ``receiver_queue_size``
     messages at a time (at least 1) and hands them out one by one: those it holds count as
     delivered to it, as in Pulsar's receiver queue."""
@@ -1617,21 +1628,13 @@ class Consumer:
         self._listener: threading.Thread | None = None
         self._paused = threading.Event()
 
-    def topic(self) -> str:
-        return self._topic_name
+    _what = "consumer"
 
     def subscription_name(self) -> str:
         return self._subscription
 
     def consumer_name(self) -> str:
         return self._name
-
-    def is_connected(self) -> bool:
-        return not self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise AlreadyClosed(f"consumer {self._name!r} is closed")
 
     def _wrap(self, m: Any) -> Message:
         return _wrap(self._client, m, self._schema, self._topic_name, self._partitions)
