@@ -737,6 +737,10 @@ class Consumer:
         self._closed = True
         self._stop.set()
         self._retry_now.set()
+        # (a heartbeat sent after the removal would add this consumer back, its lease
+        # then holding the subscription until it lapsed: the heartbeats end first)
+        if self._heartbeats is not threading.current_thread():
+            self._heartbeats.join(timeout=_HUNG_S)
         refs = [self._link.remove_consumer(p, self.consumer_id) for p in range(self.partitions)]
         try:
             # (a partition that does not answer lets this consumer's lease lapse instead)
