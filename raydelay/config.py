@@ -100,6 +100,20 @@ class S3StorageConfig(_Section):
     endpoint_url: str = ""  # empty: AWS; set it for MinIO, moto and the like
     region: str = "us-east-1"
     max_attempts: Positive = 3  # boto3 standard-mode budget per call; our retries stack on it
+    # server-side encryption asked for on every write: "" sends none (the bucket's default
+    # encryption applies), "AES256" is SSE-S3, "aws:kms" is SSE-KMS
+    sse: Literal["", "AES256", "aws:kms"] = ""
+    # the KMS key of "aws:kms" (id, ARN or alias); empty: the AWS-managed key (aws/s3)
+    sse_kms_key_id: str = ""
+
+    @model_validator(mode="after")
+    def _kms_key_needs_kms(self) -> S3StorageConfig:
+        if self.sse_kms_key_id and self.sse != "aws:kms":
+            raise InvalidArgument(
+                f"storage.s3.sse_kms_key_id: only valid with storage.s3.sse = 'aws:kms' "
+                f"(storage.s3.sse is {self.sse!r})"
+            )
+        return self
 
 
 class FaultsConfig(_Section):

@@ -63,7 +63,9 @@ def _backend(storage: StorageConfig, s3_client: Any) -> ObjectStore:
         client = s3_client or make_s3_client(
             endpoint_url=s3.endpoint_url or None, region=s3.region, max_attempts=s3.max_attempts
         )
-        return S3ObjectStore(client, s3.bucket, s3.prefix)
+        return S3ObjectStore(
+            client, s3.bucket, s3.prefix, sse=s3.sse, sse_kms_key_id=s3.sse_kms_key_id
+        )
     raise InvalidArgument(f"storage.kind: unknown kind {storage.kind!r}")  # pragma: no cover
 
 

@@ -3,6 +3,10 @@
 This is the only module that knows botocore's errors: they become StorageError
 (retriable or not) and a missing key becomes NotFound. Credentials come from
 boto3's standard chain; nothing here reads them from a config file.
+
+Every object is written by one ``PutObject`` call (no multipart upload, no copy), made
+in :meth:`S3ObjectStore._put_object`, which adds the server-side encryption the store
+was built with (``storage.s3.sse``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ _RETRIABLE_CODES = {
     "504",
 }
 
+# storage.s3.sse: "" asks for nothing (the bucket's default encryption applies)
+SSE_MODES = ("", "AES256", "aws:kms")
+
 
 def make_s3_client(
     *, endpoint_url: str | None = None, region: str = "us-east-1", max_attempts: int = 3
@@ -48,27 +55,56 @@ def make_s3_client(
 
 
 class S3ObjectStore:
-    """Objects in ``bucket`` under ``prefix``. ``client`` is a boto3 S3 client."""
+    """Objects in ``bucket`` under ``prefix``. ``client`` is a boto3 S3 client.
 
-    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+    ``sse`` is the server-side encryption every write asks for: ``""`` (none asked;
+    the bucket's default applies), ``"AES256"`` (SSE-S3) or ``"aws:kms"`` (SSE-KMS, with
+    the key ``sse_kms_key_id``, or the AWS-managed key when it is empty)."""
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        prefix: str = "",
+        *,
+        sse: str = "",
+        sse_kms_key_id: str = "",
+    ) -> None:
         if not isinstance(bucket, str) or not bucket:
             raise InvalidArgument("bucket: must be a non-empty str")
         prefix = validate_prefix(prefix)
         if prefix and not prefix.endswith("/"):
             prefix += "/"
+        if sse not in SSE_MODES:
+            raise InvalidArgument(f"sse: must be one of {SSE_MODES}, got {sse!r}")
+        if not isinstance(sse_kms_key_id, str):
+            raise InvalidArgument(f"sse_kms_key_id: must be a str, got {sse_kms_key_id!r}")
+        if sse_kms_key_id and sse != "aws:kms":
+            raise InvalidArgument(f"sse_kms_key_id: only valid with sse 'aws:kms', not {sse!r}")
         self._client = client
         self._bucket = bucket
         self._prefix = prefix
         self._conditional = True  # the endpoint honours If-None-Match (until it says not)
+        self._encryption: dict[str, str] = {}  # PutObject's arguments for sse
+        if sse:
+            self._encryption["ServerSideEncryption"] = sse
+        if sse_kms_key_id:
+            self._encryption["SSEKMSKeyId"] = sse_kms_key_id
 
     def _full(self, key: str) -> str:
         return self._prefix + validate_key(key)
+
+    def _put_object(self, full: str, data: bytes, **conditions: str) -> None:
+        """The one call that writes an object, with the store's encryption."""
+        self._client.put_object(
+            Bucket=self._bucket, Key=full, Body=data, **self._encryption, **conditions
+        )
 
     def put(self, key: str, data: bytes) -> None:
         full = self._full(key)
         data = check_data(data)
         try:
-            self._client.put_object(Bucket=self._bucket, Key=full, Body=data)
+            self._put_object(full, data)
         except Exception as exc:
             raise _translate(exc, f"put {key!r}") from exc
 
@@ -79,10 +115,10 @@ class S3ObjectStore:
         data = check_data(data)
         try:
             if self._conditional:
-                self._client.put_object(Bucket=self._bucket, Key=full, Body=data, IfNoneMatch="*")
+                self._put_object(full, data, IfNoneMatch="*")
                 return
             if not self.exists(key):
-                self._client.put_object(Bucket=self._bucket, Key=full, Body=data)
+                self._put_object(full, data)
                 return
         except Exception as exc:
             code = _code(exc)
