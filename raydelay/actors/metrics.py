@@ -1,7 +1,10 @@
 """raydelay's metrics on Ray's Prometheus endpoint and dashboard (``ray.util.metrics``).
 
-Ray prefixes every name with ``ray_``. Tags: ``topic`` and ``partition``, and
-``subscription`` for a subscription's series.
+Ray prefixes every name with ``ray_``; Ray 2.60's Prometheus export adds ``_total`` to a
+counter's name and exports a histogram as ``_bucket``, ``_sum`` and ``_count`` series.
+Tags: ``topic`` and ``partition``, and ``subscription`` for a subscription's series (Ray
+adds its own, ``WorkerId`` among them: sum over it). :data:`METRICS` is the registry of
+every metric raydelay makes; this table says the same for readers.
 
 | metric | kind | what |
 |---|---|---|
@@ -12,6 +15,8 @@ Ray prefixes every name with ``ray_``. Tags: ``topic`` and ``partition``, and
 | raydelay_delayed_messages | gauge | messages waiting in the delayed index |
 | raydelay_immutable_buckets | gauge | sealed buckets of the index |
 | raydelay_loaded_indexes | gauge | index entries held in memory |
+| raydelay_backlog | gauge | entries up to the log's tail the subscription has not acknowledged (delayed ones included) |
+| raydelay_consumers | gauge | consumers connected to the subscription's partition |
 | raydelay_bucket_snapshot_bytes | counter | bytes of sealed buckets the topic wrote |
 | raydelay_bucket_ops | counter | bucket operations by ``op``: create and delete (the topic's, with an empty ``subscription`` tag), load (a subscription's segment loads) |
 | raydelay_bucket_op_seconds | histogram | their latency, by ``op`` |
@@ -29,7 +34,8 @@ is exact.
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 from ray.util import metrics
@@ -40,38 +46,67 @@ LATENESS_SAMPLES_PER_S = 1_000
 _PART = ("topic", "partition")
 _SUB = ("topic", "partition", "subscription")
 
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: its kind, its description and its tag keys (``boundaries``: a
+    histogram's bucket bounds)."""
+
+    kind: Literal["counter", "gauge", "histogram"]
+    description: str
+    tags: tuple[str, ...]
+    boundaries: tuple[float, ...] = ()
+
+
+# Every metric raydelay registers, by name (without Ray's ``ray_`` prefix); a metric is
+# made only from here, so dashboards/raydelay.json is checked against it.
+METRICS: dict[str, MetricSpec] = {
+    "raydelay_published_messages": MetricSpec("counter", "messages appended", _PART),
+    "raydelay_dispatched_messages": MetricSpec("counter", "messages dispatched", _SUB),
+    "raydelay_redeliveries": MetricSpec("counter", "redeliveries", _SUB),
+    "raydelay_dead_lettered": MetricSpec("counter", "messages dead-lettered", _SUB),
+    "raydelay_delayed_messages": MetricSpec("gauge", "delayed messages", _SUB),
+    "raydelay_immutable_buckets": MetricSpec("gauge", "sealed buckets", _SUB),
+    "raydelay_loaded_indexes": MetricSpec("gauge", "index entries in memory", _SUB),
+    "raydelay_backlog": MetricSpec("gauge", "entries not acknowledged yet", _SUB),
+    "raydelay_consumers": MetricSpec("gauge", "consumers connected", _SUB),
+    "raydelay_bucket_snapshot_bytes": MetricSpec("counter", "sealed bucket bytes written", _SUB),
+    "raydelay_bucket_ops": MetricSpec("counter", "bucket operations", (*_SUB, "op")),
+    "raydelay_bucket_op_seconds": MetricSpec(
+        "histogram", "bucket operation latency (s)", (*_SUB, "op"), tuple(OP_BOUNDARIES_S)
+    ),
+    "raydelay_dispatch_lateness_ms": MetricSpec(
+        "histogram",
+        "dispatch lateness of delayed messages (ms)",
+        _SUB,
+        tuple(LATENESS_BOUNDARIES_MS),
+    ),
+}
+
+_KINDS = {"counter": metrics.Counter, "gauge": metrics.Gauge, "histogram": metrics.Histogram}
 _made: dict[str, Any] = {}
 
 
-def _metric(kind: type, name: str, description: str, tags: tuple[str, ...], **kw: Any) -> Any:
+def _metric(name: str) -> Any:
     """One metric object per process and name (Ray rejects a second registration)."""
     m = _made.get(name)
     if m is None:
-        m = _made[name] = kind(name, description=description, tag_keys=tags, **kw)
+        spec = METRICS[name]
+        kw = {"boundaries": list(spec.boundaries)} if spec.kind == "histogram" else {}
+        m = _KINDS[spec.kind](name, description=spec.description, tag_keys=spec.tags, **kw)
+        _made[name] = m
     return m
 
 
 def _bucket_ops() -> tuple[Any, Any]:
-    ops = _metric(metrics.Counter, "raydelay_bucket_ops", "bucket operations", (*_SUB, "op"))
-    seconds = _metric(
-        metrics.Histogram,
-        "raydelay_bucket_op_seconds",
-        "bucket operation latency (s)",
-        (*_SUB, "op"),
-        boundaries=OP_BOUNDARIES_S,
-    )
-    return ops, seconds
+    return _metric("raydelay_bucket_ops"), _metric("raydelay_bucket_op_seconds")
 
 
 class TopicMetrics:
     def __init__(self, topic: str, partition: int) -> None:
         self._tags = {"topic": topic, "partition": str(partition)}
-        self._published = _metric(
-            metrics.Counter, "raydelay_published_messages", "messages appended", _PART
-        )
-        self._sealed_bytes = _metric(
-            metrics.Counter, "raydelay_bucket_snapshot_bytes", "sealed bucket bytes written", _SUB
-        )
+        self._published = _metric("raydelay_published_messages")
+        self._sealed_bytes = _metric("raydelay_bucket_snapshot_bytes")
         self._ops, self._op_s = _bucket_ops()
 
     def published(self, n: int) -> None:
@@ -93,23 +128,16 @@ class SubscriptionMetrics:
 
     def __init__(self, topic: str, partition: int, subscription: str) -> None:
         self._tags = {"topic": topic, "partition": str(partition), "subscription": subscription}
-        m = _metric
-        self._dispatched = m(
-            metrics.Counter, "raydelay_dispatched_messages", "messages dispatched", _SUB
-        )
-        self._redelivered = m(metrics.Counter, "raydelay_redeliveries", "redeliveries", _SUB)
-        self._dead = m(metrics.Counter, "raydelay_dead_lettered", "messages dead-lettered", _SUB)
-        self._delayed = m(metrics.Gauge, "raydelay_delayed_messages", "delayed messages", _SUB)
-        self._buckets = m(metrics.Gauge, "raydelay_immutable_buckets", "sealed buckets", _SUB)
-        self._loaded = m(metrics.Gauge, "raydelay_loaded_indexes", "index entries in memory", _SUB)
+        self._dispatched = _metric("raydelay_dispatched_messages")
+        self._redelivered = _metric("raydelay_redeliveries")
+        self._dead = _metric("raydelay_dead_lettered")
+        self._delayed = _metric("raydelay_delayed_messages")
+        self._buckets = _metric("raydelay_immutable_buckets")
+        self._loaded = _metric("raydelay_loaded_indexes")
+        self._backlog = _metric("raydelay_backlog")
+        self._consumers = _metric("raydelay_consumers")
         self._ops, self._op_s = _bucket_ops()
-        self._lateness = m(
-            metrics.Histogram,
-            "raydelay_dispatch_lateness_ms",
-            "dispatch lateness of delayed messages (ms)",
-            _SUB,
-            boundaries=LATENESS_BOUNDARIES_MS,
-        )
+        self._lateness = _metric("raydelay_dispatch_lateness_ms")
         self._late: list[np.ndarray] = []
         self._last: dict[str, int] = {}
         self._rng = np.random.default_rng()
@@ -129,6 +157,8 @@ class SubscriptionMetrics:
         self._delayed.set(stats.get("delayed", 0), tags)
         self._buckets.set(stats.get("buckets", 0), tags)
         self._loaded.set(stats.get("loaded_indexes", stats.get("delayed", 0)), tags)
+        self._backlog.set(stats.get("backlog", 0), tags)
+        self._consumers.set(stats.get("consumers", 0), tags)
         for key, metric in (
             ("redelivered", self._redelivered),
             ("dead_lettered", self._dead),
