@@ -171,15 +171,17 @@ def test_bad_arguments_fail_before_any_work(cluster, topic_name, spark, tmp_path
     assert not [n for n in names if n.startswith("ingest/")]
 
 
-def test_the_readme_ingestion_example_runs(ray_cluster, spark, tmp_path, monkeypatch):
-    from tests.unit.test_readme import ALL_BLOCKS
+def test_the_docs_ingestion_example_runs(ray_cluster, spark, tmp_path, monkeypatch):
+    # the example of docs/ingest.md (the README's blocks and every docs page are searched)
+    from tests.unit.test_readme import WHERE_BLOCKS
 
-    blocks = [b for b in ALL_BLOCKS if b.startswith("# needs: spark")]
+    blocks = [(w, b) for w, b in WHERE_BLOCKS if b.startswith("# needs: spark")]
     assert len(blocks) == 1
+    where, code = blocks[0]
     import raydelay.ingest.spark
 
     # the module's Spark is the example's: RayDP runs one Spark session per driver
     monkeypatch.setattr(raydelay.ingest.spark, "start_spark", lambda *a, **k: spark)
     monkeypatch.chdir(tmp_path)
-    exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme"})
+    exec(compile(code, where, "exec"), {"__name__": "readme"})
     assert (tmp_path / "rejected.parquet").exists()
