@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: venv java demo test lint bench bench-full bench-parts chaos cluster clean
+.PHONY: venv java demo test lint bench bench-full bench-parts chaos cluster docs clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,7 @@ demo: venv java
 	$(VENV)/bin/raydelay demo
 
 test: venv java
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # into site/; a broken link fails
 	$(PY) -m pytest -q
 
 lint: venv
@@ -73,5 +74,9 @@ bench-parts: venv
 	$(PY) bench/merge_bench.py
 	$(PY) bench/key_shared.py
 
+# The docs site on http://127.0.0.1:8000, rebuilt as docs/ change.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) .raydelay .pytest_cache .hypothesis
+	rm -rf $(VENV) site .raydelay .pytest_cache .hypothesis
