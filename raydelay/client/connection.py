@@ -4,7 +4,9 @@ Ray plumbing it stands on."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -59,6 +61,12 @@ from raydelay.subscription_types import check_subscription_type
 
 log = logging.getLogger(__name__)
 
+# How long connect() waits for another process that is starting a cluster on the same
+# store to claim it, before it starts one of its own (a Ray start takes 5-30 s here).
+START_TURN_WAIT_S = 120.0
+# How often the waiting process looks at the store's claim meanwhile.
+START_TURN_POLL_S = 0.1
+
 _SUMMED = (
     "delayed",
     "backlog",
@@ -82,47 +90,42 @@ def connect(
     - ``config``: a TOML path, a Config, a dict shaped like the TOML, or None for the
       embedded default (``configs/default.toml``: a local-dir store under
       ``./.raydelay/data``). ``RAYDELAY_*`` environment overrides apply to paths and None.
-    - ``address``: None attaches to a Ray running on this machine (``RAY_ADDRESS``, or the
-      last ``ray start`` while that Ray lives) and starts a local one when none runs;
-      ``"auto"`` (or an address) attaches to a running Ray cluster.
+    - ``address``: None attaches to the live cluster that owns the store, else to a Ray
+      running on this machine (``RAY_ADDRESS``, or the last ``ray start`` while that Ray
+      lives), and starts a local one when none runs; ``"auto"`` (or an address) attaches
+      to a running Ray cluster.
 
+    Processes that call ``connect()`` without an address at the same moment on one store
+    end up in one cluster: one starts Ray and claims the store, the others attach to it.
     The coordinator is created on first use and attached to afterwards; if it already
     runs with another storage config, its config wins (a warning says so)."""
     cfg = resolve_config(config)
-    started = False
-    if not ray.is_initialized():
-        if address is None:
-            # a store another live cluster owns: attach to that cluster, not a new Ray
-            address = _owner_address(cfg)
-        if address is None:
-            # a Ray running here (RAY_ADDRESS, or the last `ray start`): attach to it
-            address = running_ray_address()
-        if address is None:
-            ray.init(
-                address="local",  # a stale note of a stopped Ray must not be followed
-                namespace=NAMESPACE,
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-                configure_logging=False,
-                _system_config=ray_system_config(cfg),
-            )
-            started = True
-        else:
-            try:
-                ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
-            except Exception as exc:  # noqa: BLE001 - Ray raises several kinds here
-                if address == "auto":
-                    raise
-                raise Unavailable(_unreachable(address, exc)) from None
-    coordinator = placement.lookup_or_none(COORDINATOR)
-    if coordinator is None:
-        check_store(cfg.storage)  # a local store on several nodes: refused, nothing created
-        _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
-        coordinator = spawn_coordinator(config_to_dict(cfg))
-    deadline_s = cfg.client.retry_deadline_s
-    running = config_from_dict(
-        rpc.call(coordinator.config.remote, what="coordinator", deadline_s=deadline_s)
-    )
+    with contextlib.ExitStack() as turn:
+        started = False
+        if not ray.is_initialized():
+            if address is None:
+                # a store another live cluster owns: attach to that cluster, not a new Ray
+                address = _owner_address(cfg) or running_ray_address()
+            if address is None:
+                # about to start a Ray: wait for any process starting one on this store now
+                address = _take_start_turn(cfg, turn)
+            if address is None:
+                _start_ray(cfg)
+                started = True
+            else:
+                _attach_ray(address)
+        try:
+            coordinator, running = _coordinator(cfg)
+        except StoreOwned as exc:
+            if not started or not exc.owner.get("address"):
+                raise
+            # Another process claimed the store while this one started its Ray (an S3
+            # store, or a turn given up on): this Ray holds nothing yet, so it goes.
+            log.info("the store was claimed by %s meanwhile: attaching to it", exc.owner)
+            ray.shutdown()
+            started = False
+            _attach_ray(exc.owner["address"])
+            coordinator, running = _coordinator(cfg)
     check_store(running.storage)  # (the cluster may have grown since it started)
     if running.storage != cfg.storage:
         # a warning only when the caller chose a config: the default just attaches
@@ -132,6 +135,86 @@ def connect(
             cfg.storage,
         )
     return Cluster(coordinator, running, client=cfg.client, started_ray=started)
+
+
+def _start_ray(cfg: Config) -> None:
+    """Start a local Ray for this process (stopped by :meth:`Cluster.shutdown`)."""
+    ray.init(
+        address="local",  # a stale note of a stopped Ray must not be followed
+        namespace=NAMESPACE,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        configure_logging=False,
+        _system_config=ray_system_config(cfg),
+    )
+
+
+def _attach_ray(address: str) -> None:
+    """Attach this process to the running Ray cluster at ``address`` (or ``"auto"``)."""
+    try:
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+    except Exception as exc:  # noqa: BLE001 - Ray raises several kinds here
+        if address == "auto":
+            raise
+        raise Unavailable(_unreachable(address, exc)) from None
+
+
+def _coordinator(cfg: Config) -> tuple[Any, Config]:
+    """The coordinator of the Ray this process is in (created if there is none) and the
+    config it runs with. StoreOwned if a coordinator created here is refused the store."""
+    coordinator = placement.lookup_or_none(COORDINATOR)
+    on_failure = None
+    if coordinator is None:
+        check_store(cfg.storage)  # a local store on several nodes: refused, nothing created
+        _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
+        coordinator = spawn_coordinator(config_to_dict(cfg))
+        # a coordinator refused the store dies in its constructor: the store says why
+        on_failure = functools.partial(_refuse_if_owned, cfg)
+    running = config_from_dict(
+        rpc.call(
+            coordinator.config.remote,
+            what="coordinator",
+            deadline_s=cfg.client.retry_deadline_s,
+            on_failure=on_failure,
+        )
+    )
+    return coordinator, running
+
+
+def _take_start_turn(cfg: Config, turn: contextlib.ExitStack) -> str | None:
+    """Wait until no other process is starting a cluster on ``cfg``'s store; then the
+    address of the cluster that one started (as soon as it has claimed the store), or
+    None with the turn held in ``turn`` (released when ``connect`` returns: by then this
+    process's coordinator has claimed the store). See ``raydelay.cluster.owner``."""
+    store, _ = _store_claim(cfg)
+    start = owner.StartTurn(store)
+    give_up = time.monotonic() + START_TURN_WAIT_S
+    waited = False
+    while True:
+        if start.try_take():
+            turn.callback(start.release)
+            found = _owner_address(cfg)  # the holder before this one may have claimed it
+            if found is not None:
+                start.release()
+            return found
+        found = _owner_address(cfg)
+        if found is not None:
+            return found
+        if time.monotonic() > give_up:
+            log.warning(
+                "process %s has been starting a raydelay cluster on this store for %.0f s "
+                "without claiming it; starting one here",
+                start.holder_pid() or "?",
+                START_TURN_WAIT_S,
+            )
+            return None
+        if not waited:
+            log.info(
+                "process %s is starting a cluster on this store: waiting for it",
+                start.holder_pid() or "?",
+            )
+            waited = True
+        time.sleep(START_TURN_POLL_S)
 
 
 def _unreachable(address: str, exc: BaseException) -> str:

@@ -17,6 +17,12 @@ epoch is the current claim. Whether it is still held:
 
 A coordinator of the same Ray cluster (the same GCS address) takes over its own claim at
 once: that is Ray restarting it.
+
+Processes that start at the same moment on one store must end up in one cluster, not in
+one cluster and a refusal. On a local-dir store a client that is about to start a Ray
+of its own takes its turn first, with :class:`StartTurn`: an exclusive ``flock`` on
+``<root>/.owner-start.lock``, held until its coordinator has claimed the store. The
+others wait for the turn, see the claim and attach to its cluster (``connect()``).
 """
 
 from __future__ import annotations
@@ -39,7 +45,11 @@ log = logging.getLogger(__name__)
 CLAIM_PREFIX = "meta/owner/"
 RENEWED_PREFIX = "meta/owner-renewed/"
 LOCK_FILE = ".owner.lock"
+START_LOCK_FILE = ".owner-start.lock"
 DEFAULT_LEASE_S = 30.0
+# A lock held by another cluster is tried again this long before the store is refused:
+# claim_is_live() in a client holds it for an instant to see whether an owner holds it.
+PROBE_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,53 @@ def _lock_path(store) -> str | None:
 
 def _open_lock(path: str) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+class StartTurn:
+    """One process at a time starts a cluster on a local-dir store (see the module's
+    docstring). :meth:`try_take` does not block; the turn is held until :meth:`release`
+    or until the process ends (the kernel drops the ``flock``). On other stores there is
+    no turn to take: :meth:`try_take` always succeeds, and a race is settled by the
+    claim's ``put_new``."""
+
+    def __init__(self, store) -> None:
+        path = _lock_path(store)
+        self._path = None if path is None else os.path.join(os.path.dirname(path), START_LOCK_FILE)
+        self._fd: int | None = None
+
+    def try_take(self) -> bool:
+        """Take the turn if no other process holds it; True if this process holds it now."""
+        if self._path is None or self._fd is not None:
+            return True
+        try:
+            fd = _open_lock(self._path)
+        except OSError as exc:  # a read-only root, say: go on without a turn
+            log.debug("cannot open %s (%s): starting without a turn", self._path, exc)
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())  # (read by the waiting: who holds the turn)
+        self._fd = fd
+        return True
+
+    def holder_pid(self) -> int | None:
+        """The process id written by the holder of the turn, if it can be read."""
+        if self._path is None:
+            return None
+        try:
+            with open(self._path) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
 
 
 def claim_is_live(store, claim: Claim) -> bool:
@@ -156,9 +213,10 @@ class StoreOwner:
     def _lock(self, path: str, wait_own_s: float = 60.0) -> int:
         """Take the local store's lock. Held by an earlier life of this cluster's own
         coordinator (Ray restarting it while the old process exits), wait for it to go;
-        held by another cluster, refuse at once."""
+        held by another cluster (or by no claim yet), refuse after ``PROBE_GRACE_S``."""
         fd = _open_lock(path)
-        deadline = time.monotonic() + wait_own_s
+        now = time.monotonic()
+        deadline, probed = now + wait_own_s, now + PROBE_GRACE_S
         try:
             while True:
                 try:
@@ -166,11 +224,10 @@ class StoreOwner:
                     return fd
                 except BlockingIOError:
                     holder = current_claim(self._store)
-                    if holder is None or holder.address != self._address:
+                    mine = holder is not None and holder.address == self._address
+                    if time.monotonic() > (deadline if mine else probed):
                         break
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.1)
+                    time.sleep(0.1 if mine else 0.01)
         except BaseException:
             os.close(fd)  # the store failed while we waited: the caller tries again
             raise
