@@ -816,6 +816,10 @@ class SubscriptionPartition:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported and retried
+                if self._closed:
+                    # a planned stop: the hosts may be stopping too, and nothing is retried
+                    log.debug("%s: a log read ended by the close: %s", self._sub.name, exc)
+                    return
                 retries.failed(exc)
                 await asyncio.sleep(_RETRY_S)
 
@@ -1042,6 +1046,7 @@ class SubscriptionActor:
         with ThreadPoolExecutor(min(_OPEN_THREADS, len(mine))) as pool:
             self._parts = dict(zip(mine, pool.map(open_one, mine), strict=True))
         self._started = False
+        self._reporter: asyncio.Task[None] | None = None  # the metrics loop, once started
         self._topic, self._subscription, self._config = topic, subscription, config
         self._coordinator = coordinator
         self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
@@ -1156,8 +1161,11 @@ class SubscriptionActor:
         return out
 
     async def close(self) -> None:
-        """Persist every partition's cursor and stop their loops."""
+        """Persist every partition's cursor and stop their loops, and the metrics loop (left
+        pending, asyncio reports it as destroyed when the process ends)."""
         await asyncio.gather(*[p.close() for p in self._parts.values()])
+        if self._reporter is not None:
+            self._reporter.cancel()
 
     async def partitions(self) -> list[int]:
         return sorted(self._parts)

@@ -1010,21 +1010,25 @@ class Cluster:
         if self._started_ray:
             try:
                 self._flush_all()
-                # between calls, before Ray itself stops: an actor torn down in the middle
-                # of a call can crash its process
+                # before Ray itself stops (an actor torn down in the middle of a call can
+                # crash its process): subscriptions between calls, then the hosts they called
                 handles.stop_all(graceful=True)
             finally:
                 ray.shutdown()
 
     def _flush_all(self) -> None:
-        """Persist every subscription's cursor, then close every partition's open ledger."""
+        """Persist every subscription's cursor and stop its loops, then close every
+        partition's open ledger (which answers the hosts' standing long polls). Every live
+        subscription actor is closed, whoever made it: one left reading would see its hosts
+        stop under it."""
+        from raydelay.tasks.api import stop_runner_actors
+
+        stop_runner_actors()  # consumers themselves: they go before their subscription
         refs = []
-        for topic, n in self._coord("topics").items():
-            for sub in self._coord("subscriptions", topic):
-                for name in self._subscription_actors(topic, sub, n):
-                    handle = placement.lookup_or_none(name)
-                    if handle is not None:
-                        refs.append(handle.close.remote())  # persists, then stops its loops
+        for name in handles.subscription_actors():
+            handle = placement.lookup_or_none(name)
+            if handle is not None:
+                refs.append(handle.close.remote())  # persists, then stops its loops
         if refs:
             rpc.get(refs, what="subscription")
         hosts = [placement.lookup_or_none(h) for h in placement.live_hosts()]

@@ -174,14 +174,28 @@ def stop(names: list[str], *, graceful: bool = False, timeout_s: float = 10) -> 
     return stopped
 
 
+def subscription_actors() -> list[str]:
+    """The names of the live subscription actors (of every topic and subscription)."""
+    return [n for n in named_actors() if n.startswith(SUBSCRIPTION_PREFIX)]
+
+
 def stop_all(*, graceful: bool) -> int:
     """Stop every raydelay actor: subscriptions first (they call the hosts), the
-    coordinator last (everyone calls it). Returns how many were running."""
+    coordinator last (everyone calls it). Returns how many were running.
+
+    ``graceful`` ends the subscriptions between calls; the hosts are stopped at once even
+    then, once no subscription is left to call them: a graceful stop would wait behind the
+    long polls standing there, which a subscription ended while it waited (a deleted
+    topic's) left behind, for up to ``_LONG_POLL_S`` of its own (30 s)."""
     names = named_actors()
     subs = [n for n in names if n.startswith(SUBSCRIPTION_PREFIX)]
     others = [n for n in names if not n.startswith(SUBSCRIPTION_PREFIX) and n != COORDINATOR]
     coordinator = [n for n in names if n == COORDINATOR]
-    return sum(stop(group, graceful=graceful) for group in (subs, others, coordinator))
+    return (
+        stop(subs, graceful=graceful)
+        + stop(others, graceful=False)
+        + stop(coordinator, graceful=False)
+    )
 
 
 class PartitionPeers:

@@ -150,3 +150,73 @@ def test_processes_started_at_once_on_one_store_attach_to_one_owner(tmp_path, ow
     assert claim is not None and claim.address in addresses
     assert claim.epoch == 1  # one coordinator claimed the store, once
 
+
+# --- a planned shutdown ------------------------------------------------------------------------
+
+FAN_OUT = LOGGING + textwrap.dedent(
+    """
+    import sys, time
+    import raydelay
+
+    cluster = raydelay.connect(config={"storage": {"kind": "local", "local": {"root": sys.argv[1]}}})
+    cluster.create_topic("fan", partitions=2)
+    consumers = [cluster.subscribe("fan", s) for s in ("email", "push", "analytics")]
+    producer = cluster.create_producer("fan")
+    producer.send_many([b"now-%d" % i for i in range(2000)])
+    producer.send_many([b"soon-%d" % i for i in range(2000)], deliver_after=1.0)
+    producer.send_many([b"later-%d" % i for i in range(2000)], deliver_after=600.0)
+    producer.flush()
+    counts = []
+    for consumer in consumers:
+        got = set()
+        deadline = time.monotonic() + 120
+        while len(got) < 4000 and time.monotonic() < deadline:
+            msgs = consumer.receive(max_messages=1000, timeout_s=1)
+            consumer.ack(msgs)
+            got |= {m.payload for m in msgs}
+        counts.append(len(got))
+    # a topic deleted first leaves its subscription's long polls standing at the hosts
+    cluster.create_topic("gone", partitions=2)
+    cluster.subscribe("gone", "s").receive(max_messages=1, timeout_s=0.5)
+    cluster.delete_topic("gone", force=True)
+    cluster.shutdown()  # with messages still delayed, and every subscription reading the log
+    print(counts, flush=True)
+    """
+)
+
+
+def test_a_planned_shutdown_of_a_fan_out_logs_no_warning(tmp_path, own_ray_env):
+    # Given a process that starts Ray, fans a topic of 2 partitions out to 3 subscriptions
+    # and leaves messages delayed, and a deleted topic behind
+    result = subprocess.run(
+        [sys.executable, "-c", FAN_OUT, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=own_ray_env,
+    )
+    # When it shuts down, then it has received everything due, and stderr holds no
+    # traceback and no raydelay warning (the actors' reach it through Ray's forwarding)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[4000, 4000, 4000]", result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert _raydelay_warnings(result.stderr) == [], result.stderr[-3000:]
+
+
+def test_the_warning_check_sees_the_driver_and_the_actors():
+    # Given stderr as a driver sees it: its own log lines, and Ray's forwarded actor lines
+    stderr = "\n".join(
+        [
+            "2026-11-25 23:19:28,544\tINFO worker.py:2038 -- Started a local Ray instance.",
+            "WARNING raydelay.cluster.handles: still stopping after 10 s: host/a/0",
+            "INFO raydelay.client.connection: the store is owned by ...",
+            "\x1b[36m(SubscriptionActor pid=31404)\x1b[0m t/0/s: reading the log failed (x)",
+            "\x1b[36m(RayDPSparkMaster pid=6903)\x1b[0m [I gcs_client.cc:96] GcsClient ...",
+            "26/11/25 23:19:24 WARN Utils: Your hostname, vm resolves to a loopback address",
+        ]
+    )
+    # Then exactly raydelay's warning and its actor's line are picked out
+    assert _raydelay_warnings(stderr) == [
+        "WARNING raydelay.cluster.handles: still stopping after 10 s: host/a/0",
+        "(SubscriptionActor pid=31404) t/0/s: reading the log failed (x)",
+    ]
