@@ -162,8 +162,6 @@ def run_demo(
             gc.enable()
         run.watch(deadline_s=spread_s + lead_s + 60)
         report.elapsed_s = time.monotonic() - started
-        print(report.table(), file=out)
-        return report
     finally:
         if run is not None:
             run.halt()
@@ -173,6 +171,10 @@ def run_demo(
             log.warning("deleting the demo topic failed: %s", exc)
         cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)
+    # last, once Ray has stopped: what it prints as it stops (log lines it held back to
+    # count repeats) comes before the report, not after it
+    print(report.table(), file=out, flush=True)
+    return report
 
 
 def _demo_config(config: Any) -> Any:

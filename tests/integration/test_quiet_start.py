@@ -17,12 +17,14 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
 from raydelay.cluster.owner import current_claim
 from raydelay.cluster.placement import ACTOR_CLASSES
+from raydelay.demo import DemoReport
 from raydelay.storage import LocalDirObjectStore
 
 # raydelay's warnings, as they reach a driver's stderr: the driver's own in the CLI's log
@@ -220,3 +222,39 @@ def test_the_warning_check_sees_the_driver_and_the_actors():
         "WARNING raydelay.cluster.handles: still stopping after 10 s: host/a/0",
         "(SubscriptionActor pid=31404) t/0/s: reading the log failed (x)",
     ]
+
+
+# --- make demo ---------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(900)
+def test_make_demo_ends_on_its_report_with_nothing_alarming_on_stderr(tmp_path, own_ray_env):
+    # Given the command `make demo` runs, in a fresh directory (its default store is
+    # ./.raydelay/data there), with stdout and stderr in one stream as a terminal shows them
+    raydelay = Path(sys.executable).parent / "raydelay"
+    env = {**own_ray_env, "PYTHONUNBUFFERED": "1"}  # (lines in the order they were written)
+    result = subprocess.run(
+        [str(raydelay), "demo"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=840,
+        env=env,
+    )
+    output = result.stdout
+    # Then it succeeds, on the store in that directory,
+    assert result.returncode == 0, output[-5000:]
+    assert f"store: {tmp_path.resolve()}/.raydelay/data" in output
+    # nothing it printed is a traceback or a warning of raydelay's,
+    assert "Traceback" not in output, output[-5000:]
+    assert _raydelay_warnings(output) == [], output[-5000:]
+    # and the last lines are its report, in full: the rows of DemoReport.table, in order
+    lines = [ANSI.sub("", line).rstrip() for line in output.splitlines() if line.strip()]
+    expected = [_label(line) for line in DemoReport(messages=1).table().splitlines()]
+    assert [_label(line) for line in lines[-len(expected) :]] == expected, output[-3000:]
+
+
+def _label(row: str) -> str:
+    """A report row's first column (columns are two or more spaces apart)."""
+    return re.split(r"\s{2,}", row.strip())[0]
