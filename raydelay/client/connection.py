@@ -121,7 +121,10 @@ def connect(
                 raise
             # Another process claimed the store while this one started its Ray (an S3
             # store, or a turn given up on): this Ray holds nothing yet, so it goes.
-            log.info("the store was claimed by %s meanwhile: attaching to it", exc.owner)
+            log.info(
+                "the store was claimed meanwhile by %s: attaching to it",
+                owner.Claim(**exc.owner).describe(),
+            )
             ray.shutdown()
             started = False
             _attach_ray(exc.owner["address"])

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +25,9 @@ import pytest
 
 from raydelay.cluster.owner import current_claim
 from raydelay.cluster.placement import ACTOR_CLASSES
+from raydelay.config import config_from_dict
 from raydelay.demo import DemoReport
-from raydelay.storage import LocalDirObjectStore
+from raydelay.storage import LocalDirObjectStore, make_s3_client, make_store
 
 # raydelay's warnings, as they reach a driver's stderr: the driver's own in the CLI's log
 # format ("WARNING raydelay.x: ..."; the scripts below set the same), and any line of a
@@ -82,7 +84,7 @@ AT_ONCE = LOGGING + textwrap.dedent(
     import raydelay  # first, as a user's script would: it sets Ray's token mode
     import ray
 
-    root, barrier, me, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    storage, barrier, me, n = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 
     def meet(step):
         # every process of the test reaches ``step`` before any goes on
@@ -91,7 +93,7 @@ AT_ONCE = LOGGING + textwrap.dedent(
             time.sleep(0.005)
 
     meet("start")
-    cluster = raydelay.connect(config={"storage": {"kind": "local", "local": {"root": root}}})
+    cluster = raydelay.connect(config={"storage": storage})
     cluster.create_topic("t", partitions=2)
     consumer = cluster.subscribe("t", f"sub-{me}")
     producer = cluster.create_producer("t")
@@ -116,18 +118,17 @@ AT_ONCE = LOGGING + textwrap.dedent(
 )
 
 
-def test_processes_started_at_once_on_one_store_attach_to_one_owner(tmp_path, own_ray_env):
-    # Given a fresh local-dir store and three processes released at the same instant
-    root, barrier = tmp_path / "store", tmp_path / "barrier"
+def _start_at_once(storage: dict, n: int, env: dict, barrier: Path) -> list[tuple[str, str]]:
+    """Run AT_ONCE in ``n`` processes released at the same instant; their (stdout, stderr)
+    once each has exited 0 having received its own messages."""
     barrier.mkdir()
-    n = 3
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", AT_ONCE, str(root), str(barrier), f"p{i}", str(n)],
+            [sys.executable, "-c", AT_ONCE, json.dumps(storage), str(barrier), f"p{i}", str(n)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=own_ray_env,
+            env=env,
         )
         for i in range(n)
     ]
@@ -138,19 +139,51 @@ def test_processes_started_at_once_on_one_store_attach_to_one_owner(tmp_path, ow
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    # When each connect()s, sends 100 messages and receives them on its own subscription
-    for proc, (_, err) in zip(procs, outs, strict=True):
+    for proc, (out, err) in zip(procs, outs, strict=True):
         assert proc.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["mine"] == 100, err[-3000:]
+    return outs
+
+
+def test_processes_started_at_once_on_one_store_attach_to_one_owner(tmp_path, own_ray_env):
+    # Given a fresh local-dir store and three processes released at the same instant
+    root = tmp_path / "store"
+    storage = {"kind": "local", "local": {"root": str(root)}}
+    # When each connect()s, sends 100 messages and receives them on its own subscription
+    outs = _start_at_once(storage, 3, own_ray_env, tmp_path / "barrier")
+    # Then every one of them succeeded quietly, on one Ray cluster: the one whose claim the
+    # store holds, made once
+    for _, err in outs:
         assert "StoreOwned" not in err and "Traceback" not in err, err[-3000:]
         assert _raydelay_warnings(err) == [], err[-3000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    # Then every one of them succeeded, on one Ray cluster: the one whose claim the store holds
-    assert [r["mine"] for r in results] == [100] * n
-    addresses = {r["address"] for r in results}
-    assert len(addresses) == 1, results
+    addresses = {json.loads(out.strip().splitlines()[-1])["address"] for out, _ in outs}
+    assert len(addresses) == 1, addresses
     claim = current_claim(LocalDirObjectStore(root))
     assert claim is not None and claim.address in addresses
-    assert claim.epoch == 1  # one coordinator claimed the store, once
+    assert claim.epoch == 1
+
+
+@pytest.mark.s3
+def test_processes_started_at_once_on_one_s3_store_attach_to_one_owner(
+    tmp_path, own_ray_env, moto_server
+):
+    # Given a fresh bucket (no start turn on S3: each process starts a Ray, and the one
+    # whose coordinator loses the claim's put_new stops its Ray and attaches to the owner)
+    bucket = f"rd-{uuid.uuid4().hex[:16]}"
+    make_s3_client(endpoint_url=moto_server, region="us-east-1").create_bucket(Bucket=bucket)
+    storage = {
+        "kind": "s3",
+        "s3": {"bucket": bucket, "endpoint_url": moto_server, "region": "us-east-1"},
+    }
+    # (moto's fake credentials, which its fixture put in this process's environment)
+    env = {**own_ray_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
+    # When two processes released at once connect, send and receive
+    outs = _start_at_once(storage, 2, env, tmp_path / "barrier")
+    # Then both succeeded on one Ray cluster, the store's owner
+    addresses = {json.loads(out.strip().splitlines()[-1])["address"] for out, _ in outs}
+    assert len(addresses) == 1, [err[-2000:] for _, err in outs]
+    claim = current_claim(make_store(config_from_dict({"storage": storage})))
+    assert claim is not None and claim.address in addresses
 
 
 # --- a planned shutdown ------------------------------------------------------------------------
