@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,7 @@ def own_ray_env() -> Iterator[dict[str, str]]:
         yield env
     finally:
         _stop_processes_under(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _stop_processes_under(directory: str) -> None:
