@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: venv java demo test lint bench bench-full bench-parts chaos cluster docs clean
+.PHONY: venv java browser demo test lint bench bench-full bench-parts chaos cluster docs clean
 
 venv: $(STAMP)
 
@@ -28,10 +28,21 @@ java:
 		fi; \
 	fi
 
+# The console's browser tests need Debian's chromium; installed like Java when missing.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = "0" ]; then \
+			echo "chromium not found: installing Debian's chromium"; \
+			apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+		else \
+			echo "chromium not found and not root: install Debian's chromium first" >&2; exit 1; \
+		fi; \
+	fi
+
 demo: venv java
 	$(VENV)/bin/raydelay demo
 
-test: venv java
+test: venv java browser
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # into site/; a broken link fails
 	$(PY) -m pytest -q
 

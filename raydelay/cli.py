@@ -184,6 +184,53 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("subscription", nargs="?")
     stats.set_defaults(func=cmd_stats)
 
+    tasks = sub.add_parser(
+        "tasks",
+        help="scheduled Ray calls: scheduled, running, succeeded, retried, dead",
+        description="Counts of the scheduled Ray calls (cluster.schedule): waiting for their "
+        "time or a runner, running, and, since each runner started, succeeded, retried, "
+        "dead-lettered and passed over (cron occurrences); then the next ones due.",
+    )
+    tasks.add_argument(
+        "-n", "--next", type=int, default=10, help="show the next N due calls (default 10; 0: none)"
+    )
+    tasks.set_defaults(func=cmd_tasks)
+
+    schedules = sub.add_parser(
+        "schedules",
+        help="recurring schedules (cluster.schedule_cron): list, pause, resume, delete",
+    )
+    ssub = schedules.add_subparsers(dest="action", metavar="ACTION")
+    ssub.add_parser("list", help="the schedules, with their next occurrence")
+    for action, what in (
+        ("pause", "stop running a schedule's occurrences (they pass, not caught up later)"),
+        ("resume", "run a paused schedule's occurrences again"),
+        ("delete", "delete a schedule: nothing more of it runs"),
+    ):
+        one = ssub.add_parser(action, help=what)
+        one.add_argument("name")
+    schedules.set_defaults(func=cmd_schedules)
+
+    console = sub.add_parser(
+        "console",
+        help="the web console: topics, subscriptions, what is due when, scheduled messages",
+        description="Serve the web console on http://HOST:PORT until interrupted. It is "
+        "read-only unless --allow-writes is given: then it can cancel messages, reset "
+        "cursors and redrive dead-letter topics, each after a confirmation. It has no "
+        "authentication of its own: keep it on 127.0.0.1, or put it behind a proxy that "
+        "authenticates.",
+    )
+    console.add_argument(
+        "--host", default="127.0.0.1", help="the interface to listen on (default 127.0.0.1)"
+    )
+    console.add_argument("--port", type=int, default=8642, help="the port (default 8642)")
+    console.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="enable cancel, reset-cursor and redrive (each asks for confirmation)",
+    )
+    console.set_defaults(func=cmd_console)
+
     where = sub.add_parser(
         "placement", help="which Ray node holds which raydelay actor (and the actors per node)"
     )
@@ -550,20 +597,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     ids = [MessageId.parse(t) for t in args.message_ids]
     cluster = _attach(args)
-    by_topic: dict[str, list] = {}
-    for mid in ids:
-        by_topic.setdefault(mid.topic, []).append(mid)
-    outcome = {}
-    for topic, mids in by_topic.items():
-        producer = cluster.create_producer(topic)
-        try:
-            for mid, ok in zip(mids, producer.cancel_many(mids), strict=True):
-                outcome[mid] = ok
-        finally:
-            producer.close()
-    for mid in ids:
-        print(f"{mid}\t{'cancelled' if outcome[mid] else 'delivered already: not cancelled'}")
-    return 0 if all(outcome.values()) else 1
+    outcome = cluster.cancel(ids)
+    for mid, ok in zip(ids, outcome, strict=True):
+        print(f"{mid}\t{'cancelled' if ok else 'delivered already: not cancelled'}")
+    return 0 if all(outcome) else 1
 
 
 # --- stats -------------------------------------------------------------------------------------
@@ -635,6 +672,140 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def _num(v: object) -> str:
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    if args.next < 0:
+        raise InvalidArgument(f"next: expected 0 or more, got {args.next}")
+    cluster = _attach(args)
+    s = cluster.task_stats()
+    rows = [
+        ["scheduled (waiting for their time or a runner)", s["scheduled"]],
+        ["  of which not due yet", s["delayed"]],
+        ["running", s["running"]],
+        ["succeeded (since the runners started)", s["succeeded"]],
+        ["retried (since the runners started)", s["retried"]],
+        ["dead-lettered (since the runners started)", s["dead"]],
+        ["cron occurrences passed over", s["skipped"]],
+        ["runners", s["runners"]],
+        ["recurring schedules", s["schedules"]],
+    ]
+    print(table(["tasks", ""], rows))
+    topic = cluster.config.tasks.topic
+    if args.next and s["delayed"]:
+        from raydelay.client.runner import RUNNERS_SUBSCRIPTION
+        from raydelay.tasks.spec import PROP_SCHEDULE, PROP_TASK
+
+        found = cluster.peek(topic, RUNNERS_SUBSCRIPTION, limit=args.next)
+        print()
+        print(
+            table(
+                ["task id", "due (UTC)", "calls", "schedule"],
+                [
+                    [
+                        str(m.message_id),
+                        _utc(m.deliver_at_ms),
+                        m.properties.get(PROP_TASK, "?"),
+                        m.properties.get(PROP_SCHEDULE, ""),
+                    ]
+                    for m in found
+                ],
+            )
+        )
+    return 0
+
+
+def cmd_schedules(args: argparse.Namespace) -> int:
+    action = args.action or "list"
+    cluster = _attach(args)
+    if action == "list":
+        rows = [
+            [
+                s["name"],
+                s["cron"],
+                s["timezone"],
+                s["catch_up"],
+                s["target"],
+                "paused" if s["paused"] else _utc(s["next_ms"]),
+            ]
+            for s in cluster.list_schedules()
+        ]
+        if not rows:
+            print("no schedules")
+            return 0
+        print(table(["name", "cron", "timezone", "catch up", "calls", "next (UTC)"], rows))
+        return 0
+    if action == "pause":
+        cluster.pause_schedule(args.name)
+        print(f"{args.name}: paused")
+    elif action == "resume":
+        s = cluster.resume_schedule(args.name)
+        print(f"{args.name}: resumed; next at {_utc(s['next_ms'])} UTC")
+    else:
+        cluster.delete_schedule(args.name)
+        print(f"{args.name}: deleted")
+    return 0
+
+
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# --- console -----------------------------------------------------------------------------------
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    if not 1 <= args.port <= 65535:
+        raise InvalidArgument(f"port: expected 1 to 65535, got {args.port}")
+    if not args.host.strip():
+        raise InvalidArgument("host: empty")
+    _check_listen(args.host, args.port)
+    import uvicorn
+
+    from raydelay.web import create_app
+
+    cluster = _attach(args)
+    app = create_app(cluster, allow_writes=args.allow_writes)
+    mode = "writes allowed" if args.allow_writes else "read-only; --allow-writes enables actions"
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"raydelay console on http://{shown}:{args.port} ({mode}); Ctrl-C stops it", flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"raydelay: the console listens on {args.host} with no authentication of its own: "
+            "anyone who reaches that port sees every topic"
+            + (" and can cancel, reset and redrive" if args.allow_writes else ""),
+            file=sys.stderr,
+        )
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        cluster.shutdown()
+    return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """InvalidArgument now if nothing can listen on host:port (taken, or not an address of
+    this machine), rather than a server log line after attaching to Ray."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise InvalidArgument(f"host: {host!r} does not resolve ({exc})") from None
+    family, kind, proto, _, where = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(where)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"port: cannot listen on {host}:{port} ({exc.strerror or exc})"
+            ) from None
 
 
 # --- demo / ingest -----------------------------------------------------------------------------

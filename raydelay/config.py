@@ -241,6 +241,19 @@ class PlacementConfig(_Section):
     _limits = _limit_fields("placement", "hosts_per_node")
 
 
+class TasksConfig(_Section):
+    """``tasks``: scheduled Ray calls (``Cluster.schedule``) and their runners."""
+
+    _path = "tasks"
+
+    topic: str = "raydelay-tasks"  # the calls wait here; its dead letters go to <topic>-DLQ
+    partitions: Positive = 4  # of the tasks topic, when the first call creates it
+    runners: Positive = 1  # runner actors started with the first call (start_runners: more)
+    max_in_flight: Positive = 1_000  # calls a runner has submitted and not seen finish
+    # a cron occurrence later than this is "missed" for the catch_up policies
+    misfire_grace_s: PositiveSeconds = 60.0
+
+
 class RayConfig(_Section):
     """``ray``: health checks of a Ray that raydelay starts itself (``connect()`` without an
     address, ``raydelay up``); on a cluster started with ``ray start``, pass the same values
@@ -282,6 +295,7 @@ class Config(BaseSettings):
     producer: ProducerConfig = ProducerConfig()
     client: ClientConfig = ClientConfig()
     placement: PlacementConfig = PlacementConfig()
+    tasks: TasksConfig = TasksConfig()
     ray: RayConfig = RayConfig()
 
     def __init__(self, **values: Any) -> None:

@@ -55,7 +55,7 @@ import ray
 from raydelay.actors.alarm import Alarm
 from raydelay.actors.coordinator import coordinator_peer
 from raydelay.actors.host import partition_peer
-from raydelay.actors.metrics import SubscriptionMetrics
+from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS, SubscriptionMetrics
 from raydelay.actors.protocol import BucketList, DueReply, ReadReply
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
@@ -134,6 +134,9 @@ class SubscriptionPartition:
         self._dlq_peers: dict[str, Peer] = {}  # dead-letter topic -> its partition 0's actor
         check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = SubscriptionMetrics(topic, partition, subscription)
+        # first deliveries of delayed messages by lateness, since this state started: one
+        # count per LATENESS_BOUNDARIES_MS bucket (at most that many ms late), then the rest
+        self._late_counts = np.zeros(len(LATENESS_BOUNDARIES_MS) + 1, dtype=np.int64)
         self._clock = SystemClock()
         self._deadline_s = self._config.client.retry_deadline_s
         self._coordinator = coordinator
@@ -454,7 +457,13 @@ class SubscriptionPartition:
         if self._sub.wants_read():  # (key_shared moves read-ahead rows on without delivering)
             self._space.set()
         if out:
-            self._metrics.dispatched(sum(map(len, out)), _lateness(out, self._clock.now_ms()))
+            late = _lateness(out, self._clock.now_ms())
+            self._metrics.dispatched(sum(map(len, out)), late)
+            if len(late):
+                self._late_counts += np.bincount(
+                    np.searchsorted(_LATE_EDGES, late, side="left"),
+                    minlength=len(self._late_counts),
+                )
             self._space.set()
             self._wake.set()
             if "first_delivery_s" not in self._recovery:
@@ -547,6 +556,7 @@ class SubscriptionPartition:
             "tracker": self._tracker_stats(),
             "peek": dict(self._peeks),
             "consumer_leases": self._sub.consumer_leases(self._clock.now_ms()),
+            "lateness_counts": self._late_counts.tolist(),
         }
 
     def _tracker_stats(self) -> dict:
@@ -969,6 +979,9 @@ async def _fetch_shared(objects: list) -> list:
     for i, value in zip(refs, got, strict=True):
         out[i] = value
     return out
+
+
+_LATE_EDGES = np.asarray(LATENESS_BOUNDARIES_MS, dtype=np.int64)
 
 
 def _lateness(out: list[Delivery], now_ms: int) -> np.ndarray:

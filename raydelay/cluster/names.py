@@ -5,7 +5,8 @@
   hex digits of Ray's node id), holding the logs of many partitions of any topics;
 - ``sub/<topic>/<subscription>/<group>``: a subscription's actor, serving partition
   group ``group`` (all of its partitions, group 0, unless
-  ``subscription.partitions_per_actor`` splits it).
+  ``subscription.partitions_per_actor`` splits it);
+- ``runner/<i>``: a runner of scheduled Ray calls (``raydelay.tasks``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ NAMESPACE = "raydelay"
 COORDINATOR = "coordinator"
 HOST_PREFIX = "host/"
 SUBSCRIPTION_PREFIX = "sub/"
+RUNNER_PREFIX = "runner/"
 
 
 def host_actor_name(node_id: str, slot: int) -> str:

@@ -60,7 +60,7 @@ _COMMON: dict[str, Any] = {
     "num_cpus": 0,  # I/O-bound shells: never hold a CPU slot
 }
 
-ACTOR_CLASSES = ("CoordinatorActor", "HostActor", "SubscriptionActor")
+ACTOR_CLASSES = ("CoordinatorActor", "HostActor", "SubscriptionActor", "TaskRunner")
 MAX_AUTO_HOSTS = 4  # hosts per node with placement.hosts_per_node = -1 (one per CPU)
 _LIVE_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
 _NEAR_WAIT_S = 2.0  # how long a new subscription actor waits to learn its topic actor's node
@@ -70,6 +70,12 @@ def actor_options(name: str, config: dict[str, Any], near: str | None = None) ->
     """The Ray options every raydelay actor is created with: its name, the common options
     above, and the node it is pinned to (near actor ``near`` when given)."""
     return {"name": name, **_COMMON, **_pinned(name, config, near)}
+
+
+def floating_actor_options(name: str) -> dict[str, Any]:
+    """The common options without a pinned node: Ray places the actor, and places it again
+    elsewhere when its node dies (a task runner holds no partition state)."""
+    return {"name": name, **_COMMON}
 
 
 def node_of(name: str) -> str | None:

@@ -1,0 +1,272 @@
+"""Runners: the consumers of the tasks topic, as Ray actors, that turn due calls into Ray
+tasks.
+
+A runner receives due calls from the shared subscription ``runners`` of the tasks topic,
+submits each as a Ray task with its options (or calls the named actor's method), and
+watches them finish:
+
+- a call that succeeds is acknowledged;
+- a call that fails is handed back (nack) to come again after its backoff, and after its
+  ``max_retries`` it goes to the dead-letter topic (``<topic>-DLQ``) with the error, then is
+  acknowledged;
+- at most ``tasks.max_in_flight`` calls of one runner run at once: a burst of a million
+  due calls waits in the topic, not in Ray's queue.
+
+At least once: a runner that dies (or its node) holds its calls under its consumer lease;
+when the lease lapses they are delivered to another runner, or to the restarted one, and
+run again. Every call can read its idempotency key (task id and occurrence) from
+:func:`raydelay.tasks.current_task`, the same on every run of the same occurrence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+import traceback
+from typing import Any
+
+import ray
+
+from raydelay.cluster import placement
+from raydelay.cluster.names import RUNNER_PREFIX
+from raydelay.config import config_from_dict
+from raydelay.errors import InvalidArgument
+from raydelay.storage import make_store
+from raydelay.tasks import cron
+from raydelay.tasks.context import TaskContext, _invoke_remote
+from raydelay.tasks.spec import PROP_ATTEMPTS, PROP_ERROR, TaskSpec, decode_payload
+
+log = logging.getLogger(__name__)
+
+RUNNERS_SUBSCRIPTION = "runners"
+IN_RUNNER = False  # set in a runner's process: its own connect() starts no runners
+_RECEIVE_MAX = 1_000  # calls taken in one receive
+
+
+def runner_name(index: int) -> str:
+    return f"{RUNNER_PREFIX}{index}"
+
+
+class _StorePorts:
+    """:class:`raydelay.tasks.cron.CronPorts` over the store and the tasks topic."""
+
+    def __init__(self, store: Any, cluster: Any, topic: str) -> None:
+        self._store, self._cluster, self._topic = store, cluster, topic
+
+    def load(self, name: str) -> cron.Schedule | None:
+        from raydelay.errors import NotFound
+
+        try:
+            return cron.Schedule.from_bytes(self._store.get(cron.schedule_key(name)))
+        except NotFound:
+            return None
+
+    def is_done(self, name: str, generation: str, occurrence_ms: int) -> bool:
+        return self._store.exists(cron.done_key(name, generation, occurrence_ms))
+
+    def mark_done(self, name: str, generation: str, occurrence_ms: int) -> None:
+        self._store.put(cron.done_key(name, generation, occurrence_ms), b"")
+
+    def arm(self, schedule: cron.Schedule, occurrence_ms: int) -> None:
+        from raydelay.client.tasks import arm_occurrence
+
+        arm_occurrence(self._cluster, self._topic, schedule, occurrence_ms)
+
+
+class TaskRunner:
+    """One runner (see the module's docstring). Its loop runs on a thread of its own."""
+
+    def __init__(self, config: dict, index: int, max_in_flight: int) -> None:
+        from raydelay.client.connection import connect
+
+        global IN_RUNNER
+        IN_RUNNER = True
+        self._config = config_from_dict(config)
+        self._index = index
+        self._cap = max_in_flight
+        self._topic = self._config.tasks.topic
+        self._grace_ms = int(self._config.tasks.misfire_grace_s * 1000)
+        self._cluster = connect(config)
+        self._consumer = self._cluster.subscribe(self._topic, RUNNERS_SUBSCRIPTION, "shared")
+        self._dlq = self._cluster.create_producer(f"{self._topic}-DLQ")
+        self._ports = _StorePorts(make_store(self._config), self._cluster, self._topic)
+        self._inflight: dict[Any, tuple[Any, TaskSpec]] = {}  # ref -> (message, spec)
+        self._counts = {"started": 0, "succeeded": 0, "retried": 0, "dead": 0, "skipped": 0}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._draining = threading.Event()  # stopping: finish what runs, take nothing new
+        self._drained = threading.Event()  # ... and nothing runs any more
+        self._thread = threading.Thread(target=self._loop, name="task-runner", daemon=True)
+        self._thread.start()
+
+    # --- calls --------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                **self._counts,
+                "running": len(self._inflight),
+                "max_in_flight": self._cap,
+                "pid": os.getpid(),
+            }
+
+    def stop(self, drain_s: float = 10.0) -> None:
+        """Stop taking calls, let those running finish (up to ``drain_s`` seconds), and
+        close the consumer: what it still holds goes to another runner, or to this one
+        when the cluster starts again (and runs again there)."""
+        self._draining.set()
+        self._drained.wait(timeout=drain_s)  # the loop says so, between two of its steps
+        self._stop.set()
+        self._thread.join(timeout=30)
+        try:
+            self._consumer.close()
+            self._dlq.close()
+        except Exception as exc:  # noqa: BLE001 - stopping: the lease hands them on anyway
+            log.debug("closing runner %d: %s", self._index, exc)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self._draining.is_set() and not self._inflight:
+                self._drained.set()
+                return
+            try:
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - a cluster restarting: go on
+                if self._stop.is_set():
+                    return
+                log.warning("task runner %d: %s; going on", self._index, exc)
+                time.sleep(0.5)
+
+    def _step(self) -> None:
+        room = 0 if self._draining.is_set() else self._cap - len(self._inflight)
+        if room > 0:
+            wait_s = 0.005 if self._inflight else 0.5
+            messages = self._consumer.receive(min(room, _RECEIVE_MAX), timeout_s=wait_s)
+            if messages:
+                self._start(messages)
+        elif self._inflight:
+            ray.wait(list(self._inflight), num_returns=1, timeout=0.5)
+        if self._inflight:
+            done, _ = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0)
+            if done:
+                self._finish(done)
+
+    def _start(self, messages: list) -> None:
+        now = int(time.time() * 1000)
+        acks = []
+        for m in messages:
+            try:
+                spec, args = decode_payload(m.payload)
+            except InvalidArgument as exc:
+                self._dead(m, None, str(exc))
+                acks.append(m)
+                continue
+            occurrence = spec.occurrence_ms
+            if spec.schedule is not None:
+                run = self._fire(m, spec, now)
+                if not run:
+                    acks.append(m)
+                    continue
+            if occurrence is None:
+                occurrence = m.deliver_at_ms if m.deliver_at_ms is not None else m.publish_time_ms
+            ctx = TaskContext(str(m.message_id), int(occurrence), m.redelivery_count, spec.schedule)
+            try:
+                ref = self._submit(spec, args, ctx)
+            except Exception as exc:  # noqa: BLE001 - submitting failed: a failed try
+                self._failed(m, spec, f"{type(exc).__name__}: {exc}")
+                continue
+            with self._lock:
+                self._inflight[ref] = (m, spec)
+                self._counts["started"] += 1
+        if acks:
+            self._consumer.ack(acks)
+
+    def _fire(self, m: Any, spec: TaskSpec, now_ms: int) -> bool:
+        """A cron occurrence: arm the next, and say whether this one runs."""
+        assert spec.schedule is not None and spec.generation is not None
+        occurrence = int(spec.occurrence_ms or 0)
+        _, decision = cron.fire(
+            self._ports, spec.schedule, spec.generation, occurrence, now_ms, self._grace_ms
+        )
+        if decision is None or not decision.run:
+            with self._lock:
+                self._counts["skipped"] += 1
+            return False
+        return True
+
+    def _submit(self, spec: TaskSpec, args: bytes, ctx: TaskContext) -> Any:
+        if spec.kind == "actor":
+            handle = ray.get_actor(str(spec.actor), namespace=spec.namespace)
+            a, kw = pickle.loads(args)
+            if spec.pass_context:
+                kw = {**kw, "raydelay_task": ctx}
+            return getattr(handle, str(spec.method)).remote(*a, **kw)
+        options = {"name": spec.target.rpartition(":")[2], **spec.options}
+        return _invoke_remote.options(**options).remote(
+            spec.target, spec.code, args, ctx, spec.pass_context
+        )
+
+    def _finish(self, refs: list) -> None:
+        ok = []
+        for ref in refs:
+            with self._lock:
+                m, spec = self._inflight.pop(ref)
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - the call failed, however it failed
+                self._failed(m, spec, _describe(exc))
+                continue
+            if spec.schedule is not None and spec.generation is not None:
+                self._ports.mark_done(spec.schedule, spec.generation, int(spec.occurrence_ms or 0))
+            ok.append(m)
+        if ok:
+            self._consumer.ack(ok)
+            with self._lock:
+                self._counts["succeeded"] += len(ok)
+
+    def _failed(self, m: Any, spec: TaskSpec, error: str) -> None:
+        failures = m.redelivery_count + 1
+        if spec.retry.exhausted(failures):
+            self._dead(m, spec, error)
+            if spec.schedule is not None and spec.generation is not None:
+                self._ports.mark_done(spec.schedule, spec.generation, int(spec.occurrence_ms or 0))
+            self._consumer.ack(m)
+            return
+        with self._lock:
+            self._counts["retried"] += 1
+        self._consumer.nack(m, delay_s=spec.retry.delay_s(failures))
+
+    def _dead(self, m: Any, spec: TaskSpec | None, error: str) -> None:
+        props = dict(m.properties)
+        props[PROP_ERROR] = error[-2000:]
+        props[PROP_ATTEMPTS] = str(m.redelivery_count + 1)
+        props["raydelay.task.id"] = str(m.message_id)
+        self._dlq.send(m.payload, key=m.key, properties=props)
+        with self._lock:
+            self._counts["dead"] += 1
+        log.info("task %s is dead after %d tries: %s", m.message_id, m.redelivery_count + 1, error)
+
+
+def _describe(exc: BaseException) -> str:
+    """The error of a failed call, in a few lines: the call's own exception when Ray wraps
+    it (RayTaskError), else Ray's."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        lines = traceback.format_exception_only(type(cause), cause)
+        return "".join(lines).strip()
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def spawn_runner(config: dict, index: int, max_in_flight: int) -> Any:
+    """The runner called ``runner/<index>``, started if it does not run."""
+    name = runner_name(index)
+    options = placement.floating_actor_options(name)
+    return ray.remote(TaskRunner).options(**options).remote(config, index, max_in_flight)

@@ -1,0 +1,392 @@
+"""Scheduled Ray calls on a cluster: what ``Cluster.schedule``, ``schedule_many``,
+``schedule_call``, ``schedule_cron`` and the rest do (the Cluster methods call these).
+
+A call is a message on the tasks topic (``tasks.topic``), due at its time; the runners
+(``raydelay.client.runner``) run it then. The first call creates the topic, its dead-letter
+topic and the runners.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from raydelay.client.message import MessageId
+from raydelay.client.runner import RUNNERS_SUBSCRIPTION, runner_name, spawn_runner
+from raydelay.cluster import placement, rpc
+from raydelay.errors import Conflict, InvalidArgument, NotFound
+from raydelay.log.entries import Entries
+from raydelay.storage import make_store
+from raydelay.tasks import cron
+from raydelay.tasks.context import TaskId
+from raydelay.tasks.spec import (
+    TaskSpec,
+    actor_target,
+    check_options,
+    function_target,
+    pickle_args,
+    retry_policy,
+    task_payload,
+)
+
+
+class Tasks:
+    """The tasks side of one Cluster client: its producer, and the topic and runners made
+    sure of once."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.config = cluster.config.tasks
+        self.topic = self.config.topic
+        self._producer: Any = None
+        self._store: Any = None
+
+    # --- set-up -----------------------------------------------------------------------------
+
+    def ready(self) -> Any:
+        """The producer of the tasks topic, after making sure the topic, its dead-letter
+        topic and the runners exist."""
+        if self._producer is None or self._producer._closed:
+            topics = self.cluster.topics()
+            for name, n in ((self.topic, self.config.partitions), (f"{self.topic}-DLQ", 1)):
+                if name not in topics:
+                    try:
+                        self.cluster.create_topic(name, n)
+                    except InvalidArgument:
+                        if name not in self.cluster.topics():  # (another client made it)
+                            raise
+            self.start_runners(self.config.runners)
+            self._producer = self.cluster.create_producer(self.topic)
+        return self._producer
+
+    def start_runners(self, count: int, max_in_flight: int | None = None) -> int:
+        """Make sure runners ``runner/0`` .. ``runner/<count-1>`` run; returns how many
+        were started now."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidArgument(f"count: expected a number of runners >= 1, got {count!r}")
+        cap = self.config.max_in_flight if max_in_flight is None else max_in_flight
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise InvalidArgument(f"max_in_flight: expected 1 or more, got {cap!r}")
+        started = 0
+        handles = []
+        for i in range(count):
+            if placement.lookup_or_none(runner_name(i)) is None:
+                started += 1
+            handles.append(spawn_runner(self.cluster._config_dict, i, cap))
+        rpc.get([h.pid.remote() for h in handles], what="task runner", timeout_s=120)
+        return started
+
+    def runners(self) -> list[Any]:
+        out = []
+        i = 0
+        while (h := placement.lookup_or_none(runner_name(i))) is not None:
+            out.append(h)
+            i += 1
+        return out
+
+    def stop_runners(self) -> int:
+        """Stop every runner: each closes its consumer first, so what it held goes back."""
+        return stop_runner_actors()
+
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = make_store(self.cluster.config)
+        return self._store
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+    # --- one-off calls ------------------------------------------------------------------------
+
+    def spec_of(
+        self,
+        fn: Any,
+        *,
+        options: Any,
+        max_retries: Any,
+        backoff: Any,
+        pickle_code: bool,
+        pass_context: bool,
+    ) -> TaskSpec:
+        target, code = function_target(fn, _flag("pickle_code", pickle_code))
+        return TaskSpec(
+            "fn",
+            target,
+            check_options(options),
+            retry_policy(max_retries, backoff),
+            code=code,
+            pass_context=_flag("pass_context", pass_context),
+        )
+
+    def schedule(self, spec: TaskSpec, args: tuple, kwargs: Any, **when: Any) -> TaskId:
+        payload = task_payload(spec.encode(), pickle_args(args, _kwargs(kwargs)))
+        mid = self.ready().send(payload, properties=spec.properties(), **when)
+        return TaskId(str(mid))
+
+    def schedule_many(
+        self,
+        spec: TaskSpec,
+        args_list: Any,
+        *,
+        deliver_at: Any,
+        deliver_after: Any,
+        keys: Any,
+    ) -> Any:
+        if isinstance(args_list, (str, bytes)) or not isinstance(args_list, Sequence):
+            raise InvalidArgument(
+                f"args_list: expected a list (one tuple of arguments per call), got "
+                f"{type(args_list).__name__}"
+            )
+        if not args_list:
+            raise InvalidArgument("args_list: empty")
+        head = spec.encode()
+        payloads = [
+            task_payload(head, pickle_args(a if isinstance(a, tuple) else (a,), {}))
+            for a in args_list
+        ]
+        return self.ready().send_many(
+            payloads,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+            keys=keys,
+            properties=spec.properties(),
+        )
+
+    def cancel(self, ids: Any) -> list[bool]:
+        mids = _message_ids(ids)
+        for m in mids:
+            if m.topic != self.topic:
+                raise InvalidArgument(f"task_id: {m} is not a task (not on topic {self.topic})")
+        return self.cluster.cancel(mids)
+
+    # --- recurring ------------------------------------------------------------------------------
+
+    def schedule_cron(
+        self,
+        expr: Any,
+        spec: TaskSpec,
+        args: tuple,
+        kwargs: Any,
+        *,
+        name: Any,
+        timezone: Any,
+        catch_up: Any,
+        replace: bool,
+    ) -> dict:
+        name = cron.check_name(name)
+        expr = cron.check_cron(expr)
+        tz = cron.check_timezone(timezone)
+        policy = cron.check_catch_up(catch_up)
+        args_blob = pickle_args(args, _kwargs(kwargs))
+        generation = uuid.uuid4().hex[:12]
+        spec.schedule, spec.generation = name, generation
+        now = int(time.time() * 1000)
+        record = cron.Schedule(
+            name=name,
+            expr=expr,
+            timezone=tz,
+            catch_up=policy,
+            spec=task_payload(spec.encode(), args_blob),
+            target=spec.target,
+            generation=generation,
+            created_ms=now,
+        )
+        self.ready()
+        store = self.store()
+        key = cron.schedule_key(name)
+        if _flag("replace", replace):
+            store.put(key, record.to_bytes())
+        else:
+            try:
+                store.put_new(key, record.to_bytes())
+            except Conflict:
+                raise InvalidArgument(
+                    f"name: a schedule called {name!r} exists; delete it first, or pass "
+                    "replace=True"
+                ) from None
+        try:
+            arm_occurrence(self.cluster, self.topic, record, record.next_after(now))
+        except BaseException:
+            store.delete(key)  # no record without its first occurrence
+            raise
+        return _describe(record, now)
+
+    def load(self, name: Any) -> cron.Schedule:
+        name = cron.check_name(name)
+        try:
+            return cron.Schedule.from_bytes(self.store().get(cron.schedule_key(name)))
+        except NotFound:
+            raise NotFound(f"schedule: no schedule called {name!r}") from None
+
+    def list_schedules(self) -> list[dict]:
+        store = self.store()
+        now = int(time.time() * 1000)
+        out = []
+        for key in sorted(store.list(cron.SCHEDULE_PREFIX)):
+            try:
+                record = cron.Schedule.from_bytes(store.get(key))
+            except NotFound:  # (deleted since the listing)
+                continue
+            out.append(_describe(record, now))
+        return out
+
+    def set_paused(self, name: Any, paused: bool) -> dict:
+        record = self.load(name)
+        record.paused = paused
+        self.store().put(cron.schedule_key(record.name), record.to_bytes())
+        return _describe(record, int(time.time() * 1000))
+
+    def delete_schedule(self, name: Any) -> None:
+        record = self.load(name)
+        store = self.store()
+        store.delete(cron.schedule_key(record.name))
+        for key in store.list(f"{cron.DONE_PREFIX}{record.name}/"):
+            store.delete(key)
+
+    # --- numbers --------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Scheduled (waiting for their time or a runner), running, and per runner since it
+        started: succeeded, retried, dead, skipped (cron occurrences passed over)."""
+        runners = self.runners()
+        per = rpc.get([h.stats.remote() for h in runners], what="task runner") if runners else []
+        out: dict[str, Any] = {"runners": len(runners)}
+        for k in ("running", "started", "succeeded", "retried", "dead", "skipped"):
+            out[k] = sum(int(r[k]) for r in per)
+        topics = self.cluster.topics()
+        if self.topic in topics:
+            try:
+                s = self.cluster.stats(self.topic, RUNNERS_SUBSCRIPTION)
+                out["scheduled"] = int(s["backlog"]) - int(s["pending_ack"])
+                out["delayed"] = int(s["delayed"])
+            except NotFound:
+                out["scheduled"], out["delayed"] = 0, 0
+        else:
+            out["scheduled"], out["delayed"] = 0, 0
+        out["schedules"] = len(self.store().list(cron.SCHEDULE_PREFIX))
+        return out
+
+
+def resume_runners(cluster: Any) -> None:
+    """Start the runners (``tasks.runners``, without waiting for them) when the tasks
+    topic exists and none runs: a cluster started again after a stop or a crash runs the
+    calls and cron occurrences that waited meanwhile. Not from a runner itself."""
+    from raydelay.client import runner
+
+    if runner.IN_RUNNER:
+        return
+    tasks = cluster.config.tasks
+    if placement.lookup_or_none(runner_name(0)) is not None:
+        return
+    if tasks.topic not in cluster.topics():
+        return
+    for i in range(tasks.runners):
+        spawn_runner(cluster._config_dict, i, tasks.max_in_flight)
+
+
+def stop_runner_actors() -> int:
+    """Stop every live runner of this Ray: each closes its consumer (what it held goes back
+    to the tasks topic), then ends. Returns how many ran."""
+    from raydelay.cluster import handles as actor_handles
+    from raydelay.cluster.names import RUNNER_PREFIX
+
+    names = [n for n in actor_handles.named_actors() if n.startswith(RUNNER_PREFIX)]
+    live = [(n, h) for n in names if (h := placement.lookup_or_none(n)) is not None]
+    if live:
+        try:
+            rpc.get([h.stop.remote() for _, h in live], what="task runner", timeout_s=60)
+        finally:
+            actor_handles.stop([n for n, _ in live], graceful=True)
+    return len(live)
+
+
+def arm_occurrence(cluster: Any, topic: str, schedule: cron.Schedule, occurrence_ms: int) -> None:
+    """Append the message of ``schedule``'s occurrence ``occurrence_ms``, due then (at once
+    if that has passed), once: the schedule's named producer uses the occurrence as its
+    sequence id, so arming it again appends nothing."""
+    from raydelay.dispatch.keys import key_hash
+    from raydelay.log.dedup import StaleSequence
+    from raydelay.tasks.spec import decode_payload
+
+    spec, args = decode_payload(schedule.spec)
+    spec.occurrence_ms = int(occurrence_ms)
+    payload = task_payload(spec.encode(), args)
+    producer = cluster.create_producer(topic, f"cron.{schedule.name}.{schedule.generation}")
+    try:
+        partition = key_hash(schedule.name) % producer.partitions
+        entries = Entries.build(
+            [payload],
+            np.array([occurrence_ms], dtype=np.int64),
+            [schedule.name],
+            [spec.properties()],
+        )
+        try:
+            producer.append_sequenced([(partition, int(occurrence_ms), entries)])
+        except StaleSequence:
+            pass  # armed long ago: this partition no longer remembers where
+    finally:
+        producer.close()
+
+
+def _describe(record: cron.Schedule, now_ms: int) -> dict:
+    return {
+        "name": record.name,
+        "cron": record.expr,
+        "timezone": record.timezone,
+        "catch_up": record.catch_up,
+        "target": record.target,
+        "paused": record.paused,
+        "next_ms": None if record.paused else record.next_after(now_ms),
+        "created_ms": record.created_ms,
+    }
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def _kwargs(kwargs: Any) -> dict:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidArgument(f"kwargs: expected a dict of keyword arguments, got {kwargs!r}")
+    return kwargs
+
+
+def _message_ids(ids: Any) -> list[MessageId]:
+    if isinstance(ids, (str, MessageId)):
+        ids = [ids]
+    try:
+        return [i if isinstance(i, MessageId) else MessageId.parse(str(i)) for i in ids]
+    except TypeError:
+        raise InvalidArgument(f"task_ids: expected task ids, got {type(ids).__name__}") from None
+
+
+def actor_spec(
+    actor_name: Any,
+    method: Any,
+    *,
+    namespace: Any,
+    max_retries: Any,
+    backoff: Any,
+    pass_context: bool,
+) -> TaskSpec:
+    target = actor_target(actor_name, method, namespace)
+    return TaskSpec(
+        "actor",
+        target,
+        {},
+        retry_policy(max_retries, backoff),
+        actor=actor_name,
+        namespace=namespace,
+        method=method,
+        pass_context=_flag("pass_context", pass_context),
+    )

@@ -1,0 +1,64 @@
+"""What a scheduled call sees while it runs, and how a runner's Ray task calls it.
+
+A call runs in a Ray task through :func:`_invoke`, which imports (or unpickles) the
+function, sets :func:`current_task` for the call, and calls it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray import cloudpickle
+
+from raydelay.tasks.spec import resolve_function
+
+
+class TaskId(str):
+    """The id of a scheduled call: its message id as a string
+    (``topic/partition/ledger:entry``; ``MessageId.parse`` reads it)."""
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a running call knows about itself. ``idempotency_key`` is the same on every
+    run of one occurrence (a retry, or a run again after its runner died)."""
+
+    task_id: str
+    occurrence_ms: int  # when it was due (a cron occurrence's own time)
+    attempt: int  # 0 on the first run
+    schedule: str | None  # the recurring schedule it belongs to
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.schedule or self.task_id}@{self.occurrence_ms}"
+
+
+_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "raydelay_task", default=None
+)
+
+
+def current_task() -> TaskContext | None:
+    """The context of the scheduled call running in this task (None outside one)."""
+    return _current.get()
+
+
+def _invoke(target: str, code: bytes | None, args: bytes, ctx: TaskContext, pass_ctx: bool) -> Any:
+    """Runs in the Ray task: import (or unpickle) the function, then call it."""
+    fn = cloudpickle.loads(code) if code is not None else resolve_function(target)
+    fn = getattr(fn, "_function", fn)  # a @ray.remote function: its Python function
+    a, kw = pickle.loads(args)
+    if pass_ctx:
+        kw = {**kw, "raydelay_task": ctx}
+    token = _current.set(ctx)
+    try:
+        return fn(*a, **kw)
+    finally:
+        _current.reset(token)
+
+
+_invoke_remote = ray.remote(_invoke)

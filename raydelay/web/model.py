@@ -1,0 +1,349 @@
+"""What the console's pages show, gathered from a :class:`~raydelay.client.connection.Cluster`
+into plain dicts and lists: no HTML here.
+
+Every call into the cluster goes through one lock: the pages run on a thread pool, the
+rate sampler on its own thread, and one client serves them all.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from raydelay.errors import InvalidArgument
+
+HOUR_BIN_S = 300  # the next hour, in 5-minute bars
+DAY_BIN_S = 3600  # the next day, in hourly bars
+PAYLOAD_PREVIEW = 120  # characters of a payload shown in the browser
+MAX_PAGE = 1000  # messages on one page of the scheduled-messages browser
+
+
+@dataclass(frozen=True)
+class Bin:
+    """One bar of a due chart: messages due up to ``end_s`` seconds from now (and after
+    the previous bar's end; the first bar also holds the overdue ones)."""
+
+    label: str
+    end_s: int | None  # None: the bar of everything later
+    count: int
+
+
+class RateSampler:
+    """Append rates per partition: the topics' appended-entry counters read every
+    ``every_s`` seconds on a thread of its own, a rate being the change between the last two
+    reads. A counter that went back (its host restarted) gives no rate until the next read."""
+
+    def __init__(self, source: ConsoleData, every_s: float = 5.0) -> None:
+        self._source = source
+        self._every_s = every_s
+        self._last: dict[tuple[str, int], tuple[float, int]] = {}
+        self._rates: dict[tuple[str, int], float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="console-rates", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a cluster restarting: the next read tries again
+                pass
+            self._stop.wait(self._every_s)
+
+    def sample(self) -> None:
+        """Read every partition's appended-entry counter once."""
+        now = time.monotonic()
+        counts = self._source.appended_counts()
+        with self._guard:
+            for part, n in counts.items():
+                before = self._last.get(part)
+                self._last[part] = (now, n)
+                if before is None or n < before[1] or now <= before[0]:
+                    self._rates.pop(part, None)
+                else:
+                    self._rates[part] = (n - before[1]) / (now - before[0])
+
+    def rate(self, topic: str, partition: int) -> float | None:
+        """Entries appended a second, or None before two reads."""
+        with self._guard:
+            return self._rates.get((topic, partition))
+
+
+class ConsoleData:
+    """The console's reads and actions on one cluster client."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self._lock = threading.RLock()
+
+    def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+        with self._lock:
+            return getattr(self.cluster, method)(*args, **kw)
+
+    # --- topics -----------------------------------------------------------------------------
+
+    def topic_names(self) -> list[str]:
+        return sorted(self._call("topics"))
+
+    def appended_counts(self) -> dict[tuple[str, int], int]:
+        out = {}
+        for topic in self.topic_names():
+            info = self._call("stats", topic)
+            for p, s in enumerate(info["partitions"]):
+                out[(topic, p)] = int(s["entries"])
+        return out
+
+    def topics(self, rates: RateSampler | None) -> list[dict]:
+        """Each topic: partitions (host, ledgers, entries appended, tail, append rate), its
+        subscriptions and their backlogs."""
+        out = []
+        for topic in self.topic_names():
+            out.append(self.topic(topic, rates))
+        return out
+
+    def topic(self, topic: str, rates: RateSampler | None) -> dict:
+        info = self._call("stats", topic)
+        hosts = self._call("partition_hosts", topic)
+        parts = []
+        for p, s in enumerate(info["partitions"]):
+            tail = s.get("tail")
+            parts.append(
+                {
+                    "partition": p,
+                    "host": hosts[p] if p < len(hosts) else "",
+                    "ledgers": len(s["ledgers"]),
+                    "entries": int(s["entries"]),
+                    "tail": f"{tail[0]}:{tail[1]}" if tail else "",
+                    "rate": None if rates is None else rates.rate(topic, p),
+                }
+            )
+        subs = [self.subscription_summary(topic, name) for name in info["subscriptions"]]
+        known = [p["rate"] for p in parts if p["rate"] is not None]
+        return {
+            "name": topic,
+            "partitions": parts,
+            "subscriptions": subs,
+            "rate": sum(known) if known else None,
+            "backlog": sum(s["backlog"] for s in subs),
+            "delayed": sum(s["delayed"] for s in subs),
+        }
+
+    # --- subscriptions ------------------------------------------------------------------------
+
+    def subscription_summary(self, topic: str, name: str) -> dict:
+        s = self._call("stats", topic, name)
+        return {
+            "topic": topic,
+            "name": name,
+            "type": s["type"],
+            "consumers": len(s["consumers"]),
+            "delayed": int(s["delayed"]),
+            "backlog": int(s["backlog"]),
+            "pending_ack": int(s["pending_ack"]),
+            "buckets": int(s["buckets"]),
+        }
+
+    def subscriptions(self) -> list[dict]:
+        out = []
+        for topic in self.topic_names():
+            for name in self._call("stats", topic)["subscriptions"]:
+                out.append(self.subscription_summary(topic, name))
+        return out
+
+    def subscription(self, topic: str, name: str) -> dict:
+        """A subscription's numbers, its consumers (in flight, last heard from) and its
+        lateness histogram."""
+        s = self._call("stats", topic, name)
+        lease_s = self.cluster.config.subscription.consumer_lease_s
+        consumers = [
+            {
+                "id": cid,
+                "in_flight": int(c["unacked"]),
+                "last_heard_s": float(c["lease_age_s"]),
+                "lease_s": float(lease_s),
+            }
+            for cid, c in sorted(s["consumers"].items())
+        ]
+        edges = s["lateness"]["edges_ms"]
+        counts = s["lateness"]["counts"]
+        labels = [f"<={_ms(e)}" for e in edges] + [f">{_ms(edges[-1])}"]
+        return {
+            "topic": topic,
+            "name": name,
+            "type": s["type"],
+            "delayed": int(s["delayed"]),
+            "backlog": int(s["backlog"]),
+            "pending_ack": int(s["pending_ack"]),
+            "buckets": int(s["buckets"]),
+            "redelivery": int(s["redelivery"]),
+            "dead_letter_pending": int(s["dead_letter_pending"]),
+            "delivered": int(s["delivered"]),
+            "acked": int(s["acked"]),
+            "cancelled": int(s["cancelled"]),
+            "consumers": consumers,
+            "lateness": [
+                {"label": label, "count": int(n)} for label, n in zip(labels, counts, strict=True)
+            ],
+            "schedulable": s["type"] in ("shared", "key_shared"),
+        }
+
+    def due_bins(self, topic: str, name: str, span_s: int, step_s: int) -> list[Bin]:
+        """Pending delayed messages due in each ``step_s`` of the next ``span_s`` seconds
+        (the first bar also holds the overdue ones), then one bar for everything later."""
+        windows = tuple(range(step_s, span_s + 1, step_s))
+        hist = self._call("due_histogram", topic, name, windows_s=windows)
+        bins = []
+        for (_, n), end in zip(hist, [*windows, None], strict=True):
+            if end is None:
+                label = "later"
+            elif end == step_s:  # (the overdue ones too)
+                label = f"now-{_span(end)}"
+            else:
+                label = f"{_span(end - step_s)}-{_span(end)}"
+            bins.append(Bin(label, end, int(n)))
+        return bins
+
+    # --- scheduled messages ---------------------------------------------------------------------
+
+    def scheduled(
+        self,
+        topic: str,
+        name: str,
+        limit: int,
+        due_after: int | None,
+        due_before: int | None,
+        key: str | None,
+    ) -> list[dict]:
+        found = self._call(
+            "peek", topic, name, limit=limit, due_after=due_after, due_before=due_before, key=key
+        )
+        now = time.time() * 1000
+        return [
+            {
+                "id": str(m.message_id),
+                "deliver_at": _iso(m.deliver_at_ms),
+                "due_in": _due_in(m.deliver_at_ms, now),
+                "key": m.key,
+                "properties": m.properties,
+                "redelivery_count": m.redelivery_count,
+                "size": len(m.payload),
+                "preview": _preview(m.payload),
+            }
+            for m in found
+        ]
+
+    # --- actions ------------------------------------------------------------------------------
+
+    def cancel(self, ids: list[str]) -> list[tuple[str, bool]]:
+        outcome = self._call("cancel", ids)
+        return list(zip(ids, outcome, strict=True))
+
+    def reset_cursor(self, topic: str, name: str, to: Any) -> dict[int, list[int]]:
+        return self._call("reset_cursor", topic, name, to)
+
+    def redrive(self, dlq: str, to_topic: str | None, limit: int) -> int:
+        return int(self._call("redrive", dlq, to_topic, limit))
+
+
+# --- input -------------------------------------------------------------------------------------
+
+
+def parse_time(field: str, text: str | None) -> int | None:
+    """A time from a form: epoch ms, or ISO-8601 (a time without a zone is UTC, as the
+    console shows times). None for an empty field."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        value = int(text)
+        if not 0 <= value < 2**53:
+            raise InvalidArgument(f"{field}: epoch ms out of range, got {text}")
+        return value
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(
+            f"{field}: expected an ISO-8601 time (2026-11-25T20:00, UTC unless it has a zone) "
+            f"or epoch ms, got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return int(when.timestamp() * 1000)
+
+
+def parse_limit(text: str | None, default: int = 100) -> int:
+    """The page size of the scheduled-messages browser: 1 to MAX_PAGE."""
+    if text is None or not text.strip():
+        return default
+    try:
+        n = int(text)
+    except ValueError:
+        raise InvalidArgument(f"limit: expected a whole number, got {text!r}") from None
+    if not 1 <= n <= MAX_PAGE:
+        raise InvalidArgument(f"limit: expected 1 to {MAX_PAGE} messages a page, got {n}")
+    return n
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _due_in(ms: int | None, now_ms: float) -> str:
+    if ms is None:
+        return "now"
+    delta_s = (ms - now_ms) / 1000
+    if delta_s <= 0:
+        return "due"
+    return "in " + _span(delta_s)
+
+
+def _span(seconds: float) -> str:
+    """12s, 5m, 1h30m, 2d: the shortest exact-enough form of a duration."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        m, r = divmod(s, 60)
+        return f"{m}m" if r == 0 or m >= 10 else f"{m}m{r}s"
+    if s < 86400:
+        h, r = divmod(s, 3600)
+        return f"{h}h" if r < 60 else f"{h}h{r // 60}m"
+    d, r = divmod(s, 86400)
+    return f"{d}d" if r < 3600 else f"{d}d{r // 3600}h"
+
+
+def _ms(ms: int) -> str:
+    return f"{ms // 1000}s" if ms >= 1000 else f"{ms}ms"
+
+
+def _preview(payload: bytes) -> str:
+    """The start of a payload as text where it is UTF-8 text, else as hex."""
+    head = payload[: PAYLOAD_PREVIEW * 4]
+    text: str | None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        cut_in_a_character = len(head) < len(payload) and exc.start >= len(head) - 3
+        text = head[: exc.start].decode("utf-8") if cut_in_a_character else None
+    if text is None or any(ord(c) < 32 and c not in "\t\n\r" for c in text):
+        return payload[: PAYLOAD_PREVIEW // 2].hex() + ("..." if len(payload) > 60 else "")
+    if len(text) > PAYLOAD_PREVIEW or len(head) < len(payload):
+        return text[:PAYLOAD_PREVIEW] + "..."
+    return text

@@ -1,0 +1,416 @@
+"""The web console in a real browser (Debian's chromium, driven by Playwright).
+
+A console with writes allowed and a read-only one serve the session's cluster from this
+process. The tests load every page, check that the due chart shows the counts that were
+scheduled, follow a cancel from the checkbox to the store, and check that a read-only
+console refuses actions. Under CI=true a missing browser fails; it never skips.
+
+RAYDELAY_SCREENSHOTS=<dir> keeps a PNG of each page there (docs/img holds the ones the
+docs show).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import now_ms, wait_until
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+MIN = 60_000
+
+
+def _chromium() -> str:
+    path = os.environ.get("RAYDELAY_CHROMIUM") or shutil.which("chromium")
+    if path is None:
+        why = "Debian's chromium is not installed (`make test` installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("playwright is not installed (it is in the dev extra)")
+        pytest.skip("playwright is not installed")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class _Server:
+    """The console app on a free 127.0.0.1 port, served by uvicorn on a thread."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+        self.thread.start()
+        wait_until("the console serves", lambda: self.server.started)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def scene(ray_cluster):
+    """A topic of 2 partitions with a shared subscription and messages due at known times,
+    and the two consoles over it."""
+    from raydelay.web import create_app
+
+    cluster = ray_cluster
+    topic = f"console-orders-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic, partitions=2)
+    cluster.subscribe(topic, "billing").close()  # the subscription stays; nobody consumes
+    cluster.subscribe(topic, "audit", subscription_type="exclusive").close()
+    base = now_ms()
+    plan = {  # minutes from now -> how many, and their key
+        0.5: (5, "soon"),
+        7: (30, "k-cancel"),
+        27: (20, "later"),
+        150: (12, "tonight"),
+    }
+    producer = cluster.create_producer(topic)
+    due: list[int] = []
+    for minutes, (n, key) in plan.items():
+        for i in range(n):
+            at = base + int(minutes * MIN) + i
+            producer.send(f'{{"order": "{key}-{i}"}}'.encode(), key=key, deliver_at=at)
+            due.append(at)
+    producer.close()
+    writes = _Server(create_app(cluster, allow_writes=True, sample_every_s=0.5))
+    readonly = _Server(create_app(cluster, allow_writes=False, sample_every_s=0.5))
+    try:
+        yield {"cluster": cluster, "topic": topic, "due": due, "rw": writes, "ro": readonly}
+    finally:
+        writes.stop()
+        readonly.stop()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert errors == [], f"the page raised: {errors}"
+
+
+def _shot(pg, name: str) -> None:
+    where = os.environ.get("RAYDELAY_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(Path(where) / f"console-{name}.png"), full_page=True)
+
+
+def _goto(pg, url: str) -> int:
+    response = pg.goto(url)
+    assert response is not None
+    return response.status
+
+
+def _q(text: str) -> str:
+    return urllib.parse.quote(text, safe="")
+
+
+def test_every_page_loads(scene, page):
+    rw, topic = scene["rw"], scene["topic"]
+    assert _goto(page, rw.url + "/") == 200
+    assert page.url.endswith("/topics")
+    row = page.locator(f'#topics tr[data-topic="{topic}"]')
+    assert row.count() == 1
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1:3] == ["2", "2"]  # partitions, subscriptions
+    # every partition shows the host that serves it
+    hosts = scene["cluster"].partition_hosts(topic)
+    assert all(h.startswith("host/") for h in hosts)
+    listed = page.locator("#partitions tr", has_text=topic).all_inner_texts()
+    assert len(listed) == 2 and all(any(h in r for h in hosts) for r in listed)
+    _shot(page, "topics")
+
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}") == 200
+    assert page.locator("h1").inner_text() == topic
+    assert page.locator("#subscriptions tbody tr").count() == 2
+    _shot(page, "topic")
+
+    assert _goto(page, rw.url + "/subscriptions") == 200
+    sub_row = page.locator(f'#subscriptions tr[data-subscription="{topic}/billing"]')
+    assert sub_row.locator("td").nth(2).inner_text() == "shared"
+    # backlog: every message not acknowledged; delayed: those not due yet (the first five
+    # fall due 30 s after they were sent)
+    delayed = int(sub_row.locator("td").nth(4).inner_text().replace(",", ""))
+    backlog = int(sub_row.locator("td").nth(5).inner_text().replace(",", ""))
+    assert backlog == len(scene["due"])
+    assert len(scene["due"]) - 5 <= delayed <= len(scene["due"])
+    _shot(page, "subscriptions")
+
+    page.click(f'#subscriptions tr[data-subscription="{topic}/billing"] a >> nth=1')
+    assert page.locator("h1").inner_text() == f"{topic} / billing"
+    assert page.locator("#no-consumers").count() == 1
+    assert page.locator("#lateness .bar").count() == 14
+    _shot(page, "subscription")
+
+    page.click("#browse")
+    assert page.locator("h1").inner_text().startswith("Scheduled")
+    assert page.locator("#scheduled tbody tr").count() == min(100, len(scene["due"]))
+    _shot(page, "scheduled")
+
+    # an exclusive subscription has no schedule: its page says so instead of a chart
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/audit") == 200
+    assert page.locator("#due-hour, #due-day").count() == 0
+    assert "ignores deliver_at" in page.locator("main").inner_text()
+
+
+def test_the_chart_shows_the_scheduled_counts(scene, page):
+    rw, topic = scene["rw"], scene["topic"]
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/billing") == 200
+    now = now_ms()
+
+    def expected(step_ms: int, bars: int) -> list[int]:
+        counts = [0] * (bars + 1)
+        for at in scene["due"]:
+            i = max(0, (at - now - 1) // step_ms)  # bar i: due in (i*step, (i+1)*step]
+            counts[min(i, bars)] += 1
+        return counts
+
+    def shown(chart: str) -> list[int]:
+        bars = page.locator(f"#{chart} .bar")
+        return [int(c) for c in bars.evaluate_all("els => els.map(e => e.dataset.count)")]
+
+    assert shown("due-hour") == expected(5 * MIN, 12)
+    assert shown("due-day") == expected(60 * MIN, 24)
+    # the count over a bar is the number in its tooltip
+    second = page.locator("#due-hour .bar >> nth=1")
+    assert second.locator("title").text_content() == "5m-10m: 30 due"
+    assert second.locator("text.count").text_content() == "30"
+
+
+def test_a_cancel_end_to_end(scene, page):
+    rw, topic, cluster = scene["rw"], scene["topic"], scene["cluster"]
+    url = f"{rw.url}/topics/{_q(topic)}/subscriptions/billing/scheduled?key=k-cancel&limit=10"
+    assert _goto(page, url) == 200
+    rows = page.locator("#scheduled tbody tr")
+    assert rows.count() == 10
+    chosen = [rows.nth(i).get_attribute("data-id") for i in (0, 3)]
+    for mid in chosen:
+        page.check(f'input[name="id"][value="{mid}"]')
+    page.click("#cancel-selected")
+    # a confirmation first: nothing is cancelled yet
+    assert "Cancel 2 scheduled messages?" in page.locator("#question").inner_text()
+    assert sorted(page.locator("#details li").all_inner_texts()) == sorted(chosen)
+    keys = [str(m.message_id) for m in cluster.peek(topic, "billing", limit=-1, key="k-cancel")]
+    assert set(chosen) <= set(keys)
+    _shot(page, "confirm")
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text() == "2 of 2 cancelled"
+    _shot(page, "cancelled")
+    left = [str(m.message_id) for m in cluster.peek(topic, "billing", limit=-1, key="k-cancel")]
+    assert len(left) == len(keys) - 2 and not set(chosen) & set(left)
+    page.click("#back")
+    assert "key=k-cancel" in page.url
+    shown = page.locator("#scheduled tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    assert not set(chosen) & set(shown)
+    # the same ids again: nothing left to cancel, and the page says so
+    page.goto(url)
+    page.fill('#cancel-ids-form textarea[name="ids"]', "\n".join(chosen))
+    page.click('#cancel-ids-form button[type="submit"]')
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text() == "0 of 2 cancelled"
+
+
+def _post(url: str, fields: dict) -> tuple[int, str]:
+    body = urllib.parse.urlencode(fields, doseq=True).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_read_only_console_has_no_actions(scene, page):
+    ro, topic, cluster = scene["ro"], scene["topic"], scene["cluster"]
+    assert _goto(page, f"{ro.url}/topics/{_q(topic)}/subscriptions/billing/scheduled") == 200
+    assert page.locator("#scheduled tbody tr").count() > 0
+    assert page.locator('input[type="checkbox"], form[method="post"]').count() == 0
+    assert page.locator(".mode").inner_text() == "read-only"
+    assert _goto(page, f"{ro.url}/topics/{_q(topic)}/subscriptions/billing") == 200
+    assert page.locator("#reset-form").count() == 0
+    victim = str(cluster.peek(topic, "billing", limit=1, key="later")[0].message_id)
+    status, text = _post(ro.url + "/actions/cancel/confirm", {"id": victim, "token": "x"})
+    assert status == 403 and "--allow-writes" in text
+    assert victim in [str(m.message_id) for m in cluster.peek(topic, "billing", key="later")]
+
+
+def test_a_confirmation_needs_this_consoles_token(scene):
+    rw, topic, cluster = scene["rw"], scene["topic"], scene["cluster"]
+    victim = str(cluster.peek(topic, "billing", limit=1, key="later")[0].message_id)
+    for token in ("", "forged"):
+        status, text = _post(rw.url + "/actions/cancel/confirm", {"id": victim, "token": token})
+        assert status == 400 and "token" in text
+    assert victim in [str(m.message_id) for m in cluster.peek(topic, "billing", key="later")]
+
+
+def test_bad_input_is_a_clear_error_page(scene, page):
+    rw, topic = scene["rw"], scene["topic"]
+    base = f"{rw.url}/topics/{_q(topic)}/subscriptions/billing/scheduled"
+    assert _goto(page, base + "?due_after=yesterday-ish") == 400
+    assert page.locator("#error").inner_text().startswith("due_after: expected an ISO-8601")
+    assert _goto(page, base + "?limit=1000000") == 400
+    assert "limit: expected 1 to 1000" in page.locator("#error").inner_text()
+    assert _goto(page, base + "?due_after=2026-01-02T00:00&due_before=2026-01-01T00:00") == 400
+    assert "due_before" in page.locator("#error").inner_text()
+    assert _goto(page, f"{rw.url}/topics/no-such-topic-{uuid.uuid4().hex[:6]}") == 404
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/nobody") == 404
+    status, text = _post(rw.url + "/actions/cancel", {"id": "not-a-message-id"})
+    assert status == 400 and "message_id: &#39;not-a-message-id&#39; is not" in text
+
+
+def test_reset_and_redrive_from_the_console(scene, page):
+    rw, cluster = scene["rw"], scene["cluster"]
+    topic = f"console-reset-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic)
+    cluster.subscribe(topic, "replay").close()
+    producer = cluster.create_producer(topic)
+    ids = producer.send_many([b"a", b"b", b"c"])
+    producer.close()
+    wait_until("backlog 3", lambda: cluster.stats(topic, "replay")["backlog"] == 3)
+    # reset to latest: the three are skipped
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/replay") == 200
+    page.fill('#reset-form input[name="to"]', "latest")
+    page.click('#reset-form button[type="submit"]')
+    assert "to latest?" in page.locator("#question").inner_text()
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text() == f"{topic} / replay reset to latest"
+    wait_until("backlog 0", lambda: cluster.stats(topic, "replay")["backlog"] == 0)
+    # and back to the second message: it and the third are delivered again
+    page.goto(f"{rw.url}/topics/{_q(topic)}/subscriptions/replay")
+    page.fill('#reset-form input[name="to"]', str(ids[1]))
+    page.click('#reset-form button[type="submit"]')
+    page.click("#confirm")
+    wait_until("backlog 2", lambda: cluster.stats(topic, "replay")["backlog"] == 2)
+
+    # a dead-letter topic redriven into another topic, from its topic page
+    dlq, target = f"{topic}-replay-DLQ", f"{topic}-target"
+    cluster.create_topic(dlq)
+    cluster.create_topic(target)
+    cluster.subscribe(target, "check").close()
+    producer = cluster.create_producer(dlq)
+    producer.send_many([b"x", b"y", b"z"])
+    producer.close()
+    page.goto(f"{rw.url}/topics/{_q(topic)}/subscriptions/replay")
+    assert page.locator("#redrive-form").count() == 1  # its dead-letter topic exists
+    page.goto(f"{rw.url}/topics/{_q(dlq)}")
+    page.fill('#redrive-form input[name="to_topic"]', target)
+    page.click('#redrive-form button[type="submit"]')
+    assert f"of {dlq} to {target}?" in page.locator("#question").inner_text()
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text() == f"3 messages sent back from {dlq}"
+    wait_until("backlog 3", lambda: cluster.stats(target, "check")["backlog"] == 3)
+
+
+def test_the_console_command(scene, ray_cluster):
+    import ray
+
+    raydelay = str(Path(sys.executable).with_name("raydelay"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # a port that cannot be used: one line, before attaching to anything
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        out = subprocess.run(
+            [raydelay, "console", "--port", str(busy)], capture_output=True, text=True, timeout=60
+        )
+    assert out.returncode == 2 and out.stderr.startswith("raydelay: error: port: cannot listen")
+    out = subprocess.run(
+        [raydelay, "console", "--port", "70000"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and "port: expected 1 to 65535" in out.stderr
+
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.Popen(
+        [raydelay, "--address", address, "console", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith(f"raydelay console on http://127.0.0.1:{port} (read-only")
+
+        def serves() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/topics", timeout=30) as r:
+                    return scene["topic"] in r.read().decode()
+            except OSError:
+                return False
+
+        wait_until("the console command serves", serves, timeout_s=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, proc.stderr.read()
+
+
+def test_the_lateness_chart_counts_first_deliveries(scene, page):
+    rw, cluster = scene["rw"], scene["cluster"]
+    topic = f"console-late-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic)
+    consumer = cluster.subscribe(topic, "workers")
+    producer = cluster.create_producer(topic)
+    producer.send_many([b"1", b"2", b"3"], deliver_after=0.5)
+    producer.send(b"now")  # immediate: not a delayed message, not counted
+    producer.close()
+    got = []
+    wait_until("4 received", lambda: got.extend(consumer.receive(10, timeout_s=1)) or len(got) == 4)
+    consumer.ack(got)
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/workers") == 200
+    counts = page.locator("#lateness .bar").evaluate_all("els => els.map(e => +e.dataset.count)")
+    assert sum(counts) == 3
+    assert page.locator("#consumers tbody tr").count() == 1
+    consumer.close()

@@ -1,0 +1,360 @@
+"""Scheduled Ray calls on the session's cluster: a call runs once when due, a cancelled one
+never, a failing one is retried with backoff and dead-lettered, a runner SIGKILLed in the
+middle of a call runs it again with the same idempotency key, a cron schedule fires every
+occurrence across a runner kill and obeys pause, resume and delete, and bad input stores
+nothing.
+
+The functions live in tests/integration/task_jobs.py (the runners' workers import them)
+and leave a line in a file per run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+import ray
+
+from raydelay.client.message import MessageId
+from raydelay.client.runner import RUNNERS_SUBSCRIPTION, runner_name
+from raydelay.errors import InvalidArgument, NotFound
+from raydelay.tasks import TaskId
+from tests.integration import task_jobs
+from tests.integration.helpers import now_ms, wait_until
+
+
+def _lines(path) -> list[list[str]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [line.split() for line in f.read().splitlines() if line]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tasks_ready(ray_cluster):
+    """The tasks topic, its runners' subscription and the runners, made before the tests
+    (the per-test ``cluster`` fixture stops the actors a test made)."""
+    ray_cluster.schedule(task_jobs.record, os.devnull, "warm-up", deliver_after=0)
+    wait_until("the runners took a call", lambda: ray_cluster.task_stats()["succeeded"] >= 1)
+    yield
+
+
+@pytest.fixture
+def out(tmp_path):
+    return str(tmp_path / f"out-{uuid.uuid4().hex[:6]}.txt")
+
+
+def _topic(cluster) -> str:
+    return cluster.config.tasks.topic
+
+
+def _tail(cluster) -> list:
+    return [p["tail"] for p in cluster.stats(_topic(cluster))["partitions"]]
+
+
+def test_a_scheduled_call_runs_once_when_due(cluster, out):
+    due = now_ms() + 1500
+    tid = cluster.schedule(task_jobs.record, out, "hello", deliver_at=due)
+    assert isinstance(tid, TaskId) and MessageId.parse(tid).topic == _topic(cluster)
+    before = cluster.task_stats()["succeeded"]
+    wait_until("the call ran", lambda: _lines(out))
+    (label, key, ran_at, attempt), *more = _lines(out)
+    assert (label, attempt, more) == ("hello", "0", [])
+    assert int(ran_at) >= due  # never early
+    assert key == f"{tid}@{due}"  # task id and occurrence
+    # it is acknowledged: nothing of it waits any more, and it counts as succeeded
+    wait_until("counted", lambda: cluster.task_stats()["succeeded"] >= before + 1)
+    assert tid not in [
+        str(m.message_id) for m in cluster.peek(_topic(cluster), RUNNERS_SUBSCRIPTION, limit=-1)
+    ]
+    assert len(_lines(out)) == 1
+    # a @ray.remote function, and one of a named actor's methods
+    cluster.schedule(task_jobs.record_remote, out, "remote", deliver_after=0.2)
+    name = f"ledger-{uuid.uuid4().hex[:6]}"
+    ledger = task_jobs.Ledger.options(name=name, namespace="raydelay-tests").remote()
+    cluster.schedule_call(name, "add", "via-actor", namespace="raydelay-tests", deliver_after=0.2)
+    wait_until("the remote function ran", lambda: any(r[0] == "remote" for r in _lines(out)))
+    wait_until("the actor was called", lambda: ray.get(ledger.get.remote()) == ["via-actor"])
+    ray.kill(ledger)
+
+
+def test_the_context_can_be_passed_as_an_argument(cluster, out):
+    tid = cluster.schedule(task_jobs.with_context, out, pass_context=True, deliver_after=0.1)
+    wait_until("the call ran", lambda: _lines(out))
+    assert _lines(out)[0][0] == "ctx" and _lines(out)[0][1].startswith(f"{tid}@")
+
+
+def test_a_cancelled_call_never_runs(cluster, tmp_path):
+    keep, drop = str(tmp_path / "keep"), str(tmp_path / "drop")
+    due = now_ms() + 2000
+    # the one that runs is due after the cancelled one: once it ran, the other's time passed
+    cancelled = cluster.schedule(task_jobs.record, drop, "dropped", deliver_at=due)
+    cluster.schedule(task_jobs.record, keep, "kept", deliver_at=due + 200)
+    assert cluster.cancel_task(cancelled) is True
+    assert cluster.cancel_task(str(cancelled)) is False  # once only
+    wait_until("the other call ran", lambda: _lines(keep))
+    assert not os.path.exists(drop)
+    # many at once, from what schedule_many returned
+    ids = cluster.schedule_many(
+        task_jobs.record, [(drop, f"m{i}") for i in range(50)], deliver_after=3
+    )
+    assert cluster.cancel_tasks(ids) == [True] * 50
+    sentinel = cluster.schedule(task_jobs.record, keep, "after-many", deliver_after=3.3)
+    wait_until("the sentinel ran", lambda: len(_lines(keep)) == 2)
+    assert not os.path.exists(drop)
+    with pytest.raises(InvalidArgument, match="task_id: .* is not a task"):
+        cluster.cancel_task(MessageId("elsewhere", 0, 1, 2))
+    assert isinstance(sentinel, TaskId)
+
+
+def test_a_failing_call_is_retried_with_backoff_then_dead_lettered(cluster, out):
+    dlq = f"{_topic(cluster)}-DLQ"
+    before = cluster.task_stats()
+    reader_start = cluster.create_reader(dlq, "latest").get_last_message_id()
+    tid = cluster.schedule(
+        task_jobs.fail, out, "no luck today", max_retries=2, backoff=(0.4, 10), deliver_after=0.1
+    )
+    wait_until("three tries", lambda: len(_lines(out)) == 3, timeout_s=60)
+    tries = _lines(out)
+    assert [t[2] for t in tries] == ["0", "1", "2"]  # the attempt each run saw
+    times = [int(t[1]) for t in tries]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps[0] >= 400 and gaps[1] >= 800  # backoff doubles: 0.4 s, then 0.8 s
+
+    def dead() -> list:
+        reader = cluster.create_reader(dlq, reader_start or "earliest")
+        try:
+            return [m for m in reader.read_batch(100, timeout_s=1)]
+        finally:
+            reader.close()
+
+    found = wait_until(
+        "dead-lettered",
+        lambda: [m for m in dead() if m.properties.get("raydelay.task.id") == str(tid)],
+    )
+    props = found[0].properties
+    assert "RuntimeError: no luck today" in props["raydelay.task.error"]
+    assert props["raydelay.task.attempts"] == "3"
+    assert props["raydelay.task"] == "tests.integration.task_jobs:fail"
+    after = wait_until(
+        "counted dead", lambda: (s := cluster.task_stats())["dead"] > before["dead"] and s
+    )
+    assert after["dead"] == before["dead"] + 1 and after["retried"] == before["retried"] + 2
+    assert len(_lines(out)) == 3  # no fourth try
+
+
+def test_a_runner_killed_mid_call_runs_it_again_with_its_key(cluster, out):
+    tid = cluster.schedule(task_jobs.slow, out, 3.0, deliver_after=0.1)
+    wait_until("started", lambda: _lines(out))
+    pid = ray.get(ray.get_actor(runner_name(0), namespace="raydelay").pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    # Ray restarts the runner; the call comes back when the dead consumer's lease lapses
+    wait_until("ran again", lambda: sum(r[0] == "start" for r in _lines(out)) >= 2, timeout_s=90)
+    wait_until("finished", lambda: any(r[0] == "end" for r in _lines(out)), timeout_s=60)
+    keys = {r[1] for r in _lines(out)}  # every run, interrupted or not, saw one key
+    assert len(keys) == 1 and next(iter(keys)).startswith(f"{tid}@")
+
+
+def test_cron_fires_every_occurrence_across_a_runner_kill(cluster, out):
+    name = f"every-second-{uuid.uuid4().hex[:6]}"
+    info = cluster.schedule_cron(
+        "* * * * * *", task_jobs.record, out, "tick", name=name, catch_up="all"
+    )
+    assert info["name"] == name and info["next_ms"] % 1000 == 0
+    assert [s["name"] for s in cluster.list_schedules() if s["name"] == name] == [name]
+    wait_until("three ticks", lambda: len(_lines(out)) >= 3, timeout_s=30)
+    pid = ray.get(ray.get_actor(runner_name(0), namespace="raydelay").pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    seen = len(_lines(out))
+    wait_until("ticks after the kill", lambda: len(_lines(out)) >= seen + 5, timeout_s=90)
+    cluster.pause_schedule(name)
+    paused_at = now_ms()
+    skipped = cluster.task_stats()["skipped"]
+    wait_until(
+        "occurrences passed over while paused",
+        lambda: cluster.task_stats()["skipped"] >= skipped + 2,
+        timeout_s=30,
+    )
+    occurrences = [int(r[1].rsplit("@", 1)[1]) for r in _lines(out)]
+    # every second from the first to the last, once each: none skipped, none doubled
+    assert occurrences == list(range(occurrences[0], occurrences[-1] + 1000, 1000))
+    assert all(o <= paused_at + 1000 for o in occurrences)
+    cluster.resume_schedule(name)
+    n = len(_lines(out))
+    wait_until("ticks again", lambda: len(_lines(out)) >= n + 2, timeout_s=30)
+    cluster.delete_schedule(name)
+    assert name not in [s["name"] for s in cluster.list_schedules()]
+    # the chain ends: its last armed occurrence is consumed, and nothing of it waits
+    wait_until(
+        "the chain ended",
+        lambda: not cluster.peek(_topic(cluster), RUNNERS_SUBSCRIPTION, limit=-1, key=name),
+        timeout_s=30,
+    )
+    last = len(_lines(out))
+    other = cluster.schedule(task_jobs.record, out + ".sentinel", "s", deliver_after=1.5)
+    wait_until("a later call ran", lambda: _lines(out + ".sentinel"))
+    assert len(_lines(out)) <= last + 1 and isinstance(other, TaskId)
+    with pytest.raises(NotFound, match="schedule: no schedule called"):
+        cluster.pause_schedule(name)
+
+
+def test_bad_input_stores_nothing(cluster, out):
+    cluster.schedule(task_jobs.noop, deliver_after=0)  # (the topic and runners exist)
+    tails = _tail(cluster)
+    schedules = cluster.list_schedules()
+
+    def local():
+        return 1
+
+    cases = [
+        (
+            lambda: cluster.schedule(local),
+            r"^fn: .*local.* cannot be imported by the runner \(it is a closure",
+        ),
+        (lambda: cluster.schedule(lambda: 1), r"^fn: .* cannot be imported by the runner"),
+        (lambda: cluster.schedule("os:getcwd"), r"^fn: expected a function, got str"),
+        (lambda: cluster.schedule(task_jobs.record, threading.Lock()), r"^args: cannot be pickled"),
+        (
+            lambda: cluster.schedule(task_jobs.noop, options={"max_retries": 5}),
+            r"^options: 'max_retries' is not an option",
+        ),
+        (
+            lambda: cluster.schedule(task_jobs.noop, options={"num_cpus": -1}),
+            r"^options.num_cpus: expected 0 or more",
+        ),
+        (
+            lambda: cluster.schedule(task_jobs.noop, options={"num_cpus": "2"}),
+            r"^options.num_cpus: expected int",
+        ),
+        (
+            lambda: cluster.schedule(task_jobs.noop, max_retries=-2),
+            r"^max_retries: expected 0 or more",
+        ),
+        (
+            lambda: cluster.schedule(task_jobs.noop, max_retries=1.5),
+            r"^max_retries: expected an int",
+        ),
+        (lambda: cluster.schedule(task_jobs.noop, backoff=-1), r"^backoff: expected 0 to 365 days"),
+        (lambda: cluster.schedule(task_jobs.noop, backoff=(5, 1)), r"^backoff: the longest wait"),
+        (lambda: cluster.schedule(task_jobs.noop, deliver_after="soon"), r"^deliver_after"),
+        (lambda: cluster.schedule(task_jobs.noop, deliver_at=10**20), r"^deliver_at"),
+        (lambda: cluster.schedule(task_jobs.noop, kwargs=[1]), r"^kwargs: expected a dict"),
+        (lambda: cluster.schedule_many(task_jobs.noop, "abc"), r"^args_list: expected a list"),
+        (lambda: cluster.schedule_many(task_jobs.noop, []), r"^args_list: empty"),
+        (lambda: cluster.schedule_call("", "m"), r"^actor_name: expected the name"),
+        (lambda: cluster.schedule_call("a", "not a method"), r"^method: expected a method name"),
+        (
+            lambda: cluster.schedule_cron("61 * * * *", task_jobs.noop, name="x"),
+            r"^cron: '61 \* \* \* \*' is not a valid",
+        ),
+        (
+            lambda: cluster.schedule_cron(
+                "0 2 * * *", task_jobs.noop, name="x", timezone="Mars/Olympus"
+            ),
+            r"^timezone: 'Mars/Olympus' is not a known",
+        ),
+        (
+            lambda: cluster.schedule_cron("0 2 * * *", task_jobs.noop, name="x", catch_up="some"),
+            r"^catch_up: expected one of all, latest, none",
+        ),
+        (
+            lambda: cluster.schedule_cron("0 2 * * *", task_jobs.noop, name="no spaces"),
+            r"^name: expected 1-128",
+        ),
+        (lambda: cluster.cancel_tasks(42), r"^task_ids: expected task ids"),
+    ]
+    for call, message in cases:
+        with pytest.raises(InvalidArgument, match=message):
+            call()
+    assert _tail(cluster) == tails
+    assert cluster.list_schedules() == schedules
+    # a name taken: refused unless replace=True
+    name = f"nightly-{uuid.uuid4().hex[:6]}"
+    cluster.schedule_cron("0 2 * * *", task_jobs.noop, name=name, timezone="Europe/Paris")
+    with pytest.raises(InvalidArgument, match=f"name: a schedule called '{name}' exists"):
+        cluster.schedule_cron("0 3 * * *", task_jobs.noop, name=name)
+    replaced = cluster.schedule_cron("0 3 * * *", task_jobs.noop, name=name, replace=True)
+    assert replaced["cron"] == "0 3 * * *"
+    cluster.delete_schedule(name)
+
+
+_RESTART = r"""
+import sys, time
+import raydelay
+from tests.integration import task_jobs
+
+store, out, phase = sys.argv[1], sys.argv[2], sys.argv[3]
+config = {"storage": {"kind": "local", "local": {"root": store}}}
+with raydelay.connect(config) as cluster:  # starts a Ray of its own, stops it at the end
+    if phase == "first":
+        cluster.schedule_cron("* * * * * *", task_jobs.record, out, "tick", name="ticks",
+                              catch_up="all")
+    want = int(sys.argv[4])
+
+    def lines():
+        try:
+            with open(out) as f:
+                return len(f.read().splitlines())
+        except FileNotFoundError:
+            return 0
+
+    deadline = time.time() + 60
+    while time.time() < deadline and lines() < want:
+        time.sleep(0.2)
+    assert lines() >= want, lines()
+print("ok")
+"""
+
+
+def test_cron_occurrences_missed_while_the_cluster_was_down_run_after_a_restart(tmp_path):
+    """The cluster stops (shutdown: Ray itself goes), stays down a few seconds, and starts
+    again from the store: the occurrences due meanwhile run (catch_up="all"), none twice."""
+    import subprocess
+    import sys
+
+    store, out = str(tmp_path / "store"), str(tmp_path / "ticks.txt")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = [sys.executable, "-c", _RESTART, store, out]
+    first = subprocess.run(
+        [*run, "first", "3"], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    down_at = now_ms()
+    time.sleep(4)  # down: about four occurrences fall due with nothing running
+    n = len(_lines(out))
+    second = subprocess.run(
+        [*run, "again", str(n + 8)], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    # (caught-up occurrences run side by side, so they may finish out of order)
+    occurrences = sorted(int(r[1].rsplit("@", 1)[1]) for r in _lines(out))
+    assert occurrences == list(range(occurrences[0], occurrences[-1] + 1000, 1000))
+    missed = [o for o in occurrences if down_at + 1000 <= o <= down_at + 4000]
+    assert len(missed) >= 3  # they ran after the restart, late
+    ran_at = {int(r[1].rsplit("@", 1)[1]): int(r[2]) for r in _lines(out)}
+    assert all(ran_at[o] - o > 1000 for o in missed)
+
+
+def test_the_examples_run_as_written(cluster, tmp_path, monkeypatch, capsys):
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    runpy.run_path(str(examples / "delayed_task.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "bob upgraded: cancelled = True" in out
+    assert "sent: [{'user': 'ada', 'text': 'your trial ends tomorrow'}]" in out
+    monkeypatch.setattr("sys.argv", ["nightly_cron.py"])
+    runpy.run_path(str(examples / "nightly_cron.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "nightly-compaction: 0 2 * * * (Europe/Paris), next " in out
+    nightly = [s for s in cluster.list_schedules() if s["name"] == "nightly-compaction"]
+    assert nightly and nightly[0]["target"] == "__main__:compact"
+    # the next occurrence is 02:00 in Paris: 00:00 or 01:00 UTC
+    assert time.gmtime(nightly[0]["next_ms"] / 1000).tm_hour in (0, 1)
+    cluster.delete_schedule("nightly-compaction")

@@ -1,0 +1,146 @@
+"""Recurring schedules with a manual clock: the catch-up policies, pause, daylight saving,
+and months of simulated time with kills and outages (raydelay.tasks.simulation drives the
+runner's own cron steps)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from raydelay.errors import InvalidArgument
+from raydelay.tasks import cron
+from raydelay.tasks.simulation import simulate
+
+MIN = 60_000
+HOUR = 60 * MIN
+DAY = 24 * HOUR
+
+
+def _ms(*parts, tz="UTC") -> int:
+    return int(datetime(*parts, tzinfo=ZoneInfo(tz)).timestamp() * 1000)
+
+
+def _schedule(expr="*/15 * * * *", catch_up="all", tz="UTC", paused=False) -> cron.Schedule:
+    return cron.Schedule("s", expr, tz, catch_up, b"", "t", "g", paused=paused)
+
+
+def test_an_occurrence_on_time_runs_and_arms_the_next():
+    s = _schedule()
+    t = _ms(2026, 11, 25, 10, 15)
+    d = cron.decide(s, t, t + 40, grace_ms=MIN)
+    assert d == cron.Decision(True, t + 15 * MIN, "due")
+
+
+def test_catch_up_all_runs_every_missed_occurrence_in_turn():
+    s = _schedule(catch_up="all")
+    t = _ms(2026, 11, 25, 10, 0)
+    now = t + 50 * MIN  # down for 50 minutes: 10:00, 10:15, 10:30, 10:45 missed
+    ran, armed = [], t
+    while armed <= now:
+        d = cron.decide(s, armed, now, grace_ms=MIN)
+        assert d.run
+        ran.append(armed)
+        armed = d.arm_ms
+    assert ran == [t, t + 15 * MIN, t + 30 * MIN, t + 45 * MIN]
+    assert armed == t + 60 * MIN  # then back on the clock
+
+
+def test_catch_up_latest_runs_only_the_most_recent_missed_one():
+    s = _schedule(catch_up="latest")
+    t = _ms(2026, 11, 25, 10, 0)
+    now = t + 50 * MIN
+    d = cron.decide(s, t, now, grace_ms=MIN)
+    assert d == cron.Decision(False, t + 45 * MIN, "passed over")
+    d2 = cron.decide(s, d.arm_ms, now + 5, grace_ms=MIN)  # 10:45 fires at once: it runs
+    assert d2 == cron.Decision(True, t + 60 * MIN, "catch-up")
+
+
+def test_catch_up_none_runs_none_of_the_missed_ones():
+    s = _schedule(catch_up="none")
+    t = _ms(2026, 11, 25, 10, 0)
+    now = t + 50 * MIN
+    assert cron.decide(s, t, now, grace_ms=MIN) == cron.Decision(False, t + 60 * MIN, "passed over")
+    # within the grace it is not missed
+    assert cron.decide(s, t, t + 30_000, grace_ms=MIN).run
+
+
+def test_a_paused_schedule_keeps_its_chain_and_runs_nothing():
+    s = _schedule(paused=True)
+    t = _ms(2026, 11, 25, 10, 0)
+    assert cron.decide(s, t, t + 10, grace_ms=MIN) == cron.Decision(False, t + 15 * MIN, "paused")
+    # nothing is caught up for the time it was paused
+    assert cron.decide(s, t, t + 50 * MIN, grace_ms=MIN).arm_ms == t + 60 * MIN
+
+
+def test_daylight_saving():
+    paris = "Europe/Paris"
+    # autumn: 02:30 happens twice on 25 October; a daily job runs once
+    t, days = _ms(2026, 10, 23, tz=paris), []
+    for _ in range(4):
+        t = cron.next_occurrence("30 2 * * *", paris, t)
+        days.append(datetime.fromtimestamp(t / 1000, ZoneInfo(paris)).strftime("%d %H:%M %z"))
+    assert days == ["23 02:30 +0200", "24 02:30 +0200", "25 02:30 +0200", "26 02:30 +0100"]
+    # an every-30-minutes job keeps real time through the repeated hour
+    t = _ms(2026, 10, 25, 0, 0)  # 02:00 CEST
+    steps = []
+    for _ in range(4):
+        nxt = cron.next_occurrence("*/30 * * * *", paris, t)
+        steps.append(nxt - t)
+        t = nxt
+    assert steps == [30 * MIN] * 4
+    # spring: 02:30 does not exist on 29 March; it runs when the clock jumps to 03:00
+    t = cron.next_occurrence("30 2 * * *", paris, _ms(2026, 3, 28, 12, tz=paris))
+    assert datetime.fromtimestamp(t / 1000, ZoneInfo(paris)).strftime("%d %H:%M") == "29 03:00"
+
+
+def test_200_days_with_kills_and_outages_skip_nothing():
+    start = _ms(2026, 1, 1)
+    outages = [
+        (start + 30 * DAY, start + 30 * DAY + 5 * HOUR),
+        (start + 120 * DAY, start + 121 * DAY),
+    ]
+    out = simulate(
+        "*/15 * * * *", "Europe/Paris", start, 200, catch_up="all", kill_rate=0.05, outages=outages
+    )
+    assert len(out.expected) == 200 * 96
+    assert out.kills > 2_000  # the kills landed between every pair of steps
+    assert out.skipped == [] and out.unexpected == []
+    # a call runs again only when a kill cut it (during the call, or before its done marker)
+    assert len(out.ran_twice) <= out.kills
+    twice_completed = [t for t, n in out.completed.items() if n > 1]
+    assert twice_completed == []  # a done marker stops every later delivery of it
+
+
+@pytest.mark.parametrize("policy", ["latest", "none"])
+def test_outages_under_latest_and_none(policy):
+    start = _ms(2026, 1, 1)
+    # down from 00:02 to 05:02 on day 2: 00:15 .. 05:00, 20 occurrences of */15, missed
+    down = (start + 2 * DAY + 2 * MIN, start + 2 * DAY + 5 * HOUR + 2 * MIN)
+    out = simulate("*/15 * * * *", "UTC", start, 4, catch_up=policy, kill_rate=0.0, outages=[down])
+    missed = [t for t in out.expected if down[0] <= t < down[1]]
+    ran_missed = [t for t in missed if out.runs[t]]
+    assert len(missed) == 20
+    assert ran_missed == ([missed[-1]] if policy == "latest" else [])
+    assert all(out.runs[t] == 1 for t in out.expected if t not in missed)
+
+
+def test_bad_schedules():
+    with pytest.raises(InvalidArgument, match="^cron: "):
+        cron.check_cron("* * *")
+    with pytest.raises(InvalidArgument, match="^cron: "):
+        cron.check_cron(5)
+    assert cron.check_cron("  0   2 * * * ") == "0 2 * * *"
+    assert cron.check_cron("*/5 * * * * 30") == "*/5 * * * * 30"
+    with pytest.raises(InvalidArgument, match="^timezone: "):
+        cron.check_timezone("Europe/Atlantis")
+    with pytest.raises(InvalidArgument, match="^timezone: "):
+        cron.check_timezone(None)
+    with pytest.raises(InvalidArgument, match="^catch_up: "):
+        cron.check_catch_up("some")
+    with pytest.raises(InvalidArgument, match="^name: "):
+        cron.check_name("../escape")
+    s = _schedule(tz="Asia/Tokyo")
+    assert cron.Schedule.from_bytes(s.to_bytes()) == s
+    assert datetime.fromtimestamp(s.next_after(_ms(2026, 1, 1)) / 1000, timezone.utc).minute == 15
