@@ -11,6 +11,7 @@ and leave a line in a file per run.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -358,3 +359,31 @@ def test_the_examples_run_as_written(cluster, tmp_path, monkeypatch, capsys):
     # the next occurrence is 02:00 in Paris: 00:00 or 01:00 UTC
     assert time.gmtime(nightly[0]["next_ms"] / 1000).tm_hour in (0, 1)
     cluster.delete_schedule("nightly-compaction")
+
+
+def test_the_tasks_and_schedules_commands(cluster, out, capsys):
+    from tests.integration.test_cli import run
+
+    tid = cluster.schedule(task_jobs.record, out, "later", deliver_after=3600)
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    cluster.schedule_cron("30 4 * * 1", task_jobs.noop, name=name, timezone="Asia/Tokyo")
+    code, text, _ = run(capsys, "tasks", "-n", "500")
+    assert code == 0
+    assert re.search(r"scheduled \(waiting for their time or a runner\)\s+[1-9]", text)
+    assert re.search(r"^runners\s+1$", text, re.M)
+    assert f"{tid}" in text and "tests.integration.task_jobs:record" in text
+    code, text, _ = run(capsys, "schedules")
+    row = next(line for line in text.splitlines() if line.startswith(name))
+    assert "30 4 * * 1" in row and "Asia/Tokyo" in row and "tests.integration.task_jobs:noop" in row
+    assert run(capsys, "schedules", "pause", name)[1] == f"{name}: paused\n"
+    row = next(
+        line for line in run(capsys, "schedules", "list")[1].splitlines() if line.startswith(name)
+    )
+    assert row.rstrip().endswith("paused")
+    assert run(capsys, "schedules", "resume", name)[1].startswith(f"{name}: resumed; next at ")
+    assert run(capsys, "schedules", "delete", name)[1] == f"{name}: deleted\n"
+    code, _, err = run(capsys, "schedules", "delete", name)
+    assert code == 2 and err == f"raydelay: error: schedule: no schedule called '{name}'\n"
+    code, _, err = run(capsys, "tasks", "-n", "-3")
+    assert code == 2 and "next: expected 0 or more" in err
+    assert cluster.cancel_task(tid)
