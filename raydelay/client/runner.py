@@ -161,33 +161,53 @@ class TaskRunner:
 
     def _start(self, messages: list) -> None:
         now = int(time.time() * 1000)
-        acks = []
+        acks: list = []
         for m in messages:
             try:
-                spec, args = decode_payload(m.payload)
-            except InvalidArgument as exc:
-                self._dead(m, None, str(exc))
-                acks.append(m)
-                continue
-            occurrence = spec.occurrence_ms
-            if spec.schedule is not None:
-                run = self._fire(m, spec, now)
-                if not run:
-                    acks.append(m)
-                    continue
-            if occurrence is None:
-                occurrence = m.deliver_at_ms if m.deliver_at_ms is not None else m.publish_time_ms
-            ctx = TaskContext(str(m.message_id), int(occurrence), m.redelivery_count, spec.schedule)
-            try:
-                ref = self._submit(spec, args, ctx)
-            except Exception as exc:  # noqa: BLE001 - submitting failed: a failed try
-                self._failed(m, spec, f"{type(exc).__name__}: {exc}")
-                continue
-            with self._lock:
-                self._inflight[ref] = (m, spec)
-                self._counts["started"] += 1
+                self._start_one(m, now, acks)
+            except Exception as exc:  # noqa: BLE001 - the store or a topic failed: try later
+                self._give_back(m, exc)
         if acks:
             self._consumer.ack(acks)
+
+    def _start_one(self, m: Any, now: int, acks: list) -> None:
+        try:
+            spec, args = decode_payload(m.payload)
+        except InvalidArgument as exc:
+            self._dead(m, None, str(exc))
+            acks.append(m)
+            return
+        occurrence = spec.occurrence_ms
+        if spec.schedule is not None and not self._fire(m, spec, now):
+            acks.append(m)
+            return
+        if occurrence is None:
+            occurrence = m.deliver_at_ms if m.deliver_at_ms is not None else m.publish_time_ms
+        ctx = TaskContext(str(m.message_id), int(occurrence), m.redelivery_count, spec.schedule)
+        try:
+            ref = self._submit(spec, args, ctx)
+        except Exception as exc:  # noqa: BLE001 - submitting failed: a failed try
+            self._failed(m, spec, f"{type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            self._inflight[ref] = (m, spec)
+            self._counts["started"] += 1
+
+    def _give_back(self, m: Any, exc: BaseException) -> None:
+        """A step of this call failed on the way (not the call itself): it comes back in a
+        second, to this runner or another."""
+        log.warning(
+            "task runner %d: %s failed on the way (%s); again in 1 s",
+            self._index,
+            m.message_id,
+            exc,
+        )
+        try:
+            self._consumer.nack(m, delay_s=1.0)
+        except Exception as again:  # noqa: BLE001 - the lease hands it on if this runner dies
+            log.warning(
+                "task runner %d: handing %s back failed too: %s", self._index, m.message_id, again
+            )
 
     def _fire(self, m: Any, spec: TaskSpec, now_ms: int) -> bool:
         """A cron occurrence: arm the next, and say whether this one runs."""
@@ -220,13 +240,17 @@ class TaskRunner:
             with self._lock:
                 m, spec = self._inflight.pop(ref)
             try:
-                ray.get(ref)
-            except Exception as exc:  # noqa: BLE001 - the call failed, however it failed
-                self._failed(m, spec, _describe(exc))
-                continue
-            if spec.schedule is not None and spec.generation is not None:
-                self._ports.mark_done(spec.schedule, spec.generation, int(spec.occurrence_ms or 0))
-            ok.append(m)
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - the call failed, however it failed
+                    self._failed(m, spec, _describe(exc))
+                    continue
+                if spec.schedule is not None and spec.generation is not None:
+                    occurrence = int(spec.occurrence_ms or 0)
+                    self._ports.mark_done(spec.schedule, spec.generation, occurrence)
+                ok.append(m)
+            except Exception as exc:  # noqa: BLE001 - a done marker or a dead letter failed
+                self._give_back(m, exc)
         if ok:
             self._consumer.ack(ok)
             with self._lock:
