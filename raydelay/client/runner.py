@@ -99,8 +99,14 @@ class TaskRunner:
         self._stop = threading.Event()
         self._draining = threading.Event()  # stopping: finish what runs, take nothing new
         self._drained = threading.Event()  # ... and nothing runs any more
+        self._submitted = threading.Event()  # the loop started calls: the watcher looks
+        self._finished: list = []  # refs of calls that finished, for the loop to settle
+        self._seen: set = set()  # ... and not yet settled: the watcher waits on the rest
+        self._finished_ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="task-runner", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="task-watcher", daemon=True)
         self._thread.start()
+        self._watcher.start()
 
     # --- calls --------------------------------------------------------------------------------
 
@@ -121,6 +127,7 @@ class TaskRunner:
         self._drained.wait(timeout=drain_s)  # the loop says so, between two of its steps
         self._stop.set()
         self._thread.join(timeout=30)
+        self._watcher.join(timeout=5)
         try:
             self._consumer.close()
             self._dlq.close()
@@ -146,18 +153,43 @@ class TaskRunner:
                 time.sleep(0.5)
 
     def _step(self) -> None:
+        """Take due calls while there is room (a long poll: it returns as soon as one is
+        due), then settle the calls the watcher saw finish. Idle, it wakes once a second;
+        with calls running, ten times a second at most, and at once when one finishes."""
         room = 0 if self._draining.is_set() else self._cap - len(self._inflight)
         if room > 0:
-            wait_s = 0.005 if self._inflight else 0.5
+            wait_s = 0.1 if self._inflight else 1.0
             messages = self._consumer.receive(min(room, _RECEIVE_MAX), timeout_s=wait_s)
             if messages:
                 self._start(messages)
-        elif self._inflight:
-            ray.wait(list(self._inflight), num_returns=1, timeout=0.5)
-        if self._inflight:
-            done, _ = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0)
-            if done:
-                self._finish(done)
+        else:
+            self._finished_ready.wait(timeout=0.5)
+        self._settle()
+
+    def _watch(self) -> None:
+        """The watcher thread: waits on the running calls' refs (no actor calls) and hands
+        the finished ones to the loop."""
+        while not self._stop.is_set():
+            self._submitted.clear()  # (before looking: a call started after it sets it again)
+            with self._lock:
+                refs = [r for r in self._inflight if r not in self._seen]
+            if not refs:
+                self._submitted.wait(timeout=1.0)
+                continue
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.2)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                with self._lock:
+                    self._seen.update(ready)
+                    self._finished.extend(ready)
+                self._finished_ready.set()
+
+    def _settle(self) -> None:
+        with self._lock:
+            done, self._finished = self._finished, []
+            self._finished_ready.clear()
+        if done:
+            self._finish(done)
 
     def _start(self, messages: list) -> None:
         now = int(time.time() * 1000)
@@ -192,6 +224,7 @@ class TaskRunner:
         with self._lock:
             self._inflight[ref] = (m, spec)
             self._counts["started"] += 1
+        self._submitted.set()
 
     def _give_back(self, m: Any, exc: BaseException) -> None:
         """A step of this call failed on the way (not the call itself): it comes back in a
@@ -239,6 +272,7 @@ class TaskRunner:
         for ref in refs:
             with self._lock:
                 m, spec = self._inflight.pop(ref)
+                self._seen.discard(ref)
             try:
                 try:
                     ray.get(ref)
