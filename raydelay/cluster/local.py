@@ -172,6 +172,17 @@ def _stop_session(session: str) -> int:
                 procs.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+    # and their children: the raylet's agents retitle themselves (ray::DashboardAgent) and
+    # were seen outliving it, orphaned
+    seen = {p.pid for p in procs}
+    for proc in list(procs):
+        try:
+            for child in proc.children(recursive=True):
+                if child.pid not in seen:
+                    seen.add(child.pid)
+                    procs.append(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     for proc in procs:
         try:
             proc.terminate()
