@@ -74,6 +74,12 @@ bench: $(BENCH_STAMP)
 bench-full: $(BENCH_STAMP)
 	$(PY) bench/compare.py --suite full
 
+# About 15 minutes: scheduled Ray calls (#29) against Celery ETA tasks on Redis ->
+# bench/results/<date>-tasks.md (TASKS_ARGS=--quick: about 3 minutes).
+.PHONY: bench-tasks
+bench-tasks: $(BENCH_STAMP)
+	$(PY) bench/tasks_bench.py $(TASKS_ARGS)
+
 # raydelay's own component benchmarks (each prints its table).
 bench-parts: venv
 	$(PY) bench/tracker_bench.py
