@@ -94,6 +94,8 @@ class TaskRunner:
         self._dlq = self._cluster.create_producer(f"{self._topic}-DLQ")
         self._ports = _StorePorts(make_store(self._config), self._cluster, self._topic)
         self._inflight: dict[Any, tuple[Any, TaskSpec]] = {}  # ref -> (message, spec)
+        self._remotes: dict[int, tuple[TaskSpec, Any]] = {}  # id(spec) -> (spec, options)
+        self._actors: dict[tuple, Any] = {}  # (actor, namespace) -> handle
         self._counts = {"started": 0, "succeeded": 0, "retried": 0, "dead": 0, "skipped": 0}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -176,9 +178,10 @@ class TaskRunner:
             if not refs:
                 self._submitted.wait(timeout=1.0)
                 continue
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.2)
+            # one wait over them all: back when all finished, or after 50 ms with those
+            # that did (not fetched: the loop's get of a None is all that crosses)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.05, fetch_local=False)
             if ready:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                 with self._lock:
                     self._seen.update(ready)
                     self._finished.extend(ready)
@@ -257,27 +260,51 @@ class TaskRunner:
 
     def _submit(self, spec: TaskSpec, args: bytes, ctx: TaskContext) -> Any:
         if spec.kind == "actor":
-            handle = ray.get_actor(str(spec.actor), namespace=spec.namespace)
+            handle = self._actors.get((spec.actor, spec.namespace))
+            if handle is None:
+                handle = ray.get_actor(str(spec.actor), namespace=spec.namespace)
+                self._actors[(spec.actor, spec.namespace)] = handle
             a, kw = pickle.loads(args)
             if spec.pass_context:
                 kw = {**kw, "raydelay_task": ctx}
             return getattr(handle, str(spec.method)).remote(*a, **kw)
-        options = {"name": spec.target.rpartition(":")[2], **spec.options}
-        return _invoke_remote.options(**options).remote(
-            spec.target, spec.code, args, ctx, spec.pass_context
+        remote = self._remotes.get(id(spec))
+        if remote is None or remote[0] is not spec:
+            # one options() per distinct call spec (decode_payload hands out one object per
+            # spec): Ray's options() costs more than the submission itself
+            options = {"name": spec.target.rpartition(":")[2], **spec.options}
+            if len(self._remotes) > 1024:
+                self._remotes.clear()
+            remote = self._remotes[id(spec)] = (spec, _invoke_remote.options(**options))
+        return remote[1].remote(
+            spec.target,
+            spec.code,
+            args,
+            (ctx.task_id, ctx.occurrence_ms, ctx.attempt, ctx.schedule),
+            spec.pass_context,
         )
 
     def _finish(self, refs: list) -> None:
+        try:
+            ray.get(refs)  # (each returns None) all at once when none failed
+            failed: dict = {}
+        except Exception:  # noqa: BLE001 - one failed at least: look at each
+            failed = {}
+            for ref in refs:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - the call failed, however it failed
+                    failed[ref] = exc
         ok = []
         for ref in refs:
             with self._lock:
                 m, spec = self._inflight.pop(ref)
                 self._seen.discard(ref)
             try:
-                try:
-                    ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - the call failed, however it failed
-                    self._failed(m, spec, _describe(exc))
+                if ref in failed:
+                    if spec.kind == "actor":
+                        self._actors.pop((spec.actor, spec.namespace), None)
+                    self._failed(m, spec, _describe(failed[ref]))
                     continue
                 if spec.schedule is not None and spec.generation is not None:
                     occurrence = int(spec.occurrence_ms or 0)

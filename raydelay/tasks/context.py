@@ -47,16 +47,29 @@ def current_task() -> TaskContext | None:
     return _current.get()
 
 
-def _invoke(target: str, code: bytes | None, args: bytes, ctx: TaskContext, pass_ctx: bool) -> Any:
-    """Runs in the Ray task: import (or unpickle) the function, then call it."""
-    fn = cloudpickle.loads(code) if code is not None else resolve_function(target)
+_code_cache: dict[bytes, Any] = {}  # pickled functions, unpickled once per worker
+
+
+def _invoke(target: str, code: bytes | None, args: bytes, ctx: tuple, pass_ctx: bool) -> None:
+    """Runs in the Ray task: import (or unpickle) the function, then call it. ``ctx`` is
+    the TaskContext's fields (a tuple travels cheaper). The call's return value is
+    dropped here: the runner only needs to know it succeeded."""
+    if code is not None:
+        fn = _code_cache.get(code)
+        if fn is None:
+            if len(_code_cache) > 256:
+                _code_cache.clear()
+            fn = _code_cache[code] = cloudpickle.loads(code)
+    else:
+        fn = resolve_function(target)
     fn = getattr(fn, "_function", fn)  # a @ray.remote function: its Python function
     a, kw = pickle.loads(args)
+    context = TaskContext(*ctx)
     if pass_ctx:
-        kw = {**kw, "raydelay_task": ctx}
-    token = _current.set(ctx)
+        kw = {**kw, "raydelay_task": context}
+    token = _current.set(context)
     try:
-        return fn(*a, **kw)
+        fn(*a, **kw)
     finally:
         _current.reset(token)
 
