@@ -51,17 +51,20 @@ class Tasks:
         """The producer of the tasks topic, after making sure the topic, its dead-letter
         topic and the runners exist."""
         if self._producer is None or self._producer._closed:
-            topics = self.cluster.topics()
-            for name, n in ((self.topic, self.config.partitions), (f"{self.topic}-DLQ", 1)):
-                if name not in topics:
-                    try:
-                        self.cluster.create_topic(name, n)
-                    except InvalidArgument:
-                        if name not in self.cluster.topics():  # (another client made it)
-                            raise
             self.start_runners(self.config.runners)
             self._producer = self.cluster.create_producer(self.topic)
         return self._producer
+
+    def _topics(self) -> None:
+        """The tasks topic and its dead-letter topic, created when missing."""
+        topics = self.cluster.topics()
+        for name, n in ((self.topic, self.config.partitions), (f"{self.topic}-DLQ", 1)):
+            if name not in topics:
+                try:
+                    self.cluster.create_topic(name, n)
+                except InvalidArgument:
+                    if name not in self.cluster.topics():  # (another client made it)
+                        raise
 
     def start_runners(self, count: int, max_in_flight: int | None = None) -> int:
         """Make sure runners ``runner/0`` .. ``runner/<count-1>`` run; returns how many
@@ -71,6 +74,7 @@ class Tasks:
         cap = self.config.max_in_flight if max_in_flight is None else max_in_flight
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise InvalidArgument(f"max_in_flight: expected 1 or more, got {cap!r}")
+        self._topics()  # (a runner subscribes to them as it starts)
         started = 0
         handles = []
         for i in range(count):

@@ -387,3 +387,34 @@ def test_the_tasks_and_schedules_commands(cluster, out, capsys):
     code, _, err = run(capsys, "tasks", "-n", "-3")
     assert code == 2 and "next: expected 0 or more" in err
     assert cluster.cancel_task(tid)
+
+
+def test_runners_can_be_started_before_the_first_call(cluster):
+    """On a fresh store (a cluster of its own): start_runners creates what a runner
+    consumes; bad counts are refused."""
+    import subprocess
+    import sys
+
+    script = (
+        "import raydelay, sys\n"
+        "with raydelay.connect({'storage': {'kind': 'local', 'local': {'root': sys.argv[1]}}}) as c:\n"
+        "    print(c.start_runners(2, max_in_flight=10), c.task_stats()['runners'])\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as store:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        done = subprocess.run(
+            [sys.executable, "-c", script, store],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["2", "2"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InvalidArgument, match="^count: expected a number of runners >= 1"):
+            cluster.start_runners(bad)
+    with pytest.raises(InvalidArgument, match="^max_in_flight: expected 1 or more"):
+        cluster.start_runners(1, max_in_flight=0)
