@@ -497,14 +497,17 @@ class TopicPartition:
             self._bucket_index.published(end_ledger)
 
     def _in_bucket(self, ledger_id: int, entry_id: int) -> bool:
-        """Whether a position lies in a ledger a live bucket covers (its ledger may be gone)."""
-        for start, end, key in self._buckets:
+        """Whether a position lies in a ledger a live bucket covers (its ledger may be gone).
+        Every covering bucket is asked: a ledger the index sealed part of at a time is
+        covered by two (or more) buckets, each with the entries up to its own seal."""
+        for start, end, key in list(self._buckets):
             if start <= ledger_id <= end:
                 try:
                     sizes = dict(self._sealed.meta(key).ledgers)
                 except NotFound:
-                    return False
-                return 0 <= entry_id < sizes.get(ledger_id, 0)
+                    continue  # (merged away meanwhile: its successor is in the list too)
+                if 0 <= entry_id < sizes.get(ledger_id, 0):
+                    return True
         return False
 
     async def due_unsealed(self, taken_below: int, taken_through: int, now_ms: int) -> DueReply:
