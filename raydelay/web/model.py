@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, RaydelayError
 
 HOUR_BIN_S = 300  # the next hour, in 5-minute bars
 DAY_BIN_S = 3600  # the next day, in hourly bars
@@ -110,7 +110,10 @@ class ConsoleData:
         subscriptions and their backlogs."""
         out = []
         for topic in self.topic_names():
-            out.append(self.topic(topic, rates))
+            try:
+                out.append(self.topic(topic, rates))
+            except RaydelayError as exc:  # (deleted since the listing, or unreachable now)
+                out.append({"name": topic, "error": str(exc).splitlines()[0][:200]})
         return out
 
     def topic(self, topic: str, rates: RateSampler | None) -> dict:
@@ -129,16 +132,34 @@ class ConsoleData:
                     "rate": None if rates is None else rates.rate(topic, p),
                 }
             )
-        subs = [self.subscription_summary(topic, name) for name in info["subscriptions"]]
+        subs = [self.subscription_row(topic, name) for name in info["subscriptions"]]
         known = [p["rate"] for p in parts if p["rate"] is not None]
         return {
             "name": topic,
             "partitions": parts,
             "subscriptions": subs,
             "rate": sum(known) if known else None,
-            "backlog": sum(s["backlog"] for s in subs),
-            "delayed": sum(s["delayed"] for s in subs),
+            "backlog": sum(s["backlog"] or 0 for s in subs),
+            "delayed": sum(s["delayed"] or 0 for s in subs),
         }
+
+    def subscription_row(self, topic: str, name: str) -> dict:
+        """A subscription's summary, or its row saying why it cannot be read now (an actor
+        restarting, say): one subscription does not take a whole page down."""
+        try:
+            return self.subscription_summary(topic, name)
+        except RaydelayError as exc:
+            return {
+                "topic": topic,
+                "name": name,
+                "type": "",
+                "consumers": None,
+                "delayed": None,
+                "backlog": None,
+                "pending_ack": None,
+                "buckets": None,
+                "error": str(exc).splitlines()[0][:200],
+            }
 
     # --- subscriptions ------------------------------------------------------------------------
 
@@ -158,8 +179,12 @@ class ConsoleData:
     def subscriptions(self) -> list[dict]:
         out = []
         for topic in self.topic_names():
-            for name in self._call("stats", topic)["subscriptions"]:
-                out.append(self.subscription_summary(topic, name))
+            try:
+                names = self._call("stats", topic)["subscriptions"]
+            except RaydelayError:
+                continue
+            for name in names:
+                out.append(self.subscription_row(topic, name))
         return out
 
     def subscription(self, topic: str, name: str) -> dict:
