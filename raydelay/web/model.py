@@ -7,18 +7,20 @@ rate sampler on its own thread, and one client serves them all.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from raydelay.errors import InvalidArgument, RaydelayError
+from raydelay.errors import InvalidArgument
 
 HOUR_BIN_S = 300  # the next hour, in 5-minute bars
 DAY_BIN_S = 3600  # the next day, in hourly bars
 PAYLOAD_PREVIEW = 120  # characters of a payload shown in the browser
 MAX_PAGE = 1000  # messages on one page of the scheduled-messages browser
+READ_DEADLINE_S = 2.0  # how long a page's read retries an actor that does not answer
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,20 @@ class ConsoleData:
     def __init__(self, cluster: Any) -> None:
         self.cluster = cluster
         self._lock = threading.RLock()
+        # the pages read through a view of the client that gives up on an unreachable
+        # actor after READ_DEADLINE_S (its row says so), not after the client's 30 s: a
+        # page over many topics must not wait that long per dead subscription; the actions
+        # use the client itself
+        self._reads = copy.copy(cluster)
+        client = getattr(cluster, "_client", None)
+        if client is not None:
+            self._reads._client = client.model_copy(update={"retry_deadline_s": READ_DEADLINE_S})
 
     def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+        with self._lock:
+            return getattr(self._reads, method)(*args, **kw)
+
+    def _act(self, method: str, *args: Any, **kw: Any) -> Any:
         with self._lock:
             return getattr(self.cluster, method)(*args, **kw)
 
@@ -112,7 +126,7 @@ class ConsoleData:
         for topic in self.topic_names():
             try:
                 out.append(self.topic(topic, rates))
-            except RaydelayError as exc:  # (deleted since the listing, or unreachable now)
+            except Exception as exc:  # noqa: BLE001 - deleted since the listing, unreachable
                 out.append({"name": topic, "error": str(exc).splitlines()[0][:200]})
         return out
 
@@ -148,7 +162,7 @@ class ConsoleData:
         restarting, say): one subscription does not take a whole page down."""
         try:
             return self.subscription_summary(topic, name)
-        except RaydelayError as exc:
+        except Exception as exc:  # noqa: BLE001 - Ray's own errors too: the row says so
             return {
                 "topic": topic,
                 "name": name,
@@ -181,7 +195,7 @@ class ConsoleData:
         for topic in self.topic_names():
             try:
                 names = self._call("stats", topic)["subscriptions"]
-            except RaydelayError:
+            except Exception:  # noqa: BLE001 - the topics page says why
                 continue
             for name in names:
                 out.append(self.subscription_row(topic, name))
@@ -272,14 +286,14 @@ class ConsoleData:
     # --- actions ------------------------------------------------------------------------------
 
     def cancel(self, ids: list[str]) -> list[tuple[str, bool]]:
-        outcome = self._call("cancel", ids)
+        outcome = self._act("cancel", ids)
         return list(zip(ids, outcome, strict=True))
 
     def reset_cursor(self, topic: str, name: str, to: Any) -> dict[int, list[int]]:
-        return self._call("reset_cursor", topic, name, to)
+        return self._act("reset_cursor", topic, name, to)
 
     def redrive(self, dlq: str, to_topic: str | None, limit: int) -> int:
-        return int(self._call("redrive", dlq, to_topic, limit))
+        return int(self._act("redrive", dlq, to_topic, limit))
 
 
 # --- input -------------------------------------------------------------------------------------
