@@ -33,7 +33,7 @@ from raydelay.cluster.names import (
     subscription_actor_name,
     subscription_group,
 )
-from raydelay.errors import NotFound, Unavailable
+from raydelay.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -338,20 +338,6 @@ def fan_out_cancel(
 
         return lost
 
-    def wait_markers(refs: list, what: str) -> list:
-        if sends == 1:
-            return rpc.get(refs, what=what)
-        out = []
-        for ref in refs:
-            try:
-                out.append(rpc.get(ref, what=what))
-            except NotFound:
-                # Sent again after a failure, and its targets left the log meanwhile: the
-                # first attempt may have landed (its record of the markers went with their
-                # ledger). Nothing is left to cancel: they count as not cancelled.
-                out.append(None)
-        return out
-
     markers = dict(
         zip(
             parts,
@@ -359,14 +345,12 @@ def fan_out_cancel(
                 send_markers,
                 what="cancel markers",
                 deadline_s=deadline_s,
-                wait=wait_markers,
                 on_failure=lost_all([topic_peer(p) for p in parts]),
             ),
             strict=True,
         )
     )
-    out = {p: [markers[p] is not None] * len(batches[p][0]) for p in parts}
-    parts = [p for p in parts if markers[p] is not None]
+    out = {p: [True] * len(batches[p][0]) for p in parts}
     # one call per subscription actor: its partitions' targets and markers together
     groups: dict[str, tuple[Peer, dict[int, tuple[list, list]]]] = {}
     peers = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import time
 
-import pytest
 import ray
 
 from raydelay.storage import make_store
