@@ -276,13 +276,8 @@ class TaskRunner:
             if len(self._remotes) > 1024:
                 self._remotes.clear()
             remote = self._remotes[id(spec)] = (spec, _invoke_remote.options(**options))
-        return remote[1].remote(
-            spec.target,
-            spec.code,
-            args,
-            (ctx.task_id, ctx.occurrence_ms, ctx.attempt, ctx.schedule),
-            spec.pass_context,
-        )
+        fields = (ctx.task_id, ctx.occurrence_ms, ctx.attempt, ctx.schedule)
+        return remote[1].remote((spec.target, spec.code, args, fields, spec.pass_context))
 
     def _finish(self, refs: list) -> None:
         try:

@@ -50,10 +50,12 @@ def current_task() -> TaskContext | None:
 _code_cache: dict[bytes, Any] = {}  # pickled functions, unpickled once per worker
 
 
-def _invoke(target: str, code: bytes | None, args: bytes, ctx: tuple, pass_ctx: bool) -> None:
-    """Runs in the Ray task: import (or unpickle) the function, then call it. ``ctx`` is
-    the TaskContext's fields (a tuple travels cheaper). The call's return value is
-    dropped here: the runner only needs to know it succeeded."""
+def _invoke(call: tuple[str, bytes | None, bytes, tuple, bool]) -> None:
+    """Runs in the Ray task: import (or unpickle) the function, then call it. ``call`` is
+    (target, code, pickled args, the TaskContext's fields, pass_ctx): one task argument,
+    which Ray hands over cheaper than five (a no-op call ran 8-16% more often a second).
+    The call's return value is dropped here: the runner only needs to know it succeeded."""
+    target, code, args, ctx, pass_ctx = call
     if code is not None:
         fn = _code_cache.get(code)
         if fn is None:
