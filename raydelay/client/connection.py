@@ -5,6 +5,7 @@ Ray plumbing it stands on."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import logging
@@ -32,6 +33,7 @@ from raydelay.client.message import (
     check_key,
     check_number,
     messages_from_batch,
+    seconds_of,
     time_ms_of,
 )
 from raydelay.client.multi import PATTERN_REFRESH_S, MultiTopicConsumer
@@ -328,6 +330,20 @@ class Cluster:
         self._per_actors: dict[tuple[str, str], int] = {}  # partitions_per_actor of a sub
         self._tasks_side: Any = None  # raydelay.client.tasks.Tasks, made on first use
         self._closed = False
+        self._origin: Cluster | None = None  # set on a view made by with_retry_deadline
+
+    def with_retry_deadline(self, seconds: float | timedelta) -> Cluster:
+        """A view of this client whose calls give up on an unreachable actor after
+        ``seconds`` (a number or a timedelta) instead of ``client.retry_deadline_s``. It
+        shares this client's connections and producers; it is closed when this client is
+        shut down, and shutting the view down is refused (shut down the client)."""
+        limit = seconds_of("seconds", seconds)
+        if not limit > 0 or limit == float("inf"):
+            raise InvalidArgument(f"seconds: must be a positive, finite duration, got {limit}")
+        view = copy.copy(self)
+        view._client = self._client.model_copy(update={"retry_deadline_s": float(limit)})
+        view._origin = self._origin or self
+        return view
 
     # --- topics -----------------------------------------------------------------------------
 
@@ -1265,6 +1281,11 @@ class Cluster:
         """Close this client's producers (flushing them) and consumers. If ``connect`` started
         Ray, also persist every subscription's cursor, close every partition's open ledger
         (so a later start has nothing to fence), and stop Ray."""
+        if self._origin is not None:
+            raise InvalidArgument(
+                "cluster: this is a view (with_retry_deadline); shut down "
+                "the client it was made from"
+            )
         if self._closed:
             return
         self._closed = True
@@ -1355,7 +1376,7 @@ class Cluster:
         return rpc.call(submit, what=what, deadline_s=self._client.retry_deadline_s)
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closed or (self._origin is not None and self._origin._closed):
             raise InvalidArgument("cluster: it was shut down")
 
     def __enter__(self) -> Cluster:

@@ -7,7 +7,6 @@ rate sampler on its own thread, and one client serves them all.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from dataclasses import dataclass
@@ -93,10 +92,7 @@ class ConsoleData:
         # actor after READ_DEADLINE_S (its row says so), not after the client's 30 s: a
         # page over many topics must not wait that long per dead subscription; the actions
         # use the client itself
-        self._reads = copy.copy(cluster)
-        client = getattr(cluster, "_client", None)
-        if client is not None:
-            self._reads._client = client.model_copy(update={"retry_deadline_s": READ_DEADLINE_S})
+        self._reads = cluster.with_retry_deadline(READ_DEADLINE_S)
 
     def _call(self, method: str, *args: Any, **kw: Any) -> Any:
         with self._lock:

@@ -584,3 +584,34 @@ def test_multi_topic_subscribe_refuses_bad_input(cluster, topic_name):
         consumer.ack(MessageId("elsewhere", 0, 1, 1))
     with pytest.raises(InvalidArgument, match="max_messages: must be 1.."):
         consumer.receive(max_messages=0)
+
+
+def test_a_view_with_a_shorter_retry_deadline_gives_up_on_a_dead_actor(cluster, topic_name):
+    """What the console reads through: a dead subscription actor is an Unavailable error
+    from the view, while the client itself and its other topics are untouched."""
+    from datetime import timedelta
+
+    from raydelay.cluster.names import NAMESPACE, subscription_actor_name
+    from raydelay.errors import Unavailable
+
+    for bad, problem in (
+        (0, "positive"),
+        (-1, "positive"),
+        (float("inf"), "finite"),
+        ("2s", "expected seconds"),
+        (None, "expected seconds"),
+    ):
+        with pytest.raises(InvalidArgument, match=f"seconds: .*{problem}"):
+            cluster.with_retry_deadline(bad)
+    cluster.create_topic(topic_name, partitions=1)
+    cluster.subscribe(topic_name, "gone").close()
+    view = cluster.with_retry_deadline(timedelta(seconds=1))
+    assert view.stats(topic_name, "gone")["backlog"] == 0
+    actor = ray.get_actor(subscription_actor_name(topic_name, "gone", 0), namespace=NAMESPACE)
+    ray.kill(actor, no_restart=True)
+    with pytest.raises(Unavailable, match="subscription"):
+        view.stats(topic_name, "gone")
+    assert topic_name in view.topics() and topic_name in cluster.topics()
+    with pytest.raises(InvalidArgument, match="view"):
+        view.shutdown()
+    assert cluster.delete_topic(topic_name, force=True) > 0
