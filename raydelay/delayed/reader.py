@@ -387,9 +387,15 @@ class SealedReader:
 
     # --- taking due rows --------------------------------------------------------------------
 
-    def take_due(self, now_ms: int, max_rows: int) -> list[Group]:
-        """Pop up to ``max_rows`` due rows (deliver_at <= now), earliest first, from the
-        loaded groups."""
+    def take_due(self, now_ms: int, max_rows: int, *, earliest_first: bool = True) -> list[Group]:
+        """Pop up to ``max_rows`` due rows (deliver_at <= now) from the loaded groups: the
+        earliest first, or, with ``earliest_first`` False and more due than that, the due
+        rows of whole loaded groups, the group whose first due row is the earliest first.
+
+        The second is for a backlog: the groups of a merged bucket overlap in time, so the
+        earliest rows over all of them are a few of each group's, and the groups left
+        behind pile up (hundreds of small heads, each a slice per take); whole groups keep
+        the loaded ones few, at the cost of order within what is overdue anyway."""
         out: list[Group] = []
         room = max_rows
         while room > 0:
@@ -400,6 +406,16 @@ class SealedReader:
                 break
             if total <= room:
                 counts = [max(0, n) for n in dues]
+            elif not earliest_first:
+                counts, left = [0] * len(heads), room
+                for i in sorted(
+                    range(len(heads)), key=lambda i: int(heads[i][1].d[heads[i][1].pos])
+                ):
+                    if dues[i] > 0:
+                        counts[i] = min(dues[i], left)
+                        left -= counts[i]
+                        if not left:
+                            break
             else:
                 parts, owners = [], []
                 for (_, s), n in zip(heads, dues, strict=True):

@@ -860,15 +860,17 @@ class Subscription:
         if self._early and room > 0:
             room -= self._release_early(now_ms, room)
         if self.sealed is not None and room > 0:
-            # a backlog of due sealed rows is taken a window of SEALED_WINDOW rows at a time
-            # (the earliest first), staged for the receives that follow: a take costs about
-            # the same for 10k rows as for 50k (a slice of each loaded segment). The next
-            # window is taken once this one went out (a receive's top-up takes no more
-            # than it hands out), so no row waits behind a later window.
+            # a backlog of due sealed rows is taken a window of SEALED_WINDOW rows at a time,
+            # staged for the receives that follow: a take costs about the same for 10k rows
+            # as for 50k. A window is whole loaded groups, the one due first first (not the
+            # earliest rows over all of them: a merged bucket's groups overlap in time, and
+            # a few rows off every one of them would leave hundreds of loaded heads behind,
+            # each a slice per take). The next window is taken once this one went out (a
+            # receive's top-up takes no more than it hands out).
             want = room
             if not self.redeliver and self.type != "key_shared":
                 want = max(room, SEALED_WINDOW)
-            groups = self.sealed.take_due(now_ms, want)
+            groups = self.sealed.take_due(now_ms, want, earliest_first=False)
             if len(groups) > 1:  # one staged block: a receive looks up one, not many
                 groups = [_coalesce(groups)]
             for rows, idx, keys in groups:
@@ -1069,7 +1071,20 @@ class Subscription:
         if self.sealed is None:
             return []
         self.sealed.trim_covered(key_of(*self.read_position))
-        return self.sealed.advance(lambda keys: not self._unseen(keys).any())
+        return self.sealed.advance(self._all_acked)
+
+    def _all_acked(self, keys: np.ndarray) -> bool:
+        """Whether every position of ``keys`` is acknowledged (or cancelled ahead of the
+        read): below mark-delete, or in the individual acks. Asked per sealed run at every
+        progress report, so it answers without building more than one bitmap."""
+        floor = self.cursor.floor_key()
+        above = keys[keys > floor]
+        if not len(above):
+            return True
+        rest = bitmap64_of(np.sort(above)) - self.cursor.acked_keys
+        if rest and self._cancelled_ahead:
+            rest -= self._cancelled_ahead
+        return not rest
 
     def keys_to_fetch(self, max_messages: int, consumer_id: str | None = None) -> np.ndarray:
         """The redelivery-set positions to hand out next (lowest first); the actor fetches

@@ -115,6 +115,8 @@ def test_local_store_refuses_a_symlink_that_leads_out_of_the_root(tmp_path):
     with pytest.raises(InvalidArgument, match="outside the store root"):
         store.get("link/secret")
     with pytest.raises(InvalidArgument, match="outside the store root"):
+        store.get_range("link/secret", 0, 3)
+    with pytest.raises(InvalidArgument, match="outside the store root"):
         store.delete("link/secret")
     assert store.list("") == []  # listing does not follow the link either
     assert not (outside / "evil").exists()
@@ -128,6 +130,12 @@ def test_local_store_refuses_a_symlinked_file_leading_out(tmp_path):
     os.symlink(tmp_path / "target", root / "f")
     with pytest.raises(InvalidArgument, match="outside the store root"):
         store.get("f")
+    with pytest.raises(InvalidArgument, match="outside the store root"):
+        store.get_range("f", 0, 1)
+    # while a symlink that stays inside the root reads through
+    store.put("real", b"inside")
+    os.symlink(root / "real", root / "alias")
+    assert store.get("alias") == b"inside" and store.get_range("alias", 1, 3) == b"ns"
 
 
 EDGE_POSITIONS = [

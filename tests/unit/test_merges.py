@@ -360,3 +360,43 @@ def test_a_crash_at_any_step_of_a_merge_leaves_the_sources_valid_or_the_merge_wh
                 key_of(1, 0), key_of(1, 1))  # (segment 0 of bucket 1 was done)
         )  # fmt: skip
         assert got == expected, (register_fails, at)
+
+
+def test_an_overdue_backlog_taken_in_whole_groups_keeps_few_groups_loaded():
+    # Given 40 buckets of one 50-row segment each, every segment spanning the whole
+    # backlog (as small ledgers seal), merged into 4 buckets whose groups of ~100 rows
+    # therefore overlap in time, all overdue
+    sealed = SealedStore(MemoryObjectStore(), "t", 0)
+    rng = np.random.default_rng(3)
+    metas = [
+        _bucket(sealed, ledger, rng.integers(0, 10_000, 50).tolist(), max_indexes=50)
+        for ledger in range(1, 41)
+    ]
+    merged = []
+    for i in range(0, 40, 10):
+        m = merge_metas(metas[i : i + 10], bucket_id=100 + i, group_rows=100)
+        sealed.write_merged(m, metas[i : i + 10])
+        merged.append(m)
+
+    def drain(earliest_first: bool) -> tuple[list[int], int]:
+        reader = SealedReader(lookahead_ms=0, max_loaded_rows=100, max_loaded_total=1_000)
+        for m in merged:
+            reader.adopt(m)
+        out, most = [], 0
+        while True:
+            _load(reader, sealed, 20_000)
+            most = max(most, sum(len(b.loaded) for b in reader.buckets.values()))
+            groups = reader.take_due(20_000, 250, earliest_first=earliest_first)
+            if not groups:
+                return out, most
+            out += [k for _, _, keys in groups for k in keys.tolist()]
+
+    # When it is taken 250 rows at a time in whole groups, and in exact due order
+    whole, held_whole = drain(earliest_first=False)
+    exact, held_exact = drain(earliest_first=True)
+    # Then both hand out every row once
+    every = sorted(k for m in metas for k in bitmap64_values(m.keys).tolist())
+    assert sorted(whole) == sorted(exact) == every and len(set(whole)) == 2_000
+    # and whole groups keep about the cap's worth of groups loaded (1,000 rows in groups of
+    # ~100), while exact order leaves the rest of every group it took from behind
+    assert held_whole <= 12 < held_exact

@@ -686,16 +686,18 @@ def test_smallest_counts_takes_exactly_the_n_smallest_rows_of_all_parts(raw, n):
     assert taken == everything[:n]
 
 
-def test_an_overdue_backlog_goes_out_a_window_at_a_time_earliest_window_first(monkeypatch):
+def test_an_overdue_backlog_goes_out_a_window_of_whole_groups_at_a_time(monkeypatch):
     import raydelay.dispatch.subscription as subscription_module
 
     monkeypatch.setattr(subscription_module, "SEALED_WINDOW", 25)
-    # Given three buckets whose rows interleave in time, all of them overdue
+    # Given three buckets of one segment each, whose rows interleave in time, all overdue
     rng = np.random.default_rng(7)
     metas, segs = [], {}
     for ledger in (1, 2, 3):
         dues = rng.integers(100, 1_000, 20).tolist()
-        meta, s = _meta(ledger, [(key_of(ledger, e), d) for e, d in enumerate(dues)])
+        meta, s = _meta(
+            ledger, [(key_of(ledger, e), d) for e, d in enumerate(dues)], max_indexes=20
+        )
         metas.append(meta)
         segs[meta.key] = s
     due_of = {
@@ -724,14 +726,24 @@ def test_an_overdue_backlog_goes_out_a_window_at_a_time_earliest_window_first(mo
         windows.append(got)
         _load_all(reader, segs, now=5_000, max_loads=100)
     # Then every row goes out once, each receive gets 10, and the rows go out a window
-    # at a time: the first two receives hand out 20 of the 25 earliest due; the third
-    # the 5 left of them and the 5 due next (the top-up), and no more
+    # at a time, each window whole loaded groups (one per bucket here), the group whose
+    # earliest row is due first first: the first two receives hand out 20 of the first
+    # window (the group due first and the 5 earliest of the next); the third the 5 left
+    # of it and the top-up (the next 5 rows of whichever group is now due first)
     out = [k for w in windows for k in w]
     assert sorted(out) == sorted(due_of) and len(out) == len(set(out)) == 60
     assert [len(w) for w in windows] == [10] * 6
+    a, b, c = sorted(
+        (sorted(s[0].positions.tolist(), key=lambda k: (due_of[k], k)) for s in segs.values()),
+        key=lambda g: (due_of[g[0]], g[0]),
+    )
+    first = a + b[:5]
+    assert set(out[:20]) < set(first)
+    after = b[5:] if (due_of[b[5]], b[5]) < (due_of[c[0]], c[0]) else c
+    assert sorted(out[:30]) == sorted(first + after[:5])
+    # which is not the earliest 25 overall: the rows of the groups interleave in time
     by_due = sorted(due_of, key=lambda k: (due_of[k], k))
-    assert set(out[:20]) < set(by_due[:25])
-    assert sorted(out[:30]) == sorted(by_due[:30])
+    assert set(first) != set(by_due[:25])
 
 
 def test_rows_of_a_bucket_sealed_beyond_what_the_subscription_read_can_be_acked():
