@@ -360,10 +360,12 @@ class SealedReader:
         for p in reads:
             run = b.runs[p.run]
             run.next = max(run.next, p.segment + 1)
-        # the rows to deliver are kept in delivery order (one take, here): a due window is
-        # then a slice of them, never a take per receive
+        # the rows to deliver are kept in delivery order (one take, here, unless they are
+        # in it already: one segment with no row left out): a due window is then a slice
+        # of them, never a take per receive
+        in_order = len(idx) == len(joined) and bool((idx == np.arange(len(idx))).all())
         s = _Segment(
-            joined.take(idx),
+            joined if in_order else joined.take(idx),
             np.arange(len(idx), dtype=np.int64),
             d[idx],
             keys[idx],
