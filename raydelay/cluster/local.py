@@ -22,9 +22,16 @@ from typing import Any
 from raydelay.config import Config
 from raydelay.errors import InvalidArgument, Unavailable
 
-# Batches of a few hundred KB travel inline with the call instead of through the
-# shared-memory object store (cheaper at these sizes).
-RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1024 * 1024}
+# - Batches of a few hundred KB travel inline with the call instead of through the
+#   shared-memory object store (cheaper at these sizes).
+# - A call in flight to an actor whose process died fails after 100 ms without news of
+#   the death, not Ray's 1 s: the caller (a consumer, a producer, a subscription reading
+#   its host) then asks the restarted actor at once. That wait was most of the time from a
+#   subscription actor's kill to its next delivery (its constructor takes 0.07 s).
+RAY_SYSTEM_CONFIG = {
+    "max_direct_call_object_size": 1024 * 1024,
+    "timeout_ms_task_wait_for_death_info": 100,
+}
 
 UP_MARKER = Path(tempfile.gettempdir()) / f"raydelay-up-{os.getuid()}.json"
 
