@@ -47,7 +47,7 @@ from pyroaring import BitMap64
 from raydelay.delayed.common import due_window_counts
 from raydelay.delayed.index import Membership, smallest_counts
 from raydelay.delayed.sealed import RunInfo, SealedMeta
-from raydelay.log.entries import Rows
+from raydelay.log.entries import Rows, is_run
 from raydelay.positions import SHIFT, split_keys
 
 FINISHED = -1  # the progress of a bucket (or of a run) every row of which is acknowledged
@@ -363,7 +363,7 @@ class SealedReader:
         # the rows to deliver are kept in delivery order (one take, here, unless they are
         # in it already: one segment with no row left out): a due window is then a slice
         # of them, never a take per receive
-        in_order = len(idx) == len(joined) and bool((idx == np.arange(len(idx))).all())
+        in_order = len(idx) == len(joined) and is_run(idx)  # (then it is 0, 1, .. n-1)
         s = _Segment(
             joined if in_order else joined.take(idx),
             np.arange(len(idx), dtype=np.int64),

@@ -76,6 +76,7 @@ from raydelay.log.entries import (
     LedgerObject,
     Rows,
     concat_entries,
+    is_run,
 )
 from raydelay.positions import (
     KEY_DTYPE,
@@ -1148,7 +1149,7 @@ class Subscription:
 
     def _learn_slots(self, source: Source, idx: np.ndarray, keys: np.ndarray) -> np.ndarray:
         col = source.entries.batch.column(2)
-        if _is_run(idx):  # no copy
+        if is_run(idx):  # no copy
             col = col.slice(int(idx[0]), len(idx))
         else:
             col = col.take(pa.array(idx, type=pa.int64()))
@@ -1787,24 +1788,9 @@ def _coalesce(
 ) -> tuple[Rows, np.ndarray, np.ndarray]:
     """Groups of rows (rows, indexes, keys) as one: their rows copied once, in order (a
     group of consecutive indexes, as the sealed reader hands out, is sliced, not taken)."""
-    rows = Rows.join([_rows_at(r, idx) for r, idx, _ in groups])
+    rows = Rows.join([r.at(idx) for r, idx, _ in groups])
     keys = np.concatenate([k for _, _, k in groups])
     return rows, np.arange(len(keys), dtype=np.int64), keys
-
-
-def _is_run(idx: np.ndarray) -> bool:
-    """Whether ``idx`` is a run of consecutive indexes, ascending (not merely a shuffle of
-    one: both ends are checked first, then every step)."""
-    if not len(idx) or int(idx[-1]) - int(idx[0]) != len(idx) - 1:
-        return False
-    return len(idx) == 1 or bool((np.diff(idx) == 1).all())
-
-
-def _rows_at(rows: Rows, idx: np.ndarray) -> Rows:
-    """``rows.take(idx)``, as a slice when ``idx`` is a run of consecutive indexes."""
-    if _is_run(idx):
-        return rows.slice(int(idx[0]), int(idx[0]) + len(idx))
-    return rows.take(idx)
 
 
 def _first(bm: BitMap64, n: int) -> np.ndarray:

@@ -201,6 +201,20 @@ class Entries:
     def slice(self, lo: int, hi: int) -> Entries:
         return Entries(self.batch.slice(lo, hi - lo))
 
+    def at(self, index: np.ndarray) -> Entries:
+        """:meth:`take`, as a slice (a view, no copy) when ``index`` is a run."""
+        if is_run(index):
+            return self.slice(int(index[0]), int(index[0]) + len(index))
+        return self.take(index)
+
+
+def is_run(idx: np.ndarray) -> bool:
+    """Whether ``idx`` is a run of consecutive indexes, ascending (not merely a shuffle of
+    one: both ends are checked first, then every step)."""
+    if not len(idx) or int(idx[-1]) - int(idx[0]) != len(idx) - 1:
+        return False
+    return len(idx) == 1 or bool((np.diff(idx) == 1).all())
+
 
 def cancels_of(targets: np.ndarray) -> dict[int, tuple[int, int]]:
     """index -> (ledger, entry) of the cancel markers in a cancel_target column."""
@@ -327,6 +341,12 @@ class Rows:
     def take(self, idx: np.ndarray) -> Rows:
         """The rows at ``idx``, in that order."""
         return Rows(self.positions[idx], self.publish_time_ms[idx], self.entries.take(idx))
+
+    def at(self, idx: np.ndarray) -> Rows:
+        """:meth:`take`, as a slice (views, no copy) when ``idx`` is a run."""
+        if is_run(idx):
+            return self.slice(int(idx[0]), int(idx[0]) + len(idx))
+        return self.take(idx)
 
     def slice(self, lo: int, hi: int) -> Rows:
         """Rows ``lo`` .. ``hi`` (views, no copy)."""

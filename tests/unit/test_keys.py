@@ -176,6 +176,26 @@ def test_the_key_column_matches_the_scalar_key_and_round_trips_through_a_bitmap(
     assert max(BitMap64(values.astype(np.uint64))) == key_of(MAX_LEDGER_ID, LOW)
 
 
+def test_a_bitmap_of_keys_holds_exactly_the_keys_whether_they_come_in_runs_or_not():
+    rng = np.random.default_rng(7)
+    ledger = np.int64(5) << 32
+    cases = [
+        ledger + np.arange(10_000, dtype=np.int64),  # one run: added as a range
+        # runs of several ledgers, in any order, one of them at the top of its ledger
+        np.concatenate([key_of(9, LOW - 40) + np.arange(41), ledger + np.arange(3, 900)]),
+        np.concatenate([ledger + np.arange(100), ledger + np.arange(50, 150)]),  # overlap
+        np.sort(rng.integers(0, 1 << 40, 5_000)),  # scattered: key by key
+        ledger + np.arange(100)[::-1],  # descending: not runs
+        np.array([key_of(MAX_LEDGER_ID, LOW - 31) + i for i in range(32)]),  # the last keys
+        np.array([3, 9, 10]),
+        np.zeros(0, dtype=np.int64),
+    ]
+    for keys in cases:
+        bm = bitmap64_of(keys)
+        assert bm == BitMap64(int(k) for k in keys)
+        assert bitmap64_values(bm).tolist() == sorted(set(keys.tolist()))
+
+
 @pytest.mark.parametrize(
     "ledger_id,entry_id",
     [(-1, 0), (0, -1), (MAX_LEDGER_ID + 1, 0), (0, LOW + 1), (1.0, 0), ("1", 0)],

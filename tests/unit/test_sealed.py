@@ -772,12 +772,11 @@ def test_rows_of_a_bucket_sealed_beyond_what_the_subscription_read_can_be_acked(
 
 def test_a_key_shared_subscription_learns_each_staged_rows_own_hash_slot():
     from raydelay.dispatch.keyshared import slots_of
-    from raydelay.dispatch.subscription import _is_run
-    from raydelay.log.entries import Rows
+    from raydelay.log.entries import Rows, is_run
 
     # a shuffle of a run is not a run (its slice would pair keys with other rows' slots)
-    assert _is_run(np.array([3, 4, 5])) and _is_run(np.array([7]))
-    assert not _is_run(np.array([0, 2, 1, 3])) and not _is_run(np.array([], dtype=np.int64))
+    assert is_run(np.array([3, 4, 5])) and is_run(np.array([7]))
+    assert not is_run(np.array([0, 2, 1, 3])) and not is_run(np.array([], dtype=np.int64))
     clock = ManualClock(0)
     tracker = InMemoryDelayedDeliveryTracker(clock=clock, tick_time_ms=1, strict=True)
     sub = Subscription(

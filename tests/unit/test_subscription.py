@@ -604,3 +604,28 @@ def test_a_step_queries_the_unsealed_index_when_a_row_there_is_due_one_query_at_
     # When it fails, the next poll asks again
     c.sub.tail_failed()
     assert c.sub.step(T0 + 500).tail_query is not None
+
+
+def test_a_delivery_of_a_run_of_rows_shares_their_payloads_and_any_other_is_taken_in_order():
+    from raydelay.dispatch.subscription import Delivery
+
+    payloads = [f"m{i}".encode() for i in range(6)]
+    entries = Entries.build(payloads, np.full(6, NO_DELAY, dtype=np.int64))
+    keys = np.array([key_of(1, i) for i in range(6)], dtype=np.int64)
+    rows = Rows(keys, np.arange(6, dtype=np.int64) * 10, entries)
+
+    def deliver(idx: list[int]):
+        i = np.array(idx, dtype=np.int64)
+        return delivery_batch([Delivery(rows, i, keys[i], np.zeros(len(i), np.int64))])
+
+    run = deliver([2, 3, 4])
+    assert run.column("payload").to_pylist() == [b"m2", b"m3", b"m4"]
+    assert run.column("entry_id").to_pylist() == [2, 3, 4]
+    assert run.column("publish_time_ms").to_pylist() == [20, 30, 40]
+    # a slice of the source (no copy): its payload bytes are the source's own buffer
+    src = entries.batch.column(0).buffers()[2]
+    assert run.column("payload").buffers()[2].address == src.address
+    shuffled = deliver([4, 0, 3])
+    assert shuffled.column("payload").to_pylist() == [b"m4", b"m0", b"m3"]
+    assert shuffled.column("entry_id").to_pylist() == [4, 0, 3]
+    assert shuffled.column("payload").buffers()[2].address != src.address
