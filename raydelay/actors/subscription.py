@@ -44,7 +44,7 @@ import logging
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -132,6 +132,7 @@ class SubscriptionPartition:
         self._config: Config = config_from_dict(config)
         self._config_dict = config
         self._dlq_peers: dict[str, Peer] = {}  # dead-letter topic -> its partition 0's actor
+        self.on_available: Callable[[], None] | None = None  # its actor's, set by the actor
         check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = SubscriptionMetrics(topic, partition, subscription)
         # first deliveries of delayed messages by lateness, since this state started: one
@@ -388,6 +389,8 @@ class SubscriptionPartition:
     async def _notify(self) -> None:
         async with self._available:
             self._available.notify_all()
+        if self.on_available is not None:
+            self.on_available()
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -424,21 +427,11 @@ class SubscriptionPartition:
         :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`); waits up to ``timeout_s`` (seconds).
         ``rewinds``: how many redeliver-all calls the consumer had made when it sent this
         one; a call sent before the latest returns empty (its client drops what it holds)."""
-        self._ensure_started()
-        if "first_receive_s" not in self._recovery:
-            self._recovery["first_receive_s"] = round(
-                time.monotonic() - self._recovery["started"], 3
-            )
-        # a consumer a restarted actor forgot, or whose lease lapsed, is added back
-        self._sub.add_consumer(consumer_id, self._clock.now_ms())
+        self.begin_receive(consumer_id)
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         while True:
-            if rewinds < self._rewinds.get(consumer_id, 0) or self._closed:
-                return delivery_batch([])  # (closed: a reset replaced this state)
-            out = await self._deliver(consumer_id, int(max_messages))
-            # (a standing call does not renew the lease: the client's heartbeats do, and
-            # they stop when its process dies)
-            if out or consumer_id not in self._sub.consumers():
+            out, done = await self.receive_now(consumer_id, int(max_messages), rewinds)
+            if done:
                 return delivery_batch(out)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -448,6 +441,29 @@ class SubscriptionPartition:
                     await asyncio.wait_for(self._available.wait(), timeout=remaining)
                 except asyncio.TimeoutError:
                     pass
+
+    def begin_receive(self, consumer_id: str) -> None:
+        """The start of a receive call: a consumer a restarted actor forgot, or whose lease
+        lapsed, is added back."""
+        self._ensure_started()
+        if "first_receive_s" not in self._recovery:
+            self._recovery["first_receive_s"] = round(
+                time.monotonic() - self._recovery["started"], 3
+            )
+        self._sub.add_consumer(consumer_id, self._clock.now_ms())
+
+    async def receive_now(
+        self, consumer_id: str, max_messages: int, rewinds: int
+    ) -> tuple[list[Delivery], bool]:
+        """What goes to ``consumer_id`` now, and whether its call is answered with it even
+        when it is nothing: a call sent before the consumer's latest rewind, a state a
+        reset closed, a consumer no longer here."""
+        if rewinds < self._rewinds.get(consumer_id, 0) or self._closed:
+            return [], True
+        out = await self._deliver(consumer_id, max_messages)
+        # (a standing call does not renew the lease: the client's heartbeats do, and they
+        # stop when its process dies)
+        return out, bool(out) or consumer_id not in self._sub.consumers()
 
     async def _deliver(self, consumer_id: str, max_messages: int) -> list[Delivery]:
         # (the cursor writes on this path only write ahead: the driver reports progress)
@@ -637,6 +653,7 @@ class SubscriptionPartition:
             except ConsumerBusy:
                 pass
         self._rewinds.update(old._rewinds)
+        self.on_available = old.on_available
 
     # --- the driver ---------------------------------------------------------------------------
 
@@ -1058,6 +1075,11 @@ class SubscriptionActor:
 
         with ThreadPoolExecutor(min(_OPEN_THREADS, len(mine))) as pool:
             self._parts = dict(zip(mine, pool.map(open_one, mine), strict=True))
+        # set whenever a partition may have something for a receive (then replaced):
+        # receive_many waits on it for all the partitions it asks
+        self._available: asyncio.Event | None = None
+        for part in self._parts.values():
+            part.on_available = self._changed
         self._started = False
         self._reporter: asyncio.Task[None] | None = None  # the metrics loop, once started
         self._topic, self._subscription, self._config = topic, subscription, config
@@ -1104,6 +1126,83 @@ class SubscriptionActor:
             raise InvalidArgument(f"method: a subscription partition has no call {method!r}")
         await self._not_resetting(partition)
         return await getattr(self._part(partition), method)(*args)
+
+    def _changed(self) -> None:
+        if self._available is not None:
+            self._available.set()
+            self._available = None
+
+    async def receive_many(
+        self,
+        consumer_id: str,
+        partitions: list[int],
+        max_messages: int,
+        timeout_s: float,
+        rewinds: int = 0,
+    ) -> tuple[list[tuple[int, pa.RecordBatch]], list[tuple[int, BaseException]]]:
+        """One receive at several partitions this actor serves (those of a consumer's that
+        share it: one call for all, where one each would cost a call each): up to
+        ``max_messages`` from each, as :meth:`SubscriptionPartition.receive`. It returns as
+        soon as one has something (or fails, or answers at once), or after ``timeout_s``:
+        (partition, record batch) of those with messages, and (partition, error) of those
+        whose receive failed: what the others handed out still reaches the consumer."""
+        if not partitions:
+            raise InvalidArgument("partitions: at least one is needed")
+        failed: dict[int, BaseException] = {}
+        live = []
+        for p in dict.fromkeys(int(x) for x in partitions):
+            try:
+                await self._not_resetting(p)
+                self._part(p).begin_receive(consumer_id)
+                live.append(p)
+            except Exception as exc:  # noqa: BLE001 - handed back with that partition
+                failed[p] = exc
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        while True:
+            if self._available is None:
+                self._available = asyncio.Event()
+            available = self._available  # (taken before looking: no change is missed)
+            got, done = [], bool(failed)
+            for p in live:
+                try:
+                    await self._not_resetting(p)
+                    out, answer = await self._part(p).receive_now(
+                        consumer_id, int(max_messages), rewinds
+                    )
+                except Exception as exc:  # noqa: BLE001 - handed back with that partition
+                    failed[p] = exc
+                    done = True
+                    continue
+                if out:
+                    got.append((p, delivery_batch(out)))
+                done = done or answer
+            live = [p for p in live if p not in failed]
+            remaining = deadline - time.monotonic()
+            if done or remaining <= 0:
+                return got, list(failed.items())
+            try:
+                await asyncio.wait_for(available.wait(), timeout=remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def ack_many(
+        self, consumer_id: str, acks: list[tuple[int, Any]], nack: tuple | None = None
+    ) -> dict[int, BaseException]:
+        """A consumer's acks (``nack`` None) or nacks (``nack``: (delay_s, nacked_at_ms))
+        at several partitions this actor serves, one call for all: (partition, int64 keys)
+        each. Returns the error of each partition whose ack failed ({}: none did)."""
+        failed: dict[int, BaseException] = {}
+        for p, keys in acks:
+            try:
+                await self._not_resetting(int(p))
+                part = self._part(int(p))
+                if nack is None:
+                    await part.ack(consumer_id, keys)
+                else:
+                    await part.nack(consumer_id, keys, *nack)
+            except Exception as exc:  # noqa: BLE001 - handed back with that partition
+                failed[int(p)] = exc
+        return failed
 
     async def _not_resetting(self, partition: int) -> None:
         """Wait while the partition's cursor is reset (the state a call would reach is

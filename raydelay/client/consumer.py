@@ -115,7 +115,9 @@ class Consumer:
         self.consumer_id = uuid.uuid4().hex
         self.prefetch = prefetch
         self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
-        self._inflight: dict[Any, int] = {}  # receive ref -> partition
+        self._inflight: dict[Any, tuple[int, ...]] = {}  # receive ref -> partitions
+        # the partitions by the actor serving them: one receive call (and heartbeat) each
+        self._groups = [tuple(g) for g in link.heartbeat_groups()]
         self._asked: dict[Any, float] = {}  # receive ref -> when it is overdue (monotonic)
         # acks and nacks sent and not confirmed: (partition, keys, the nack or None for an ack, ref)
         self._acks: deque[tuple[int, np.ndarray, Nack | None, Any]] = deque()
@@ -160,7 +162,7 @@ class Consumer:
         unanswered (its actor is restarting) is not sent again on top of itself."""
         sent: dict[tuple[int, ...], Any] = {}
         refused: set[int] = set()
-        groups = [tuple(g) for g in self._link.heartbeat_groups()]
+        groups = self._groups
         while not self._stop.wait(every_s):
             try:
                 for group in groups:
@@ -270,42 +272,60 @@ class Consumer:
         """Take in the receive calls of ``ready`` that are this consumer's (and mark the
         partitions of calls long overdue down)."""
         for ref in ready:
-            p = self._inflight.pop(ref, None)
-            if p is None:
+            parts = self._inflight.pop(ref, None)
+            if parts is None:
                 continue
             self._asked.pop(ref, None)  # (both maps change together)
             try:
-                rb = self._link.get(ref, what=f"subscription {p}")
+                reply = self._link.get(ref, what=f"subscription {list(parts)}")
+            except (StorageError, Unavailable) as exc:
+                for p in parts:
+                    self._receive_failed(p, exc)
+                continue
+            got, failed = reply if len(parts) > 1 else ([(parts[0], reply)], [])
+            for p, rb in got:
                 if rb.num_rows:
                     self._buffer.append((p, rb))
+            for p in set(parts) - {p for p, _ in failed}:
                 self._up(p)
-            except StorageError as exc:
-                if not exc.retriable:
-                    raise
-                self._failed(p, exc)
-            except Unavailable as exc:
-                self._failed(p, exc)
+            for p, exc in failed:  # (after what the others brought is taken in)
+                self._receive_failed(p, exc)
         now = time.monotonic()
         for ref, overdue in list(self._asked.items()):
             if now > overdue:  # no answer long after its timeout: the actor hangs
                 self._asked.pop(ref)  # (its reply, if one comes, is still taken)
-                hung = self._inflight.get(ref)
-                if hung is not None:
-                    self._failed(hung, Unavailable("no answer"))
+                for p in self._inflight.get(ref, ()):
+                    self._failed(p, Unavailable("no answer"))
+
+    def _receive_failed(self, p: int, exc: BaseException) -> None:
+        """A receive at ``p`` failed: down, when the actor is unavailable or the store
+        failed retriably; any other error is raised."""
+        if isinstance(exc, Unavailable) or (isinstance(exc, StorageError) and exc.retriable):
+            self._failed(p, exc)
+        else:
+            raise exc
 
     def _ask(self, share: int, timeout_s: float) -> None:
         """A receive call outstanding at every partition that has none and is not down
-        (one that is down is asked again once its backoff ran out)."""
-        busy = set(self._inflight.values())
+        (one that is down is asked again once its backoff ran out): one call for the
+        partitions of one actor."""
+        busy = {p for parts in self._inflight.values() for p in parts}
         now = time.monotonic()
-        for p in range(self.partitions):
-            retry_at = self._down.get(p)
+        for group in self._groups:
             # a down partition is looked up again by the retry thread (it may be re-created:
             # slow, and never on this thread); it is asked once that is done (retry_at 0)
-            if p in busy or (retry_at is not None and retry_at > 0):
+            parts = tuple(p for p in group if p not in busy and not self._down.get(p, 0) > 0)
+            if not parts:
                 continue
-            call = self._link.receive(p, self.consumer_id, share, timeout_s, self._rewinds)
-            self._inflight[call] = p
+            if len(parts) == 1:
+                call = self._link.receive(
+                    parts[0], self.consumer_id, share, timeout_s, self._rewinds
+                )
+            else:
+                call = self._link.receive_many(
+                    list(parts), self.consumer_id, share, timeout_s, self._rewinds
+                )
+            self._inflight[call] = parts
             self._asked[call] = now + timeout_s + _HUNG_S
 
     # --- partitions that are down -----------------------------------------------------------
@@ -473,16 +493,22 @@ class Consumer:
     def _submit(self, by_partition: dict[int, np.ndarray], nack: Nack | None) -> None:
         """Send acks (``nack`` None) or nacks, one call per partition; a down
         partition's are kept for the retry thread."""
+        going = {}
         for p, keys in by_partition.items():
             if p in self._down or self._deferred.get(p):  # (keeps them in order)
                 self._defer(p, keys, nack)
-                continue
-            ref = (
-                self._link.ack(p, self.consumer_id, keys)
-                if nack is None
-                else self._link.nack(p, self.consumer_id, keys, *nack)
-            )
-            self._acks.append((p, keys, nack, ref))
+            else:
+                going[p] = keys
+        for group in self._groups:  # one call per actor
+            acks = [(p, going[p]) for p in group if p in going]
+            if len(acks) > 1:
+                ref = self._link.ack_many(acks, self.consumer_id, nack)
+            elif acks and nack is None:
+                ref = self._link.ack(acks[0][0], self.consumer_id, acks[0][1])
+            elif acks:
+                ref = self._link.nack(acks[0][0], self.consumer_id, acks[0][1], *nack)
+            for p, keys in acks:  # (the partitions of one call share its answer)
+                self._acks.append((p, keys, nack, ref))
         if len(self._acks) > _ACKS_IN_FLIGHT:
             self._reap_acks()
 
@@ -504,7 +530,9 @@ class Consumer:
         answer within ``timeout_s``) gets the call again later; any other failure is
         raised."""
         try:
-            self._link.get(ref, what=f"subscription {p}", timeout_s=timeout_s)
+            failed = self._link.get(ref, what=f"subscription {p}", timeout_s=timeout_s)
+            if isinstance(failed, dict) and p in failed:  # (one call for several partitions)
+                raise failed[p]
         except (Unavailable, StorageError) as exc:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise
@@ -515,7 +543,7 @@ class Consumer:
         """Confirm the calls that answered, without waiting; past ``_ACKS_QUEUED`` still
         open, wait briefly for the oldest, and keep the calls of a partition that does not
         answer for the retry thread."""
-        refs = [a[3] for a in self._acks]
+        refs = list(dict.fromkeys(a[3] for a in self._acks))  # (one per call, as Ray wants)
         done = set(self._link.ready(refs, len(refs), 0))
         answered = [item for item in self._acks if item[3] in done]
         self._acks = deque(item for item in self._acks if item[3] not in done)

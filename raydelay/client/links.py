@@ -87,7 +87,24 @@ class SubscriptionLink(Link, Protocol):
         """Up to ``max_messages`` messages for ``consumer``, as one Arrow record batch."""
         ...
 
+    def receive_many(
+        self, partitions: list[int], consumer: str, max_messages: int, timeout_s: float,
+        rewinds: int,
+    ) -> Reply:  # fmt: skip
+        """One receive at ``partitions``, which one actor serves (a group of
+        :meth:`heartbeat_groups`): up to ``max_messages`` from each. The answer comes when
+        any has messages (or fails): ([(partition, record batch)], [(partition, error)])."""
+        ...
+
     def ack(self, partition: int, consumer: str, keys: np.ndarray) -> Reply: ...
+
+    def ack_many(
+        self, acks: list[tuple[int, np.ndarray]], consumer: str, nack: tuple | None = None
+    ) -> Reply:
+        """Acks (or, with ``nack`` = (delay_s, nacked_at_ms), nacks) at partitions one actor
+        serves, (partition, keys) each, in one call; the answer maps each partition whose
+        ack failed to its error."""
+        ...
 
     def nack(
         self, partition: int, consumer: str, keys: np.ndarray, delay_s: float, nacked_at_ms: int

@@ -272,8 +272,27 @@ class SubscriptionPartitions(PartitionPeers):
                 rewinds: int) -> Any:  # fmt: skip
         return self._submit(partition, "receive", consumer, max_messages, timeout_s, rewinds)
 
+    def receive_many(self, partitions: list[int], consumer: str, max_messages: int,
+                     timeout_s: float, rewinds: int) -> Any:  # fmt: skip
+        peer = self._peers[partitions[0]]
+        try:
+            return peer.handle.receive_many.remote(
+                consumer, list(partitions), max_messages, timeout_s, rewinds
+            )
+        except Exception:
+            peer.lost()
+            raise
+
     def ack(self, partition: int, consumer: str, keys: Any) -> Any:
         return self._submit(partition, "ack", consumer, keys)
+
+    def ack_many(self, acks: list[tuple[int, Any]], consumer: str, nack: Any = None) -> Any:
+        peer = self._peers[acks[0][0]]
+        try:
+            return peer.handle.ack_many.remote(consumer, acks, nack)
+        except Exception:
+            peer.lost()
+            raise
 
     def nack(
         self, partition: int, consumer: str, keys: Any, delay_s: float, nacked_at_ms: int

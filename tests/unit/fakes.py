@@ -44,7 +44,10 @@ class FakeLink:
             return Reply(error=exc)
 
     def ready(self, replies, num, timeout_s):
-        return list(replies)  # every fake call has answered
+        replies = list(replies)
+        if len({id(r) for r in replies}) != len(replies):  # as ray.wait
+            raise ValueError("Wait requires a list of unique ray_waitables.")
+        return replies  # every fake call has answered
 
     def get(self, replies, what, timeout_s=None):
         if isinstance(replies, list):
@@ -113,8 +116,10 @@ class FakeSubscription(FakeLink):
     """A subscription whose partitions hand out what ``publish`` put there and record
     what was acked and nacked."""
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, actors: int | None = None) -> None:
         super().__init__(partitions)
+        # partition p is served by actor p % actors (one actor per partition by default)
+        self.actors = partitions if actors is None else actors
         self.waiting: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
         self.acked: dict[int, set[int]] = defaultdict(set)
         self.nacked: dict[int, list[int]] = defaultdict(list)
@@ -128,15 +133,50 @@ class FakeSubscription(FakeLink):
     def receive(self, partition, consumer, max_messages, timeout_s, rewinds):
         return self._call("receive", partition, consumer, max_messages)
 
+    def receive_many(self, partitions, consumer, max_messages, timeout_s, rewinds):
+        """As the actor's: what each partition has, and each one's error; the whole call
+        fails (Unavailable) only when every partition asked is down (the actor is)."""
+        assert len({p % self.actors for p in partitions}) == 1, "one actor's partitions"
+        self.calls.append(("receive_many", partitions[0], (tuple(partitions),)))
+        if all(p in self.down for p in partitions):
+            return Reply(error=Unavailable(f"partitions {partitions} are down"))
+        got, failed = [], []
+        for p in partitions:
+            one = self._call("receive", p, consumer, max_messages)
+            self.calls.pop()  # (counted as the one call above)
+            if one.error is not None:
+                failed.append((p, one.error))
+            elif one.value.num_rows:
+                got.append((p, one.value))
+        return Reply((got, failed))
+
     def ack(self, partition, consumer, keys):
         return self._call("ack", partition, keys)
+
+    def ack_many(self, acks, consumer, nack=None):
+        """As the actor's: each partition's ack (or nack), and the errors of those that
+        failed; the whole call fails only when every partition is down."""
+        parts = [p for p, _ in acks]
+        assert len({p % self.actors for p in parts}) == 1, "one actor's partitions"
+        self.calls.append(("ack_many" if nack is None else "nack_many", parts[0], (tuple(parts),)))
+        if all(p in self.down for p in parts):
+            return Reply(error=Unavailable(f"partitions {parts} are down"))
+        failed = {}
+        for p, keys in acks:
+            if nack is not None:
+                self.nacks.append((p, *nack))
+            one = self._call("ack" if nack is None else "nack", p, keys)
+            self.calls.pop()  # (counted as the one call above)
+            if one.error is not None:
+                failed[p] = one.error
+        return Reply(failed)
 
     def nack(self, partition, consumer, keys, delay_s, nacked_at_ms):
         self.nacks.append((partition, delay_s, nacked_at_ms))
         return self._call("nack", partition, keys)
 
     def heartbeat_groups(self):
-        return [[p] for p in range(self.partitions)]
+        return [list(range(a, self.partitions, self.actors)) for a in range(self.actors)]
 
     def heartbeat(self, partitions, consumer):
         return self._call("heartbeat", partitions[0])

@@ -10,7 +10,7 @@ from raydelay.client.consumer import Consumer
 from raydelay.client.producer import Producer
 from raydelay.clock import now_ms
 from raydelay.config import load_config
-from raydelay.errors import InvalidArgument, Unavailable
+from raydelay.errors import InvalidArgument, StorageError, Unavailable
 from tests.unit.fakes import FakeSubscription, FakeTopic
 
 
@@ -87,6 +87,92 @@ def test_a_consumer_receives_from_every_partition_and_acks_each_message_where_it
     finally:
         consumer.close()
     assert not sub.consumers[0] and not sub.consumers[1]
+
+
+def test_partitions_that_share_an_actor_are_asked_in_one_receive_call():
+    sub = FakeSubscription(partitions=4, actors=2)  # actor 0: partitions 0, 2; 1: 1, 3
+    for p in range(4):
+        sub.publish(p, f"m{p}".encode())
+    consumer = consumer_of(sub)
+    try:
+        sub.calls.clear()
+        got = consumer.receive(max_messages=40, timeout_s=0)
+        assert sorted(m.payload for m in got) == [b"m0", b"m1", b"m2", b"m3"]
+        asked = [(m, args) for m, _, args in sub.calls if m.startswith("receive")]
+        assert asked == [("receive_many", ((0, 2),)), ("receive_many", ((1, 3),))]
+        sub.calls.clear()
+        consumer.ack(got)
+        consumer.flush()  # one call per actor; each ack applied at its message's partition
+        assert [(m, args) for m, _, args in sub.calls] == [
+            ("ack_many", ((0, 2),)),
+            ("ack_many", ((1, 3),)),
+        ]
+        assert all(sub.acked[p] == {sub.key(0)} for p in range(4))
+        for _ in range(20):  # past _ACKS_IN_FLIGHT: answers shared by partitions reaped
+            for p in range(4):
+                sub.publish(p, b"more")
+            consumer.ack(consumer.receive(max_messages=40, timeout_s=0))
+        consumer.flush()
+        assert all(sub.acked[p] == {sub.key(i) for i in range(21)} for p in range(4))
+    finally:
+        consumer.close()
+
+
+def test_an_ack_that_fails_at_one_partition_of_a_shared_call_is_sent_again_there_alone():
+    sub = FakeSubscription(partitions=2, actors=1)
+    sub.publish(0, b"a")
+    sub.publish(1, b"b")
+    consumer = consumer_of(sub)
+    try:
+        got = consumer.receive(max_messages=10, timeout_s=0)
+        sub.down.add(1)  # partition 1's ack fails inside the one call; partition 0's holds
+        sub.calls.clear()
+        consumer.ack(got)
+        consumer.flush()  # partition 1's ack kept, and sent again once it is back
+        assert sub.acked == {0: {sub.key(0)}, 1: {sub.key(0)}}
+        first, *again = [(m, p) for m, p, _ in sub.calls if m.startswith("ack")]
+        assert first == ("ack_many", 0) and again and set(again) == {("ack", 1)}
+        sub.publish(0, b"c")
+        sub.publish(1, b"d")
+        later = consumer.receive(max_messages=10, timeout_s=0)
+        consumer.nack(later, delay_s=2.0)
+        consumer.flush()
+        assert sub.nacked == {0: [sub.key(1)], 1: [sub.key(1)]}
+        assert sorted((p, d) for p, d, _ in sub.nacks) == [(0, 2.0), (1, 2.0)]
+    finally:
+        consumer.close()
+
+
+def test_one_partition_failing_in_a_shared_receive_leaves_the_others_messages_delivered():
+    sub = FakeSubscription(partitions=3, actors=1)
+    for p in range(3):
+        sub.publish(p, f"m{p}".encode())
+    consumer = consumer_of(sub)
+    try:
+        sub.down.add(1)  # its receive fails (Unavailable); the other two answer
+        got = consumer.receive(max_messages=30, timeout_s=0)
+        assert sorted(m.payload for m in got) == [b"m0", b"m2"]
+        assert 1 in consumer._down  # asked again once the retry thread looked it up
+        sub.down.discard(1)
+        consumer._down[1] = 0  # (the retry thread's mark: looked up again)
+        assert [m.payload for m in consumer.receive(max_messages=30, timeout_s=0)] == [b"m1"]
+        # an error that is not a passing one is raised, after the others' messages are
+        # taken in: the next receive hands them out
+        sub.publish(0, b"n0")
+        sub.publish(1, b"n1")
+        real = sub._receive
+
+        def broken(partition, consumer_id, max_messages):
+            if partition == 1:
+                raise StorageError("corrupt object", retriable=False)
+            return real(partition, consumer_id, max_messages)
+
+        sub._receive = broken
+        with pytest.raises(StorageError, match="corrupt"):
+            consumer.receive(max_messages=30, timeout_s=0)
+        assert [m.payload for m in consumer.receive(max_messages=30, timeout_s=0)] == [b"n0"]
+    finally:
+        consumer.close()
 
 
 def test_a_down_partition_keeps_its_acks_until_it_answers_while_the_others_go_on():
