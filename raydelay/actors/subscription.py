@@ -247,11 +247,9 @@ class SubscriptionPartition:
             except NotFound:
                 return None
 
-        if not keys:
-            return []
-        with ThreadPoolExecutor(min(8, len(keys))) as pool:
-            metas = [m for m in pool.map(one, keys) if m is not None]
-        return sorted(metas, key=lambda m: m.start_ledger)
+        # (one key, as a bucket seals: no thread for it)
+        found = [one(k) for k in keys] if len(keys) <= 1 else list(_META_POOL.map(one, keys))
+        return sorted((m for m in found if m is not None), key=lambda m: m.start_ledger)
 
     async def _refresh_buckets(
         self, sealed: SealedReader, upto: int, after: tuple[int, int]
@@ -1044,6 +1042,11 @@ PARTITION_METHODS = frozenset(
     }
 )
 _OPEN_THREADS = 8  # partitions recovered at once
+# The process's threads for reading bucket metas, started as first needed and kept: its
+# partitions each read the new buckets' metas as a bucket seals, and threads started for
+# each listing cost more than the reads. Up to 32 reads at once, for all the partitions
+# an actor recovers in parallel (S3 reads wait on the network, not the CPU).
+_META_POOL = ThreadPoolExecutor(32, thread_name_prefix="raydelay-meta")
 
 
 class SubscriptionActor:
