@@ -272,27 +272,28 @@ class SubscriptionPartitions(PartitionPeers):
                 rewinds: int) -> Any:  # fmt: skip
         return self._submit(partition, "receive", consumer, max_messages, timeout_s, rewinds)
 
-    def receive_many(self, partitions: list[int], consumer: str, max_messages: int,
-                     timeout_s: float, rewinds: int) -> Any:  # fmt: skip
-        peer = self._peers[partitions[0]]
+    def _actor_call(self, partition: int, method: str, *args: Any) -> Any:
+        """Call ``method`` of the actor serving ``partition`` itself (a call for several of
+        its partitions); a failure to submit marks the handle lost."""
+        peer = self._peers[partition]
         try:
-            return peer.handle.receive_many.remote(
-                consumer, list(partitions), max_messages, timeout_s, rewinds
-            )
+            return getattr(peer.handle, method).remote(*args)
         except Exception:
             peer.lost()
             raise
+
+    def receive_many(self, partitions: list[int], consumer: str, max_messages: int,
+                     timeout_s: float, rewinds: int) -> Any:  # fmt: skip
+        return self._actor_call(
+            partitions[0], "receive_many", consumer, list(partitions), max_messages, timeout_s,
+            rewinds,
+        )  # fmt: skip
 
     def ack(self, partition: int, consumer: str, keys: Any) -> Any:
         return self._submit(partition, "ack", consumer, keys)
 
     def ack_many(self, acks: list[tuple[int, Any]], consumer: str, nack: Any = None) -> Any:
-        peer = self._peers[acks[0][0]]
-        try:
-            return peer.handle.ack_many.remote(consumer, acks, nack)
-        except Exception:
-            peer.lost()
-            raise
+        return self._actor_call(acks[0][0], "ack_many", consumer, acks, nack)
 
     def nack(
         self, partition: int, consumer: str, keys: Any, delay_s: float, nacked_at_ms: int
@@ -306,12 +307,7 @@ class SubscriptionPartitions(PartitionPeers):
         return list(groups.values())
 
     def heartbeat(self, partitions: list[int], consumer: str) -> Any:
-        peer = self._peers[partitions[0]]
-        try:
-            return peer.handle.heartbeat_many.remote(consumer, list(partitions))
-        except Exception:
-            peer.lost()
-            raise
+        return self._actor_call(partitions[0], "heartbeat_many", consumer, list(partitions))
 
     def add_consumer(self, partition: int, consumer: str) -> Any:
         return self._submit(partition, "add_consumer", consumer)
