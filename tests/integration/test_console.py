@@ -395,14 +395,23 @@ def test_the_console_command(scene, ray_cluster):
         first = proc.stdout.readline()
         assert first.startswith(f"raydelay console on http://127.0.0.1:{port} (read-only")
 
+        # (the scene's own topic page: /topics asks every topic this session's tests made,
+        # which on a loaded machine can outlast a request's timeout)
+        page = f"http://127.0.0.1:{port}/topics/{scene['topic']}"
+        failures: list[str] = []
+
         def serves() -> bool:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/topics", timeout=30) as r:
+                with urllib.request.urlopen(page, timeout=30) as r:
                     return scene["topic"] in r.read().decode()
-            except OSError:
+            except OSError as exc:
+                failures.append(repr(exc))
                 return False
 
-        wait_until("the console command serves", serves, timeout_s=60)
+        try:
+            wait_until("the console command serves", serves, timeout_s=90)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last failures: {failures[-3:]}") from None
     finally:
         proc.send_signal(signal.SIGINT)
         try:
