@@ -2,8 +2,10 @@
 
 One receive from one partition is one Arrow record batch of :data:`DELIVERY_SCHEMA`.
 Its rows are taken out of the sources' columns with Arrow ``take`` (a copy in C++,
-no Python object per message), and Ray ships the batch's buffers out of band
-(pickle protocol 5), so nothing is copied element by element on either side.
+no Python object per message), or sliced when they are a run and then compacted (a
+slice would carry its source's whole buffers over the wire); Ray ships the batch's
+buffers out of band (pickle protocol 5), so nothing is copied element by element on
+either side.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from raydelay.dispatch.subscription import Delivery
-from raydelay.log.entries import PROPERTIES_TYPE, empty_batch, int64_array
+from raydelay.log.entries import PROPERTIES_TYPE, compact, empty_batch, int64_array
 from raydelay.positions import split_keys
 
 DELIVERY_SCHEMA = pa.schema(
@@ -29,7 +31,8 @@ DELIVERY_SCHEMA = pa.schema(
 
 
 def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
-    """The deliveries of one receive as one record batch, in order."""
+    """The deliveries of one receive as one record batch, in order, holding no more
+    buffer than its rows need."""
     parts = []
     for dv in deliveries:
         taken = dv.source.entries.at(dv.indexes).batch  # (a slice when they are a run)
@@ -51,7 +54,7 @@ def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
         )
     if not parts:
         return empty_delivery_batch()
-    return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+    return compact(parts[0]) if len(parts) == 1 else pa.concat_batches(parts)
 
 
 def empty_delivery_batch() -> pa.RecordBatch:

@@ -794,3 +794,31 @@ def test_a_key_shared_subscription_learns_each_staged_rows_own_hash_slot():
     expected = slots_of(pa.array(names, type=pa.string()), {})
     for i, k in enumerate(positions.tolist()):
         assert sub._slot[k] == int(expected[i])
+
+
+def _shipped(batch: pa.RecordBatch) -> int:
+    """Bytes a batch takes when pickled as Ray pickles it (protocol 5, buffers out of band)."""
+    import pickle
+
+    buffers: list = []
+    wire = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    return len(wire) + sum(len(b.raw()) for b in buffers)
+
+
+def test_rows_leave_an_actor_holding_only_their_own_buffers():
+    from raydelay.log.entries import Rows, compact
+
+    n = 20_000
+    entries = Entries.build([b"y" * 100] * n, np.full(n, NO_DELAY, dtype=np.int64))
+    rows = Rows(np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), entries)
+    whole = rows.to_batch()
+    # a batch that owns its buffers is not copied
+    assert compact(whole) is whole
+    # a slice of it is: its pickle holds its 50 rows, not the 20,000 beside them
+    part = rows.slice(1_000, 1_050).to_batch()
+    assert _shipped(part) < 50 * 200 < _shipped(whole.slice(1_000, 50)) // 100
+    assert part.equals(whole.slice(1_000, 50))
+    assert part.column("position").to_pylist() == list(range(1_000, 1_050))
+    # and an empty one stays as it is
+    empty = whole.slice(0, 0)
+    assert compact(empty) is empty

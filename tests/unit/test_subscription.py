@@ -629,3 +629,27 @@ def test_a_delivery_of_a_run_of_rows_shares_their_payloads_and_any_other_is_take
     assert shuffled.column("payload").to_pylist() == [b"m4", b"m0", b"m3"]
     assert shuffled.column("entry_id").to_pylist() == [4, 0, 3]
     assert shuffled.column("payload").buffers()[2].address != src.address
+
+
+def test_a_delivery_sliced_out_of_a_large_source_carries_only_its_own_rows():
+    # (a pickled Arrow slice ships its source's whole buffers: the consumer would get the
+    # window's 5 MB with each 100 rows of it)
+    import pickle
+
+    from raydelay.dispatch.subscription import Delivery
+
+    n = 50_000
+    entries = Entries.build([b"x" * 100] * n, np.full(n, NO_DELAY, dtype=np.int64))
+    keys = np.array([key_of(1, i) for i in range(n)], dtype=np.int64)
+    rows = Rows(keys, np.zeros(n, dtype=np.int64), entries)
+    i = np.arange(20_000, 20_100, dtype=np.int64)
+    batch = delivery_batch([Delivery(rows, i, keys[i], np.zeros(len(i), np.int64))])
+
+    buffers: list = []
+    wire = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    shipped = len(wire) + sum(len(b.raw()) for b in buffers)
+    assert shipped < 100 * 200  # 100 rows of 100-byte payloads, with their columns
+    assert batch.column("entry_id").to_pylist() == list(range(20_000, 20_100))
+    assert batch.column("payload").to_pylist() == [b"x" * 100] * 100
+    back = pickle.loads(wire, buffers=buffers)
+    assert back.equals(batch)
