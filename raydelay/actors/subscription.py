@@ -357,7 +357,6 @@ class SubscriptionPartition:
             asyncio.get_running_loop(), self._wake, f"raydelay-alarm-{self._sub.name}"
         )
         self._space = asyncio.Event()  # wakes the log reader when read-ahead has room
-        self._available = asyncio.Condition()  # wakes receive calls
         self._tasks: set[asyncio.Task[None]] = set()  # strong references until done
         self._busy: set[str] = set()  # kinds of background I/O under way
         self._retries = {
@@ -385,8 +384,7 @@ class SubscriptionPartition:
         return task
 
     async def _notify(self) -> None:
-        async with self._available:
-            self._available.notify_all()
+        """Wake the receive calls waiting at this partition (they wait on its actor's event)."""
         if self.on_available is not None:
             self.on_available()
 
@@ -417,28 +415,6 @@ class SubscriptionPartition:
         self._wake.set()
         await self._notify()
         return n
-
-    async def receive(
-        self, consumer_id: str, max_messages: int, timeout_s: float, rewinds: int = 0
-    ) -> pa.RecordBatch:
-        """Up to ``max_messages`` for ``consumer_id`` as one record batch (see
-        :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`); waits up to ``timeout_s`` (seconds).
-        ``rewinds``: how many redeliver-all calls the consumer had made when it sent this
-        one; a call sent before the latest returns empty (its client drops what it holds)."""
-        self.begin_receive(consumer_id)
-        deadline = time.monotonic() + max(0.0, float(timeout_s))
-        while True:
-            out, done = await self.receive_now(consumer_id, int(max_messages), rewinds)
-            if done:
-                return delivery_batch(out)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return delivery_batch([])
-            async with self._available:
-                try:
-                    await asyncio.wait_for(self._available.wait(), timeout=remaining)
-                except asyncio.TimeoutError:
-                    pass
 
     def begin_receive(self, consumer_id: str) -> None:
         """The start of a receive call: a consumer a restarted actor forgot, or whose lease
@@ -1127,8 +1103,31 @@ class SubscriptionActor:
         """Run ``method(*args)`` of the partition ``partition`` this actor serves."""
         if method not in PARTITION_METHODS:
             raise InvalidArgument(f"method: a subscription partition has no call {method!r}")
+        if method == "receive":
+            return await self._receive_one(partition, *args)
         await self._not_resetting(partition)
         return await getattr(self._part(partition), method)(*args)
+
+    async def _receive_one(
+        self,
+        partition: int,
+        consumer_id: str,
+        max_messages: int,
+        timeout_s: float,
+        rewinds: int = 0,
+    ) -> pa.RecordBatch:
+        """A receive at one partition: up to ``max_messages`` for ``consumer_id`` as one
+        record batch (see :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`), waiting up to
+        ``timeout_s`` seconds; :meth:`receive_many` for that partition alone, its error
+        raised. ``rewinds``: how many redeliver-all calls the consumer had made when it sent
+        this one; a call sent before the latest returns empty (its client drops what it
+        holds)."""
+        got, failed = await self.receive_many(
+            consumer_id, [partition], max_messages, timeout_s, rewinds
+        )
+        if failed:
+            raise failed[0][1]
+        return got[0][1] if got else delivery_batch([])
 
     def _changed(self) -> None:
         if self._available is not None:
@@ -1145,7 +1144,7 @@ class SubscriptionActor:
     ) -> tuple[list[tuple[int, pa.RecordBatch]], list[tuple[int, BaseException]]]:
         """One receive at several partitions this actor serves (those of a consumer's that
         share it: one call for all, where one each would cost a call each): up to
-        ``max_messages`` from each, as :meth:`SubscriptionPartition.receive`. It returns as
+        ``max_messages`` from each (see :meth:`_receive_one`). It returns as
         soon as one has something (or fails, or answers at once), or after ``timeout_s``:
         (partition, record batch) of those with messages, and (partition, error) of those
         whose receive failed: what the others handed out still reaches the consumer."""
