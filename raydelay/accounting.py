@@ -7,7 +7,12 @@ The one definition, shared by the demo, the end-to-end and chaos tests and the b
 - **cancelled-delivered**: a message received although its cancel was honoured;
 - **duplicates**: the deliveries of a message after its first one;
 - **unmarked duplicates**: those repeats whose ``redelivery_count`` is not above the first
-  delivery's, so that the consumer could not tell them for repeats;
+  delivery's, so that the consumer could not tell them from the first. A subscription
+  restarted twice in a row gives some: after each restart, the messages that may have
+  gone out before come with a count of at least 1, not one more than they had (the counts
+  of a life are not persisted, as in Pulsar);
+- **silent duplicates**: those repeats with a ``redelivery_count`` of 0, nothing telling
+  the consumer that they may be repeats;
 - **unknown**: messages received that were never sent;
 - **lateness**: receive time minus deliver_at of the first delivery of each delayed message.
 
@@ -98,6 +103,7 @@ class Result:
     cancelled_delivered: frozenset
     duplicates: int
     unmarked_duplicates: int
+    silent_duplicates: int
     unknown: frozenset
     lateness_ms: np.ndarray  # first deliveries of delayed messages, in receive order
 
@@ -123,13 +129,14 @@ class Result:
 
     def counts(self) -> dict[str, int]:
         """The figures as counts: lost, early, cancelled_delivered, duplicates,
-        unmarked_duplicates, unknown and received."""
+        unmarked_duplicates, silent_duplicates, unknown and received."""
         return {
             "lost": len(self.lost),
             "early": len(self.early),
             "cancelled_delivered": len(self.cancelled_delivered),
             "duplicates": self.duplicates,
             "unmarked_duplicates": self.unmarked_duplicates,
+            "silent_duplicates": self.silent_duplicates,
             "unknown": len(self.unknown),
             "received": self.received,
         }
@@ -153,7 +160,7 @@ def account(
     first_count: dict[Hashable, int] = {}
     early: list[Early] = []
     lateness: list[int] = []
-    duplicates = unmarked = 0
+    duplicates = unmarked = silent = 0
     for d in ordered:
         at = sent.get(d.id)
         if at is not None and d.received_at_ms < at:
@@ -161,6 +168,7 @@ def account(
         if d.id in first_count:
             duplicates += 1
             unmarked += d.redelivery_count <= first_count[d.id]
+            silent += d.redelivery_count == 0
             continue
         first_count[d.id] = d.redelivery_count
         if at is not None:
@@ -174,6 +182,7 @@ def account(
         cancelled_delivered=frozenset(m for m in cancelled if m in seen),
         duplicates=duplicates,
         unmarked_duplicates=unmarked,
+        silent_duplicates=silent,
         unknown=frozenset(m for m in seen if m not in sent),
         lateness_ms=np.asarray(lateness, dtype=np.int64),
     )

@@ -58,7 +58,8 @@ class Ledger:
 
     def check(self) -> dict:
         """Lost, early, cancelled-but-delivered and duplicates (with those that came back
-        without a raised ``redelivery_count``), per subscription."""
+        without a raised ``redelivery_count``, and those at a count of 0), per
+        subscription."""
         report = {}
         for name in self.received:
             counts = self.result(name).counts()
@@ -70,6 +71,7 @@ class Ledger:
                     "cancelled_delivered",
                     "duplicates",
                     "unmarked_duplicates",
+                    "silent_duplicates",
                     "received",
                 )
             }

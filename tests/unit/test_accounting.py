@@ -30,6 +30,7 @@ def test_a_run_where_everything_arrived_once_and_on_time_is_clean():
         "cancelled_delivered": 0,
         "duplicates": 0,
         "unmarked_duplicates": 0,
+        "silent_duplicates": 0,
         "unknown": 0,
         "received": 2,
     }
@@ -90,9 +91,9 @@ def test_repeats_are_duplicates_and_those_without_a_raised_count_are_unmarked():
     # with the same count
     deliveries = got(("a", 10, 0), ("b", 11, 0), ("a", 20, 1), ("b", 21, 0), ("a", 30, 2))
     result = account({"a": None, "b": None}, deliveries)
-    # Then there are three duplicates, one of them unmarked
+    # Then there are three duplicates, one of them unmarked, and silent (at count 0)
     assert result.duplicates == 3
-    assert result.unmarked_duplicates == 1
+    assert result.unmarked_duplicates == 1 and result.silent_duplicates == 1
     assert result.distinct == 2 and result.received == 5
 
 
@@ -100,8 +101,9 @@ def test_a_repeat_is_marked_only_above_the_count_of_the_first_delivery_seen():
     # Given a first delivery already counted 1 (an earlier one never reached the consumer)
     # and a repeat with the same count
     result = account({"a": None}, got(("a", 10, 1), ("a", 20, 1)))
-    # Then the repeat is unmarked: the consumer could not tell it from the first
-    assert result.unmarked_duplicates == 1
+    # Then the repeat is unmarked: the consumer could not tell it from the first; but it is
+    # not silent, its count saying it may be a repeat
+    assert result.unmarked_duplicates == 1 and result.silent_duplicates == 0
 
 
 def test_the_first_delivery_is_the_earliest_received_whatever_the_order_given():
