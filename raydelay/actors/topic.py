@@ -57,7 +57,15 @@ from raydelay.delayed.sealed import (
 from raydelay.delayed.store import SealedStore, clean, merge, merge_window, record_of
 from raydelay.dispatch.peek import PeekRange, page_of
 from raydelay.errors import InvalidArgument, NotFound, Unavailable
-from raydelay.log.entries import NO_DELAY, AppendBatch, DelayedRun, Entries, Rows, decode_batch
+from raydelay.log.entries import (
+    NO_DELAY,
+    AppendBatch,
+    DelayedRun,
+    Entries,
+    Rows,
+    compact,
+    decode_batch,
+)
 from raydelay.log.partition import LedgerInfo, PartitionLog
 from raydelay.positions import key_of
 from raydelay.retries import Backoff
@@ -508,7 +516,7 @@ class TopicPartition:
                     int(taken_below), int(taken_through), int(now_ms)
                 )
                 through, version = self._published_through, self._buckets_version
-            return DueReply(rows.to_batch(), below, next_d, waiting, through, version)
+            return DueReply(compact(rows.to_batch()), below, next_d, waiting, through, version)
 
         return await self._run(query, on=self._query_exec)
 
@@ -530,7 +538,7 @@ class TopicPartition:
                 rows = self._bucket_index.untaken(int(taken_below), int(taken_through))
             return page_of(rows, q, start, int(page))
 
-        return (await self._run(query, on=self._query_exec)).to_batch()
+        return compact((await self._run(query, on=self._query_exec)).to_batch())
 
     async def unsealed_histogram(self, edges: list[int], now_ms: int) -> list[int]:
         """Rows of the unsealed ledgers not due yet, per due window."""
@@ -818,7 +826,7 @@ class TopicPartition:
             extra = await asyncio.to_thread(self._sealed.read_positions, missing, self._buckets)
             if len(extra):
                 rows = Rows.concat([rows, extra])
-        return rows.to_batch()
+        return compact(rows.to_batch())
 
     async def wait_for_entries(self, after_position, timeout_s: float):
         """Return the tail position once it is past ``after_position`` (or None was given

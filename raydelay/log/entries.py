@@ -319,13 +319,12 @@ class Rows:
         return self.publish_time_ms[idx]
 
     def to_batch(self) -> pa.RecordBatch:
-        """One record batch of ROWS_SCHEMA (what travels between actors: compacted)."""
+        """One record batch of ROWS_SCHEMA (what travels between actors, :func:`compact`
+        first, and what a sealed segment holds)."""
         b = self.entries.batch
-        return compact(
-            pa.RecordBatch.from_arrays(
-                [int64_array(self.positions), int64_array(self.publish_time_ms), *b.columns],
-                schema=ROWS_SCHEMA,
-            )
+        return pa.RecordBatch.from_arrays(
+            [int64_array(self.positions), int64_array(self.publish_time_ms), *b.columns],
+            schema=ROWS_SCHEMA,
         )
 
     @classmethod
