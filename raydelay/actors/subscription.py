@@ -1220,14 +1220,14 @@ class SubscriptionActor:
         new state recovered from them, as after a restart ("rebuild from mark-delete"):
         the entries after the position are read again and delayed ones delivered when
         due; cancels stay applied. Calls to those partitions wait meanwhile."""
-        marks = {int(p): (int(md[0]), int(md[1])) for p, md in marks.items()}
-        for p in marks:
+        wanted = {int(p): (int(md[0]), int(md[1])) for p, md in marks.items()}
+        for p in wanted:
             self._part(p)  # (InvalidArgument for a partition it does not serve)
         async with self._reset_lock:  # (one reset at a time: a second one follows it)
-            waits = {p: asyncio.Event() for p in marks}
+            waits = {p: asyncio.Event() for p in wanted}
             self._resetting.update(waits)
             try:
-                await asyncio.gather(*(self._reset_one(p, md) for p, md in marks.items()))
+                await asyncio.gather(*(self._reset_one(p, md) for p, md in wanted.items()))
             finally:
                 for p, event in waits.items():
                     del self._resetting[p]

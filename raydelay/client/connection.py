@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -620,6 +620,7 @@ class Cluster:
         """A consumer of ``subscription`` on a list of topics, or on those a pattern (or a
         predicate on names) matches."""
         validate_name("subscription", subscription)
+        predicate: Callable[[str], object] | None
         if callable(topics) and not isinstance(topics, re.Pattern):
             predicate = topics
         elif isinstance(topics, re.Pattern):
@@ -644,7 +645,7 @@ class Cluster:
 
             names = matching()
         else:
-            names = list(topics)
+            names = list(cast("list[str] | tuple", topics))
             if not names:
                 raise InvalidArgument("topic: an empty list of topics")
             for t in names:

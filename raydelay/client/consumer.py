@@ -288,8 +288,8 @@ class Consumer:
                     self._buffer.append((p, rb))
             for p in set(parts) - {p for p, _ in failed}:
                 self._up(p)
-            for p, exc in failed:  # (after what the others brought is taken in)
-                self._receive_failed(p, exc)
+            for p, err in failed:  # (after what the others brought is taken in)
+                self._receive_failed(p, err)
         now = time.monotonic()
         for ref, overdue in list(self._asked.items()):
             if now > overdue:  # no answer long after its timeout: the actor hangs
@@ -505,7 +505,7 @@ class Consumer:
                 ref = self._link.ack_many(acks, self.consumer_id, nack)
             elif acks and nack is None:
                 ref = self._link.ack(acks[0][0], self.consumer_id, acks[0][1])
-            elif acks:
+            elif acks and nack is not None:
                 ref = self._link.nack(acks[0][0], self.consumer_id, acks[0][1], *nack)
             for p, keys in acks:  # (the partitions of one call share its answer)
                 self._acks.append((p, keys, nack, ref))

@@ -89,7 +89,7 @@ class Reader:
             self._fill(max(0.0, min(left, _MAX_WAIT_S)))
             if deadline is not None and time.monotonic() >= deadline:
                 break
-        out = []
+        out: list[Message] = []
         while self._buffer and len(out) < max_messages:
             out.append(self._buffer.popleft())
         return out

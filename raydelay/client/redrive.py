@@ -68,7 +68,7 @@ def redrive(
     # still fails) wait for the next redrive, or one run would go round for ever
     ends = cluster._on_partitions(dead_letter_topic, n, "tail")
     consumer = _exclusive(cluster, dead_letter_topic)
-    producers: dict[tuple[str, int], Producer] = {}
+    producers: dict[tuple[str, str], Producer] = {}
     moved = empty = 0
     try:
         while limit == -1 or moved < limit:
@@ -131,11 +131,11 @@ def _send_back(
     dlq: str,
     msgs: list[Message],
     to_topic: str | None,
-    producers: dict[tuple[str, int], Producer],
+    producers: dict[tuple[str, str], Producer],
 ) -> None:
     """Append each of ``msgs`` where it goes (one batch each, its sequence id its position
     in the dead-letter topic); every batch is durable when this returns."""
-    by_target: dict[tuple[str, int], list[tuple[int, int, Entries]]] = {}
+    by_target: dict[tuple[str, str], list[tuple[int, int, Entries]]] = {}
     for m in sorted(msgs, key=lambda m: m.message_id):
         target, partition = _target(cluster, dlq, m, to_topic)
         props = {k: v for k, v in m.properties.items() if not k.startswith("raydelay.")}
@@ -169,12 +169,15 @@ def _target(cluster: Cluster, dlq: str, m: Message, to_topic: str | None) -> tup
             source = MessageId.parse(origin)
         except InvalidArgument:
             source = None
-    if to_topic is None and source is None:
+    if to_topic is not None:
+        topic = to_topic
+    elif source is not None:
+        topic = source.topic
+    else:
         raise InvalidArgument(
             f"to_topic: dead letter {m.message_id} has no {ORIGIN} property to say where it "
             "came from; give to_topic"
         )
-    topic = to_topic or source.topic
     if topic == dlq:
         raise InvalidArgument(
             f"redrive: dead letter {m.message_id} came from the dead-letter topic itself; give "

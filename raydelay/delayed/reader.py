@@ -38,6 +38,7 @@ out nothing twice; a run it did not hold yet starts afresh, as its bucket would 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -469,7 +470,7 @@ class SealedReader:
     # --- peeking --------------------------------------------------------------------------
 
     def peek_parts(
-        self, unknown: list[SealedMeta] = (), taken: tuple[int, int] = (0, -1)
+        self, unknown: Sequence[SealedMeta] = (), taken: tuple[int, int] = (0, -1)
     ) -> tuple[list[Rows], list[tuple[int, int, str, int, int, int, int]]]:
         """What is still to deliver, for a peek (nothing changes): the loaded rows not
         popped, and each segment not loaded as (min_d, max_d, run key, offset, length,

@@ -49,10 +49,10 @@ import functools
 import itertools
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -1601,7 +1601,7 @@ class Subscription:
         fetch: Fetch,
         read_segments: ReadSegments,
         read_unsealed: ReadUnsealed | None = None,
-        unknown: list[SealedMeta] = (),
+        unknown: Sequence[SealedMeta] = (),
     ) -> tuple[Rows, np.ndarray]:
         """The next scheduled messages not delivered yet, in delivery order (see
         :mod:`raydelay.dispatch.peek`), and how many times each was delivered before.
@@ -1622,7 +1622,7 @@ class Subscription:
         ready = self.redeliver - self.dead
         cap = len(ready) if q.limit == NO_LIMIT else min(len(ready), max(q.limit, 1_000))
         groups, need = self.staged(_first(ready, cap))
-        held += [rows.take(idx) for rows, idx, _ in groups]
+        held += [cast(Rows, rows).take(idx) for rows, idx, _ in groups]  # (staged: Rows)
         nacked, nacked_d = waiting(q.due_after, q.due_before, q.limit)
         taken = self.tail_taken
         # held by a consumer or waiting for the dead-letter topic: not shown
@@ -1644,7 +1644,7 @@ class Subscription:
         i, every = 0, []  # (without a limit, every row read is kept and sorted once)
         while i < len(refs):
             bar = q.bar(found)
-            batch = []
+            batch: list[SegmentRef] = []
             while (
                 i < len(refs) and len(batch) < PEEK_READS and (bar is None or refs[i].min_d <= bar)
             ):

@@ -313,6 +313,23 @@ def test_cumulative_ack_on_exclusive_and_refused_on_shared(client, topic):
         shared.acknowledge_cumulative(m)
 
 
+def test_an_exclusive_consumer_forgets_what_it_acknowledged_one_at_a_time(client, topic):
+    # (what a FIFO consumer handed out and no ack covered is kept for acknowledge_cumulative;
+    # an individual ack must take its message out, or that set grows with every message)
+    producer = client.create_producer(topic)
+    excl = client.subscribe(topic, "e")
+    for i in range(4):
+        producer.send(b"m%d" % i)
+    got = [excl.receive(10_000) for _ in range(4)]
+    excl.acknowledge(got[0])
+    excl.acknowledge(got[1].message_id())
+    assert sum(len(held) for held in excl._handed.values()) == 2
+    excl.acknowledge_cumulative(got[3])
+    assert sum(len(held) for held in excl._handed.values()) == 0
+    excl.close()
+    assert drain(client.subscribe(topic, "e")) == []
+
+
 def test_key_shared_keeps_each_key_in_order_on_one_consumer_while_one_leaves(cluster, client):
     local = f"ks-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(local, 2)

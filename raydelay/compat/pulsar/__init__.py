@@ -1739,7 +1739,9 @@ class Consumer(_Endpoint):
             self._core.ack(ids)
             if self._handed is not None:
                 for i in ids:
-                    self._handed.get(i.partition, set()).discard((i.ledger_id, i.entry_id))
+                    self._handed.get((i.topic, i.partition), set()).discard(
+                        (i.ledger_id, i.entry_id)
+                    )
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge a message and every message before it in its partition that this
