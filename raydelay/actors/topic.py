@@ -80,6 +80,34 @@ TRICKLE_S = 1.0
 _MARKS = 4096
 
 
+@dataclasses.dataclass(eq=False)
+class _Waiter:
+    """A standing long poll of a log read (see ``TopicPartition._wait_urgent``): where its
+    reader reads from, its horizon (ms, None: any entry), when it began (monotonic s), the
+    future that ends it, and its timer (the next moment it may become ready without a
+    commit)."""
+
+    position: tuple[int, int]
+    within_ms: int | None
+    started: float
+    future: asyncio.Future
+    timer: asyncio.TimerHandle | None = None
+
+    def wake(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+    def arm(self, delay_s: float) -> None:
+        """Wake in ``delay_s`` seconds, unless an earlier timer is set already."""
+        loop = self.future.get_loop()
+        at = loop.time() + delay_s
+        if self.timer is not None and not self.timer.cancelled():
+            if self.timer.when() <= at:
+                return
+            self.timer.cancel()
+        self.timer = loop.call_at(at, self.wake)
+
+
 class SharedObjects:
     """Committed ledger objects put once into Ray's object store, for every subscription
     that reads them: a read answers with a reference, and the subscriptions on the node
@@ -188,6 +216,7 @@ class TopicPartition:
         self._stopping = False  # graceful stop: long polls are answered at once
         # (asyncio's primitives bind to the event loop on first use, not here)
         self._tail_changed = asyncio.Condition()
+        self._waiters: set[_Waiter] = set()  # standing long polls of reads (_wait_urgent)
         self._work = asyncio.Event()
         self._full = asyncio.Event()
 
@@ -697,6 +726,7 @@ class TopicPartition:
             entries = self._log.stats_counters["entries"]  # re-sent batches are not counted
             self._metrics.published(entries - self._published)
             self._published = entries
+            self._wake_waiters()
             async with self._tail_changed:
                 self._tail_changed.notify_all()
 
@@ -757,27 +787,53 @@ class TopicPartition:
         """Wait (up to ``wait_s``) until the log holds an entry at or after ``position`` due
         at once or within ``within_ms`` from the moment it is looked at (None: any entry).
         Entries due later end the wait too, but no sooner than TRICKLE_S after it began: a
-        steady stream of them wakes a reader once a TRICKLE_S, and an idle log never."""
+        steady stream of them wakes a reader once a TRICKLE_S, and an idle log never.
 
-        def horizon() -> int | None:
-            return None if within_ms is None else time.time_ns() // 1_000_000 + int(within_ms)
+        A waiter is a future that each commit looks at where it is made (``_wake_waiters``)
+        and sets only when its reader has something to read: a commit does not wake every
+        standing long poll of the partition (32 subscriptions would be 32 task switches a
+        commit, to look and sleep again)."""
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(position, within_ms, time.monotonic(), loop.create_future())
+        if self._stopping or self._ready_to_read(waiter):
+            return
+        self._waiters.add(waiter)
+        deadline = loop.call_later(min(max(wait_s, 0.0), MAX_WAIT_S), waiter.wake)
+        try:
+            await waiter.future
+        finally:
+            self._waiters.discard(waiter)
+            deadline.cancel()
+            if waiter.timer is not None:
+                waiter.timer.cancel()
 
-        started = time.monotonic()
-        deadline = started + min(max(wait_s, 0.0), MAX_WAIT_S)
-        while not self._stopping:
-            if self._has_urgent_at(position, horizon()):
-                return
-            now = time.monotonic()
-            later = self._has_entries_at(position)  # (only entries due later, then)
-            if (later and now - started >= TRICKLE_S) or now >= deadline:
-                return
-            left = deadline - now
-            if later:
-                left = min(left, started + TRICKLE_S - now)
-            nxt = None if within_ms is None else self._next_due_at(position)
-            if nxt is not None:  # an entry passed over comes within the horizon then
-                left = min(left, max(0.001, (nxt - horizon()) / 1000))  # type: ignore[operator]
-            await self._next_commit(left)  # (then look again: a new entry may be due sooner)
+    def _wake_waiters(self) -> None:
+        """After a commit (on the event loop): wake each standing long poll whose reader
+        now has something to read; arm the timer of one that has entries due later only."""
+        for waiter in list(self._waiters):
+            if self._stopping or self._ready_to_read(waiter):
+                waiter.wake()
+
+    def _ready_to_read(self, waiter: _Waiter) -> bool:
+        """Whether ``waiter``'s read should happen now: the log holds an entry for it due
+        at once or within its horizon, or entries due later for TRICKLE_S already. When it
+        should not, its timer is set for the earliest moment that changes without a commit:
+        TRICKLE_S after it began, or an entry it passed over coming within its horizon."""
+        horizon = (
+            None if waiter.within_ms is None else time.time_ns() // 1_000_000 + waiter.within_ms
+        )
+        if self._has_urgent_at(waiter.position, horizon):
+            return True
+        if not self._has_entries_at(waiter.position):
+            return False
+        left = waiter.started + TRICKLE_S - time.monotonic()
+        if left <= 0:
+            return True
+        nxt = None if horizon is None else self._next_due_at(waiter.position)
+        if nxt is not None:  # an entry passed over comes within the horizon then
+            left = min(left, max(0.001, (nxt - horizon) / 1000))  # type: ignore[operator]
+        waiter.arm(left)
+        return False
 
     def _has_entries_at(self, position: tuple[int, int]) -> bool:
         tail = self._log.tail()
@@ -854,14 +910,6 @@ class TopicPartition:
             except asyncio.TimeoutError:
                 pass
 
-    async def _next_commit(self, timeout_s: float) -> None:
-        """Wait for the next commit (or a graceful stop), at most ``timeout_s`` seconds."""
-        async with self._tail_changed:
-            try:
-                await asyncio.wait_for(self._tail_changed.wait(), timeout=timeout_s)
-            except asyncio.TimeoutError:
-                pass
-
     async def cancel_markers(self, from_position: tuple[int, int]) -> list:
         """(marker, target) positions of every cancel marker at or after ``from_position``."""
         self._ensure_started()
@@ -889,6 +937,7 @@ class TopicPartition:
         Standing long polls are answered now (the host is about to stop)."""
         self._ensure_started()
         self._stopping = True
+        self._wake_waiters()
         async with self._tail_changed:
             self._tail_changed.notify_all()
         return await self._run(self._log.close_ledger)
