@@ -38,3 +38,4 @@ class DueReply:
     waiting: int  # rows still waiting there
     through: int  # the partition's sealed_through when it answered
     version: int  # of the bucket list then
+    buckets: BucketList | None = None  # that list, when the caller knew another

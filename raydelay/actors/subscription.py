@@ -252,7 +252,11 @@ class SubscriptionPartition:
         return sorted((m for m in found if m is not None), key=lambda m: m.start_ledger)
 
     async def _refresh_buckets(
-        self, sealed: SealedReader, upto: int, after: tuple[int, int]
+        self,
+        sealed: SealedReader,
+        upto: int,
+        after: tuple[int, int],
+        listed: BucketList | None = None,
     ) -> None:
         """Adopt the new buckets and forget the ones deleted. Only a due query calls it,
         before it takes in an answer that reports the ledgers through ``upto`` sealed (see
@@ -260,14 +264,16 @@ class SubscriptionPartition:
         hold buckets sealed since: their runs past ``upto`` leave out what the answer
         takes (``after``: the taken mark once it is taken in). A bucket merged since may
         hold runs of both kinds; waiting for it to end by ``upto`` would let the taken
-        mark pass its older runs' rows, which the answer did not carry (they were sealed)."""
+        mark pass its older runs' rows, which the answer did not carry (they were sealed).
+        ``listed``: the list the answer came with (made with it), tried first."""
         # Every bucket of one listing is adopted before the answer is taken in: a bucket
         # merged away between the listing and the read of its meta is listed again (as
         # the merged one). Adopting the others and taking the answer in would move the
         # taken mark over the missing bucket's rows, which no answer carried (they were
         # sealed before it), and they would never be delivered.
         for _ in range(_LIST_TRIES):
-            info: BucketList = await self._topic_actor.once("buckets")
+            info: BucketList = listed or await self._topic_actor.once("buckets")
+            listed = None  # (a second try lists them again)
             new = [k for k in info.buckets if k not in sealed.buckets]
             metas = await asyncio.to_thread(self._load_metas, new)
             if len(metas) == len(new):
@@ -288,12 +294,17 @@ class SubscriptionPartition:
         answer reports sealed."""
         try:
             reply: DueReply = await self._topic_actor.once(
-                "due_unsealed", query.below, query.through_ms, query.now_ms
+                "due_unsealed",
+                query.below,
+                query.through_ms,
+                query.now_ms,
+                -1 if self._bucket_version is None else self._bucket_version,
+                sealed.sealed_through,
             )
             if reply.through > sealed.sealed_through or reply.version != self._bucket_version:
                 below, through = self._sub.tail_taken  # (what take_unsealed will make it)
                 after = (max(below, int(reply.below)), max(through, int(query.now_ms)))
-                await self._refresh_buckets(sealed, upto=reply.through, after=after)
+                await self._refresh_buckets(sealed, reply.through, after, reply.buckets)
             rows = Rows.from_batch(reply.rows)
             self._count_log_bytes(int(reply.rows.nbytes))
             self._sub.take_unsealed(rows, reply.below, query.now_ms, reply.next_d, reply.waiting)

@@ -533,19 +533,33 @@ class TopicPartition:
             self._published_through = max(self._published_through, end_ledger)
             self._bucket_index.published(end_ledger)
 
-    async def due_unsealed(self, taken_below: int, taken_through: int, now_ms: int) -> DueReply:
+    async def due_unsealed(
+        self,
+        taken_below: int,
+        taken_through: int,
+        now_ms: int,
+        known_version: int = -1,
+        known_through: int = -1,
+    ) -> DueReply:
         """For a shared subscription: the due delayed rows of the ledgers not sealed yet that
         it has not taken (it took every row below position ``taken_below`` due at or before
-        ``taken_through``), as of ``now_ms`` (its clock). See ``TopicIndex.due``."""
+        ``taken_through``), as of ``now_ms`` (its clock). See ``TopicIndex.due``. When the
+        bucket list is not the one it knows (``known_version``, ``known_through``), the
+        answer carries the list as of the same moment: no second call to adopt it."""
         self._ensure_started()
 
         def query() -> DueReply:
-            with self._index_lock:  # (the answer and the buckets it reports, at one moment)
+            # (the answer and the buckets it reports, at one moment)
+            with self._seal_lock, self._index_lock:
                 rows, below, next_d, waiting = self._bucket_index.due(
                     int(taken_below), int(taken_through), int(now_ms)
                 )
                 through, version = self._published_through, self._buckets_version
-            return DueReply(compact(rows.to_batch()), below, next_d, waiting, through, version)
+                listed = None
+                if version != int(known_version) or through > int(known_through):
+                    listed = BucketList(version, through, [k for _, _, k in self._buckets])
+            batch = compact(rows.to_batch())
+            return DueReply(batch, below, next_d, waiting, through, version, listed)
 
         return await self._run(query, on=self._query_exec)
 
