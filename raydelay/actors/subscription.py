@@ -1015,7 +1015,6 @@ PARTITION_METHODS = frozenset(
         "add_consumer",
         "heartbeat",
         "remove_consumer",
-        "receive",
         "ack",
         "nack",
         "redeliver",
@@ -1114,12 +1113,10 @@ class SubscriptionActor:
         """Run ``method(*args)`` of the partition ``partition`` this actor serves."""
         if method not in PARTITION_METHODS:
             raise InvalidArgument(f"method: a subscription partition has no call {method!r}")
-        if method == "receive":
-            return await self._receive_one(partition, *args)
         await self._not_resetting(partition)
         return await getattr(self._part(partition), method)(*args)
 
-    async def _receive_one(
+    async def receive(
         self,
         partition: int,
         consumer_id: str,
@@ -1155,7 +1152,7 @@ class SubscriptionActor:
     ) -> tuple[list[tuple[int, pa.RecordBatch]], list[tuple[int, BaseException]]]:
         """One receive at several partitions this actor serves (those of a consumer's that
         share it: one call for all, where one each would cost a call each): up to
-        ``max_messages`` from each (see :meth:`_receive_one`). It returns as
+        ``max_messages`` from each (see :meth:`receive`). It returns as
         soon as one has something (or fails, or answers at once), or after ``timeout_s``:
         (partition, record batch) of those with messages, and (partition, error) of those
         whose receive failed: what the others handed out still reaches the consumer."""

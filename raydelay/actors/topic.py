@@ -77,7 +77,7 @@ MAX_WAIT_S = 60.0
 # a log read waiting for entries due soon also returns for entries due later, but no sooner
 # than this after it began (the reader learns of them, and of new buckets, that often)
 TRICKLE_S = 1.0
-_MARKS = 4096
+_MARKS = 4096  # recent committed objects remembered for the long polls of read()
 
 
 @dataclasses.dataclass(eq=False)
@@ -146,9 +146,7 @@ class SharedObjects:
 
 
 SHARED = SharedObjects(64 * 1024 * 1024)
-SEAL_RETRY = Backoff(
-    first_s=0.2, max_s=5.0
-)  # a seal's writes: until they land  # recent committed objects remembered for the long polls of read()
+SEAL_RETRY = Backoff(first_s=0.2, max_s=5.0)  # a seal's writes: until they land
 
 
 class TopicPartition:

@@ -270,7 +270,9 @@ class SubscriptionPartitions(PartitionPeers):
 
     def receive(self, partition: int, consumer: str, max_messages: int, timeout_s: float,
                 rewinds: int) -> Any:  # fmt: skip
-        return self._submit(partition, "receive", consumer, max_messages, timeout_s, rewinds)
+        return self._actor_call(
+            partition, "receive", partition, consumer, max_messages, timeout_s, rewinds
+        )
 
     def _actor_call(self, partition: int, method: str, *args: Any) -> Any:
         """Call ``method`` of the actor serving ``partition`` itself (a call for several of
