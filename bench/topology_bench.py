@@ -23,13 +23,13 @@ Usage: python bench/topology_bench.py [--topics 4 --partitions 4 --subscriptions
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.child import run_child  # noqa: E402
 
 CHILD = r"""
 import json, sys, time, psutil
@@ -113,27 +113,8 @@ def measure(
 
 
 def run_variant(args: argparse.Namespace, src: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYDELAY_ADDRESS")}
-    if src:
-        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-c",
-            CHILD,
-            str(args.topics),
-            str(args.partitions),
-            str(args.subscriptions),
-            str(args.settle),
-            str(args.window),
-            str(Path(tmp) / "store"),
-        ]
-        print(f"running {'baseline ' + src if src else 'this tree'} ...", file=sys.stderr)
-        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=3600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        raise SystemExit(f"the run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    argv = [args.topics, args.partitions, args.subscriptions, args.settle, args.window]
+    return run_child(CHILD, [str(a) for a in argv], src)
 
 
 def main() -> None:

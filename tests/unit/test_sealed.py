@@ -284,6 +284,54 @@ def test_the_unsealed_index_answers_each_due_row_once_per_subscription():
     assert len(rows) == 0 and (next_d, waiting) == (-1, 0) and below3 == 0
 
 
+def test_small_commits_are_held_in_few_parts_and_every_due_row_is_answered_once():
+    # Given 3,000 commits of one delayed entry each, and some of two to five, due at
+    # scattered times, interleaved with due queries as a subscription makes them
+    rng = np.random.default_rng(7)
+    index = TopicIndex(min_index_count=1_000_000)
+    model: dict[int, int] = {}  # position key -> deliver_at
+    answered: list[int] = []
+    below, through, entry = 0, -1, 0
+    for now in range(0, 3_000):
+        n = 1 if now % 7 else int(rng.integers(2, 6))
+        ds = (now + rng.integers(1, 2_000, n)).tolist()
+        index.add(_object(1, entry, ds, publish_ms=now))
+        model.update({key_of(1, entry + i): d for i, d in enumerate(ds)})
+        entry += n
+        if now % 50 == 0:
+            rows, below, next_d, waiting = index.due(below, through, now)
+            through = now
+            answered += rows.positions.tolist()
+            # Then each answer holds what is due and not answered yet; the rest waits
+            later = [d for d in model.values() if d > now]
+            assert waiting == len(later) and next_d == min(later)
+    # Then the rows sit in a few dozen parts, not one per commit
+    assert index.part_count <= 40 and index.count == len(model)
+    rows, _, next_d, waiting = index.due(below, through, 10**9)
+    answered += rows.positions.tolist()
+    assert sorted(answered) == sorted(model) and len(answered) == len(set(answered))
+    assert (next_d, waiting) == (-1, 0)
+    # and a seal of the ledger takes every row, in position order, with its payload
+    index.min_index_count = 1
+    job = index.ledger_closed(1)
+    assert job is not None and job.rows is not None
+    assert job.rows.positions.tolist() == sorted(model)
+    assert job.rows.entries.deliver_at_ms.tolist() == [model[k] for k in sorted(model)]
+    assert job.rows.entries.payloads[:2] == [b"p1-0", b"p1-1"]
+
+
+def test_parts_of_bulk_commits_are_never_merged():
+    # Given commits of 2,000 delayed entries each, and a small one after them
+    index = TopicIndex(min_index_count=1_000_000)
+    for i in range(3):
+        index.add(_object(1, 2_000 * i, [5_000 + i] * 2_000))
+    index.add(_object(1, 6_000, [4_000]))
+    # Then each bulk commit stays a part of its own (none is copied again)
+    assert index.part_count == 4
+    rows, _, next_d, waiting = index.due(0, -1, 4_500)
+    assert rows.positions.tolist() == [key_of(1, 6_000)] and (next_d, waiting) == (5_000, 6_000)
+
+
 def _subscription(
     reader: SealedReader, clock: ManualClock, cursor=None, lookahead_ms: int = 0
 ) -> Subscription:
