@@ -807,7 +807,7 @@ class TopicPartition:
         commit, to look and sleep again)."""
         loop = asyncio.get_running_loop()
         waiter = _Waiter(position, within_ms, time.monotonic(), loop.create_future())
-        if self._stopping or self._ready_to_read(waiter):
+        if self._stopping or self._ready_to_read(waiter, tuple(self._marks)):
             return
         self._waiters.add(waiter)
         deadline = loop.call_later(min(max(wait_s, 0.0), MAX_WAIT_S), waiter.wake)
@@ -822,26 +822,28 @@ class TopicPartition:
     def _wake_waiters(self) -> None:
         """After a commit (on the event loop): wake each standing long poll whose reader
         now has something to read; arm the timer of one that has entries due later only."""
+        marks = tuple(self._marks)  # (appended on the log's thread; one copy for all)
         for waiter in list(self._waiters):
-            if self._stopping or self._ready_to_read(waiter):
+            if self._stopping or self._ready_to_read(waiter, marks):
                 waiter.wake()
 
-    def _ready_to_read(self, waiter: _Waiter) -> bool:
+    def _ready_to_read(self, waiter: _Waiter, marks: tuple[tuple[int, int], ...]) -> bool:
         """Whether ``waiter``'s read should happen now: the log holds an entry for it due
         at once or within its horizon, or entries due later for TRICKLE_S already. When it
         should not, its timer is set for the earliest moment that changes without a commit:
-        TRICKLE_S after it began, or an entry it passed over coming within its horizon."""
+        TRICKLE_S after it began, or an entry it passed over coming within its horizon.
+        ``marks``: a copy of the recent commits' marks."""
         horizon = (
             None if waiter.within_ms is None else time.time_ns() // 1_000_000 + waiter.within_ms
         )
-        if self._has_urgent_at(waiter.position, horizon):
+        if self._has_urgent_at(waiter.position, horizon, marks):
             return True
         if not self._has_entries_at(waiter.position):
             return False
         left = waiter.started + TRICKLE_S - time.monotonic()
         if left <= 0:
             return True
-        nxt = None if horizon is None else self._next_due_at(waiter.position)
+        nxt = None if horizon is None else self._next_due_at(waiter.position, marks)
         if nxt is not None:  # an entry passed over comes within the horizon then
             left = min(left, max(0.001, (nxt - horizon) / 1000))  # type: ignore[operator]
         waiter.arm(left)
@@ -851,15 +853,19 @@ class TopicPartition:
         tail = self._log.tail()
         return tail is not None and tail >= position
 
-    def _has_urgent_at(self, position: tuple[int, int], due_before_ms: int | None) -> bool:
+    def _has_urgent_at(
+        self,
+        position: tuple[int, int],
+        due_before_ms: int | None,
+        marks: tuple[tuple[int, int], ...],
+    ) -> bool:
         """Whether the log holds an entry at or after ``position`` that is due at once or
-        before ``due_before_ms`` (None: any entry)."""
+        before ``due_before_ms`` (None: any entry), as ``marks`` tell."""
         if not self._has_entries_at(position):
             return False
         if due_before_ms is None:
             return True
         start = key_of(*position)
-        marks = tuple(self._marks)  # (appended on the log's thread)
         if not marks or marks[0][0] >= start:
             return True  # older objects than the marks remember: read them
         for last, d in reversed(marks):
@@ -869,12 +875,14 @@ class TopicPartition:
                 return True
         return False
 
-    def _next_due_at(self, position: tuple[int, int]) -> int | None:
+    def _next_due_at(
+        self, position: tuple[int, int], marks: tuple[tuple[int, int], ...]
+    ) -> int | None:
         """The earliest deliver_at of the delayed-only objects at or after ``position`` that
-        the marks remember (None: none)."""
+        ``marks`` remember (None: none)."""
         start = key_of(*position)
         out = None
-        for last, d in reversed(tuple(self._marks)):
+        for last, d in reversed(marks):
             if last < start:
                 break
             if d and (out is None or d < out):
