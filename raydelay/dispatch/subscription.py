@@ -99,6 +99,11 @@ DELAYED_MARK_STEP_MS = 5_000  # how far ahead the persisted delayed mark moves
 # How soon the topic's unsealed index is asked after new delayed rows were read (for the
 # counts and new buckets; a due row is asked for at its deliver_at, whatever this is).
 TAIL_POLL_MS = 1_000
+# ... unless nothing read there falls due within a lookahead and no bucket was sealed since
+# the last answer: the counts are kept from the reads meanwhile, and a row coming due is
+# asked for at its time anyway. A steady stream of messages due later then costs each
+# subscription a log read a second, not a read and a query.
+TAIL_IDLE_POLL_MS = 10_000
 DEAD_LETTER_BATCH = 1_000  # dead letters published per flush
 _MARKER_MEMORY = 100_000  # outcomes of recent cancel markers, for the caller who asks
 _KEY_SLOT_CACHE = 1_000_000  # key_shared: message keys whose hash slot is kept
@@ -313,6 +318,13 @@ class Subscription:
         self.tail_next: int | None = None
         self.tail_dirty = True
         self.tail_waiting = 0
+        # Delayed rows read from the log that the last due query's answer did not cover
+        # (at or past its taken_below, in ledgers not adopted as sealed): (first position
+        # key, the key after the last, rows), in log order, and their sum. They count as
+        # delayed at once: the next answer's ``waiting`` takes them over.
+        self._tail_unasked: deque[tuple[int, int, int]] = deque()
+        self._tail_unasked_rows = 0
+        self._buckets_stale = False  # the topic's bucket list changed since the last query
         # Rows taken from the topic's unsealed index before they fall due: released into
         # the redelivery set at their deliver_at (see collect_due), never before.
         self.lookahead_ms = lookahead_ms
@@ -472,7 +484,7 @@ class Subscription:
         apply. ``buckets_changed``: the topic's set of sealed buckets changed since they
         were adopted (the next due query of its unsealed index adopts them)."""
         if buckets_changed and self.sealed is not None:
-            self.tail_dirty = True
+            self.tail_dirty = self._buckets_stale = True
         self._inbox.append(functools.partial(self.on_read, objects, ledgers, tail))
 
     def offer_reread(self, rows: Rows, keys: np.ndarray) -> None:
@@ -503,7 +515,12 @@ class Subscription:
             if obj.ledger_id < self.read_position[0] or start >= obj.count:
                 continue
             if isinstance(obj, DelayedRun):
-                self._tail_read(obj.min_deliver_at_ms)
+                self._tail_read(
+                    obj.min_deliver_at_ms,
+                    first_key + start,
+                    first_key + obj.count,
+                    obj.count - start,
+                )
                 if self._cancelled_ahead:  # cancelled before the read passed them: ack them
                     span = BitMap64()
                     span.add_range(first_key + start, first_key + obj.count)
@@ -515,7 +532,7 @@ class Subscription:
                 if self.sealed is None or (obj.entries.deliver_at_ms <= obj.publish_time_ms).any():
                     self.objects.add(obj)
                 idx = np.arange(start, obj.count, dtype=np.int64)
-                taken += self._take_in(obj, idx, first_key + idx)
+                taken += self._take_in(obj, idx, first_key + idx, read=True)
             last = obj.first_entry + obj.count
             self.read_position = (obj.ledger_id, last)
             size = self.cursor.ledger_size(obj.ledger_id)
@@ -588,10 +605,12 @@ class Subscription:
             )
         return taken
 
-    def _take_in(self, source: Source, idx: np.ndarray, keys: np.ndarray) -> int:
-        """Rows ``idx`` of ``source`` at positions ``keys`` (both ascending), read from the
-        log: apply cancel markers, put not-yet-due delayed messages in the tracker, queue
-        the rest."""
+    def _take_in(
+        self, source: Source, idx: np.ndarray, keys: np.ndarray, read: bool = False
+    ) -> int:
+        """Rows ``idx`` of ``source`` at positions ``keys`` (both ascending), from the log:
+        apply cancel markers, put not-yet-due delayed messages in the tracker, queue the
+        rest. ``read``: by the sequential read (not a re-read of loose positions)."""
         ents = source.entries
         targets = ents.cancel_targets[idx]
         is_marker = targets != NO_CANCEL
@@ -614,7 +633,12 @@ class Subscription:
             # not due when committed: the topic indexed it (its unsealed index or a bucket)
             later = ds > source.publish_times(idx)
             if later.any():
-                self._tail_read(int(ds[later].min()))
+                soonest = int(ds[later].min())
+                if read:  # (one object: in the index whole, or not yet)
+                    span = keys[later]
+                    self._tail_read(soonest, int(span[0]), int(span[-1]) + 1, len(span))
+                else:
+                    self._tail_read(soonest)
                 idx, keys, ds = idx[~later], keys[~later], ds[~later]
         now_due = np.ones(len(idx), dtype=bool)
         if self.type in SPREAD_TYPES and len(idx):
@@ -631,9 +655,16 @@ class Subscription:
             self._ready_count += len(run_keys)
         return len(idx)
 
-    def _tail_read(self, soonest: int) -> None:
+    def _tail_read(
+        self, soonest: int, first_key: int = -1, end_key: int = -1, count: int = 0
+    ) -> None:
         """Delayed rows the topic indexed were read from the log, the soonest due at
-        ``soonest`` (epoch ms): the unsealed index holds something to ask for."""
+        ``soonest`` (epoch ms): the unsealed index holds something to ask for. ``count``
+        of them lie from position key ``first_key`` to before ``end_key``, read in
+        sequence (counted as delayed until a due query's answer covers them)."""
+        if count > 0:
+            self._tail_unasked.append((first_key, end_key, count))
+            self._tail_unasked_rows += count
         self.tail_next = soonest if self.tail_next is None else min(self.tail_next, soonest)
         self._tail_seen = soonest if self._tail_seen is None else min(self._tail_seen, soonest)
         self.tail_dirty = True
@@ -806,7 +837,8 @@ class Subscription:
         if self.sealed is not None:
             times.append(self.sealed.next_load_ms())
         if self.tail_dirty and self.sealed is not None and self._tail_asked_ms is not None:
-            times.append(self._tail_asked_ms + TAIL_POLL_MS)
+            stale = self._buckets_stale or self._tail_refill_ms() is None
+            times.append(self._tail_asked_ms + (TAIL_POLL_MS if stale else TAIL_IDLE_POLL_MS))
         if self.consumer_lease_ms is not None and self._consumers:
             seen = min(c.seen_ms for c in self._consumers.values())
             times.append(seen + self.consumer_lease_ms + 1)
@@ -829,10 +861,12 @@ class Subscription:
             return None
         refill = self._tail_refill_ms()
         due = refill is not None and refill <= now_ms
-        polled = self._tail_asked_ms is None or now_ms - self._tail_asked_ms >= TAIL_POLL_MS
+        since = None if self._tail_asked_ms is None else now_ms - self._tail_asked_ms
+        poll_ms = TAIL_POLL_MS if self._buckets_stale or refill is None else TAIL_IDLE_POLL_MS
+        polled = since is None or since >= poll_ms
         if not due and not (self.tail_dirty and polled):
             return None
-        self.tail_dirty = False
+        self.tail_dirty = self._buckets_stale = False
         self._tail_seen = None
         self._tail_asked_ms = now_ms
         self._tail_in_flight = True
@@ -959,11 +993,31 @@ class Subscription:
         self.tail_next = min(nxt) if nxt else None
         self._tail_seen = None
         self.tail_waiting = int(waiting)
+        self._forget_unasked(below=self.tail_taken[0])
         if not len(rows):
             return 0
         self._see_end(int(rows.positions.max()))
         self._early.append(_Early(rows))
         return len(rows)
+
+    def _forget_unasked(self, below: int = -1, through_ledger: int = -1) -> None:
+        """Stop counting the delayed rows read that another count holds now: those below
+        position key ``below`` (a due answer's ``waiting`` covers them) or in a ledger up
+        to ``through_ledger`` (an adopted bucket holds them). A stand-in for consecutive
+        objects may straddle ``below``: its rows from there on stay counted."""
+        q = self._tail_unasked
+        while q:
+            first, end, count = q[0]
+            whole = end - first == count  # (entries one after another, not one object's)
+            if first >> SHIFT <= through_ledger or end <= below or (first < below and not whole):
+                q.popleft()
+                self._tail_unasked_rows -= count
+            elif first < below:
+                q[0] = (below, end, end - below)
+                self._tail_unasked_rows -= below - first
+                break
+            else:
+                break
 
     def _see_end(self, key: int) -> None:
         self._end_key = key if self._end_key is None else max(self._end_key, key)
@@ -1038,6 +1092,9 @@ class Subscription:
                 if new_here(marker):
                     self._apply_marker(marker, target)
         replaced = self.sealed.adopt(meta, done=done, taken=self.tail_taken, later=later)
+        if meta.runs:  # (its rows count among the sealed ones now)
+            end_ledger = max(r.ledgers[1] for r in meta.runs)
+            self._forget_unasked(through_ledger=end_ledger)
         if fresh:
             positions = meta.positions()
             if held:
@@ -1743,7 +1800,7 @@ class Subscription:
         delayed = self.tracker.number_of_delayed_messages()
         if self.sealed is not None:
             buckets += len(self.sealed.buckets)
-            delayed += self.sealed.remaining() + self.tail_waiting
+            delayed += self.sealed.remaining() + self.tail_waiting + self._tail_unasked_rows
             # (rows held here that are due already wait for delivery: not delayed)
             now = self._stepped_ms
             delayed += sum(len(e.d) - int(np.searchsorted(e.d, now, "right")) for e in self._early)

@@ -294,8 +294,9 @@ class LedgerObject:
 @dataclass(frozen=True)
 class DelayedRun:
     """Stands for a ledger object every entry of which is delayed (not due when
-    committed), in a log read for a reader that takes delayed entries from the topic's
-    index instead: just where it lies, and its earliest deliver_at."""
+    committed), or for consecutive ones, in a log read for a reader that takes delayed
+    entries from the topic's index instead: just where they lie, and their earliest
+    deliver_at."""
 
     ledger_id: int
     first_entry: int

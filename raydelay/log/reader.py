@@ -199,7 +199,20 @@ class LogReader:
                 if upper <= start:
                     continue
                 run = stand_in(info.ledger_id, first) if stand_in is not None else None
-                out.append(run if run is not None else self._get(info.ledger_id, first))
+                last = out[-1] if out else None
+                if (
+                    run is not None
+                    and isinstance(last, DelayedRun)
+                    and (last.ledger_id, last.first_entry + last.count) == (run.ledger_id, first)
+                ):  # consecutive stand-ins travel as one
+                    out[-1] = DelayedRun(
+                        run.ledger_id,
+                        last.first_entry,
+                        last.count + run.count,
+                        min(last.min_deliver_at_ms, run.min_deliver_at_ms),
+                    )
+                else:
+                    out.append(run if run is not None else self._get(info.ledger_id, first))
                 # a stand-in carries no entries: it counts as one, not as its size
                 taken += 1 if run is not None else upper - max(first, start)
                 if taken >= max_entries:

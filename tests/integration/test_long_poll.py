@@ -79,3 +79,25 @@ def test_closing_the_ledger_ends_every_standing_read(cluster, topic_name):
     for reply in ray.get(reads, timeout=20):
         assert reply.objects == []
         assert reply.tail == (position[0], position[1] - 1)
+
+
+def test_consecutive_objects_due_later_travel_as_one_stand_in(cluster, topic_name):
+    # Given three commits of messages due in an hour, then one due at once, then one more
+    # due later, after the first entry of the log
+    position = _start(cluster, topic_name)
+    producer = cluster.create_producer(topic_name)
+    due = now_ms() + HOUR_MS
+    for i in range(3):
+        producer.send_many([b"a%d" % i, b"b%d" % i], deliver_at=[due - i, due - i])
+    producer.send(b"now")
+    producer.send_many([b"c"], deliver_at=[due])
+    # When a reader that takes delayed entries from the index reads them
+    reply = ray.get(_standing_read(topic_name, position), timeout=20)
+    # Then the three commits come as one stand-in with their earliest time, the
+    # immediate one as itself, and the last as a stand-in of its own
+    first, middle, last = reply.objects
+    assert isinstance(first, DelayedRun) and isinstance(last, DelayedRun)
+    assert (first.ledger_id, first.first_entry, first.count) == (position[0], position[1], 6)
+    assert first.min_deliver_at_ms == due - 2
+    assert not isinstance(middle, DelayedRun)
+    assert (last.first_entry, last.count, last.min_deliver_at_ms) == (position[1] + 7, 1, due)

@@ -30,9 +30,9 @@ from raydelay.delayed.sealed import (
     segment_of,
 )
 from raydelay.delayed.store import SealedStore
-from raydelay.dispatch.subscription import Subscription
+from raydelay.dispatch.subscription import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, Subscription
 from raydelay.errors import CodecError, InvalidArgument
-from raydelay.log.entries import NO_DELAY, Entries, LedgerObject
+from raydelay.log.entries import NO_DELAY, DelayedRun, Entries, LedgerObject
 from raydelay.positions import key_of, position_keys
 from raydelay.storage.counting import CountingObjectStore
 from raydelay.storage.memory import MemoryObjectStore
@@ -870,3 +870,120 @@ def test_rows_compacted_hold_only_their_own_buffers():
     # and an empty one stays as it is
     empty = whole.slice(0, 0)
     assert compact(empty) is empty
+
+
+# --- the delayed count and the due queries of a stream of stand-ins ---------------------------
+
+HOUR_MS = 3_600_000
+
+
+def _stand_in(*objects: LedgerObject) -> DelayedRun:
+    """What a log read brings for consecutive objects of delayed entries only."""
+    first = objects[0]
+    return DelayedRun(
+        first.ledger_id,
+        first.first_entry,
+        sum(o.count for o in objects),
+        min(int(o.entries.deliver_at_ms.min()) for o in objects),
+    )
+
+
+def _delayed(sub: Subscription) -> int:
+    return int(sub.stats()["delayed"])
+
+
+def test_rows_read_as_stand_ins_count_as_delayed_at_once_and_an_answer_never_twice():
+    # Given a subscription that read 100 delayed rows (one stand-in), no answer yet
+    clock = ManualClock(0)
+    sub = _subscription(SealedReader(), clock, lookahead_ms=1_000)
+    index = TopicIndex(min_index_count=10**9)
+    a = _object(1, 0, [HOUR_MS] * 100, publish_ms=0)
+    b = _object(1, 100, [HOUR_MS] * 50, publish_ms=0)
+    c = _object(1, 150, [HOUR_MS + 5] * 30, publish_ms=0)
+    index.add(a)
+    sub.on_read([_stand_in(a)], [(1, None)], (1, 99))
+    # Then they count before any due query is answered
+    assert _delayed(sub) == 100
+    query = sub.step(0).tail_query
+    assert query is not None
+    # When the answer is made after b is committed, and c is committed and read (one
+    # stand-in for b and c) before the answer arrives
+    index.add(b)
+    answer = index.due(query.below, query.through_ms, query.now_ms)
+    index.add(c)
+    sub.on_read([_stand_in(b, c)], [(1, None)], (1, 179))
+    assert _delayed(sub) == 180
+    rows, below, next_d, waiting = answer
+    assert (below, waiting) == (key_of(1, 150), 150)
+    sub.take_unsealed(rows, below, query.now_ms, next_d, waiting)
+    # Then the answer's 150 and the 30 read past it count, none twice
+    assert _delayed(sub) == 180
+    # And the next answer (all due beyond the lookahead: the idle poll) counts all 180
+    assert sub.step(TAIL_POLL_MS).tail_query is None
+    query = sub.step(TAIL_IDLE_POLL_MS).tail_query
+    assert query is not None
+    rows, below, next_d, waiting = index.due(query.below, query.through_ms, query.now_ms)
+    sub.take_unsealed(rows, below, query.now_ms, next_d, waiting)
+    assert waiting == 180 and _delayed(sub) == 180
+
+
+def test_rows_read_as_stand_ins_then_sealed_count_once_when_the_bucket_is_adopted():
+    # Given a subscription that read 100 delayed rows of ledger 1 (one stand-in)
+    clock = ManualClock(0)
+    sub = _subscription(SealedReader(), clock, lookahead_ms=1_000)
+    index = TopicIndex(min_index_count=1)
+    a = _object(1, 0, [HOUR_MS] * 100, publish_ms=0)
+    index.add(a)
+    sub.on_read([_stand_in(a)], [(1, None)], (1, 99))
+    query = sub.step(0).tail_query
+    assert query is not None
+    # When the ledger is sealed into a bucket and published before the query is answered
+    job = index.ledger_closed(1)
+    assert job is not None
+    index.published(1)
+    meta, _ = _meta(1, [(key_of(1, i), HOUR_MS) for i in range(100)])
+    rows, below, next_d, waiting = index.due(query.below, query.through_ms, query.now_ms)
+    assert waiting == 0 and below == query.below  # (the index holds nothing any more)
+    # and the subscription adopts the bucket, then takes the answer (as the actor does)
+    sub.adopt(meta)
+    sub.take_unsealed(rows, below, query.now_ms, next_d, waiting)
+    # Then the 100 count once: in the bucket, not also as read
+    assert _delayed(sub) == 100
+
+
+def test_a_stream_of_rows_due_later_is_asked_for_seldom_but_a_new_bucket_or_a_due_row_at_once():
+    # Given a subscription whose last due query was answered at 0
+    clock = ManualClock(0)
+    sub = _subscription(SealedReader(), clock, lookahead_ms=1_000)
+    index = TopicIndex(min_index_count=10**9)
+
+    def answer(now: int) -> bool:
+        query = sub.step(now).tail_query
+        if query is None:
+            return False
+        rows, below, next_d, waiting = index.due(query.below, query.through_ms, query.now_ms)
+        sub.take_unsealed(rows, below, query.now_ms, next_d, waiting)
+        return True
+
+    first = _object(1, 0, [HOUR_MS] * 10, publish_ms=0)
+    index.add(first)
+    sub.on_read([_stand_in(first)], [(1, None)], (1, 9))
+    assert answer(0)
+    # When more rows due in an hour are read
+    more = _object(1, 10, [HOUR_MS] * 10, publish_ms=0)
+    index.add(more)
+    sub.offer_read([_stand_in(more)], [(1, None)], (1, 19))
+    # Then they count at once, and no query goes until the idle poll
+    assert not answer(100) and _delayed(sub) == 20
+    assert not answer(TAIL_POLL_MS) and not answer(TAIL_IDLE_POLL_MS - 1)
+    assert answer(TAIL_IDLE_POLL_MS) and _delayed(sub) == 20
+    # When a read says the topic sealed a bucket since, a query goes at the next poll
+    t = TAIL_IDLE_POLL_MS
+    sub.offer_read([], [(1, None)], (1, 19), buckets_changed=True)
+    assert not answer(t + TAIL_POLL_MS - 1) and answer(t + TAIL_POLL_MS)
+    # When a row due within the lookahead is read, the query goes at its refill time
+    t += TAIL_POLL_MS
+    soon = _object(1, 20, [t + 3_000], publish_ms=0)
+    index.add(soon)
+    sub.offer_read([_stand_in(soon)], [(1, None)], (1, 20))
+    assert not answer(t + 2_499) and answer(t + 2_500)
