@@ -23,7 +23,8 @@ Scenarios:
    size, drain rate.
 7. fanout (raydelay): K = 1, 4, 8, 16 shared subscriptions of one partition index 300k
    delayed messages -> CPU seconds and RSS growth against K = 1, store bytes and bytes
-   written per payload byte.
+   written per payload byte; and K = 1 with the largest K - 1 idle subscription actors
+   alive, their CPU counted (Ray's per-process floor under the largest K).
 8. drain (raydelay): 2M messages of one partition due over 60 s, all overdue when a
    consumer comes -> messages/s.
 9. topology (raydelay): 4 topics x 4 partitions x 8 subscriptions, one consumer each,

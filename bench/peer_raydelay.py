@@ -328,11 +328,19 @@ class RaydelayPeer:
         until every subscription holds all of them. Measures the CPU seconds and the RSS
         growth of the topic and subscription actors over that, the store's bytes per
         message after retention (log + buckets + cursors), and the bytes written to the
-        store per byte appended (write amplification)."""
-        return [self._fanout(k, n, threads) for k in ks]
+        store per byte appended (write amplification).
 
-    def _fanout(self, k: int, n: int, threads: int) -> dict:
-        topic = f"fanout{k}"
+        One more row for the largest K: K = 1 with K - 1 subscription actors of another
+        topic alive and idle, their CPU counted too. That is what K subscriptions cost
+        with no work per subscription at all (each an idle Ray worker process): the floor
+        under the largest K's figure."""
+        out = [self._fanout(k, n, threads) for k in ks]
+        if max(ks) > 1:
+            out.append(self._fanout(1, n, threads, idle=max(ks) - 1))
+        return out
+
+    def _fanout(self, k: int, n: int, threads: int, idle: int = 0) -> dict:
+        topic = f"fanout{k}" + (f"-idle{idle}" if idle else "")
         self.cluster.create_topic(topic, partitions=1)
         subs = [f"s{i}" for i in range(k)]
         for name in subs:  # the subscription stays; nobody consumes
@@ -340,12 +348,20 @@ class RaydelayPeer:
         producer = self.cluster.create_producer(topic)
         actors = [topic_partition(topic, 0)]  # (its host)
         actors += [subscription_partition(topic, 0, name) for name in subs]  # (their actors)
+        if idle:  # subscriptions of a topic nothing is sent to
+            self.cluster.create_topic(f"{topic}-quiet", partitions=1)
+            for i in range(idle):
+                self.cluster.subscribe(f"{topic}-quiet", f"q{i}").close()
+            actors += [subscription_partition(f"{topic}-quiet", 0, f"q{i}") for i in range(idle)]
         procs = [psutil.Process(pid) for pid in ray.get([a.pid.remote() for a in actors])]
+        if idle:
+            time.sleep(3)  # (their start-up is over: only their idle cost is measured)
 
         def cpu() -> float:
             return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
 
-        rss0, cpu0, t0 = sum(p.memory_info().rss for p in procs), cpu(), time.monotonic()
+        loaded = procs[: 1 + k]  # (RSS: the host and the subscriptions read)
+        rss0, cpu0, t0 = sum(p.memory_info().rss for p in loaded), cpu(), time.monotonic()
         due = now_ms() + 3_600_000
 
         def send(items: list[bytes], ats: np.ndarray) -> None:
@@ -370,7 +386,7 @@ class RaydelayPeer:
                 break
             time.sleep(0.2)
         indexed_s = time.monotonic() - t0
-        spent, rss = cpu() - cpu0, sum(p.memory_info().rss for p in procs) - rss0
+        spent, rss = cpu() - cpu0, sum(p.memory_info().rss for p in loaded) - rss0
         time.sleep(12)  # retention (every 5 s) deletes the sealed ledgers
         topic_stats = ask(actors[0].stats.remote)
         store = dir_bytes(self.root / "topics" / topic) + dir_bytes(self.root / "subs" / topic)
@@ -380,11 +396,15 @@ class RaydelayPeer:
         if "bytes_written" in topic_stats:
             written = _written(topic_stats)
         sub_buckets = self.cluster.stats(topic, subs[0])["buckets"]
-        progress(f"fanout K={k}: {spent:.1f} CPU s, {rss / 2**20:,.0f} MiB RSS growth")
+        also = f" (+{idle} idle subscription actors)" if idle else ""
+        progress(f"fanout K={k}{also}: {spent:.1f} CPU s, {rss / 2**20:,.0f} MiB RSS growth")
         producer.close()
         self.cluster.delete_topic(topic, force=True)
+        if idle:
+            self.cluster.delete_topic(f"{topic}-quiet", force=True)
         return {
             "k": k,
+            "idle": idle,
             "n": n,
             "indexed_s": indexed_s,
             "cpu_s": spent,

@@ -426,15 +426,19 @@ def _fanout(results: dict) -> list[str]:
         "",
         "Ratios are against K = 1 of the same run. Store bytes are measured 12 s after every "
         "subscription held every message (retention runs every 5 s); written bytes are the "
-        "log's and the sealed buckets' (cursors and metadata left out).",
+        "log's and the sealed buckets' (cursors and metadata left out). The row \"1 + N idle\" "
+        "is K = 1 with N subscription actors of a topic nothing is sent to alive, their CPU "
+        "counted too: what the largest K would cost with no work per subscription, Ray's "
+        "per-process floor (its RSS growth is the host and the loaded subscription only).",
         "",
         "| K | seconds until all held | CPU s | vs K=1 | RSS growth MiB | vs K=1 | buckets (a subscription's) "
         "| store bytes / payload byte | written / appended |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        k = f"1 + {r['idle']} idle" if r.get("idle") else r["k"]
         out.append(
-            f"| {r['k']} | {r['indexed_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"| {k} | {r['indexed_s']:.1f} | {r['cpu_s']:.2f} | "
             f"{_ratio(r['cpu_s'], base['cpu_s'])} | {r['rss_growth'] / MIB:,.0f} | "
             f"{_ratio(r['rss_growth'], base['rss_growth'])} | {r.get('sub_buckets')} | "
             f"{r['store_per_payload']:.2f} | {_num(r['written_per_appended'], '.2f')} |"
