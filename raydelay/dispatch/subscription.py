@@ -85,15 +85,12 @@ from raydelay.positions import (
     position_of,
     split_keys,
 )
+from raydelay.subscription_types import check_subscription_type
 
 log = logging.getLogger(__name__)
 
-SUBSCRIPTION_TYPES = ("shared", "key_shared", "exclusive", "failover")
 # a backlog of due sealed-bucket rows is taken this many at a time (see collect_due)
 SEALED_WINDOW = 50_000
-# The types that spread messages over consumers and honour deliver_at; exclusive and
-# failover deliver in log order and ignore it (Pulsar's rule).
-SPREAD_TYPES = ("shared", "key_shared")
 DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
 DELAYED_MARK_STEP_MS = 5_000  # how far ahead the persisted delayed mark moves
 # How soon the topic's unsealed index is asked after new delayed rows were read (for the
@@ -288,11 +285,7 @@ class Subscription:
         ``lookahead_ms``: the due queries of the topic's unsealed index ask for the rows
         due within this many ms, which wait here with their payloads and go out at their
         due instant (0: asked for only once due)."""
-        if subscription_type not in SUBSCRIPTION_TYPES:
-            raise InvalidArgument(
-                f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
-                f"got {subscription_type!r}"
-            )
+        self.spreads = check_subscription_type(subscription_type).spreads
         if max_redeliveries is not None and publish_dead_letters is None:
             raise InvalidArgument("publish_dead_letters: required with max_redeliveries")
         self.name = name
@@ -302,7 +295,7 @@ class Subscription:
         self.cursor = cursor or Cursor()
         # The sealed buckets of the partition (shared subscriptions): due rows come from
         # them with their payloads; the log is read for everything else.
-        self.sealed = sealed if subscription_type in SPREAD_TYPES else None
+        self.sealed = sealed if self.spreads else None
         # The log as this subscription still needs it: acknowledged or held by a sealed
         # bucket. Its mark-delete is how far the partition's ledgers may be deleted.
         self.log_cursor = self.cursor.copy()
@@ -464,7 +457,7 @@ class Subscription:
     def can_receive(self, consumer_id: str) -> bool:
         if consumer_id not in self._consumers:
             return False
-        return self.type in SPREAD_TYPES or consumer_id == self.active_consumer()
+        return self.spreads or consumer_id == self.active_consumer()
 
     # --- reading the log -------------------------------------------------------------------
 
@@ -641,7 +634,7 @@ class Subscription:
                     self._tail_read(soonest)
                 idx, keys, ds = idx[~later], keys[~later], ds[~later]
         now_due = np.ones(len(idx), dtype=bool)
-        if self.type in SPREAD_TYPES and len(idx):
+        if self.spreads and len(idx):
             delayed = ds != NO_DELAY
             if delayed.any():
                 tracked = self.tracker.add_messages(*split_keys(keys[delayed]), ds[delayed])
@@ -1539,7 +1532,7 @@ class Subscription:
                 raise InvalidArgument(
                     f"msgs: not held unacknowledged by this consumer: {shown}{more}"
                 )
-            if self.type in SPREAD_TYPES:
+            if self.spreads:
                 held = wanted & held
         if c is None or not held or dry_run:
             return len(held) if c is not None else 0

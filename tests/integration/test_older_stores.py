@@ -54,9 +54,10 @@ import os
 own = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/subs/" in d and "/buckets" in d]
 sealed = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/topics/" in d and "/buckets/" in d]
 placed = [[r["class"], r["serves"]] for r in cluster.placement()]
-from raydelay.cluster.handles import topic_partition
+from raydelay.actors.handles import topic_partition
+from raydelay.actors.host import HostActor
 import ray
-topics = [ray.get(topic_partition("orders", p).stats.remote()) for p in (0, 1)]
+topics = [ray.get(topic_partition("orders", p).submit(HostActor.stats)) for p in (0, 1)]
 merged = [[t["buckets"], t["merged"]] for t in topics]
 print(json.dumps({"got": got, "stats": stats, "own": own, "sealed": sealed, "placed": placed,
                   "merged": merged}, default=str))

@@ -16,6 +16,7 @@ import time
 
 import ray
 
+from raydelay.actors.host import HostActor
 from raydelay.storage import make_store
 from tests.integration.helpers import (
     now_ms,
@@ -31,7 +32,7 @@ def _topic(topic: str, partition: int = 0):
 
 
 def _topic_stats(topic: str) -> dict:
-    return ray.get(_topic(topic).stats.remote())
+    return ray.get(_topic(topic).submit(HostActor.stats))
 
 
 def _drain(consumer, count: int, timeout_s: float = 60.0, ack: bool = True):
