@@ -239,12 +239,15 @@ def test_a_partition_that_stops_answering_holds_up_only_its_own_messages(cluster
         # Then partition 0 delivered everything and has every ack, while partition 1 hangs
         assert sorted(m.payload for m in more) == sorted(b"more-0-%d" % i for i in range(100))
         deadline = time.monotonic() + 30
-        while ray.get(actors[0].stats.remote())["acked"] < 150 and time.monotonic() < deadline:
+        while (
+            ray.get(actors[0].submit(SubscriptionActor.stats))["acked"] < 150
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
-        assert ray.get(actors[0].stats.remote())["acked"] == 150
+        assert ray.get(actors[0].submit(SubscriptionActor.stats))["acked"] == 150
     finally:
         os.kill(pid, signal.SIGCONT)
     # And once partition 1 answers again, its ack (kept meanwhile) is applied
     consumer.flush()
-    assert ray.get(actors[1].stats.remote())["acked"] == 50
+    assert ray.get(actors[1].submit(SubscriptionActor.stats))["acked"] == 50
     assert cluster.stats(topic_name, "s")["backlog"] == 0
