@@ -600,8 +600,8 @@ class SubscriptionPartition:
                 task.cancel()
             rest = [t for t in self._tasks if t not in self._loops]
             await asyncio.gather(*rest, return_exceptions=True)
-        async with self._sub._persist_lock:  # (a receive's write-ahead finishes first)
-            self._sub._write_cursor = None
+        async with self._sub.marks.lock:  # (a receive's write-ahead finishes first)
+            self._sub.marks.write_cursor = None
             await asyncio.to_thread(self._write_reset, md)
         if self._started:
             await self._notify()  # standing receives here return empty

@@ -735,9 +735,9 @@ def test_smallest_counts_takes_exactly_the_n_smallest_rows_of_all_parts(raw, n):
 
 
 def test_an_overdue_backlog_goes_out_a_window_of_whole_groups_at_a_time(monkeypatch):
-    import raydelay.dispatch.subscription as subscription_module
+    import raydelay.dispatch.due as due_module
 
-    monkeypatch.setattr(subscription_module, "SEALED_WINDOW", 25)
+    monkeypatch.setattr(due_module, "SEALED_WINDOW", 25)
     # Given three buckets of one segment each, whose rows interleave in time, all overdue
     rng = np.random.default_rng(7)
     metas, segs = [], {}
@@ -837,11 +837,11 @@ def test_a_key_shared_subscription_learns_each_staged_rows_own_hash_slot():
     positions = np.array([key_of(1, 0), key_of(1, 2), key_of(1, 1), key_of(1, 3)])
     rows = Rows(positions, np.zeros(4, dtype=np.int64), entries)
     # When they are staged (the subscription sorts them by position)
-    assert sub._stage(rows, np.arange(4), positions) == 4
+    assert sub.due.stage(rows, np.arange(4), positions) == 4
     # Then each position's slot is the slot of its own key
     expected = slots_of(pa.array(names, type=pa.string()), {})
     for i, k in enumerate(positions.tolist()):
-        assert sub._slot[k] == int(expected[i])
+        assert sub.key_pool.slot[k] == int(expected[i])
 
 
 def _shipped(batch: pa.RecordBatch) -> int:
