@@ -27,7 +27,10 @@ The parts:
 | ``buckets`` | :mod:`~raydelay.dispatch.adoption` | adopting sealed buckets, finishing them |
 | ``key_pool`` | :mod:`~raydelay.dispatch.keypool` | key_shared: one key to one consumer at a time |
 | ``handout`` | :mod:`~raydelay.dispatch.handout` | what a receive hands out, in delivery order |
+| ``payloads`` | :mod:`~raydelay.dispatch.payloads` | payloads: staged, cached, fetched; dead letters' flush |
+| ``acks`` | :mod:`~raydelay.dispatch.acks` | one ack through every part |
 | ``cancels`` | :mod:`~raydelay.dispatch.cancels` | cancel markers |
+| (stats) | :mod:`~raydelay.dispatch.counts` | the counts a subscription reports |
 | ``peeks`` | :mod:`~raydelay.dispatch.peeking` | the schedule as a peek shows it |
 
 ``exclusive`` and ``failover`` ignore ``deliver_at`` and deliver in log order. Positions
@@ -36,24 +39,25 @@ are int64 keys (:func:`raydelay.positions.key_of`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from raydelay.clock import Clock
-from raydelay.delayed.index import bitmap64_of, bitmap64_values
 from raydelay.delayed.reader import Progress, SealedReader
 from raydelay.delayed.sealed import SealedMeta
+from raydelay.dispatch.acks import Acks
 from raydelay.dispatch.adoption import BucketAdoption
 from raydelay.dispatch.cancels import Cancels
 from raydelay.dispatch.consumers import ConsumerTable
+from raydelay.dispatch.counts import subscription_stats
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.due import SEALED_WINDOW, DueRows
 from raydelay.dispatch.handout import HandOut
 from raydelay.dispatch.keypool import KeyPool
 from raydelay.dispatch.marks import DELAYED_MARK_STEP_MS, DISPATCH_MARK_STEP, CursorMarks
+from raydelay.dispatch.payloads import DEAD_LETTER_BATCH, Payloads
 from raydelay.dispatch.peek import PeekRange
 from raydelay.dispatch.peeking import Peek
 from raydelay.dispatch.ports import (
@@ -68,16 +72,13 @@ from raydelay.dispatch.ports import (
     Step,
     TailQuery,
     Tracker,
-    first_keys,
-    keys_of,
 )
 from raydelay.dispatch.reading import LogReading
 from raydelay.dispatch.redelivery import Redelivery
 from raydelay.dispatch.staging import Staging
 from raydelay.dispatch.tail import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, UnsealedTail
 from raydelay.errors import ConsumerBusy, InvalidArgument
-from raydelay.log.entries import DelayedRun, LedgerObject, Rows, concat_entries
-from raydelay.positions import position_of
+from raydelay.log.entries import DelayedRun, LedgerObject, Rows
 
 __all__ = [
     "DEAD_LETTER_BATCH",
@@ -109,7 +110,6 @@ SUBSCRIPTION_TYPES = ("shared", "key_shared", "exclusive", "failover")
 # The types that spread messages over consumers and honour deliver_at; exclusive and
 # failover deliver in log order and ignore it (Pulsar's rule).
 SPREAD_TYPES = ("shared", "key_shared")
-DEAD_LETTER_BATCH = 1_000  # dead letters published per flush
 
 
 class Subscription:
@@ -197,6 +197,13 @@ class Subscription:
             max_redeliveries=max_redeliveries,
             spread=spread,
         )
+        self.acks = Acks(
+            name=name,
+            consumers=self.consumer_table,
+            redelivery=self.redelivery,
+            marks=self.marks,
+            counters=self.counters,
+        )
         self.unsealed = UnsealedTail(lookahead_ms=lookahead_ms)
         self.staging = Staging()
         self.reading = LogReading(
@@ -217,9 +224,9 @@ class Subscription:
             tracker=tracker,
             counters=self.counters,
             read_position=lambda: self.reading.read_position,
-            ack_keys=self._ack_keys,
+            ack_keys=self.acks.ack_keys,
         )
-        self.reading.cancels = self.cancels
+        self.reading.cancels, self.acks.reading = self.cancels, self.reading
         self.key_pool: KeyPool | None = None
         if keyed:
             self.key_pool = KeyPool(
@@ -230,6 +237,7 @@ class Subscription:
                 cap=10 * read_ahead_entries,
             )
             self.consumer_table.slots_known = self.key_pool.slots_known
+            self.acks.key_pool = self.key_pool
         parts = dict(
             tracker=tracker,
             sealed=self.sealed,
@@ -259,43 +267,20 @@ class Subscription:
             if self.sealed is not None
             else None
         )
-        self._publish_dead_letters = publish_dead_letters
-        self._dead_letter_lock = asyncio.Lock()  # one flush at a time: none is published twice
-        self._stepped_ms = -1  # the latest time step() or collect_due() was given (epoch ms)
-
-    # --- the parts' state, as the actor and the tests read it ----------------------------------
-
-    cursor = property(lambda self: self.marks.cursor)
-    log_cursor = property(lambda self: self.marks.log_cursor)
-    delayed_before = property(lambda self: self.marks.delayed_before)
-    unread = property(lambda self: self.reading.unread)
-    start_position = property(lambda self: self.reading.start_position)
-    read_position = property(lambda self: self.reading.read_position)
-    read_ahead_entries = property(lambda self: self.reading.read_ahead_entries)
-    objects = property(lambda self: self.reading.objects)
-    redeliver = property(lambda self: self.redelivery.redeliver)
-    dead = property(lambda self: self.redelivery.dead)
-    tail_taken = property(lambda self: self.unsealed.taken)
-    tail_next = property(lambda self: self.unsealed.next_ms)
-    tail_dirty = property(lambda self: self.unsealed.dirty)
-    tail_waiting = property(lambda self: self.unsealed.waiting)
+        self.payloads = Payloads(
+            name=name,
+            staging=self.staging,
+            objects=self.reading.objects,
+            redelivery=self.redelivery,
+            ack_keys=self.acks.ack_keys,
+            dead_lettered=self.acks.dead_lettered,
+            publish_dead_letters=publish_dead_letters,
+        )
+        self.stepped_ms = -1  # the latest time step() or collect_due() was given (epoch ms)
 
     @property
-    def dispatch_mark(self) -> Position:
-        return self.marks.dispatch_mark
-
-    @dispatch_mark.setter
-    def dispatch_mark(self, mark: Position) -> None:
-        self.marks.dispatch_mark = mark
-
-    @property
-    def tail(self) -> Position | None:
-        """The log's last committed position, as the last read saw it."""
-        return self.reading.tail
-
-    @tail.setter
-    def tail(self, tail: Position | None) -> None:
-        self.reading.tail = tail
+    def cursor(self) -> Cursor:
+        return self.marks.cursor
 
     # --- consumers ---------------------------------------------------------------------------
 
@@ -303,8 +288,7 @@ class Subscription:
         self.consumer_table.add(consumer_id, now_ms)
 
     def touch(self, consumer_id: str, now_ms: int | None = None) -> bool:
-        """The consumer called or sent a heartbeat: its lease starts again. False if it is
-        not a consumer here (never added, or removed)."""
+        """The consumer was heard from: its lease starts again (False: no such consumer)."""
         return self.consumer_table.touch(consumer_id, now_ms)
 
     def expire_consumers(self, now_ms: int, lease_ms: int) -> list[tuple[str, int]]:
@@ -346,9 +330,8 @@ class Subscription:
         tail: Position | None,
         buckets_changed: bool = False,
     ) -> None:
-        """The log reader's answer (see :meth:`on_read`), for the next :meth:`step` to
-        apply. ``buckets_changed``: the host's set of sealed buckets changed since they
-        were adopted (the next due query of its unsealed index adopts them)."""
+        """The log reader's answer, for the next :meth:`step` to apply; ``buckets_changed``:
+        the host's sealed buckets changed since they were adopted."""
         if buckets_changed and self.sealed is not None:
             self.unsealed.dirty = self.unsealed.buckets_stale = True
         self.reading.offer_read(objects, ledgers, tail)
@@ -402,7 +385,7 @@ class Subscription:
         if mark is not None:
             await self.persist(force=True, mark=mark)
         self.collect_due(now_ms, max_messages)
-        if self.dead:
+        if self.redelivery.dead:
             await self.flush_dead_letters(fetch)
         keys = self.keys_to_fetch(max_messages, consumer_id)
         fetched = await self.fetch_payloads(fetch, keys, self.max_fetch)
@@ -411,45 +394,12 @@ class Subscription:
     async def fetch_payloads(
         self, fetch: Fetch, keys: np.ndarray, max_reads: int | None = None
     ) -> list[Group]:
-        """Payloads for positions, grouped by source: the staged rows, the cached objects,
-        else rows read through ``fetch`` (positions the log no longer has are acked:
-        nothing can deliver them). With ``max_reads``, at most that many (the lowest) are
-        read through ``fetch``; the others are left out of the result."""
-        if not len(keys):
-            return []
-        groups, need = self.staging.lookup(np.asarray(keys, dtype=np.int64))
-        if len(need):
-            cached, need = self.objects.lookup(need)
-            groups.extend(cached)
-        if max_reads is not None and len(need) > max_reads:
-            need = np.sort(need)[:max_reads]
-        if len(need):
-            rows = await fetch(need)
-            found = np.isin(need, rows.positions)
-            if found.any():
-                got = need[found]
-                groups.append((rows, np.searchsorted(rows.positions, got), got))
-            if not found.all():
-                self.drop_missing(need[~found])
-        return groups
+        """Payloads for positions, grouped by source (see :meth:`Payloads.fetch`)."""
+        return await self.payloads.fetch(fetch, keys, max_reads)
 
     async def flush_dead_letters(self, fetch: Fetch) -> int:
-        """Publish waiting dead letters (up to :data:`DEAD_LETTER_BATCH`, payloads read
-        through ``fetch``), then ack them; returns how many. One flush at a time: a second
-        one while the first awaits its publish returns 0 (the first takes what waits)."""
-        publish = self._publish_dead_letters
-        if not self.dead or publish is None or self._dead_letter_lock.locked():
-            return 0
-        async with self._dead_letter_lock:
-            groups = await self.fetch_payloads(fetch, first_keys(self.dead, DEAD_LETTER_BATCH))
-            if not groups:
-                return 0
-            entries = concat_entries([src.entries.take(idx) for src, idx, _ in groups])
-            keys = np.concatenate([ks for _, _, ks in groups])
-            await publish(keys, entries)
-            self.dead_lettered(keys)
-            log.info("subscription %s: %d messages dead-lettered", self.name, len(keys))
-            return len(keys)
+        """Publish waiting dead letters, then ack them (see :meth:`Payloads.flush_dead_letters`)."""
+        return await self.payloads.flush_dead_letters(fetch)
 
     async def persist(self, *, force: bool = False, mark: Position | None = None) -> bool:
         """Write the cursor (see :meth:`CursorMarks.persist`). Returns whether it wrote."""
@@ -462,7 +412,7 @@ class Subscription:
         reader brought, send expired ack deadlines and the messages of consumers whose
         lease lapsed back for redelivery, drop staged payloads no longer waiting, and say
         what I/O is due and when to step again (see :class:`Step`)."""
-        self._stepped_ms = max(self._stepped_ms, now_ms)
+        self.stepped_ms = max(self.stepped_ms, now_ms)
         self.reading.apply_offers()
         self.expire(now_ms)
         expired = (
@@ -481,7 +431,7 @@ class Subscription:
             expired=expired,
             loads=sealed.wanted(now_ms) if sealed is not None else [],
             tail_query=self.unsealed.query(now_ms) if sealed is not None else None,
-            dead_letters=bool(self.dead) and not self._dead_letter_lock.locked(),
+            dead_letters=self.payloads.flush_due(),
             persist=persist,
         )
 
@@ -517,7 +467,7 @@ class Subscription:
     def collect_due(self, now_ms: int, max_messages: int) -> None:
         """Move due delayed positions and expired ack deadlines into the redelivery set
         (see :meth:`DueRows.collect`)."""
-        self._stepped_ms = max(self._stepped_ms, now_ms)
+        self.stepped_ms = max(self.stepped_ms, now_ms)
         self.expire(now_ms)
         self.due.collect(now_ms, max_messages)
 
@@ -532,7 +482,7 @@ class Subscription:
 
     def prune_staged(self, max_rows: int) -> None:
         """Drop staged rows no longer waiting for delivery (see :meth:`Staging.prune`)."""
-        self.staging.prune(max_rows, self.redeliver)
+        self.staging.prune(max_rows, self.redelivery.redeliver)
 
     def adopt(
         self,
@@ -559,55 +509,19 @@ class Subscription:
         return self.handout.deliver(consumer_id, fetched, max_messages, now_ms)
 
     def wanted_mark(self) -> Position | None:
-        """Where the dispatch mark must move before the read-ahead queue can go on (None:
-        it need not move). The actor persists it first, then sets ``dispatch_mark``."""
+        """Where the dispatch mark must move next (persist it first); None: it need not."""
         return self.reading.wanted_mark()
 
     def drop_missing(self, keys: Iterable[int] | np.ndarray) -> int:
         """Positions the log no longer has (deleted): nothing can deliver them; ack them."""
-        bm = bitmap64_of(keys_of(keys))
-        gone = (bm & self.redeliver) | (bm & self.dead)
-        if not gone:
-            return 0
-        log.error(
-            "subscription %s: %d positions are gone from the log, first %s",
-            self.name,
-            len(gone),
-            position_of(gone.min()),
-        )
-        self._ack_keys(bitmap64_values(gone))
-        return len(gone)
+        return self.payloads.drop_missing(keys)
 
     # --- acks, nacks, timeouts -----------------------------------------------------------------
 
     def ack(self, consumer_id: str, keys: Iterable[int] | np.ndarray) -> int:
-        """Acknowledge positions (int64 keys); returns how many were newly acknowledged. Any
-        consumer may ack any message, as with Pulsar's ack by id (it need not hold it). A
-        position past the end of the log is an InvalidArgument, and nothing is acked."""
-        ks = keys_of(keys)
-        end = self.reading.end_key
-        if end is not None and len(ks) and int(ks.max()) > end:
-            bad = ks[ks > end][:3]
-            shown = ", ".join("{}:{}".format(*position_of(int(k))) for k in bad)
-            last = "{}:{}".format(*position_of(end))
-            raise InvalidArgument(
-                f"messages: {shown} past the end of {self.name} (its last entry is {last}): "
-                "no such message"
-            )
-        return self._ack_keys(ks)
-
-    def _ack_keys(self, ks: np.ndarray) -> int:
-        """One ack, through every part that may hold the positions."""
-        if len(ks) == 0:
-            return 0
-        bm = bitmap64_of(ks)
-        self.consumer_table.release(bm)
-        self.redelivery.forget(bm)
-        if self.key_pool is not None:
-            self.key_pool.forget(ks)
-        added = self.marks.ack(ks, bm)
-        self.counters["acked"] += added
-        return added
+        """Acknowledge positions (see :meth:`Acks.ack`): any consumer may ack any message,
+        as with Pulsar's ack by id (it need not hold it)."""
+        return self.acks.ack(keys)
 
     def nack(
         self, consumer_id: str, keys: Iterable[int] | np.ndarray, delay_ms: int, now_ms: int
@@ -628,9 +542,7 @@ class Subscription:
 
     def dead_lettered(self, keys: Iterable[int] | np.ndarray) -> int:
         """These were published to the dead-letter topic: ack them."""
-        ks = keys_of(keys)
-        self.counters["dead_lettered"] += len(ks)
-        return self._ack_keys(ks)
+        return self.acks.dead_lettered(keys)
 
     # --- cancel --------------------------------------------------------------------------------
 
@@ -642,7 +554,7 @@ class Subscription:
     def learn_cancels(self, pairs: Iterable[tuple[Position, Position]]) -> int:
         """Take in the log's cancel markers from the first unacknowledged position on (at
         startup, before anything is delivered). Returns how many."""
-        return self.cancels.learn(pairs, self.start_position)
+        return self.cancels.learn(pairs, self.reading.start_position)
 
     async def peek(
         self,
@@ -658,7 +570,9 @@ class Subscription:
     # --- timers and stats ----------------------------------------------------------------------
 
     def has_deliverable(self, now_ms: int) -> bool:
-        return bool(self.redeliver) or self.reading.has_ready() or self.due.has_due(now_ms)
+        return (
+            bool(self.redelivery.redeliver) or self.reading.has_ready() or self.due.has_due(now_ms)
+        )
 
     def next_wakeup_ms(self, next_delayed_ms: int | None = None) -> int | None:
         """When something may next become deliverable (epoch ms), or None
@@ -680,27 +594,5 @@ class Subscription:
         return self.reading.ready_count
 
     def stats(self) -> dict:
-        buckets = getattr(self.tracker, "immutable_bucket_count", lambda: 0)()
-        delayed = self.tracker.number_of_delayed_messages()
-        if self.sealed is not None:
-            buckets += len(self.sealed.buckets)
-            delayed += self.sealed.remaining() + self.unsealed.delayed(self._stepped_ms)
-        return {
-            "type": self.type,
-            "delayed": delayed,
-            "backlog": self.cursor.unacked_between(self.tail),
-            "pending_ack": self.pending_count(),
-            "buckets": buckets,
-            "loaded_indexes": self.tracker.number_of_delayed_messages()
-            + (self.sealed.loaded_rows() if self.sealed is not None else 0),
-            "redelivery": len(self.redeliver),
-            "dead_letter_pending": len(self.dead),
-            "read_ahead": self.reading.ready_count,
-            "unread": len(self.unread),
-            "mark_delete": list(self.cursor.mark_delete),
-            "log_mark": list(self.log_cursor.mark_delete),
-            "read_position": list(self.read_position),
-            "tail": None if self.tail is None else list(self.tail),
-            "consumers": len(self.consumer_table),
-            **self.counters,
-        }
+        """The subscription's counts (see :func:`raydelay.dispatch.counts.subscription_stats`)."""
+        return subscription_stats(self)
