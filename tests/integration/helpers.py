@@ -94,6 +94,26 @@ def join_subscription(
 _BUSY = ("backlog", "pending_ack", "read_ahead", "redelivery")
 
 
+def wait_cursor_recorded(cluster, topic: str, subscription: str, *, timeout_s: float = 30.0):
+    """Wait until every partition's mark-delete the coordinator has recorded for the
+    subscription is the one its actor holds: its cursor is written and reported (what a
+    restarted actor starts from), so acknowledgements made so far survive a kill."""
+    coordinator = ray.get_actor("coordinator", namespace="raydelay")
+    seen: dict = {}
+
+    def recorded() -> bool:
+        seen["held"] = cluster.stats(topic, subscription)["mark_delete"]
+        refs = [
+            coordinator.mark_delete.remote(topic, p, subscription) for p in range(len(seen["held"]))
+        ]
+        seen["recorded"] = [list(x) for x in ray.get(refs)]
+        return seen["recorded"] == [list(x) for x in seen["held"]]
+
+    wait_until(
+        f"the cursor of {topic}/{subscription} recorded", recorded, timeout_s, got=lambda: seen
+    )
+
+
 def receive_and_join(
     cluster, consumer: Consumer, until: Until, *, what: str = "", timeout_s: float = 60.0
 ) -> list[tuple[Message, int]]:

@@ -26,6 +26,7 @@ from tests.integration.helpers import (
     now_ms,
     receive_and_join,
     topic_partition,
+    wait_cursor_recorded,
     wait_until,
 )
 
@@ -261,6 +262,7 @@ def test_seek_from_a_consumer_during_a_subscription_restart(cluster, topic_name,
     cancelled = producer.send_many([b"c%d" % i for i in range(5)], deliver_after=1.0, keys=keys[:5])
     assert all(producer.cancel_many(cancelled))
     assert len(_receive(cluster, consumer, ids)) == 300
+    wait_cursor_recorded(cluster, topic_name, "s")
     # When the subscription's actor is killed (Ray restarts it) and the consumer seeks to
     # its first message, by id, while it comes back
     actor = ray.get_actor(f"sub/{topic_name}/s/0", namespace="raydelay")
