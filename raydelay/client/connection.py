@@ -17,15 +17,16 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 import ray
 
-from raydelay.actors.coordinator import coordinator_peer, spawn_coordinator
-from raydelay.actors.host import partition_peer
+from raydelay.actors.coordinator import CoordinatorActor, spawn_coordinator
+from raydelay.actors.handles import SubscriptionHandles, TopicHandles, fan_out_cancel
+from raydelay.actors.host import HostActor, coordinator_peer, partition_peer, spawn_host
 from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS
-from raydelay.actors.subscription import spawn_subscription
+from raydelay.actors.subscription import SubscriptionActor, spawn_subscription
 from raydelay.client.consumer import Consumer
 from raydelay.client.message import (
     Message,
@@ -41,7 +42,7 @@ from raydelay.client.producer import Producer
 from raydelay.client.reader import Reader
 from raydelay.client.redrive import redrive
 from raydelay.cluster import handles, owner, placement, rpc
-from raydelay.cluster.handles import Peer, SubscriptionPartitions, TopicPartitions
+from raydelay.cluster.handles import Peer
 from raydelay.cluster.local import (  # noqa: F401 - RAY_SYSTEM_CONFIG is re-exported
     RAY_SYSTEM_CONFIG,
     ray_system_config,
@@ -60,9 +61,12 @@ from raydelay.errors import InvalidArgument, NotFound, StorageError, StoreOwned,
 from raydelay.limits import NO_LIMIT, check_limit
 from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
-from raydelay.subscription_types import check_subscription_type
+from raydelay.subscription_types import check_subscription_type, spreads
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # How long connect() waits for another process that is starting a cluster on the same
 # store to claim it, before it starts one of its own (a Ray start takes 5-30 s here).
@@ -177,7 +181,7 @@ def _coordinator(cfg: Config) -> tuple[Any, Config]:
     if coordinator is None:
         check_store(cfg.storage)  # a local store on several nodes: refused, nothing created
         _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
-        coordinator = spawn_coordinator(config_to_dict(cfg))
+        coordinator = spawn_coordinator(config_to_dict(cfg), spawn_host)
         # a coordinator refused the store dies in its constructor: the store says why
         on_failure = functools.partial(_refuse_if_owned, cfg)
     running = config_from_dict(
@@ -351,13 +355,13 @@ class Cluster:
         """Create a topic with ``partitions`` partitions (idempotent for the same count)."""
         self._check_open()
         validate_name("topic", topic)
-        self._coord("create_topic", topic, partitions)
-        self._on_partitions(topic, partitions, "tail")
+        self._coord(CoordinatorActor.create_topic, topic, partitions)
+        self._on_partitions(topic, partitions, HostActor.tail)
 
     def topics(self) -> dict[str, int]:
         """Every topic and its partition count."""
         self._check_open()
-        return dict(self._coord("topics"))
+        return dict(self._coord(CoordinatorActor.topics))
 
     def delete_topic(self, topic: str, *, force: bool = False) -> int:
         """Delete a topic with its log and its subscriptions' state; returns the number of
@@ -365,7 +369,7 @@ class Cluster:
         Its actors are stopped first; if the store fails midway, deleting again finishes."""
         self._check_open()
         n = self._partitions(topic)
-        subs = self._coord("subscriptions", topic)
+        subs = self._coord(CoordinatorActor.subscriptions, topic)
         if subs and not force:
             raise InvalidArgument(
                 f"topic: {topic!r} has subscriptions ({', '.join(sorted(subs))}); "
@@ -375,14 +379,18 @@ class Cluster:
             consumer.close()
         # subscriptions first (they read from the topic's hosts), and wait until they are gone
         handles.stop([name for s in subs for name in self._subscription_actors(topic, s, n)])
-        hosts = {h for k, h in self._coord("assignments").items() if k.rsplit("/", 1)[0] == topic}
+        hosts = {
+            h
+            for k, h in self._coord(CoordinatorActor.assignments).items()
+            if k.rsplit("/", 1)[0] == topic
+        }
         drops = [h.drop_topic.remote(topic) for h in map(placement.lookup_or_none, hosts) if h]
         rpc.get(drops, what=f"hosts of {topic}")
         for key in [k for k in self._peers if k[0] == topic]:
             del self._peers[key]
         for key in [k for k in self._per_actors if k[0] == topic]:
             del self._per_actors[key]
-        return int(self._coord("delete_topic", topic))
+        return int(self._coord(CoordinatorActor.delete_topic, topic))
 
     def _check_per_actor(self, topic: str, subscription: str, per_actor: int | None) -> int:
         """The partitions_per_actor of a subscription being created or joined."""
@@ -417,14 +425,27 @@ class Cluster:
             for g in subscription_groups(partitions, per_actor)
         ]
 
-    def _on_partitions(self, topic: str, partitions: int, method: str, *args: Any) -> list:
-        """``method(*args)`` on every partition of ``topic`` (retried while a host restarts)."""
+    def _on_partitions(
+        self,
+        topic: str,
+        partitions: int,
+        method: Callable[Concatenate[HostActor, str, int, P], Any],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> list:
+        """``method(topic, p, *args)`` on every partition p of ``topic`` (retried while a host
+        restarts)."""
         peers = [self._topic_peer(topic, p) for p in range(partitions)]
-        return self._call(lambda: [peer.remote(method, *args) for peer in peers], f"topic {topic}")
+        return self._call(
+            lambda: [
+                peer.submit(method, topic, p, *args, **kwargs) for p, peer in enumerate(peers)
+            ],
+            f"topic {topic}",
+        )
 
     def _partitions(self, topic: str) -> int:
         validate_name("topic", topic)
-        return int(self._coord("partitions", topic))
+        return int(self._coord(CoordinatorActor.partitions, topic))
 
     def _topic_peer(self, topic: str, partition: int) -> Peer:
         """The partition of a topic, on its host (found through the coordinator, which
@@ -454,7 +475,6 @@ class Cluster:
             subscription_actor_name(topic, subscription, group),
             create,
             f"subscription {subscription} of {topic}/{partition}",
-            route=(partition,),
         )
         return peer
 
@@ -482,7 +502,7 @@ class Cluster:
         def cancel(batches: dict, producer: str) -> tuple[dict[int, list[bool]], int]:
             return self._cancel(topic, batches, producer)
 
-        link = TopicPartitions(peers, deadline_s=self._client.retry_deadline_s, cancel=cancel)
+        link = TopicHandles(topic, peers, deadline_s=self._client.retry_deadline_s, cancel=cancel)
         producer = Producer(
             link,
             topic,
@@ -591,13 +611,13 @@ class Cluster:
         }
         start = None
         if initial_position == "latest":
-            tails = self._on_partitions(topic, n, "tail")
+            tails = self._on_partitions(topic, n, HostActor.tail)
             start = [None if t is None else [int(t[0]), int(t[1])] for t in tails]
-        self._coord("create_subscription", topic, subscription, options, start)
+        self._coord(CoordinatorActor.create_subscription, topic, subscription, options, start)
         peers = [self._subscription_peer(topic, p, subscription) for p in range(n)]
         for peer in peers:
             peer.handle  # noqa: B018 - resolved now: a failure shows here, not later
-        link = SubscriptionPartitions(peers, deadline_s=self._client.retry_deadline_s)
+        link = SubscriptionHandles(peers, deadline_s=self._client.retry_deadline_s)
         consumer = Consumer(
             link,
             topic,
@@ -605,7 +625,7 @@ class Cluster:
             lease_s=self.config.subscription.consumer_lease_s,
             prefetch=prefetch,
             seek=lambda to, inclusive: self._reset(topic, subscription, n, to, inclusive),
-            tails=lambda: self._on_partitions(topic, n, "tail"),
+            tails=lambda: self._on_partitions(topic, n, HostActor.tail),
         )
         self._consumers.append(consumer)
         return consumer
@@ -687,18 +707,19 @@ class Cluster:
         for key in [k for k in self._peers if k[0] == topic and k[2:] == (subscription,)]:
             del self._peers[key]
         self._per_actors.pop((topic, subscription), None)
-        return int(self._coord("delete_subscription", topic, subscription))
+        return int(self._coord(CoordinatorActor.delete_subscription, topic, subscription))
 
     # --- cancel and stats ---------------------------------------------------------------------
 
     def _cancel(
         self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
     ) -> tuple[dict[int, list[bool]], int]:
-        """See :func:`raydelay.cluster.handles.fan_out_cancel`."""
-        return handles.fan_out_cancel(
+        """See :func:`raydelay.actors.handles.fan_out_cancel`."""
+        return fan_out_cancel(
+            topic,
             lambda p: self._topic_peer(topic, p),
             lambda p, s: self._subscription_peer(topic, p, s),
-            list(self._coord("subscriptions", topic)),
+            list(self._coord(CoordinatorActor.subscriptions, topic)),
             batches,
             producer,
             deadline_s=self._client.retry_deadline_s,
@@ -713,14 +734,15 @@ class Cluster:
         self._check_open()
         n = self._partitions(topic)
         if subscription is None:
-            parts = self._on_partitions(topic, n, "stats")
-            subs = self._coord("subscriptions", topic)
+            parts = self._on_partitions(topic, n, HostActor.stats)
+            subs = self._coord(CoordinatorActor.subscriptions, topic)
             return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
         options = self._subscription_options(topic, subscription)
         self._flush_acks(topic)
         parts = self._call(
             lambda: [
-                self._subscription_peer(topic, p, subscription).remote("stats") for p in range(n)
+                self._subscription_peer(topic, p, subscription).submit(SubscriptionActor.stats, p)
+                for p in range(n)
             ],
             "subscription",
         )
@@ -753,7 +775,7 @@ class Cluster:
         partition order; "" for a partition no host has taken yet."""
         self._check_open()
         n = self._partitions(topic)
-        assigned = self._coord("assignments")
+        assigned = self._coord(CoordinatorActor.assignments)
         return [str(assigned.get(f"{topic}/{p}", "")) for p in range(n)]
 
     def cancel(self, message_ids: Any) -> list[bool]:
@@ -790,7 +812,7 @@ class Cluster:
     def _subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""
         validate_name("subscription", subscription)
-        return self._coord("subscription", topic, subscription)
+        return self._coord(CoordinatorActor.subscription, topic, subscription)
 
     def due_histogram(
         self, topic: str, subscription: str, windows_s: tuple[float, ...] = (60, 3600, 86400)
@@ -812,7 +834,9 @@ class Cluster:
         edges = [now + int(w * 1000) + 1 for w in windows_s]  # window i: due <= now + w
         parts = self._call(
             lambda: [
-                self._subscription_peer(topic, p, subscription).remote("due_histogram", edges)
+                self._subscription_peer(topic, p, subscription).submit(
+                    SubscriptionActor.due_histogram, p, edges
+                )
                 for p in range(n)
             ],
             "subscription",
@@ -861,7 +885,7 @@ class Cluster:
         check_key(key)
         n = self._partitions(topic)
         options = self._subscription_options(topic, subscription)
-        if options["type"] not in ("shared", "key_shared"):
+        if not spreads(options["type"]):
             raise InvalidArgument(
                 f"subscription: {topic}/{subscription} is {options['type']}: it delivers in log "
                 "order and ignores deliver_at, so nothing of it waits for a due time"
@@ -869,8 +893,8 @@ class Cluster:
         self._flush_acks(topic)
         batches = self._call(
             lambda: [
-                self._subscription_peer(topic, p, subscription).remote(
-                    "peek", lim, after, before, key
+                self._subscription_peer(topic, p, subscription).submit(
+                    SubscriptionActor.peek, p, lim, after, before, key
                 )
                 for p in range(n)
             ],
@@ -939,7 +963,7 @@ class Cluster:
             peers,
             starts,
             resolve=lambda to, inclusive: self._read_from(topic, n, to, inclusive, "to"),
-            tails=lambda: self._on_partitions(topic, n, "tail"),
+            tails=lambda: self._on_partitions(topic, n, HostActor.tail),
         )
 
     def _read_from(
@@ -1005,7 +1029,7 @@ class Cluster:
         if isinstance(to, str) and to in ("earliest", "latest"):
             if to == "earliest":
                 return {p: [-1, -1] for p in range(n)}
-            tails = self._on_partitions(topic, n, "tail")
+            tails = self._on_partitions(topic, n, HostActor.tail)
             return {
                 p: [-1, -1] if t is None else [int(t[0]), int(t[1])] for p, t in enumerate(tails)
             }
@@ -1018,8 +1042,8 @@ class Cluster:
             isinstance(to, (int, np.integer)) and not isinstance(to, bool)
         ):
             at = time_ms_of(field, to)
-            found = self._on_partitions(topic, n, "position_at", at)
-            tails = self._on_partitions(topic, n, "tail")
+            found = self._on_partitions(topic, n, HostActor.position_at, at)
+            tails = self._on_partitions(topic, n, HostActor.tail)
             out = {}
             for p, (pos, tail) in enumerate(zip(found, tails, strict=True)):
                 if pos is not None:
@@ -1041,7 +1065,12 @@ class Cluster:
                 f"message_id: {topic} has partitions 0..{n - 1}, not {mid.partition}"
             )
         ledgers = self._call(
-            lambda: [self._topic_peer(topic, mid.partition).remote("ledgers")], f"topic {topic}"
+            lambda: [
+                self._topic_peer(topic, mid.partition).submit(
+                    HostActor.ledgers, topic, mid.partition
+                )
+            ],
+            f"topic {topic}",
         )[0]
         sizes = dict((int(i), c) for i, c in ledgers)
         if mid.ledger_id not in sizes:
@@ -1051,7 +1080,12 @@ class Cluster:
         count = sizes[mid.ledger_id]
         if count is None:  # the open ledger: up to its last entry
             tail = self._call(
-                lambda: [self._topic_peer(topic, mid.partition).remote("tail")], f"topic {topic}"
+                lambda: [
+                    self._topic_peer(topic, mid.partition).submit(
+                        HostActor.tail, topic, mid.partition
+                    )
+                ],
+                f"topic {topic}",
             )[0]
             count = int(tail[1]) + 1 if tail is not None and int(tail[0]) == mid.ledger_id else 0
         if mid.entry_id >= count:
@@ -1355,10 +1389,10 @@ class Cluster:
         self._check_open()
         rows = placement.placement_table()
         serves: dict[str, list[str]] = {}
-        for key, host in sorted(self._coord("assignments").items()):
+        for key, host in sorted(self._coord(CoordinatorActor.assignments).items()):
             serves.setdefault(host, []).append(key)
-        for topic, n in self._coord("topics").items():
-            for sub in self._coord("subscriptions", topic):
+        for topic, n in self._coord(CoordinatorActor.topics).items():
+            for sub in self._coord(CoordinatorActor.subscriptions, topic):
                 for g, parts in subscription_groups(n, self._per_actor(topic, sub)).items():
                     name = subscription_actor_name(topic, sub, g)
                     serves[name] = [f"{topic}/{sub}/{p}" for p in parts]
@@ -1367,10 +1401,18 @@ class Cluster:
             r["partitions"] = len(r["serves"])
         return rows
 
-    def _coord(self, method: str, *args: Any) -> Any:
+    def _coord(
+        self,
+        method: Callable[Concatenate[CoordinatorActor, P], R],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
         """A coordinator call, retried while it restarts (or is re-created after it ended),
         for up to client.retry_deadline_s."""
-        return self._coordinator.call(method, *args, deadline_s=self._client.retry_deadline_s)
+        return self._coordinator.retried(
+            lambda: self._coordinator.submit(method, *args, **kwargs),
+            deadline_s=self._client.retry_deadline_s,
+        )
 
     def _call(self, submit, what: str):
         """An idempotent call, retried while the actor restarts (client.retry_deadline_s)."""

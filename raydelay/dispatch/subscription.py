@@ -79,14 +79,13 @@ from raydelay.dispatch.staging import Staging
 from raydelay.dispatch.tail import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, UnsealedTail
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import DelayedRun, LedgerObject, Rows
+from raydelay.subscription_types import check_subscription_type
 
 __all__ = [
     "DEAD_LETTER_BATCH",
     "DELAYED_MARK_STEP_MS",
     "DISPATCH_MARK_STEP",
     "SEALED_WINDOW",
-    "SPREAD_TYPES",
-    "SUBSCRIPTION_TYPES",
     "TAIL_IDLE_POLL_MS",
     "TAIL_POLL_MS",
     "ConsumerBusy",
@@ -105,11 +104,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-SUBSCRIPTION_TYPES = ("shared", "key_shared", "exclusive", "failover")
-# The types that spread messages over consumers and honour deliver_at; exclusive and
-# failover deliver in log order and ignore it (Pulsar's rule).
-SPREAD_TYPES = ("shared", "key_shared")
 
 
 class Subscription:
@@ -145,18 +139,13 @@ class Subscription:
         ``lookahead_ms``: the due queries of the host's unsealed index ask for the rows
         due within this many ms, which wait here with their payloads and go out at their
         due instant (0: asked for only once due)."""
-        if subscription_type not in SUBSCRIPTION_TYPES:
-            raise InvalidArgument(
-                f"subscription_type: must be one of {', '.join(SUBSCRIPTION_TYPES)}; "
-                f"got {subscription_type!r}"
-            )
+        spread = check_subscription_type(subscription_type).spreads
         if max_redeliveries is not None and publish_dead_letters is None:
             raise InvalidArgument("publish_dead_letters: required with max_redeliveries")
         self.name = name
         self.type = subscription_type
         self.tracker = tracker
         self._clock = clock
-        spread = subscription_type in SPREAD_TYPES
         keyed = subscription_type == "key_shared"
         # The sealed buckets of the partition (shared subscriptions): due rows come from
         # them with their payloads; the log is read for everything else.

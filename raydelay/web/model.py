@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from raydelay.errors import InvalidArgument
+from raydelay.subscription_types import spreads
 
 HOUR_BIN_S = 300  # the next hour, in 5-minute bars
 DAY_BIN_S = 3600  # the next day, in hourly bars
@@ -231,7 +232,7 @@ class ConsoleData:
             "lateness": [
                 {"label": label, "count": int(n)} for label, n in zip(labels, counts, strict=True)
             ],
-            "schedulable": s["type"] in ("shared", "key_shared"),
+            "schedulable": spreads(s["type"]),
         }
 
     def due_bins(self, topic: str, name: str, span_s: int, step_s: int) -> list[Bin]:

@@ -9,13 +9,13 @@ from collections.abc import Callable, Collection, Sequence
 import ray
 
 from raydelay import Consumer, Message, MessageId, Producer
-from raydelay.clock import now_ms
-from raydelay.cluster.handles import (  # noqa: F401 - re-exported for the tests
-    Routed,
+from raydelay.actors.handles import (  # noqa: F401 - re-exported for the tests
+    HostPartition,
     host_of,
     subscription_partition,
     topic_partition,
 )
+from raydelay.clock import now_ms
 from raydelay.dispatch.keys import key_hash
 
 
@@ -239,7 +239,7 @@ def restart(name: str):
         time.sleep(0.2)
 
 
-def restart_partition(topic: str, partition: int) -> Routed:
+def restart_partition(topic: str, partition: int) -> HostPartition:
     """Kill the host of the partition (and every other partition on it); Ray restarts it."""
     restart(host_of(topic, partition))
     return topic_partition(topic, partition)

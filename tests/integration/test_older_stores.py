@@ -72,10 +72,11 @@ import os
 own = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/subs/" in d and "/buckets" in d]
 sealed = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs if "/topics/" in d and "/buckets/" in d]
 placed = [[r["class"], r["serves"]] for r in cluster.placement()]
-from raydelay.cluster.handles import topic_partition
+from raydelay.actors.handles import topic_partition
+from raydelay.actors.host import HostActor
 import ray
 def topic_stats():
-    return [ray.get(topic_partition("orders", p).stats.remote()) for p in (0, 1)]
+    return [ray.get(topic_partition("orders", p).submit(HostActor.stats)) for p in (0, 1)]
 # with a bucket limit, each partition merges down to it (waited for, with the deadline)
 limit = json.loads(sys.argv[3]).get("max_num_buckets")
 topics = topic_stats()

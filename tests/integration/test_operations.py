@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 import pytest
 import ray
 
+from raydelay.actors.host import HostActor
 from raydelay.client.message import MessageId
 from raydelay.errors import InvalidArgument, NotFound
 from tests.integration.helpers import (
@@ -32,7 +33,7 @@ from tests.integration.helpers import (
 
 
 def _buckets(topic: str) -> int:
-    return ray.get(topic_partition(topic, 0).stats.remote())["buckets"]
+    return ray.get(topic_partition(topic, 0).submit(HostActor.stats))["buckets"]
 
 
 def _order(m) -> tuple:
@@ -242,7 +243,7 @@ def test_a_reset_reaches_back_into_sealed_buckets(cluster, topic_name):
     ids = producer.send_many([b"p%d" % i for i in range(5_000)], deliver_after=2.0)
     assert all(producer.cancel_many(ids[:20]))
     assert len(_receive(cluster, consumer, ids[20:])) == 4_980
-    assert ray.get(topic_partition(topic_name, 0).stats.remote())["buckets"] >= 1
+    assert ray.get(topic_partition(topic_name, 0).submit(HostActor.stats))["buckets"] >= 1
     # When its cursor goes back to the earliest entry
     consumer.close()
     cluster.reset_cursor(topic_name, "billing", "earliest")

@@ -17,6 +17,7 @@ import time
 import ray
 
 from raydelay import Message
+from raydelay.actors.host import HostActor
 from raydelay.delayed.sealed import THROUGH_KEY, registry_name
 from raydelay.storage import make_store
 from tests.integration.helpers import (
@@ -35,7 +36,7 @@ def _topic(topic: str, partition: int = 0):
 
 
 def _topic_stats(topic: str) -> dict:
-    return ray.get(_topic(topic).stats.remote())
+    return ray.get(_topic(topic).submit(HostActor.stats))
 
 
 Deliveries = dict[bytes, list[tuple[int, int, int | None]]]
@@ -109,7 +110,7 @@ def test_every_subscription_gets_each_message_once_from_one_index(cluster, topic
         wait_until(
             f"s{i} done with every bucket", lambda i=i: _done_with_every_bucket(topic_name, f"s{i}")
         )
-    ray.get(_topic(topic_name).trim.remote())
+    ray.get(_topic(topic_name).submit(HostActor.trim))
     assert _bucket_objects(cluster, topic_name), "a bucket went before every subscription was done"
     got = _receive(cluster, late, wanted)
     assert set(got) == wanted and all(len(v) == 1 for v in got.values())
@@ -145,7 +146,7 @@ def test_a_fifo_subscription_keeps_the_log_the_buckets_no_longer_hold(cluster, t
             ray.get(_coordinator().mark_delete.remote(topic_name, 0, "shared"))[0] > first_ledger
         ),
     )
-    ray.get(_topic(topic_name).trim.remote())
+    ray.get(_topic(topic_name).submit(HostActor.trim))
     assert _topic_stats(topic_name)["ledgers"][0][0] == first_ledger
     got = _receive(cluster, fifo, wanted)
     assert len(got) == 5_500 and all(len(v) == 1 for v in got.values())
