@@ -195,22 +195,22 @@ class SubscriptionPartition:
         )
         loose = self._sub.resume_after_buckets(ledgers)
         tail = self._topic_actor.call_from_thread(HostActor.tail, self._topic, self._partition)
-        self._sub.tail = None if tail is None else (int(tail[0]), int(tail[1]))
+        self._sub.reading.tail = None if tail is None else (int(tail[0]), int(tail[1]))
         self._learn_cancels()
         # Filled in until the first delivery after this start: what recovery cost.
         self._recovery: dict[str, Any] = {
             "started": started,
             "init_s": round(time.monotonic() - started, 3),
             "loose": loose,
-            "read_from": list(self._sub.read_position),
+            "read_from": list(self._sub.reading.read_position),
             "delayed": self._sub.tracker.number_of_delayed_messages(),
             "log_bytes": 0,
         }
-        if loose or self._sub.read_position != self._sub.start_position:
+        if loose or self._sub.reading.read_position != self._sub.reading.start_position:
             log.info(
                 "%s: resuming the log at %s after the buckets, %d loose positions to re-read",
                 self._sub.name,
-                self._sub.read_position,
+                self._sub.reading.read_position,
                 loose,
             )
 
@@ -315,7 +315,7 @@ class SubscriptionPartition:
                 sealed.sealed_through,
             )
             if reply.through > sealed.sealed_through or reply.version != self._bucket_version:
-                below, through = self._sub.tail_taken  # (what take_unsealed will make it)
+                below, through = self._sub.unsealed.taken  # (what take_unsealed will make it)
                 after = (max(below, int(reply.below)), max(through, int(query.now_ms)))
                 await self._refresh_buckets(sealed, reply.through, after, reply.buckets)
             rows = Rows.from_batch(reply.rows)
@@ -364,7 +364,7 @@ class SubscriptionPartition:
         """Before delivering anything, learn every cancel marker ahead of the read position:
         a cancel this subscription applied before it died stays applied."""
         pairs = self._topic_actor.call_from_thread(
-            HostActor.cancel_markers, self._topic, self._partition, self._sub.read_position
+            HostActor.cancel_markers, self._topic, self._partition, self._sub.reading.read_position
         )
         learned = self._sub.learn_cancels(pairs)
         if learned:
@@ -506,7 +506,7 @@ class SubscriptionPartition:
         self._ensure_started()
         self._sub.touch(consumer_id, self._clock.now_ms())
         n = self._sub.ack(consumer_id, _keys(keys))
-        if n and self._sub.type == "key_shared" and self._sub.redeliver:
+        if n and self._sub.type == "key_shared" and self._sub.redelivery.redeliver:
             await self._notify()  # the acks may free keys another consumer waits for
         return n
 
@@ -613,8 +613,8 @@ class SubscriptionPartition:
                 task.cancel()
             rest = [t for t in self._tasks if t not in self._loops]
             await asyncio.gather(*rest, return_exceptions=True)
-        async with self._sub._persist_lock:  # (a receive's write-ahead finishes first)
-            self._sub._write_cursor = None
+        async with self._sub.marks.lock:  # (a receive's write-ahead finishes first)
+            self._sub.marks.write_cursor = None
             await asyncio.to_thread(self._write_reset, md)
         if self._started:
             await self._notify()  # standing receives here return empty
@@ -638,7 +638,7 @@ class SubscriptionPartition:
         cursor = Cursor(md)
         cursor.delayed_mark = self._sub.cursor.delayed_mark  # (what may have gone out: counted)
         key = cursor_key(self._topic, self._partition, self._name, self._cursor_version + 1)
-        self._put_cursor(key, cursor.encode(max(self._sub.dispatch_mark, md)))
+        self._put_cursor(key, cursor.encode(max(self._sub.marks.dispatch_mark, md)))
         log.info("%s: cursor reset to mark-delete %s", self._sub.name, md)
 
     def take_over(self, old: SubscriptionPartition) -> None:
@@ -804,8 +804,10 @@ class SubscriptionPartition:
                     self._space.clear()
                     await self._space.wait()
                     continue
-                room = min(self._sub.read_ahead_entries - self._sub.ready_count(), _READ_CHUNK)
-                if self._sub.unread:
+                room = min(
+                    self._sub.reading.read_ahead_entries - self._sub.ready_count(), _READ_CHUNK
+                )
+                if self._sub.reading.unread:
                     keys = np.asarray(self._sub.next_unread(room), dtype=np.int64)
                     self._sub.offer_reread(await self._read_rows(keys), keys)
                     retries.ok()
@@ -820,7 +822,7 @@ class SubscriptionPartition:
                     HostActor.read,
                     self._topic,
                     self._partition,
-                    self._sub.read_position,
+                    self._sub.reading.read_position,
                     room,
                     _LONG_POLL_S,
                     sealed,
@@ -982,7 +984,7 @@ class SubscriptionPartition:
         self._sub.advance_buckets()
         sealed = self._sub.sealed
         progress = sealed.progress() if sealed is not None else {}
-        md, lm = self._sub.cursor.mark_delete, self._sub.log_cursor.mark_delete
+        md, lm = self._sub.cursor.mark_delete, self._sub.marks.log_cursor.mark_delete
         report = (md, lm, tuple(sorted(progress.items())))
         if report == self._reported_progress:
             return False

@@ -807,7 +807,7 @@ class Cluster:
         numbers asked for next count them."""
         for consumer in self._consumers:
             if consumer.topic == topic and not consumer._closed:
-                consumer._settle_acks()
+                consumer.flush()
 
     def _subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""
