@@ -447,7 +447,7 @@ class Cluster:
         validate_name("topic", topic)
         return int(self._coord(CoordinatorActor.partitions, topic))
 
-    def _topic_peer(self, topic: str, partition: int) -> Peer:
+    def _topic_peer(self, topic: str, partition: int) -> Peer[HostActor]:
         """The partition of a topic, on its host (found through the coordinator, which
         starts the host if needed; NotFound once the topic is deleted)."""
         key = (topic, partition)
@@ -458,7 +458,9 @@ class Cluster:
             )
         return peer
 
-    def _subscription_peer(self, topic: str, partition: int, subscription: str) -> Peer:
+    def _subscription_peer(
+        self, topic: str, partition: int, subscription: str
+    ) -> Peer[SubscriptionActor]:
         """A partition of a subscription, on the subscription's actor; its actor is created
         if missing, only while its topic and the subscription exist (NotFound otherwise)."""
         key = (topic, partition, subscription)
