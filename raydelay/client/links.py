@@ -94,7 +94,8 @@ class SubscriptionLink(Link, Protocol):
     ) -> Reply:  # fmt: skip
         """One receive at ``partitions``, which one actor serves (a group of
         :meth:`heartbeat_groups`): up to ``max_messages`` from each. The answer comes when
-        any has messages (or fails): ([(partition, record batch)], [(partition, error)])."""
+        any has messages (or fails): a ``ReceiveReply`` (``raydelay.actors.protocol``), its
+        ``got`` [(partition, record batch)] and ``failed`` [(partition, error)]."""
         ...
 
     def ack(self, partition: int, consumer: str, keys: np.ndarray) -> Reply: ...
