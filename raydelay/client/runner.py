@@ -55,7 +55,7 @@ from raydelay.tasks.spec import (
 log = logging.getLogger(__name__)
 
 RUNNERS_SUBSCRIPTION = "runners"
-IN_RUNNER = False  # set in a runner's process: its own connect() starts no runners
+IN_RUNNER = False  # set in a runner's process: a connect() there starts no runners
 _RECEIVE_MAX = 1_000  # calls taken in one receive
 
 
