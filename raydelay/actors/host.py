@@ -16,7 +16,7 @@ journals the assignment, and starts the slot's host when it is not running
   it up again.
 - **Recovery.** A restarted host reopens every partition assigned to it, in parallel, on
   its first call (``host.open_threads`` at a time): each rebuilds from the store as a
-  partition actor did.
+  partition's own actor once did.
 - **One loop per process.** Retention runs once per ``topic.retention_interval_ms`` over
   every partition the host holds, not as a loop per partition.
 - **Fencing** is the log's own: ledger objects are written create-only and ledgers are

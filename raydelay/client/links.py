@@ -1,4 +1,4 @@
-"""What a :class:`Producer` and a :class:`Consumer` need from the partition actors they talk
+"""What a :class:`Producer` and a :class:`Consumer` need from the partitions they talk
 to, as two small protocols. The producer and the consumer hold no Ray code: the Ray
 implementations are :class:`raydelay.actors.handles.TopicHandles` and
 :class:`~raydelay.actors.handles.SubscriptionHandles` (built by
@@ -20,7 +20,7 @@ Reply = Any  # a pending answer of one call
 
 
 class Link(Protocol):
-    """Calls to the partition actors of one topic, or of one subscription."""
+    """Calls to the partitions of one topic (on their hosts), or of one subscription."""
 
     partitions: int
     deadline_s: float  # how long a retried call goes on (``client.retry_deadline_s``)
