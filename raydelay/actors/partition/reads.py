@@ -25,7 +25,7 @@ from raydelay.actors.protocol import ReadReply
 from raydelay.log.entries import Rows, compact
 from raydelay.positions import key_of
 
-MAX_WAIT_S = 60.0
+MAX_WAIT_S = 60.0  # the longest a long poll waits, whatever its caller asks
 # a log read waiting for entries due soon also returns for entries due later, but no sooner
 # than this after it began (the reader learns of them, and of new buckets, that often)
 TRICKLE_S = 1.0
