@@ -1,4 +1,4 @@
-"""The client side of the partition actors' calls, typed by the actors' own methods.
+"""The client side of the calls to partitions (on their hosts and subscription actors), typed by the actors' own methods.
 
 - :class:`TopicHandles` and :class:`SubscriptionHandles`: what a Producer and a Consumer
   call (``raydelay.client.links``' protocols), one :class:`~raydelay.cluster.handles.Peer`

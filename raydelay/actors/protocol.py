@@ -1,5 +1,6 @@
 """The replies of the partition calls that carry more than one value, as small frozen
-dataclasses (one module, so both ends agree on the names). Ray pickles them whole."""
+dataclasses (one module, so both ends agree on the names). Ray pickles them whole.
+Each names the call that answers with it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ class ReadReply:
     tail: tuple[int, int] | None  # the last committed position
     ledgers: list[tuple[int, int | None]]  # (ledger id, entry count or None while open)
     version: int  # of the bucket list (BucketList.version)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReceiveReply:
+    """A receive at several partitions of one actor (``SubscriptionActor.receive_many``)."""
+
+    got: list[tuple[int, pa.RecordBatch]]  # (partition, record batch) of those with messages
+    failed: list[tuple[int, BaseException]]  # (partition, error) of those whose receive failed
 
 
 @dataclasses.dataclass(frozen=True)

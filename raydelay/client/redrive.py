@@ -40,8 +40,8 @@ from raydelay.log.partition import StaleSequence
 from raydelay.positions import key_of
 
 if TYPE_CHECKING:
-    from raydelay.client.connection import Cluster
     from raydelay.client.producer import Producer
+    from raydelay.client.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ BATCH = 1_000
 
 
 def redrive(
-    cluster: Cluster,
+    topics: Topics,
     dead_letter_topic: str,
     to_topic: str | None,
     limit: int,
@@ -63,12 +63,12 @@ def redrive(
     if to_topic == dead_letter_topic:
         raise InvalidArgument(f"to_topic: {to_topic!r} is the dead-letter topic itself")
     if to_topic is not None:
-        cluster._partitions(to_topic)  # NotFound: a redrive to a topic that is not there
-    n = cluster._partitions(dead_letter_topic)
+        topics.peers.partitions(to_topic)  # NotFound: a redrive to a topic that is not there
+    n = topics.peers.partitions(dead_letter_topic)
     # what is dead already: messages dead-lettered again while this runs (their consumer
     # still fails) wait for the next redrive, or one run would go round for ever
-    ends = cluster._on_partitions(dead_letter_topic, n, HostActor.tail)
-    consumer = _exclusive(cluster, dead_letter_topic)
+    ends = topics.peers.on_partitions(dead_letter_topic, n, HostActor.tail)
+    consumer = _exclusive(topics, dead_letter_topic)
     producers: dict[tuple[str, str], Producer] = {}
     moved = empty = 0
     try:
@@ -80,11 +80,11 @@ def redrive(
                 break  # (past every end: what is left came in after the start)
             if not msgs:
                 empty += 1  # (the backlog counts what the subscription has not read yet)
-                if empty >= 5 or not _backlog(cluster, dead_letter_topic):
+                if empty >= 5 or not _backlog(topics, dead_letter_topic):
                     break
                 continue
             empty = 0
-            _send_back(cluster, dead_letter_topic, msgs, to_topic, producers)
+            _send_back(topics, dead_letter_topic, msgs, to_topic, producers)
             consumer.ack(msgs)
             consumer.flush()
             moved += len(msgs)
@@ -97,14 +97,14 @@ def redrive(
     return moved
 
 
-def _exclusive(cluster: Cluster, topic: str) -> Any:
+def _exclusive(topics: Topics, topic: str) -> Any:
     """The redrive's consumer; while another redrive holds the subscription (or a killed
     one's lease runs), wait for it, up to the lease and a margin."""
-    lease_s = cluster.config.subscription.consumer_lease_s
+    lease_s = topics.config.subscription.consumer_lease_s
     deadline = time.monotonic() + lease_s + 5.0
     while True:
         try:
-            return cluster.subscribe(topic, SUBSCRIPTION, "exclusive")
+            return topics.subscribe(topic, SUBSCRIPTION, "exclusive")
         except ConsumerBusy:
             if time.monotonic() > deadline:
                 raise ConsumerBusy(
@@ -123,12 +123,12 @@ def _before(mid: MessageId, ends: list) -> bool:
     return end is not None and (mid.ledger_id, mid.entry_id) <= (int(end[0]), int(end[1]))
 
 
-def _backlog(cluster: Cluster, topic: str) -> int:
-    return int(cluster.stats(topic, SUBSCRIPTION)["backlog"])
+def _backlog(topics: Topics, topic: str) -> int:
+    return int(topics.stats(topic, SUBSCRIPTION)["backlog"])
 
 
 def _send_back(
-    cluster: Cluster,
+    topics: Topics,
     dlq: str,
     msgs: list[Message],
     to_topic: str | None,
@@ -138,7 +138,7 @@ def _send_back(
     in the dead-letter topic); every batch is durable when this returns."""
     by_target: dict[tuple[str, str], list[tuple[int, int, Entries]]] = {}
     for m in sorted(msgs, key=lambda m: m.message_id):
-        target, partition = _target(cluster, dlq, m, to_topic)
+        target, partition = _target(topics, dlq, m, to_topic)
         props = {k: v for k, v in m.properties.items() if not k.startswith("raydelay.")}
         props[REDRIVEN_FROM] = str(m.message_id)
         entries = Entries.build([m.payload], np.array([NO_DELAY], dtype=np.int64), [m.key], [props])
@@ -148,7 +148,7 @@ def _send_back(
     for (target, name), batches in by_target.items():
         producer = producers.get((target, name))
         if producer is None:
-            producer = producers[(target, name)] = cluster.create_producer(target, name)
+            producer = producers[(target, name)] = topics.create_producer(target, name)
         try:
             producer.append_sequenced(batches)
         except StaleSequence:
@@ -161,7 +161,7 @@ def _send_back(
                     pass  # (held already)
 
 
-def _target(cluster: Cluster, dlq: str, m: Message, to_topic: str | None) -> tuple[str, int]:
+def _target(topics: Topics, dlq: str, m: Message, to_topic: str | None) -> tuple[str, int]:
     """The topic and partition a dead letter goes back to."""
     origin = m.properties.get(ORIGIN)
     source = None
@@ -185,7 +185,7 @@ def _target(cluster: Cluster, dlq: str, m: Message, to_topic: str | None) -> tup
             "to_topic"
         )
     try:
-        n = cluster._partitions(topic)
+        n = topics.peers.partitions(topic)
     except NotFound:
         raise NotFound(
             f"redrive: dead letter {m.message_id} came from {topic!r}, which does not exist "

@@ -28,21 +28,34 @@ import time
 import traceback
 from typing import Any
 
+import numpy as np
 import ray
 
-from raydelay.cluster import placement
+from raydelay.client.bootstrap import attach
+from raydelay.client.peers import ClusterPeers, Session
+from raydelay.client.topics import Topics
+from raydelay.cluster import handles, placement, rpc
 from raydelay.cluster.names import RUNNER_PREFIX
 from raydelay.config import config_from_dict
-from raydelay.errors import InvalidArgument
+from raydelay.dispatch.keys import key_hash
+from raydelay.errors import InvalidArgument, NotFound
+from raydelay.log.dedup import StaleSequence
+from raydelay.log.entries import Entries
 from raydelay.storage import make_store
 from raydelay.tasks import cron
 from raydelay.tasks.context import TaskContext, _invoke_remote
-from raydelay.tasks.spec import PROP_ATTEMPTS, PROP_ERROR, TaskSpec, decode_payload
+from raydelay.tasks.spec import (
+    PROP_ATTEMPTS,
+    PROP_ERROR,
+    TaskSpec,
+    decode_payload,
+    task_payload,
+)
 
 log = logging.getLogger(__name__)
 
 RUNNERS_SUBSCRIPTION = "runners"
-IN_RUNNER = False  # set in a runner's process: its own connect() starts no runners
+IN_RUNNER = False  # set in a runner's process: a connect() there starts no runners
 _RECEIVE_MAX = 1_000  # calls taken in one receive
 
 
@@ -53,12 +66,10 @@ def runner_name(index: int) -> str:
 class _StorePorts:
     """:class:`raydelay.tasks.cron.CronPorts` over the store and the tasks topic."""
 
-    def __init__(self, store: Any, cluster: Any, topic: str) -> None:
-        self._store, self._cluster, self._topic = store, cluster, topic
+    def __init__(self, store: Any, topics: Topics, topic: str) -> None:
+        self._store, self._topics, self._topic = store, topics, topic
 
     def load(self, name: str) -> cron.Schedule | None:
-        from raydelay.errors import NotFound
-
         try:
             return cron.Schedule.from_bytes(self._store.get(cron.schedule_key(name)))
         except NotFound:
@@ -71,17 +82,13 @@ class _StorePorts:
         self._store.put(cron.done_key(name, generation, occurrence_ms), b"")
 
     def arm(self, schedule: cron.Schedule, occurrence_ms: int) -> None:
-        from raydelay.client.tasks import arm_occurrence
-
-        arm_occurrence(self._cluster, self._topic, schedule, occurrence_ms)
+        arm_occurrence(self._topics, self._topic, schedule, occurrence_ms)
 
 
 class TaskRunner:
     """One runner (see the module's docstring). Its loop runs on a thread of its own."""
 
     def __init__(self, config: dict, index: int, max_in_flight: int) -> None:
-        from raydelay.client.connection import connect
-
         global IN_RUNNER
         IN_RUNNER = True
         self._config = config_from_dict(config)
@@ -89,10 +96,14 @@ class TaskRunner:
         self._cap = max_in_flight
         self._topic = self._config.tasks.topic
         self._grace_ms = int(self._config.tasks.misfire_grace_s * 1000)
-        self._cluster = connect(config)
-        self._consumer = self._cluster.subscribe(self._topic, RUNNERS_SUBSCRIPTION, "shared")
-        self._dlq = self._cluster.create_producer(f"{self._topic}-DLQ")
-        self._ports = _StorePorts(make_store(self._config), self._cluster, self._topic)
+        # a client of the topics only: a runner starts no runners (see tasks.resume_runners)
+        found = attach(config)
+        self._topics = Topics(
+            ClusterPeers(found.coordinator, found.config, found.client), Session()
+        )
+        self._consumer = self._topics.subscribe(self._topic, RUNNERS_SUBSCRIPTION, "shared")
+        self._dlq = self._topics.create_producer(f"{self._topic}-DLQ")
+        self._ports = _StorePorts(make_store(self._config), self._topics, self._topic)
         self._inflight: dict[Any, tuple[Any, TaskSpec]] = {}  # ref -> (message, spec)
         self._remotes: dict[int, tuple[TaskSpec, Any]] = {}  # id(spec) -> (spec, options)
         self._actors: dict[tuple, Any] = {}  # (actor, namespace) -> handle
@@ -350,3 +361,40 @@ def spawn_runner(config: dict, index: int, max_in_flight: int) -> Any:
     name = runner_name(index)
     options = placement.floating_actor_options(name)
     return ray.remote(TaskRunner).options(**options).remote(config, index, max_in_flight)
+
+
+def stop_runner_actors() -> int:
+    """Stop every live runner of this Ray: each closes its consumer (what it held goes back
+    to the tasks topic), then ends. Returns how many ran."""
+    names = [n for n in handles.named_actors() if n.startswith(RUNNER_PREFIX)]
+    live = [(n, h) for n in names if (h := placement.lookup_or_none(n)) is not None]
+    if live:
+        try:
+            rpc.get([h.stop.remote() for _, h in live], what="task runner", timeout_s=60)
+        finally:
+            handles.stop([n for n, _ in live], graceful=True)
+    return len(live)
+
+
+def arm_occurrence(topics: Topics, topic: str, schedule: cron.Schedule, occurrence_ms: int) -> None:
+    """Append the message of ``schedule``'s occurrence ``occurrence_ms``, due then (at once
+    if that has passed), once: the schedule's named producer uses the occurrence as its
+    sequence id, so arming it again appends nothing."""
+    spec, args = decode_payload(schedule.spec)
+    spec.occurrence_ms = int(occurrence_ms)
+    payload = task_payload(spec.encode(), args)
+    producer = topics.create_producer(topic, f"cron.{schedule.name}.{schedule.generation}")
+    try:
+        partition = key_hash(schedule.name) % producer.partitions
+        entries = Entries.build(
+            [payload],
+            np.array([occurrence_ms], dtype=np.int64),
+            [schedule.name],
+            [spec.properties()],
+        )
+        try:
+            producer.append_sequenced([(partition, int(occurrence_ms), entries)])
+        except StaleSequence:
+            pass  # armed long ago: this partition no longer remembers where
+    finally:
+        producer.close()

@@ -13,13 +13,19 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from raydelay.client import runner
 from raydelay.client.message import MessageId
-from raydelay.client.runner import RUNNERS_SUBSCRIPTION, runner_name, spawn_runner
+from raydelay.client.operations import Operations
+from raydelay.client.runner import (
+    RUNNERS_SUBSCRIPTION,
+    arm_occurrence,
+    runner_name,
+    spawn_runner,
+    stop_runner_actors,
+)
+from raydelay.client.topics import Topics
 from raydelay.cluster import placement, rpc
 from raydelay.errors import Conflict, InvalidArgument, NotFound
-from raydelay.log.entries import Entries
 from raydelay.storage import make_store
 from raydelay.tasks import cron
 from raydelay.tasks.context import TaskId
@@ -38,9 +44,10 @@ class Tasks:
     """The tasks side of one Cluster client: its producer, and the topic and runners made
     sure of once."""
 
-    def __init__(self, cluster: Any) -> None:
-        self.cluster = cluster
-        self.config = cluster.config.tasks
+    def __init__(self, topics: Topics, operations: Operations) -> None:
+        self._topics = topics
+        self._operations = operations
+        self.config = topics.config.tasks
         self.topic = self.config.topic
         self._producer: Any = None
         self._store: Any = None
@@ -52,18 +59,18 @@ class Tasks:
         topic and the runners exist."""
         if self._producer is None or self._producer._closed:
             self.start_runners(self.config.runners)
-            self._producer = self.cluster.create_producer(self.topic)
+            self._producer = self._topics.create_producer(self.topic)
         return self._producer
 
-    def _topics(self) -> None:
+    def _make_topics(self) -> None:
         """The tasks topic and its dead-letter topic, created when missing."""
-        topics = self.cluster.topics()
+        topics = self._topics.topics()
         for name, n in ((self.topic, self.config.partitions), (f"{self.topic}-DLQ", 1)):
             if name not in topics:
                 try:
-                    self.cluster.create_topic(name, n)
+                    self._topics.create_topic(name, n)
                 except InvalidArgument:
-                    if name not in self.cluster.topics():  # (another client made it)
+                    if name not in self._topics.topics():  # (another client made it)
                         raise
 
     def start_runners(self, count: int, max_in_flight: int | None = None) -> int:
@@ -74,13 +81,13 @@ class Tasks:
         cap = self.config.max_in_flight if max_in_flight is None else max_in_flight
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise InvalidArgument(f"max_in_flight: expected 1 or more, got {cap!r}")
-        self._topics()  # (a runner subscribes to them as it starts)
+        self._make_topics()  # (a runner subscribes to them as it starts)
         started = 0
         handles = []
         for i in range(count):
             if placement.lookup_or_none(runner_name(i)) is None:
                 started += 1
-            handles.append(spawn_runner(self.cluster._config_dict, i, cap))
+            handles.append(spawn_runner(self._topics.peers.config_dict, i, cap))
         rpc.get([h.pid.remote() for h in handles], what="task runner", timeout_s=120)
         return started
 
@@ -98,7 +105,7 @@ class Tasks:
 
     def store(self) -> Any:
         if self._store is None:
-            self._store = make_store(self.cluster.config)
+            self._store = make_store(self._topics.config)
         return self._store
 
     def close(self) -> None:
@@ -111,7 +118,6 @@ class Tasks:
     def spec_of(
         self,
         fn: Any,
-        *,
         options: Any,
         max_retries: Any,
         backoff: Any,
@@ -167,7 +173,7 @@ class Tasks:
         for m in mids:
             if m.topic != self.topic:
                 raise InvalidArgument(f"task_id: {m} is not a task (not on topic {self.topic})")
-        return self.cluster.cancel(mids)
+        return self._operations.cancel(mids)
 
     # --- recurring ------------------------------------------------------------------------------
 
@@ -215,7 +221,7 @@ class Tasks:
                     "replace=True"
                 ) from None
         try:
-            arm_occurrence(self.cluster, self.topic, record, record.next_after(now))
+            arm_occurrence(self._topics, self.topic, record, record.next_after(now))
         except BaseException:
             store.delete(key)  # no record without its first occurrence
             raise
@@ -263,10 +269,10 @@ class Tasks:
         out: dict[str, Any] = {"runners": len(runners)}
         for k in ("running", "started", "succeeded", "retried", "dead", "skipped"):
             out[k] = sum(int(r[k]) for r in per)
-        topics = self.cluster.topics()
+        topics = self._topics.topics()
         if self.topic in topics:
             try:
-                s = self.cluster.stats(self.topic, RUNNERS_SUBSCRIPTION)
+                s = self._topics.stats(self.topic, RUNNERS_SUBSCRIPTION)
                 out["scheduled"] = int(s["backlog"]) - int(s["pending_ack"])
                 out["delayed"] = int(s["delayed"])
             except NotFound:
@@ -277,65 +283,19 @@ class Tasks:
         return out
 
 
-def resume_runners(cluster: Any) -> None:
+def resume_runners(topics: Topics) -> None:
     """Start the runners (``tasks.runners``, without waiting for them) when the tasks
     topic exists and none runs: a cluster started again after a stop or a crash runs the
     calls and cron occurrences that waited meanwhile. Not from a runner itself."""
-    from raydelay.client import runner
-
     if runner.IN_RUNNER:
         return
-    tasks = cluster.config.tasks
+    tasks = topics.config.tasks
     if placement.lookup_or_none(runner_name(0)) is not None:
         return
-    if tasks.topic not in cluster.topics():
+    if tasks.topic not in topics.topics():
         return
     for i in range(tasks.runners):
-        spawn_runner(cluster._config_dict, i, tasks.max_in_flight)
-
-
-def stop_runner_actors() -> int:
-    """Stop every live runner of this Ray: each closes its consumer (what it held goes back
-    to the tasks topic), then ends. Returns how many ran."""
-    from raydelay.cluster import handles as actor_handles
-    from raydelay.cluster.names import RUNNER_PREFIX
-
-    names = [n for n in actor_handles.named_actors() if n.startswith(RUNNER_PREFIX)]
-    live = [(n, h) for n in names if (h := placement.lookup_or_none(n)) is not None]
-    if live:
-        try:
-            rpc.get([h.stop.remote() for _, h in live], what="task runner", timeout_s=60)
-        finally:
-            actor_handles.stop([n for n, _ in live], graceful=True)
-    return len(live)
-
-
-def arm_occurrence(cluster: Any, topic: str, schedule: cron.Schedule, occurrence_ms: int) -> None:
-    """Append the message of ``schedule``'s occurrence ``occurrence_ms``, due then (at once
-    if that has passed), once: the schedule's named producer uses the occurrence as its
-    sequence id, so arming it again appends nothing."""
-    from raydelay.dispatch.keys import key_hash
-    from raydelay.log.dedup import StaleSequence
-    from raydelay.tasks.spec import decode_payload
-
-    spec, args = decode_payload(schedule.spec)
-    spec.occurrence_ms = int(occurrence_ms)
-    payload = task_payload(spec.encode(), args)
-    producer = cluster.create_producer(topic, f"cron.{schedule.name}.{schedule.generation}")
-    try:
-        partition = key_hash(schedule.name) % producer.partitions
-        entries = Entries.build(
-            [payload],
-            np.array([occurrence_ms], dtype=np.int64),
-            [schedule.name],
-            [spec.properties()],
-        )
-        try:
-            producer.append_sequenced([(partition, int(occurrence_ms), entries)])
-        except StaleSequence:
-            pass  # armed long ago: this partition no longer remembers where
-    finally:
-        producer.close()
+        spawn_runner(topics.peers.config_dict, i, tasks.max_in_flight)
 
 
 def _describe(record: cron.Schedule, now_ms: int) -> dict:

@@ -372,7 +372,7 @@ def _sub_url(topic: str, name: str) -> str:
 
 def _dead_letter_topic(data: ConsoleData, topic: str, name: str) -> dict | None:
     """The subscription's dead-letter topic, when it exists."""
-    options = data._call("_subscription_options", topic, name)
+    options = data.subscription_options(topic, name)
     dlq = options.get("dead_letter_topic") or f"{topic}-{name}-DLQ"
     if dlq not in data.topic_names():
         return None

@@ -11,10 +11,13 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydelay.errors import InvalidArgument
 from raydelay.subscription_types import spreads
+
+if TYPE_CHECKING:
+    from raydelay.client.connection import Cluster
 
 HOUR_BIN_S = 300  # the next hour, in 5-minute bars
 DAY_BIN_S = 3600  # the next day, in hourly bars
@@ -86,7 +89,7 @@ class RateSampler:
 class ConsoleData:
     """The console's reads and actions on one cluster client."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._lock = threading.RLock()
         # the pages read through a view of the client that gives up on an unreachable
@@ -95,23 +98,25 @@ class ConsoleData:
         # use the client itself
         self._reads = cluster.with_retry_deadline(READ_DEADLINE_S)
 
-    def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+    def _stats(self, topic: str, subscription: str | None = None) -> dict:
         with self._lock:
-            return getattr(self._reads, method)(*args, **kw)
+            return self._reads.stats(topic, subscription)
 
-    def _act(self, method: str, *args: Any, **kw: Any) -> Any:
+    def subscription_options(self, topic: str, name: str) -> dict:
+        """A subscription's options (its type, dead-letter topic...); NotFound without it."""
         with self._lock:
-            return getattr(self.cluster, method)(*args, **kw)
+            return self._reads._subscription_options(topic, name)
 
     # --- topics -----------------------------------------------------------------------------
 
     def topic_names(self) -> list[str]:
-        return sorted(self._call("topics"))
+        with self._lock:
+            return sorted(self._reads.topics())
 
     def appended_counts(self) -> dict[tuple[str, int], int]:
         out = {}
         for topic in self.topic_names():
-            info = self._call("stats", topic)
+            info = self._stats(topic)
             for p, s in enumerate(info["partitions"]):
                 out[(topic, p)] = int(s["entries"])
         return out
@@ -128,8 +133,9 @@ class ConsoleData:
         return out
 
     def topic(self, topic: str, rates: RateSampler | None) -> dict:
-        info = self._call("stats", topic)
-        hosts = self._call("partition_hosts", topic)
+        info = self._stats(topic)
+        with self._lock:
+            hosts = self._reads.partition_hosts(topic)
         parts = []
         for p, s in enumerate(info["partitions"]):
             tail = s.get("tail")
@@ -175,7 +181,7 @@ class ConsoleData:
     # --- subscriptions ------------------------------------------------------------------------
 
     def subscription_summary(self, topic: str, name: str) -> dict:
-        s = self._call("stats", topic, name)
+        s = self._stats(topic, name)
         return {
             "topic": topic,
             "name": name,
@@ -191,7 +197,7 @@ class ConsoleData:
         out = []
         for topic in self.topic_names():
             try:
-                names = self._call("stats", topic)["subscriptions"]
+                names = self._stats(topic)["subscriptions"]
             except Exception:  # noqa: BLE001 - the topics page says why
                 continue
             for name in names:
@@ -201,7 +207,7 @@ class ConsoleData:
     def subscription(self, topic: str, name: str) -> dict:
         """A subscription's numbers, its consumers (in flight, last heard from) and its
         lateness histogram."""
-        s = self._call("stats", topic, name)
+        s = self._stats(topic, name)
         lease_s = self.cluster.config.subscription.consumer_lease_s
         consumers = [
             {
@@ -239,7 +245,8 @@ class ConsoleData:
         """Pending delayed messages due in each ``step_s`` of the next ``span_s`` seconds
         (the first bar also holds the overdue ones), then one bar for everything later."""
         windows = tuple(range(step_s, span_s + 1, step_s))
-        hist = self._call("due_histogram", topic, name, windows_s=windows)
+        with self._lock:
+            hist = self._reads.due_histogram(topic, name, windows_s=windows)
         bins = []
         for (_, n), end in zip(hist, [*windows, None], strict=True):
             if end is None:
@@ -262,9 +269,10 @@ class ConsoleData:
         due_before: int | None,
         key: str | None,
     ) -> list[dict]:
-        found = self._call(
-            "peek", topic, name, limit=limit, due_after=due_after, due_before=due_before, key=key
-        )
+        with self._lock:
+            found = self._reads.peek(
+                topic, name, limit=limit, due_after=due_after, due_before=due_before, key=key
+            )
         now = time.time() * 1000
         return [
             {
@@ -283,14 +291,17 @@ class ConsoleData:
     # --- actions ------------------------------------------------------------------------------
 
     def cancel(self, ids: list[str]) -> list[tuple[str, bool]]:
-        outcome = self._act("cancel", ids)
+        with self._lock:
+            outcome = self.cluster.cancel(ids)
         return list(zip(ids, outcome, strict=True))
 
     def reset_cursor(self, topic: str, name: str, to: Any) -> dict[int, list[int]]:
-        return self._act("reset_cursor", topic, name, to)
+        with self._lock:
+            return self.cluster.reset_cursor(topic, name, to)
 
     def redrive(self, dlq: str, to_topic: str | None, limit: int) -> int:
-        return int(self._act("redrive", dlq, to_topic, limit))
+        with self._lock:
+            return int(self.cluster.redrive(dlq, to_topic, limit))
 
 
 # --- input -------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def test_a_restarted_subscription_comes_back_with_its_cursor_and_its_index(clust
 
 def test_a_graceful_shutdown_persists_cursors_and_closes_ledgers(cluster, topic_name, monkeypatch):
     import raydelay
-    from raydelay.client import connection as cluster_module
+    from raydelay.client import lifecycle as cluster_module
     from raydelay.dispatch.cursor import Cursor
     from raydelay.storage import make_store
     from raydelay.storage.keys import subscription_prefix

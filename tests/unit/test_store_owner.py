@@ -116,7 +116,7 @@ def test_other_stores_use_a_renewed_lease(monkeypatch):
 
 
 def test_a_store_that_cannot_work_fails_at_once_naming_its_config_keys(s3_endpoint, tmp_path):
-    from raydelay.client.connection import _store_claim
+    from raydelay.client.bootstrap import _store_claim
     from raydelay.config import config_from_dict
     from raydelay.errors import StorageError
 
@@ -139,7 +139,7 @@ def test_a_store_that_cannot_work_fails_at_once_naming_its_config_keys(s3_endpoi
 def test_an_unreachable_address_says_whether_anything_listens_there():
     import socket
 
-    from raydelay.client.connection import _unreachable
+    from raydelay.client.bootstrap import _unreachable
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

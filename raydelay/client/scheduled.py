@@ -1,0 +1,206 @@
+"""The scheduled Ray calls of a :class:`~raydelay.client.connection.Cluster`:
+``schedule``, ``schedule_call``, ``schedule_many``, ``schedule_cron``, their cancelling,
+schedules and runners. :class:`ScheduledCalls` is the part of Cluster's API that says so;
+the work is :class:`raydelay.client.tasks.Tasks`'s."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from raydelay.client.tasks import Tasks, actor_spec
+
+
+class ScheduledCalls:
+    """Cluster's methods for scheduled Ray calls (see :mod:`raydelay.tasks`), each done by
+    the client's :class:`~raydelay.client.tasks.Tasks`."""
+
+    _tasks: Tasks
+
+    def _check_open(self) -> None:
+        raise NotImplementedError  # (the Cluster's)
+
+    def schedule(
+        self,
+        fn: Any,
+        *args: Any,
+        deliver_after: float | timedelta | None = None,
+        deliver_at: Any = None,
+        kwargs: dict | None = None,
+        options: dict | None = None,
+        max_retries: int = 3,
+        backoff: Any = 1.0,
+        pickle_code: bool = False,
+        pass_context: bool = False,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a Ray task when it falls due: ``deliver_after``
+        seconds (or a timedelta) from now, or at ``deliver_at`` (epoch ms or an aware
+        datetime); neither: at once. Returns its :class:`~raydelay.tasks.TaskId` once the
+        call is durable.
+
+        - ``fn``: a ``@ray.remote`` function or a plain function the runners can import
+          (stored by its import path); ``pickle_code=True`` stores its code instead (for
+          ``__main__``, closures, lambdas).
+        - ``options``: Ray options of the task (``num_cpus``, ``num_gpus``, ``memory``,
+          ``resources``, ``accelerator_type``, ``runtime_env``, ``name``).
+        - ``max_retries``: retries after a failure (0: none, -1: no limit), ``backoff``
+          seconds before the first (or a timedelta, or a ``(first, max)`` pair), doubling;
+          then the call goes to ``<tasks.topic>-DLQ`` with its error.
+        - ``pass_context=True`` passes ``raydelay_task=TaskContext`` to the call; inside
+          any call, :func:`raydelay.tasks.current_task` gives the same.
+
+        At least once: a call whose runner dies while it runs runs again, with the same
+        ``TaskContext.idempotency_key``. A function that cannot be imported, arguments that
+        cannot be pickled, or bad options are an InvalidArgument, and nothing is stored."""
+        self._check_open()
+        spec = self._tasks.spec_of(fn, options, max_retries, backoff, pickle_code, pass_context)
+        return self._tasks.schedule(
+            spec, args, kwargs, deliver_after=deliver_after, deliver_at=deliver_at
+        )
+
+    def schedule_call(
+        self,
+        actor_name: str,
+        method: str,
+        *args: Any,
+        deliver_after: float | timedelta | None = None,
+        deliver_at: Any = None,
+        kwargs: dict | None = None,
+        namespace: str | None = None,
+        max_retries: int = 3,
+        backoff: Any = 1.0,
+        pass_context: bool = False,
+    ) -> Any:
+        """Call ``method`` of the named actor ``actor_name`` (in Ray ``namespace``; None:
+        the runner's, ``raydelay``) when it falls due; otherwise as :meth:`schedule`. The
+        actor is looked up when the call runs: one that does not exist then is a failed
+        try, retried."""
+        self._check_open()
+        spec = actor_spec(
+            actor_name,
+            method,
+            namespace=namespace,
+            max_retries=max_retries,
+            backoff=backoff,
+            pass_context=pass_context,
+        )
+        return self._tasks.schedule(
+            spec, args, kwargs, deliver_after=deliver_after, deliver_at=deliver_at
+        )
+
+    def schedule_many(
+        self,
+        fn: Any,
+        args_list: Any,
+        *,
+        deliver_at: Any = None,
+        deliver_after: Any = None,
+        keys: Any = None,
+        options: dict | None = None,
+        max_retries: int = 3,
+        backoff: Any = 1.0,
+        pickle_code: bool = False,
+        pass_context: bool = False,
+    ) -> Any:
+        """Schedule ``fn`` once per item of ``args_list`` (a tuple of positional arguments
+        each; anything else is one argument), in one batch: ``deliver_at`` / ``deliver_after``
+        are one value for all or one per call (a numpy array is fine). Returns their ids
+        as a :class:`~raydelay.client.message.MessageIds` sequence (``str(ids[i])`` is the
+        TaskId of call ``i``)."""
+        self._check_open()
+        spec = self._tasks.spec_of(fn, options, max_retries, backoff, pickle_code, pass_context)
+        return self._tasks.schedule_many(
+            spec, args_list, deliver_at=deliver_at, deliver_after=deliver_after, keys=keys
+        )
+
+    def cancel_task(self, task_id: Any) -> bool:
+        """Cancel a scheduled call: True if it will not run, False if it ran (or was
+        cancelled) before."""
+        self._check_open()
+        return self._tasks.cancel([task_id])[0]
+
+    def cancel_tasks(self, task_ids: Any) -> list[bool]:
+        """Cancel scheduled calls (TaskIds, their strings, or what ``schedule_many``
+        returned); one bool each, as :meth:`cancel_task`."""
+        self._check_open()
+        return self._tasks.cancel(task_ids)
+
+    def schedule_cron(
+        self,
+        cron: str,
+        fn: Any,
+        *args: Any,
+        name: str,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+        kwargs: dict | None = None,
+        options: dict | None = None,
+        max_retries: int = 3,
+        backoff: Any = 1.0,
+        pickle_code: bool = False,
+        pass_context: bool = False,
+        replace: bool = False,
+    ) -> dict:
+        """Run ``fn(*args)`` at every occurrence of the cron expression ``cron`` (5 fields,
+        or 6 with seconds last; parsed by croniter) in ``timezone``, as the recurring
+        schedule ``name``. Each occurrence is one delayed call; the next is armed when one
+        fires, once, so a crash, a restart or a node loss neither skips an occurrence nor
+        starts it twice (a call interrupted while it runs runs again, with the same
+        idempotency key ``name@occurrence``).
+
+        ``catch_up``: what occurrences missed while the cluster was down do, once it is up
+        again: ``"all"`` run, one after the other; ``"latest"`` only the most recent one
+        runs; ``"none"`` none runs (an occurrence is missed when it fires more than
+        ``tasks.misfire_grace_s`` late). A schedule of that name existing already is an
+        InvalidArgument unless ``replace=True``. Returns the schedule as
+        :meth:`list_schedules` shows it."""
+        self._check_open()
+        spec = self._tasks.spec_of(fn, options, max_retries, backoff, pickle_code, pass_context)
+        return self._tasks.schedule_cron(
+            cron,
+            spec,
+            args,
+            kwargs,
+            name=name,
+            timezone=timezone,
+            catch_up=catch_up,
+            replace=replace,
+        )
+
+    def list_schedules(self) -> list[dict]:
+        """The recurring schedules: name, cron, timezone, catch_up, target, paused, and
+        ``next_ms``, the next occurrence (None while paused)."""
+        self._check_open()
+        return self._tasks.list_schedules()
+
+    def pause_schedule(self, name: str) -> dict:
+        """Stop running a schedule's occurrences (they pass, and are not caught up later)."""
+        self._check_open()
+        return self._tasks.set_paused(name, True)
+
+    def resume_schedule(self, name: str) -> dict:
+        """Run a paused schedule's occurrences again, from the next one on."""
+        self._check_open()
+        return self._tasks.set_paused(name, False)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule: its next occurrence ends the chain, and nothing more runs."""
+        self._check_open()
+        self._tasks.delete_schedule(name)
+
+    def task_stats(self) -> dict:
+        """Scheduled calls (waiting for their time, or for a runner), running, and, since
+        each runner started: succeeded, retried, dead, skipped; runners and schedules."""
+        self._check_open()
+        return self._tasks.stats()
+
+    def start_runners(self, count: int = 1, max_in_flight: int | None = None) -> int:
+        """Make sure ``count`` runners run (``tasks.runners`` start with the first call);
+        returns how many started now."""
+        self._check_open()
+        return self._tasks.start_runners(count, max_in_flight)
+
+    def stop_runners(self) -> int:
+        """Stop the runners; what they held goes back to the tasks topic."""
+        self._check_open()
+        return self._tasks.stop_runners()

@@ -1,0 +1,382 @@
+"""Topics and subscriptions of one client: creating, listing and deleting them, its
+producers and consumers of them, and their numbers (stats, partition hosts, placement).
+What ``Cluster.create_topic``, ``subscribe``, ``create_producer``, ``stats`` and the rest
+do; their docstrings are on :class:`~raydelay.client.connection.Cluster`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, cast
+
+from raydelay.actors.coordinator import CoordinatorActor
+from raydelay.actors.handles import SubscriptionHandles, TopicHandles, fan_out_cancel
+from raydelay.actors.host import HostActor
+from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS
+from raydelay.actors.subscription import SubscriptionActor
+from raydelay.client.consumer import Consumer
+from raydelay.client.cursors import Cursors
+from raydelay.client.message import check_number
+from raydelay.client.multi import PATTERN_REFRESH_S, MultiTopicConsumer
+from raydelay.client.peers import ClusterPeers, Session
+from raydelay.client.producer import Producer
+from raydelay.cluster import handles, placement, rpc
+from raydelay.cluster.names import subscription_actor_name, subscription_groups
+from raydelay.config import Config
+from raydelay.errors import InvalidArgument, NotFound
+from raydelay.limits import check_limit
+from raydelay.storage.keys import validate_name
+from raydelay.subscription_types import check_subscription_type
+
+_SUMMED = (
+    "delayed",
+    "backlog",
+    "pending_ack",
+    "buckets",
+    "redelivery",
+    "dead_letter_pending",
+    "read_ahead",
+    "delivered",
+    "acked",
+    "redelivered",
+    "cancelled",
+)
+
+
+class Topics:
+    """The topics-and-subscriptions side of one client."""
+
+    def __init__(self, peers: ClusterPeers, session: Session) -> None:
+        self.peers = peers
+        self._session = session
+        self.cursors = Cursors(peers)
+
+    @property
+    def config(self) -> Config:
+        """The cluster's (the coordinator's) config."""
+        return self.peers.config
+
+    def create_topic(self, topic: str, partitions: int = 1) -> None:
+        """See :meth:`Cluster.create_topic`."""
+        validate_name("topic", topic)
+        self.peers.coord(CoordinatorActor.create_topic, topic, partitions)
+        self.peers.on_partitions(topic, partitions, HostActor.tail)
+
+    def topics(self) -> dict[str, int]:
+        """See :meth:`Cluster.topics`."""
+        return dict(self.peers.coord(CoordinatorActor.topics))
+
+    def delete_topic(self, topic: str, *, force: bool = False) -> int:
+        """See :meth:`Cluster.delete_topic`."""
+        n = self.peers.partitions(topic)
+        subs = self.peers.coord(CoordinatorActor.subscriptions, topic)
+        if subs and not force:
+            raise InvalidArgument(
+                f"topic: {topic!r} has subscriptions ({', '.join(sorted(subs))}); "
+                "delete it with force=True (CLI: --force)"
+            )
+        for consumer in [c for c in self._session.consumers if c.topic == topic]:
+            consumer.close()
+        # subscriptions first (they read from the topic's hosts), and wait until they are gone
+        handles.stop([name for s in subs for name in self.peers.subscription_actors(topic, s, n)])
+        hosts = {
+            h
+            for k, h in self.peers.coord(CoordinatorActor.assignments).items()
+            if k.rsplit("/", 1)[0] == topic
+        }
+        drops = [h.drop_topic.remote(topic) for h in map(placement.lookup_or_none, hosts) if h]
+        rpc.get(drops, what=f"hosts of {topic}")
+        self.peers.forget_topic(topic)
+        return int(self.peers.coord(CoordinatorActor.delete_topic, topic))
+
+    def _check_per_actor(self, topic: str, subscription: str, per_actor: int | None) -> int:
+        """The partitions_per_actor of a subscription being created or joined."""
+        try:
+            existing = self.peers.subscription_options(topic, subscription).get(
+                "partitions_per_actor"
+            )
+        except NotFound:
+            existing = None
+        if per_actor is None:
+            return existing or self.config.subscription.partitions_per_actor
+        check_limit("partitions_per_actor", per_actor)
+        if existing is not None and existing != per_actor:
+            raise InvalidArgument(
+                f"partitions_per_actor: {topic}/{subscription} exists with {existing}; it "
+                f"cannot become {per_actor}"
+            )
+        return per_actor
+
+    def create_producer(
+        self,
+        topic: str,
+        name: str | None = None,
+        *,
+        max_pending_messages: int | None = None,
+        block_if_queue_full: bool | None = None,
+    ) -> Producer:
+        """See :meth:`Cluster.create_producer`."""
+        peers = [self.peers.topic_peer(topic, p) for p in range(self.peers.partitions(topic))]
+        for peer in peers:
+            peer.handle  # noqa: B018 - resolved now: a failure shows here, not at the first send
+
+        def cancel(batches: dict, producer: str) -> tuple[dict[int, list[bool]], int]:
+            return self.cancel_batches(topic, batches, producer)
+
+        link = TopicHandles(topic, peers, deadline_s=self.peers.deadline_s, cancel=cancel)
+        producer = Producer(
+            link,
+            topic,
+            self.config,
+            name,
+            on_close=self._session.producers.remove,
+            max_pending_messages=max_pending_messages,
+            block_if_queue_full=block_if_queue_full,
+        )
+        self._session.producers.append(producer)
+        return producer
+
+    # --- subscriptions -----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topic: str | list[str] | re.Pattern,
+        subscription: str,
+        subscription_type: str = "shared",
+        ack_timeout_s: float | None = None,
+        max_redeliveries: int | None = None,
+        dead_letter_topic: str | None = None,
+        *,
+        prefetch: bool = False,
+        initial_position: str = "earliest",
+        partitions_per_actor: int | None = None,
+    ) -> Consumer | MultiTopicConsumer:
+        """See :meth:`Cluster.subscribe`."""
+        if isinstance(topic, (list, tuple, re.Pattern)):
+            return self.subscribe_many(
+                topic,
+                subscription,
+                dict(
+                    subscription_type=subscription_type,
+                    ack_timeout_s=ack_timeout_s,
+                    max_redeliveries=max_redeliveries,
+                    dead_letter_topic=dead_letter_topic,
+                    prefetch=prefetch,
+                    initial_position=initial_position,
+                    partitions_per_actor=partitions_per_actor,
+                ),
+            )
+        if isinstance(topic, str) and set(topic) & set("*+?[](){}|^$\\"):
+            raise InvalidArgument(
+                f"topic: {topic!r} is not a topic name; for a pattern pass re.compile({topic!r})"
+            )
+        validate_name("subscription", subscription)
+        if initial_position not in ("earliest", "latest"):
+            raise InvalidArgument(
+                f"initial_position: must be 'earliest' or 'latest', got {initial_position!r}"
+            )
+        if not isinstance(prefetch, bool):
+            raise InvalidArgument(f"prefetch: expected True or False, got {prefetch!r}")
+        check_subscription_type(subscription_type)
+        if ack_timeout_s is None:
+            ack_timeout_s = self.config.subscription.ack_timeout_s
+        if ack_timeout_s is not None:
+            ack_timeout_s = check_number("ack_timeout_s", ack_timeout_s, minimum=0.001)
+        if max_redeliveries is None:
+            max_redeliveries = self.config.subscription.max_redeliveries
+        if max_redeliveries is not None and (
+            isinstance(max_redeliveries, bool)
+            or not isinstance(max_redeliveries, int)
+            or max_redeliveries < 0
+        ):
+            raise InvalidArgument(
+                f"max_redeliveries: expected an int >= 0, got {max_redeliveries!r}"
+            )
+        if dead_letter_topic is not None:
+            validate_name("dead_letter_topic", dead_letter_topic)
+        n = self.peers.partitions(topic)
+        if max_redeliveries is not None:
+            self.create_topic(dead_letter_topic or f"{topic}-{subscription}-DLQ", 1)
+        per_actor = self._check_per_actor(topic, subscription, partitions_per_actor)
+        options = {
+            "type": subscription_type,
+            "ack_timeout_s": ack_timeout_s,
+            "max_redeliveries": max_redeliveries,
+            "dead_letter_topic": dead_letter_topic,
+            "partitions_per_actor": per_actor,
+        }
+        start = None
+        if initial_position == "latest":
+            tails = self.peers.on_partitions(topic, n, HostActor.tail)
+            start = [None if t is None else [int(t[0]), int(t[1])] for t in tails]
+        self.peers.coord(CoordinatorActor.create_subscription, topic, subscription, options, start)
+        peers = [self.peers.subscription_peer(topic, p, subscription) for p in range(n)]
+        for peer in peers:
+            peer.handle  # noqa: B018 - resolved now: a failure shows here, not later
+        link = SubscriptionHandles(peers, deadline_s=self.peers.deadline_s)
+        consumer = Consumer(
+            link,
+            topic,
+            subscription,
+            lease_s=self.config.subscription.consumer_lease_s,
+            prefetch=prefetch,
+            seek=lambda to, inclusive: self.cursors.reset(topic, subscription, n, to, inclusive),
+            tails=lambda: self.peers.on_partitions(topic, n, HostActor.tail),
+        )
+        self._session.consumers.append(consumer)
+        return consumer
+
+    def subscribe_many(
+        self,
+        topics: list[str] | tuple | re.Pattern | Callable[[str], bool],
+        subscription: str,
+        options: dict,
+        refresh_s: float = PATTERN_REFRESH_S,
+    ) -> MultiTopicConsumer:
+        """A consumer of ``subscription`` on a list of topics, or on those a pattern (or a
+        predicate on names) matches."""
+        validate_name("subscription", subscription)
+        predicate: Callable[[str], object] | None
+        if callable(topics) and not isinstance(topics, re.Pattern):
+            predicate = topics
+        elif isinstance(topics, re.Pattern):
+            predicate = topics.fullmatch
+        else:
+            predicate = None
+
+        def join(topic: str) -> Consumer:
+            consumer = self.subscribe(topic, subscription, **options)
+            assert isinstance(consumer, Consumer)  # (one topic: one Consumer)
+            return consumer
+
+        pattern = topics if isinstance(topics, re.Pattern) else None
+        if predicate is not None:
+
+            def matching() -> list[str]:
+                return sorted(
+                    t
+                    for t in self.topics()
+                    if predicate(t) and not t.endswith(f"-{subscription}-DLQ")
+                )
+
+            names = matching()
+        else:
+            names = list(cast("list[str] | tuple", topics))
+            if not names:
+                raise InvalidArgument("topic: an empty list of topics")
+            for t in names:
+                validate_name("topic", t)
+            if len(set(names)) != len(names):
+                raise InvalidArgument(f"topic: a topic is listed twice in {names!r}")
+            for t in names:
+                self.peers.partitions(t)  # NotFound, before any subscription is made
+        consumers: dict[str, Consumer] = {}
+        try:
+            for t in names:
+                consumers[t] = join(t)
+        except BaseException:
+            for c in consumers.values():
+                c.close()
+            raise
+        return MultiTopicConsumer(
+            subscription,
+            consumers,
+            join=join,
+            topics_now=matching if predicate is not None else None,
+            pattern=pattern,
+            pattern_refresh_s=refresh_s,
+        )
+
+    def delete_subscription(self, topic: str, subscription: str) -> int:
+        """See :meth:`Cluster.delete_subscription`."""
+        n = self.peers.partitions(topic)
+        self.peers.subscription_options(topic, subscription)  # NotFound
+        for consumer in [
+            c
+            for c in self._session.consumers
+            if c.topic == topic and c.subscription == subscription
+        ]:
+            consumer.close()
+        handles.stop(self.peers.subscription_actors(topic, subscription, n))
+        self.peers.forget_subscription(topic, subscription)
+        return int(self.peers.coord(CoordinatorActor.delete_subscription, topic, subscription))
+
+    # --- cancel and stats ---------------------------------------------------------------------
+
+    def cancel_batches(
+        self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
+    ) -> tuple[dict[int, list[bool]], int]:
+        """See :func:`raydelay.actors.handles.fan_out_cancel`."""
+        return fan_out_cancel(
+            topic,
+            lambda p: self.peers.topic_peer(topic, p),
+            lambda p, s: self.peers.subscription_peer(topic, p, s),
+            list(self.peers.coord(CoordinatorActor.subscriptions, topic)),
+            batches,
+            producer,
+            deadline_s=self.peers.deadline_s,
+        )
+
+    def stats(self, topic: str, subscription: str | None = None) -> dict:
+        """See :meth:`Cluster.stats`."""
+        n = self.peers.partitions(topic)
+        if subscription is None:
+            parts = self.peers.on_partitions(topic, n, HostActor.stats)
+            subs = self.peers.coord(CoordinatorActor.subscriptions, topic)
+            return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
+        options = self.peers.subscription_options(topic, subscription)
+        self._session.flush_acks(topic)
+        parts = self.peers.call(
+            lambda: [
+                self.peers.subscription_peer(topic, p, subscription).submit(
+                    SubscriptionActor.stats, p
+                )
+                for p in range(n)
+            ],
+            "subscription",
+        )
+        out: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in parts) for k in _SUMMED}
+        out["mark_delete"] = [s["mark_delete"] for s in parts]
+        out["type"] = options["type"]
+        # per consumer: unacknowledged messages over every partition, and the oldest lease
+        # age (seconds since a partition last heard from it)
+        consumers: dict[str, dict] = {}
+        for s in parts:
+            for cid, lease in s.get("consumer_leases", {}).items():
+                c = consumers.setdefault(cid, {"unacked": 0, "lease_age_s": 0.0})
+                c["unacked"] += lease["unacked"]
+                c["lease_age_s"] = max(c["lease_age_s"], lease["lease_age_ms"] / 1000)
+        out["consumers"] = consumers
+        # first deliveries of delayed messages by lateness since the actors started: counts
+        # of at most each edge (ms), the last one past the last edge
+        counts = [s["lateness_counts"] for s in parts if "lateness_counts" in s]
+        out["lateness"] = {
+            "edges_ms": list(LATENESS_BOUNDARIES_MS),
+            "counts": [sum(c) for c in zip(*counts, strict=True)]
+            if counts
+            else [0] * (len(LATENESS_BOUNDARIES_MS) + 1),
+        }
+        out["partitions"] = parts
+        return out
+
+    def partition_hosts(self, topic: str) -> list[str]:
+        """See :meth:`Cluster.partition_hosts`."""
+        n = self.peers.partitions(topic)
+        assigned = self.peers.coord(CoordinatorActor.assignments)
+        return [str(assigned.get(f"{topic}/{p}", "")) for p in range(n)]
+
+    def placement(self) -> list[dict[str, Any]]:
+        """See :meth:`Cluster.placement`."""
+        rows = placement.placement_table()
+        serves: dict[str, list[str]] = {}
+        for key, host in sorted(self.peers.coord(CoordinatorActor.assignments).items()):
+            serves.setdefault(host, []).append(key)
+        for topic, n in self.peers.coord(CoordinatorActor.topics).items():
+            for sub in self.peers.coord(CoordinatorActor.subscriptions, topic):
+                for g, parts in subscription_groups(n, self.peers.per_actor(topic, sub)).items():
+                    name = subscription_actor_name(topic, sub, g)
+                    serves[name] = [f"{topic}/{sub}/{p}" for p in parts]
+        for r in rows:
+            r["serves"] = serves.get(r["name"], [])
+            r["partitions"] = len(r["serves"])
+        return rows
