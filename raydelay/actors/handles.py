@@ -249,7 +249,7 @@ def host_of(topic: str, partition: int) -> str:
 
 
 def topic_partition(topic: str, partition: int) -> HostPartition:
-    """The partition's TopicPartition, on its host."""
+    """A handle to the partition on its host (its HostedPartition there)."""
     name = host_of(topic, partition)
     return HostPartition(placement.lookup(name), topic, partition, name)
 

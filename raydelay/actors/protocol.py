@@ -12,7 +12,7 @@ import pyarrow as pa
 
 @dataclasses.dataclass(frozen=True)
 class BucketList:
-    """A partition's sealed buckets (``TopicPartition.buckets``)."""
+    """A partition's sealed buckets (``HostedPartition.buckets``)."""
 
     version: int  # changes with the list
     through: int  # every ledger up to this one is indexed (sealed or sealed empty)
@@ -21,7 +21,7 @@ class BucketList:
 
 @dataclasses.dataclass(frozen=True)
 class ReadReply:
-    """A log read (``TopicPartition.read``)."""
+    """A log read (``HostedPartition.read``)."""
 
     objects: list[Any]  # encoded ledger objects, or DelayedRun stand-ins
     tail: tuple[int, int] | None  # the last committed position
@@ -39,7 +39,7 @@ class ReceiveReply:
 
 @dataclasses.dataclass(frozen=True)
 class DueReply:
-    """A due query of the unsealed index (``TopicPartition.due_unsealed``)."""
+    """A due query of the unsealed index (``HostedPartition.due_unsealed``)."""
 
     rows: pa.RecordBatch  # the due rows, with payloads (ROWS_SCHEMA)
     below: int  # the rows taken now include every due one below this position key
