@@ -1,0 +1,410 @@
+"""The actor of a subscription: one process that holds a
+:class:`~raydelay.actors.subscription.shell.SubscriptionShell` per partition it serves.
+
+One :class:`SubscriptionActor` serves every partition of a subscription (or, with
+``subscription.partitions_per_actor``, a group of them), recovered in parallel. Each call
+is a method of its own that names the partition first (``ack(partition, consumer_id,
+keys)``); calls for several partitions come once per actor (``receive_many``,
+``ack_many``, ``heartbeat_many``, ``cancel_many``). One loop per actor reports every
+partition's metrics once a second. :func:`spawn_subscription` starts an actor near the
+hosts of its partitions.
+
+The actor never blocks its event loop: recovery runs on threads, and handle lookups go
+through :class:`~raydelay.cluster.handles.Peer` off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from raydelay.actors.protocol import ReceiveReply
+from raydelay.actors.coordinator import CoordinatorActor
+from raydelay.actors.host import coordinator_peer
+from raydelay.actors.metrics import SubscriptionMetrics
+from raydelay.actors.subscription.shell import SubscriptionShell
+from raydelay.cluster import placement, rpc
+from raydelay.cluster.handles import Peer
+from raydelay.cluster.names import subscription_actor_name, subscription_groups
+from raydelay.cluster.rpc import in_thread
+from raydelay.config import config_from_dict
+from raydelay.dispatch.wire import delivery_batch
+from raydelay.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+_REPORT_S = 1.0  # how often metrics are reported
+_OPEN_THREADS = 8  # partitions recovered at once
+
+
+class SubscriptionActor:
+    """The actor of a subscription (or of one group of its partitions): one process, a
+    :class:`SubscriptionShell` per partition it serves, recovered in parallel."""
+
+    def __init__(self, topic: str, subscription: str, group: int, config: dict) -> None:
+        # Recovery makes blocking calls; off the event loop's thread they block nothing else.
+        in_thread(self._init, topic, subscription, group, config)
+
+    def _init(self, topic: str, subscription: str, group: int, config: dict) -> None:
+        started = time.monotonic()
+        self._name = subscription_actor_name(topic, subscription, group)
+        coordinator = coordinator_peer(config)
+        mine = _group_partitions(coordinator, topic, subscription, group, config)
+        if not mine:
+            raise InvalidArgument(f"group: {topic}/{subscription} has no partition group {group}")
+
+        def open_one(p: int) -> SubscriptionShell:
+            return rpc.recover(
+                SubscriptionShell,
+                topic,
+                p,
+                subscription,
+                config,
+                coordinator,
+                what=f"sub/{topic}/{p}/{subscription}",
+            )
+
+        with ThreadPoolExecutor(min(_OPEN_THREADS, len(mine))) as pool:
+            self._parts = dict(zip(mine, pool.map(open_one, mine), strict=True))
+        # set whenever a partition may have something for a receive (then replaced):
+        # receive_many waits on it for all the partitions it asks
+        self._available: asyncio.Event | None = None
+        for part in self._parts.values():
+            part.on_available = self._changed
+        self._started = False
+        self._reporter: asyncio.Task[None] | None = None  # the metrics loop, once started
+        self._topic, self._subscription, self._config = topic, subscription, config
+        self._coordinator = coordinator
+        self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
+        self._reset_lock = asyncio.Lock()
+        log.info(
+            "%s: %d partitions recovered in %.2f s",
+            self._name,
+            len(mine),
+            time.monotonic() - started,
+        )
+
+    def _part(self, partition: int) -> SubscriptionShell:
+        part = self._parts.get(partition)
+        if part is None:
+            raise InvalidArgument(
+                f"partition: {self._name} serves partitions {sorted(self._parts)}, not {partition!r}"
+            )
+        if not self._started:  # every partition starts its loops with the first call
+            self._started = True
+            for each in self._parts.values():
+                each.ensure_started()
+            self._reporter = asyncio.get_running_loop().create_task(self._report_metrics())
+        return part
+
+    async def _report_metrics(self) -> None:
+        """Once a second, one loop for the process: what changed in each partition goes to
+        Ray's metrics, recorded on a thread (hundreds of histogram samples, recorded on the
+        event loop, held a due delivery up by 10-20 ms)."""
+        while True:
+            await asyncio.sleep(_REPORT_S)
+            batch = [m for m in (p.metrics_snapshot() for p in self._parts.values()) if m]
+            if not batch:
+                continue
+            try:
+                await asyncio.to_thread(_record_all, batch)
+            except Exception:  # noqa: BLE001 - metrics must never stop the subscription
+                log.exception("%s: reporting metrics failed", self._name)
+
+    async def _serving(self, partition: int) -> SubscriptionShell:
+        """The partition, once no reset of its cursor is under way."""
+        await self._not_resetting(partition)
+        return self._part(partition)
+
+    # Each call at one partition it serves, the partition first (see SubscriptionShell
+    # for what they do).
+
+    async def add_consumer(self, partition: int, consumer_id: str) -> None:
+        await (await self._serving(partition)).add_consumer(consumer_id)
+
+    async def heartbeat(self, partition: int, consumer_id: str) -> bool:
+        return await (await self._serving(partition)).heartbeat(consumer_id)
+
+    async def remove_consumer(self, partition: int, consumer_id: str) -> int:
+        return await (await self._serving(partition)).remove_consumer(consumer_id)
+
+    async def ack(self, partition: int, consumer_id: str, keys: Any) -> int:
+        return await (await self._serving(partition)).ack(consumer_id, keys)
+
+    async def nack(
+        self,
+        partition: int,
+        consumer_id: str,
+        keys: Any,
+        delay_s: float,
+        nacked_at_ms: int | None = None,
+    ) -> int:
+        part = await self._serving(partition)
+        return await part.nack(consumer_id, keys, delay_s, nacked_at_ms)
+
+    async def redeliver(
+        self,
+        partition: int,
+        consumer_id: str,
+        keys: Any = None,
+        rewinds: int = 0,
+        dry_run: bool = False,
+    ) -> int:
+        part = await self._serving(partition)
+        return await part.redeliver(consumer_id, keys, rewinds, dry_run)
+
+    async def cancel(
+        self, partition: int, targets: list[tuple[int, int]], markers: list[tuple[int, int]]
+    ) -> list[bool]:
+        return await (await self._serving(partition)).cancel(targets, markers)
+
+    async def stats(self, partition: int) -> dict:
+        return await (await self._serving(partition)).stats()
+
+    async def flush(self, partition: int) -> None:
+        await (await self._serving(partition)).flush()
+
+    async def due_histogram(self, partition: int, edges: list[int]) -> list[int]:
+        return await (await self._serving(partition)).due_histogram(edges)
+
+    async def peek(
+        self,
+        partition: int,
+        limit: int,
+        due_after: int | None = None,
+        due_before: int | None = None,
+        key: str | None = None,
+    ) -> pa.RecordBatch:
+        part = await self._serving(partition)
+        return await part.peek(limit, due_after, due_before, key)
+
+    async def receive(
+        self,
+        partition: int,
+        consumer_id: str,
+        max_messages: int,
+        timeout_s: float,
+        rewinds: int = 0,
+    ) -> pa.RecordBatch:
+        """A receive at one partition: up to ``max_messages`` for ``consumer_id`` as one
+        record batch (see :data:`raydelay.dispatch.wire.DELIVERY_SCHEMA`), waiting up to
+        ``timeout_s`` seconds; :meth:`receive_many` for that partition alone, its error
+        raised. ``rewinds``: how many redeliver-all calls the consumer had made when it sent
+        this one; a call sent before the latest returns empty (its client drops what it
+        holds)."""
+        reply = await self.receive_many(consumer_id, [partition], max_messages, timeout_s, rewinds)
+        if reply.failed:
+            raise reply.failed[0][1]
+        return reply.got[0][1] if reply.got else delivery_batch([])
+
+    def _changed(self) -> None:
+        if self._available is not None:
+            self._available.set()
+            self._available = None
+
+    async def receive_many(
+        self,
+        consumer_id: str,
+        partitions: list[int],
+        max_messages: int,
+        timeout_s: float,
+        rewinds: int = 0,
+    ) -> ReceiveReply:
+        """One receive at several partitions this actor serves (those of a consumer's that
+        share it: one call for all, where one each would cost a call each): up to
+        ``max_messages`` from each (see :meth:`receive`). It returns as
+        soon as one has something (or fails, or answers at once), or after ``timeout_s``:
+        (partition, record batch) of those with messages, and (partition, error) of those
+        whose receive failed (see ReceiveReply): what the others handed out still reaches
+        the consumer."""
+        if not partitions:
+            raise InvalidArgument("partitions: at least one is needed")
+        failed: dict[int, BaseException] = {}
+        live = []
+        for p in dict.fromkeys(int(x) for x in partitions):
+            try:
+                await self._not_resetting(p)
+                self._part(p).begin_receive(consumer_id)
+                live.append(p)
+            except Exception as exc:  # noqa: BLE001 - handed back with that partition
+                failed[p] = exc
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        while True:
+            if self._available is None:
+                self._available = asyncio.Event()
+            available = self._available  # (taken before looking: no change is missed)
+            got, done = [], bool(failed)
+            for p in live:
+                try:
+                    await self._not_resetting(p)
+                    out, answer = await self._part(p).receive_now(
+                        consumer_id, int(max_messages), rewinds
+                    )
+                except Exception as exc:  # noqa: BLE001 - handed back with that partition
+                    failed[p] = exc
+                    done = True
+                    continue
+                if out:
+                    got.append((p, delivery_batch(out)))
+                done = done or answer
+            live = [p for p in live if p not in failed]
+            remaining = deadline - time.monotonic()
+            if done or remaining <= 0:
+                return ReceiveReply(got, list(failed.items()))
+            try:
+                await asyncio.wait_for(available.wait(), timeout=remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def ack_many(
+        self, consumer_id: str, acks: list[tuple[int, Any]], nack: tuple | None = None
+    ) -> dict[int, BaseException]:
+        """A consumer's acks (``nack`` None) or nacks (``nack``: (delay_s, nacked_at_ms))
+        at several partitions this actor serves, one call for all: (partition, int64 keys)
+        each. Returns the error of each partition whose ack failed ({}: none did)."""
+        failed: dict[int, BaseException] = {}
+        for p, keys in acks:
+            try:
+                await self._not_resetting(int(p))
+                part = self._part(int(p))
+                if nack is None:
+                    await part.ack(consumer_id, keys)
+                else:
+                    await part.nack(consumer_id, keys, *nack)
+            except Exception as exc:  # noqa: BLE001 - handed back with that partition
+                failed[int(p)] = exc
+        return failed
+
+    async def _not_resetting(self, partition: int) -> None:
+        """Wait while the partition's cursor is reset (the state a call would reach is
+        being replaced)."""
+        resetting = self._resetting.get(int(partition))
+        if resetting is not None:
+            await resetting.wait()
+
+    async def reset(self, marks: dict[int, list[int]]) -> None:
+        """Reset the cursors of some partitions it serves: partition -> the new
+        mark-delete position (every entry at or before it counts as acknowledged). Each
+        partition's state is stopped, its cursor and bucket progress written anew, and a
+        new state recovered from them, as after a restart ("rebuild from mark-delete"):
+        the entries after the position are read again and delayed ones delivered when
+        due; cancels stay applied. Calls to those partitions wait meanwhile."""
+        wanted = {int(p): (int(md[0]), int(md[1])) for p, md in marks.items()}
+        for p in wanted:
+            self._part(p)  # (InvalidArgument for a partition it does not serve)
+        async with self._reset_lock:  # (one reset at a time: a second one follows it)
+            waits = {p: asyncio.Event() for p in wanted}
+            self._resetting.update(waits)
+            try:
+                await asyncio.gather(*(self._reset_one(p, md) for p, md in wanted.items()))
+            finally:
+                for p, event in waits.items():
+                    del self._resetting[p]
+                    event.set()
+
+    async def _reset_one(self, partition: int, md: tuple[int, int]) -> None:
+        """Stop the partition's state, write the reset, and recover a new state from the
+        store. Should the writes fail, the new state recovers from what the store holds
+        (the old cursor: nothing lost) and the failure goes to the caller, who may ask
+        again; the partition is never left without a running state."""
+        old = self._parts[partition]
+        try:
+            await old.stop_for_reset(md)
+        finally:
+            new = await asyncio.to_thread(
+                rpc.recover,
+                SubscriptionShell,
+                self._topic,
+                partition,
+                self._subscription,
+                self._config,
+                self._coordinator,
+                what=f"sub/{self._topic}/{partition}/{self._subscription}",
+            )
+            new.take_over(old)
+            self._parts[partition] = new
+            new.ensure_started()
+
+    async def heartbeat_many(self, consumer_id: str, partitions: list[int]) -> list[bool]:
+        """A consumer's heartbeat to several partitions in one call (see ``heartbeat``)."""
+        out = []
+        for p in partitions:
+            await self._not_resetting(p)
+            out.append(await self._part(int(p)).heartbeat(consumer_id))
+        return out
+
+    async def cancel_many(
+        self, work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
+    ) -> dict[int, list[bool]]:
+        """``cancel`` on several partitions in one call: partition -> (targets, markers)."""
+        out = {}
+        for p, (t, m) in work.items():
+            await self._not_resetting(p)
+            out[int(p)] = await self._part(int(p)).cancel(t, m)
+        return out
+
+    async def close(self) -> None:
+        """Persist every partition's cursor and stop their loops, and the metrics loop (left
+        pending, asyncio reports it as destroyed when the process ends)."""
+        await asyncio.gather(*[p.close() for p in self._parts.values()])
+        if self._reporter is not None:
+            self._reporter.cancel()
+
+    async def partitions(self) -> list[int]:
+        return sorted(self._parts)
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+def _group_partitions(
+    coordinator: Peer[CoordinatorActor], topic: str, subscription: str, group: int, config: dict
+) -> list[int]:
+    """The partitions the actor of partition group ``group`` of a subscription serves (by
+    its ``partitions_per_actor``, the config's when it has none)."""
+    n = coordinator.call_from_thread(CoordinatorActor.partitions, topic)
+    options = coordinator.call_from_thread(CoordinatorActor.subscription, topic, subscription)
+    per_actor = options.get(
+        "partitions_per_actor", config_from_dict(config).subscription.partitions_per_actor
+    )
+    return subscription_groups(n, per_actor).get(group, [])
+
+
+def spawn_subscription(topic: str, subscription: str, group: int, config: dict) -> Any:
+    """A subscription's actor for partition group ``group``, started if it does not run, on
+    the node whose hosts serve most of its partitions (they are its busiest callees)."""
+    name = subscription_actor_name(topic, subscription, group)
+    near = None
+    if placement.lookup_or_none(name) is None:
+        coordinator = coordinator_peer(config)
+        mine = _group_partitions(coordinator, topic, subscription, group, config)
+        hosts = Counter(
+            coordinator.call_from_thread(CoordinatorActor.locate, topic, p) for p in mine
+        )
+        if hosts:
+            # the host serving most of its partitions; among equals, the one on the node
+            # with the fewest subscription actors (a node's loss then stops fewer of them)
+            top = max(hosts.values())
+            tied = sorted(h for h, c in hosts.items() if c == top)
+            live = placement.actors()
+            node = {a["name"]: a["node"] for a in live}
+            subs_on = Counter(a["node"] for a in live if a["class"] == "SubscriptionActor")
+            near = min(tied, key=lambda h: subs_on[node.get(h)])
+    return (
+        ray.remote(SubscriptionActor)
+        .options(**placement.actor_options(name, config, near=near))
+        .remote(topic, subscription, group, config)
+    )
+
+
+def _record_all(batch: list[tuple[SubscriptionMetrics, dict, list]]) -> None:
+    for metrics, stats, ops in batch:
+        metrics.report(stats, ops)

@@ -1,0 +1,88 @@
+"""What one subscription partition reports: deliveries and their lateness, and the
+snapshot its actor's metrics loop records to Ray's metrics once a second.
+
+Lateness is how long after its due instant a delayed message went out the first time
+(redeliveries are not counted); :class:`PartitionReport` keeps a count per
+``LATENESS_BOUNDARIES_MS`` bucket since the partition's state started.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS, SubscriptionMetrics
+from raydelay.dispatch.subscription import Delivery, Subscription
+from raydelay.log.entries import NO_DELAY
+
+log = logging.getLogger(__name__)
+
+_LATE_EDGES = np.asarray(LATENESS_BOUNDARIES_MS, dtype=np.int64)
+
+
+def lateness(out: list[Delivery], now_ms: int) -> np.ndarray:
+    """Dispatch lateness (ms) of the first deliveries of delayed messages in ``out``."""
+    parts = []
+    for dv in out:
+        d = dv.source.entries.deliver_at_ms[dv.indexes]
+        first = (d != NO_DELAY) & (dv.counts == 0)
+        if first.any():
+            parts.append(now_ms - d[first])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def tracker_stats(sub: Subscription) -> dict:
+    """The counters of the sealed buckets this subscription reads: buckets taken up
+    (``sealed``), segments loaded (``loaded``); {} without sealed buckets."""
+    sealed = sub.sealed
+    if sealed is None:
+        return {}
+    c = sealed.counters
+    return {"sealed": c["adopted"], "loaded": c["segments_loaded"], **c}
+
+
+class PartitionReport:
+    """One partition's deliveries counted for Ray's metrics and for its stats."""
+
+    def __init__(
+        self,
+        metrics: SubscriptionMetrics,
+        sub: Subscription,
+        load_times: deque[tuple[str, float]],
+    ) -> None:
+        self._metrics = metrics
+        self._sub = sub
+        self._load_times = load_times  # (filled by the segment loads, emptied here)
+        # first deliveries of delayed messages by lateness, since this state started: one
+        # count per LATENESS_BOUNDARIES_MS bucket (at most that many ms late), then the rest
+        self.late_counts = np.zeros(len(LATENESS_BOUNDARIES_MS) + 1, dtype=np.int64)
+        self._reported_stats: dict | None = None
+
+    def dispatched(self, out: list[Delivery], now_ms: int) -> None:
+        """``out`` went to a consumer at ``now_ms``."""
+        late = lateness(out, now_ms)
+        self._metrics.dispatched(sum(map(len, out)), late)
+        if len(late):
+            self.late_counts += np.bincount(
+                np.searchsorted(_LATE_EDGES, late, side="left"),
+                minlength=len(self.late_counts),
+            )
+
+    def snapshot(self) -> tuple[SubscriptionMetrics, dict, list[Any]] | None:
+        """What this partition has to report to Ray's metrics (its gauges' values and the
+        bucket operations since the last time), or None when nothing changed: its actor
+        records every partition's at once, on a thread, once a second."""
+        try:
+            stats = self._sub.stats() | tracker_stats(self._sub)
+            times = self._load_times
+            ops = [times.popleft() for _ in range(len(times))]
+        except Exception:  # noqa: BLE001 - metrics must never stop the subscription
+            log.exception("%s: reporting metrics failed", self._sub.name)
+            return None
+        if not ops and stats == self._reported_stats:
+            return None
+        self._reported_stats = stats
+        return self._metrics, stats, ops
