@@ -760,52 +760,10 @@ def _utc(ms: int | None) -> str:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    if not 1 <= args.port <= 65535:
-        raise InvalidArgument(f"port: expected 1 to 65535, got {args.port}")
-    if not args.host.strip():
-        raise InvalidArgument("host: empty")
-    _check_listen(args.host, args.port)
-    import uvicorn
+    from raydelay.web.serve import serve
 
-    from raydelay.web import create_app
-
-    cluster = _attach(args)
-    app = create_app(cluster, allow_writes=args.allow_writes, listen_host=args.host)
-    mode = "writes allowed" if args.allow_writes else "read-only; --allow-writes enables actions"
-    shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"raydelay console on http://{shown}:{args.port} ({mode}); Ctrl-C stops it", flush=True)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(
-            f"raydelay: the console listens on {args.host} with no authentication of its own: "
-            "anyone who reaches that port sees every topic"
-            + (" and can cancel, reset and redrive" if args.allow_writes else ""),
-            file=sys.stderr,
-        )
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    finally:
-        cluster.shutdown()
+    serve(lambda: _attach(args), args.host, args.port, allow_writes=args.allow_writes)
     return 0
-
-
-def _check_listen(host: str, port: int) -> None:
-    """InvalidArgument now if nothing can listen on host:port (taken, or not an address of
-    this machine), rather than a server log line after attaching to Ray."""
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise InvalidArgument(f"host: {host!r} does not resolve ({exc})") from None
-    family, kind, proto, _, where = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(where)
-        except OSError as exc:
-            raise InvalidArgument(
-                f"port: cannot listen on {host}:{port} ({exc.strerror or exc})"
-            ) from None
 
 
 # --- demo / ingest -----------------------------------------------------------------------------

@@ -26,10 +26,10 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from raydelay.actors.protocol import ReceiveReply
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import coordinator_peer
 from raydelay.actors.metrics import SubscriptionMetrics
+from raydelay.actors.protocol import ReceiveReply
 from raydelay.actors.subscription.shell import SubscriptionShell
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import Peer

@@ -1,0 +1,63 @@
+"""Serving the console (``raydelay console``): the listen checks, then uvicorn.
+
+The web app itself is :func:`raydelay.web.app.create_app`; this module checks where it is
+to listen before anything attaches to Ray, says where it serves, and warns when that is
+not loopback (the console has no authentication of its own).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from raydelay.errors import InvalidArgument
+from raydelay.web.app import create_app
+from raydelay.web.guard import LOOPBACK_NAMES
+
+
+def check_listen(host: str, port: int) -> None:
+    """InvalidArgument now if nothing can listen on host:port (a bad port, taken, or not
+    an address of this machine), rather than a server log line after attaching to Ray."""
+    if not 1 <= port <= 65535:
+        raise InvalidArgument(f"port: expected 1 to 65535, got {port}")
+    if not host.strip():
+        raise InvalidArgument("host: empty")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise InvalidArgument(f"host: {host!r} does not resolve ({exc})") from None
+    family, kind, proto, _, where = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(where)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"port: cannot listen on {host}:{port} ({exc.strerror or exc})"
+            ) from None
+
+
+def serve(attach: Callable[[], Any], host: str, port: int, *, allow_writes: bool) -> None:
+    """Check the address, attach (``attach()`` returns a connected Cluster), and serve the
+    console on host:port until interrupted; the cluster client is shut down after."""
+    check_listen(host, port)
+    import uvicorn
+
+    cluster = attach()
+    app = create_app(cluster, allow_writes=allow_writes, listen_host=host)
+    mode = "writes allowed" if allow_writes else "read-only; --allow-writes enables actions"
+    shown = f"[{host}]" if ":" in host else host
+    print(f"raydelay console on http://{shown}:{port} ({mode}); Ctrl-C stops it", flush=True)
+    if host not in LOOPBACK_NAMES:
+        print(
+            f"raydelay: the console listens on {host} with no authentication of its own: "
+            "anyone who reaches that port sees every topic"
+            + (" and can cancel, reset and redrive" if allow_writes else ""),
+            file=sys.stderr,
+        )
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        cluster.shutdown()
