@@ -29,7 +29,7 @@ import raydelay  # noqa: E402
 from bench.common import cpu_times, ray_processes, start_local_ray  # noqa: E402
 from bench.peer_raydelay import receive_from  # noqa: E402
 from bench.workload import Drain, now_ms, produce, sleep_until  # noqa: E402
-from raydelay.cluster.handles import subscription_partition  # noqa: E402
+from raydelay.actors.handles import subscription_partition  # noqa: E402
 
 
 def spy(pid: int, seconds: int, rate: int, out: Path) -> subprocess.Popen:
@@ -75,7 +75,7 @@ def main() -> None:
         produce(lambda items, ats: producer.send_many(items, deliver_at=ats.tolist()), n,
                 lambda lo, c: np.full(c, due), threads=4, batch=5_000)  # fmt: skip
         sub = subscription_partition("burst", 0, "bench")  # (its actor serves all 4)
-        sub_pid = ray.get(sub.pid.remote())
+        sub_pid = ray.get(sub.pid())
         drain = Drain(receive_from(consumer)).start()
         roles = ray_processes()
         sleep_until(due - 100)

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import ray
 
+from raydelay.actors.subscription import SubscriptionActor
 from raydelay.clock import now_ms
 from raydelay.cluster.local import RAY_SYSTEM_CONFIG
 
@@ -93,18 +94,18 @@ def kill_and_recover(actor, timeout_s: float = 300.0) -> tuple[int, dict, dict]:
     ``recovery`` part); ``recovery["first_delivery_at_ms"]`` is missing if none came in
     ``timeout_s``. What a consumer receives after the kill is not looked at: its prefetch
     buffer may still hand out what the old process delivered."""
-    pid = ask(actor.pid.remote)
+    pid = ask(actor.pid)
     killed = now_ms()
-    ray.kill(getattr(actor, "handle", actor), no_restart=False)  # (a Routed: its process)
+    ray.kill(actor.handle, no_restart=False)  # (its process)
     deadline = time.monotonic() + timeout_s
-    while ask(actor.pid.remote) == pid:  # the old process may answer until it is gone
+    while ask(actor.pid) == pid:  # the old process may answer until it is gone
         if time.monotonic() > deadline:
             raise RuntimeError("the subscription actor was not restarted")
         time.sleep(0.005)
-    stats = ask(actor.stats.remote)
+    stats = ask(lambda: actor.submit(SubscriptionActor.stats))
     while "first_delivery_at_ms" not in stats["recovery"] and time.monotonic() < deadline:
         time.sleep(0.02)
-        stats = ask(actor.stats.remote)
+        stats = ask(lambda: actor.submit(SubscriptionActor.stats))
     return killed, stats, stats["recovery"]
 
 

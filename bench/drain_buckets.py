@@ -32,7 +32,7 @@ import ray  # noqa: E402
 
 from bench import peer_raydelay  # noqa: E402
 from bench.peer_raydelay import RaydelayPeer  # noqa: E402
-from raydelay.cluster.handles import subscription_partition  # noqa: E402
+from raydelay.actors.handles import subscription_partition  # noqa: E402
 
 SMALL = {  # (64, as the default)
     "topic": {"max_entries_per_ledger": 2_000},
@@ -56,7 +56,7 @@ def one_run(label: str, config: dict, n: int, spread_s: int) -> dict:
             try:
                 if proc is None:
                     actor = subscription_partition("drain", 0, peer_raydelay.SUB)
-                    proc = psutil.Process(ray.get(actor.pid.remote(), timeout=5))
+                    proc = psutil.Process(ray.get(actor.pid(), timeout=5))
                 peaks["rss"] = max(peaks["rss"], proc.memory_info().rss)
                 parts = peer.cluster.stats("drain", peer_raydelay.SUB)["partitions"]
                 peaks["loaded"] = max(peaks["loaded"], parts[0]["loaded_indexes"])

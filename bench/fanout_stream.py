@@ -36,7 +36,8 @@ CHILD = r"""
 import json, sys, threading, time
 import numpy as np, psutil, ray
 import raydelay
-from raydelay.cluster.handles import subscription_partition, topic_partition
+from raydelay.actors.host import HostActor
+from raydelay.actors.handles import subscription_partition, topic_partition
 from raydelay.cluster.local import RAY_SYSTEM_CONFIG
 
 k, seconds, senders, root = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -49,7 +50,7 @@ for name in subs:
     cluster.subscribe("stream", name).close()  # the subscription stays; nobody consumes
 host = topic_partition("stream", 0)
 actors = [host] + [subscription_partition("stream", 0, name) for name in subs]
-procs = [psutil.Process(pid) for pid in ray.get([a.pid.remote() for a in actors])]
+procs = [psutil.Process(pid) for pid in ray.get([a.pid() for a in actors])]
 time.sleep(3)  # (the subscriptions' first reads are standing)
 
 
@@ -69,7 +70,7 @@ def run(i):
         took[i].append(time.perf_counter() - t)
 
 
-commits0 = ray.get(host.stats.remote())["commits"]
+commits0 = ray.get(host.submit(HostActor.stats))["commits"]
 host0, subs0, t0 = cpu(procs[:1]), cpu(procs[1:]), time.monotonic()
 threads = [threading.Thread(target=run, args=(i,)) for i in range(senders)]
 for t in threads:
@@ -78,7 +79,7 @@ for t in threads:
     t.join()
 window = time.monotonic() - t0
 host_s, subs_s = cpu(procs[:1]) - host0, cpu(procs[1:]) - subs0
-commits = ray.get(host.stats.remote())["commits"] - commits0
+commits = ray.get(host.submit(HostActor.stats))["commits"] - commits0
 lat = np.concatenate([np.asarray(x) for x in took]) * 1000
 print("RESULT " + json.dumps({
     "k": k, "window_s": window, "sends": int(len(lat)), "commits": int(commits),

@@ -36,8 +36,10 @@ import ray  # noqa: E402
 
 import raydelay  # noqa: E402
 from bench.common import start_local_ray  # noqa: E402
+from raydelay.actors.handles import subscription_partition, topic_partition  # noqa: E402
+from raydelay.actors.host import HostActor  # noqa: E402
+from raydelay.actors.subscription import SubscriptionActor  # noqa: E402
 from raydelay.clock import now_ms  # noqa: E402
-from raydelay.cluster.handles import subscription_partition, topic_partition  # noqa: E402
 
 PAYLOAD = b"x" * 100
 BATCH = 10_000
@@ -69,8 +71,8 @@ def wait_settled(topic: str, pending: int) -> dict:
     sub = subscription_partition(topic, 0, "s")
     part = topic_partition(topic, 0)
     while True:
-        t = ray.get(part.stats.remote())
-        s = ray.get(sub.stats.remote())
+        t = ray.get(part.submit(HostActor.stats))
+        s = ray.get(sub.submit(SubscriptionActor.stats))
         if s["delayed"] >= pending * 0.999 and t["unsealed_delayed"] < 100_000:
             return {
                 "buckets": s["buckets"],
@@ -89,7 +91,7 @@ def backlog_segments(cluster, topic: str) -> tuple[int, int]:
     from raydelay.storage import make_store
 
     store = SealedStore(make_store(cluster.config), topic, 0)
-    info = ray.get(topic_partition(topic, 0).buckets.remote())
+    info = ray.get(topic_partition(topic, 0).submit(HostActor.buckets))
     segs = nbytes = 0
     for key in info.buckets:
         for run in store.meta(key).runs:
@@ -99,7 +101,7 @@ def backlog_segments(cluster, topic: str) -> tuple[int, int]:
 
 
 def peek_reads(topic: str) -> dict:
-    return ray.get(subscription_partition(topic, 0, "s").stats.remote())["peek"]
+    return ray.get(subscription_partition(topic, 0, "s").submit(SubscriptionActor.stats))["peek"]
 
 
 def time_peeks(cluster, topic: str, label: str, repeat: int, **kw) -> dict:

@@ -42,7 +42,8 @@ from bench.workload import (
     sleep_until,
     spread_now,
 )
-from raydelay.cluster.handles import host_of, subscription_partition, topic_partition
+from raydelay.actors.handles import host_of, subscription_partition, topic_partition
+from raydelay.actors.host import HostActor
 from raydelay.cluster.names import NAMESPACE, subscription_actor_name
 
 BATCH = 5_000
@@ -301,7 +302,7 @@ class RaydelayPeer:
         stop.set()
         sampler.join()
         store = dir_bytes(self.root)
-        topic_stats = ask(topic_partition(topic, 0).stats.remote)
+        topic_stats = ask(lambda: topic_partition(topic, 0).submit(HostActor.stats))
         written = None
         if "bytes_written" in topic_stats:  # the log's and the buckets' bytes
             written = _written(topic_stats) / (n * PAYLOAD_BYTES)
@@ -346,14 +347,15 @@ class RaydelayPeer:
         for name in subs:  # the subscription stays; nobody consumes
             self.cluster.subscribe(topic, name).close()
         producer = self.cluster.create_producer(topic)
-        actors = [topic_partition(topic, 0)]  # (its host)
+        host = topic_partition(topic, 0)
+        actors: list = [host]  # (its host)
         actors += [subscription_partition(topic, 0, name) for name in subs]  # (their actors)
         if idle:  # subscriptions of a topic nothing is sent to
             self.cluster.create_topic(f"{topic}-quiet", partitions=1)
             for i in range(idle):
                 self.cluster.subscribe(f"{topic}-quiet", f"q{i}").close()
             actors += [subscription_partition(f"{topic}-quiet", 0, f"q{i}") for i in range(idle)]
-        procs = [psutil.Process(pid) for pid in ray.get([a.pid.remote() for a in actors])]
+        procs = [psutil.Process(pid) for pid in ray.get([a.pid() for a in actors])]
         if idle:
             time.sleep(3)  # (their start-up is over: only their idle cost is measured)
 
@@ -388,7 +390,7 @@ class RaydelayPeer:
         indexed_s = time.monotonic() - t0
         spent, rss = cpu() - cpu0, sum(p.memory_info().rss for p in loaded) - rss0
         time.sleep(12)  # retention (every 5 s) deletes the sealed ledgers
-        topic_stats = ask(actors[0].stats.remote)
+        topic_stats = ask(lambda: host.submit(HostActor.stats))
         store = dir_bytes(self.root / "topics" / topic) + dir_bytes(self.root / "subs" / topic)
         payload = n * PAYLOAD_BYTES
         # (None when the code measured predates these counters: a baseline run)
@@ -439,7 +441,7 @@ class RaydelayPeer:
         done = drain.wait_for(n, 600)
         seconds = (now_ms() - t0) / 1000
         drain.stop()
-        topic_stats = ask(topic_partition(topic, 0).stats.remote)
+        topic_stats = ask(lambda: topic_partition(topic, 0).submit(HostActor.stats))
         out = {
             "n": n,
             "spread_s": spread_s,

@@ -2,6 +2,11 @@
 
 One per cluster (named ``coordinator``, detached, restarted forever). Calls are
 served one at a time; every change is journaled in the store before it returns.
+
+It starts the partition hosts (:meth:`CoordinatorActor.locate`) through the ``start_host``
+it is given when created (``raydelay.actors.host.spawn_host``, passed by
+``raydelay.actors.host.coordinator_peer``): hosts call the coordinator, so this module
+imports no other actor's.
 """
 
 from __future__ import annotations
@@ -9,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from raydelay.cluster import placement, rpc
-from raydelay.cluster.handles import Peer
 from raydelay.cluster.metadata import Metadata
 from raydelay.cluster.names import COORDINATOR
 from raydelay.cluster.nodes import check_store
@@ -25,16 +30,18 @@ from raydelay.storage.keys import subscription_prefix
 
 log = logging.getLogger(__name__)
 
+# Starts the host of a given name with a given config (``raydelay.actors.host.spawn_host``).
+StartHost = Callable[[str, dict[str, Any]], Any]
+
 
 class CoordinatorActor:
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], start_host: StartHost) -> None:
         self._config = config_from_dict(config)
+        self._start_host = start_host
         check_store(self._config.storage)  # before anything is written where it should not be
         self._store = make_store(self._config)
         # the store is ours before anything is read or written (StoreOwned: another
         # cluster holds it, and this actor must not come up)
-        import ray
-
         self._owner = StoreOwner(self._store, ray.get_runtime_context().gcs_address)
         self.claim = rpc.recover(self._owner.acquire, what="coordinator: owning the store")
         self._meta = rpc.recover(
@@ -150,9 +157,7 @@ class CoordinatorActor:
         if current is not None:
             log.warning("%s/%d: host %s is gone; assigned to %s", topic, partition, current, host)
         if host not in live:
-            from raydelay.actors.host import spawn_host  # (host.py imports this module)
-
-            spawn_host(host, self._config_dict())
+            self._start_host(host, self._config_dict())
         return host
 
     def claim_partition(self, topic: str, partition: int, host: str) -> str:
@@ -201,8 +206,9 @@ class CoordinatorActor:
         self._meta.registry_apply(ops)
 
 
-def spawn_coordinator(config: dict[str, Any]) -> Any:
-    """The cluster's coordinator, created from ``config`` if it does not exist yet."""
+def spawn_coordinator(config: dict[str, Any], start_host: StartHost) -> Any:
+    """The cluster's coordinator, created from ``config`` if it does not exist yet; it starts
+    hosts with ``start_host`` (a module-level function: Ray pickles it by reference)."""
     return (
         ray.remote(CoordinatorActor)
         # Its calls are idempotent (or harmless when repeated: an extra empty ledger), so
@@ -210,9 +216,5 @@ def spawn_coordinator(config: dict[str, Any]) -> Any:
         .options(
             max_concurrency=1, max_task_retries=-1, **placement.actor_options(COORDINATOR, config)
         )
-        .remote(config)
+        .remote(config, start_host)
     )
-
-
-def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer:
-    return Peer(COORDINATOR, lambda: spawn_coordinator(config), "coordinator", handle)

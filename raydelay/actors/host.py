@@ -8,7 +8,8 @@ journals the assignment, and starts the slot's host when it is not running
 (``CoordinatorActor.locate``). Clients find a partition's host through that assignment
 (:func:`partition_peer`), and look it up again after a failure.
 
-- **Calls.** ``call(topic, partition, method, *args)`` runs ``method`` of the partition's
+- **Calls.** Each partition call is a method of its own, the topic and partition first
+  (``append(topic, partition, batch)``), that runs the same method of the partition's
   :class:`~raydelay.actors.topic.TopicPartition`. A partition is opened on its first
   call, after the coordinator confirmed that it is this host's (``claim_partition``); a host that
   is not its host raises :class:`~raydelay.errors.PartitionMoved`, and the caller looks
@@ -32,43 +33,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pyarrow as pa
 import ray
 
-from raydelay.actors.coordinator import coordinator_peer
+from raydelay.actors.coordinator import CoordinatorActor, spawn_coordinator
+from raydelay.actors.protocol import BucketList, DueReply, ReadReply
 from raydelay.actors.topic import TopicPartition
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import Peer
+from raydelay.cluster.names import COORDINATOR
 from raydelay.cluster.nodes import check_store
 from raydelay.config import config_from_dict
-from raydelay.errors import InvalidArgument, PartitionMoved, Unavailable
+from raydelay.dispatch.peek import PeekRange
+from raydelay.errors import PartitionMoved, Unavailable
+from raydelay.positions import Position
 
 log = logging.getLogger(__name__)
 
 OPEN_THREADS = 8  # partitions recovered at once by one host
-
-# What a caller may run on a partition (``call``): TopicPartition's public calls.
-PARTITION_METHODS = frozenset(
-    {
-        "append",
-        "cancel",
-        "read",
-        "read_positions",
-        "wait_for_entries",
-        "cancel_markers",
-        "position_at",
-        "last_sequence",
-        "pid",
-        "tail",
-        "close_ledger",
-        "ledgers",
-        "stats",
-        "trim",
-        "due_unsealed",
-        "unsealed_histogram",
-        "peek_unsealed",
-        "buckets",
-    }
-)
 
 
 class HostActor:
@@ -86,15 +68,115 @@ class HostActor:
 
     # --- partitions -----------------------------------------------------------------------
 
-    async def call(self, topic: str, partition: int, method: str, *args: Any) -> Any:
-        """Run ``method(*args)`` of partition ``partition`` of ``topic`` on this host."""
-        if method not in PARTITION_METHODS:
-            raise InvalidArgument(f"method: a partition has no call {method!r}")
+    async def _partition(self, topic: str, partition: int) -> TopicPartition:
+        """The partition, opened on its first call here."""
         self._ensure_started()
         part = self._parts.get((topic, partition))
         if part is None:
             part = await self._open(topic, int(partition))
-        return await getattr(part, method)(*args)
+        return part
+
+    # Each of the partition's calls (see TopicPartition for what they do).
+
+    async def append(self, topic: str, partition: int, batch: bytes | list[bytes]) -> list:
+        return await (await self._partition(topic, partition)).append(batch)
+
+    async def cancel(
+        self,
+        topic: str,
+        partition: int,
+        positions: list[tuple[int, int]],
+        producer: str = "",
+        sequence_id: int = 0,
+    ) -> list[tuple[int, int]]:
+        part = await self._partition(topic, partition)
+        return await part.cancel(positions, producer, sequence_id)
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        from_position: tuple[int, int],
+        max_entries: int,
+        wait_s: float = 0.0,
+        skip_delayed: bool = False,
+        due_within_ms: int | None = None,
+    ) -> ReadReply:
+        part = await self._partition(topic, partition)
+        return await part.read(from_position, max_entries, wait_s, skip_delayed, due_within_ms)
+
+    async def read_positions(self, topic: str, partition: int, keys: Any) -> pa.RecordBatch:
+        return await (await self._partition(topic, partition)).read_positions(keys)
+
+    async def wait_for_entries(
+        self, topic: str, partition: int, after_position: Any, timeout_s: float
+    ) -> Position | None:
+        part = await self._partition(topic, partition)
+        return await part.wait_for_entries(after_position, timeout_s)
+
+    async def cancel_markers(
+        self, topic: str, partition: int, from_position: tuple[int, int]
+    ) -> list:
+        return await (await self._partition(topic, partition)).cancel_markers(from_position)
+
+    async def position_at(self, topic: str, partition: int, time_ms: int) -> Position | None:
+        return await (await self._partition(topic, partition)).position_at(time_ms)
+
+    async def last_sequence(self, topic: str, partition: int, producer: str) -> int:
+        return await (await self._partition(topic, partition)).last_sequence(producer)
+
+    async def tail(self, topic: str, partition: int) -> Position | None:
+        return await (await self._partition(topic, partition)).tail()
+
+    async def close_ledger(self, topic: str, partition: int) -> bool:
+        return await (await self._partition(topic, partition)).close_ledger()
+
+    async def ledgers(self, topic: str, partition: int) -> list[tuple[int, int | None]]:
+        return await (await self._partition(topic, partition)).ledgers()
+
+    async def stats(self, topic: str, partition: int) -> dict:
+        return await (await self._partition(topic, partition)).stats()
+
+    async def trim(self, topic: str, partition: int) -> list[int]:
+        return await (await self._partition(topic, partition)).trim()
+
+    async def due_unsealed(
+        self,
+        topic: str,
+        partition: int,
+        taken_below: int,
+        taken_through: int,
+        now_ms: int,
+        known_version: int = -1,
+        known_through: int = -1,
+    ) -> DueReply:
+        part = await self._partition(topic, partition)
+        return await part.due_unsealed(
+            taken_below, taken_through, now_ms, known_version, known_through
+        )
+
+    async def unsealed_histogram(
+        self, topic: str, partition: int, edges: list[int], now_ms: int
+    ) -> list[int]:
+        return await (await self._partition(topic, partition)).unsealed_histogram(edges, now_ms)
+
+    async def peek_unsealed(
+        self,
+        topic: str,
+        partition: int,
+        taken_below: int,
+        taken_through: int,
+        q: PeekRange,
+        start: tuple[int, int] | None,
+        page: int,
+    ) -> pa.RecordBatch:
+        part = await self._partition(topic, partition)
+        return await part.peek_unsealed(taken_below, taken_through, q, start, page)
+
+    async def buckets(self, topic: str, partition: int) -> BucketList:
+        return await (await self._partition(topic, partition)).buckets()
+
+    # --- opening and recovery ---------------------------------------------------------------
 
     async def _open(self, topic: str, partition: int) -> TopicPartition:
         key = (topic, partition)
@@ -106,7 +188,9 @@ class HostActor:
         return await asyncio.shield(fut)
 
     async def _open_now(self, topic: str, partition: int) -> TopicPartition:
-        owner = await self._coordinator.once("claim_partition", topic, partition, self._name)
+        owner = await self._coordinator.once(
+            CoordinatorActor.claim_partition, topic, partition, self._name
+        )
         if owner != self._name:
             raise PartitionMoved(f"partition {topic}/{partition} is served by {owner}")
         loop = asyncio.get_running_loop()
@@ -117,6 +201,7 @@ class HostActor:
                 topic,
                 partition,
                 self._config_dict,
+                self._coordinator,
                 what=f"{self._name}: partition {topic}/{partition}",
             ),
         )
@@ -136,7 +221,7 @@ class HostActor:
         them all to recover; the ones a caller asks for first go first anyway)."""
         started = time.monotonic()
         try:
-            assigned = await self._coordinator.once("host_partitions", self._name)
+            assigned = await self._coordinator.once(CoordinatorActor.host_partitions, self._name)
         except Exception as exc:  # noqa: BLE001 - calls open their partitions anyway
             log.warning("%s: cannot list its partitions (%s)", self._name, exc)
             return
@@ -192,7 +277,8 @@ class HostActor:
         closed = await asyncio.gather(*[p.close_ledger() for p in self._parts.values()])
         return sum(bool(c) for c in closed)
 
-    async def stats(self) -> dict:
+    async def host_stats(self) -> dict:
+        """The host's own counts (``stats`` is a partition's)."""
         return {
             "name": self._name,
             "pid": os.getpid(),
@@ -211,19 +297,32 @@ def spawn_host(name: str, config: dict[str, Any]) -> Any:
     )
 
 
+def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer[CoordinatorActor]:
+    """The cluster's coordinator (created from ``config`` if it does not run, and again if it
+    ended for good), which starts this module's hosts."""
+    return Peer(
+        COORDINATOR,
+        lambda: spawn_coordinator(config, spawn_host),
+        "coordinator",
+        handle,
+        deadline_s=config_from_dict(config).client.retry_deadline_s,
+    )
+
+
 def partition_peer(
-    topic: str, partition: int, config: dict[str, Any], coordinator: Peer | None = None
-) -> Peer:
+    topic: str,
+    partition: int,
+    config: dict[str, Any],
+    coordinator: Peer[CoordinatorActor] | None = None,
+) -> Peer[HostActor]:
     """A partition of a topic, on whichever host serves it: found through the coordinator's
     assignment (which starts the host if needed), again after a failure. NotFound once the
-    topic is deleted."""
+    topic is deleted. Its calls name the topic and partition first
+    (``peer.submit(HostActor.append, topic, partition, batch)``)."""
     coordinator = coordinator or coordinator_peer(config)
-    deadline_s = config_from_dict(config).client.retry_deadline_s
 
     def resolve() -> Any:
-        name = coordinator.call(
-            "locate", topic, partition, deadline_s=deadline_s, wait=rpc.get_blocking
-        )
+        name = coordinator.call_from_thread(CoordinatorActor.locate, topic, partition)
         handle = placement.lookup_or_none(name)
         if handle is None:  # (it ended since; the next try looks it up again)
             raise Unavailable(f"host {name} of {topic}/{partition} is not running")
@@ -233,6 +332,6 @@ def partition_peer(
         f"{topic}/{partition}",
         lambda: None,
         f"partition {topic}/{partition}",
-        route=(topic, partition),
         resolve=resolve,
+        deadline_s=config_from_dict(config).client.retry_deadline_s,
     )

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import builtins
 
+from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.cluster.handles import Peer
 
 
 class CoordinatorRegistry:
     """Calls ride out a coordinator restart (they are idempotent: a put names its key, a
-    remove of a missing key does nothing), for up to ``deadline_s`` seconds."""
+    remove of a missing key does nothing), for up to the peer's ``deadline_s``."""
 
-    def __init__(self, coordinator: Peer, deadline_s: float = 30.0) -> None:
+    def __init__(self, coordinator: Peer[CoordinatorActor]) -> None:
         self._coordinator = coordinator
-        self._deadline_s = deadline_s
 
     def list(self, name: str) -> dict[str, bytes]:
-        return self._coordinator.call_from_thread(
-            "registry_list", name, deadline_s=self._deadline_s
-        )
+        return self._coordinator.call_from_thread(CoordinatorActor.registry_list, name)
 
     def put(self, name: str, bucket_key: str, record: bytes) -> None:
         self.apply([("put", name, bucket_key, record)])
@@ -34,4 +32,4 @@ class CoordinatorRegistry:
 
     def apply(self, ops: builtins.list[tuple[str, str, str, bytes | None]]) -> None:
         """Several puts and removes in one coordinator call (one journal write)."""
-        self._coordinator.call_from_thread("registry_apply", ops, deadline_s=self._deadline_s)
+        self._coordinator.call_from_thread(CoordinatorActor.registry_apply, ops)

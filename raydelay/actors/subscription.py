@@ -3,8 +3,9 @@
 One :class:`SubscriptionActor` process serves every partition of a subscription (or, with
 ``subscription.partitions_per_actor``, a group of them): a
 :class:`SubscriptionPartition` per partition, each with its own pure ``Subscription``
-state, as a partition actor had. Calls name the partition (``call(partition, method,
-...)``); consumers' heartbeats come once per actor (``heartbeat_many``).
+state, as a partition actor had. Each call is a method of its own that names the
+partition first (``ack(partition, consumer_id, keys)``); consumers' heartbeats come once
+per actor (``heartbeat_many``).
 
 A shared subscription indexes no delayed message itself: the partition's host does it once
 for every subscription. Due delayed messages come with their payloads from the topic's
@@ -53,8 +54,8 @@ import pyarrow as pa
 import ray
 
 from raydelay.actors.alarm import Alarm
-from raydelay.actors.coordinator import coordinator_peer
-from raydelay.actors.host import partition_peer
+from raydelay.actors.coordinator import CoordinatorActor
+from raydelay.actors.host import HostActor, coordinator_peer, partition_peer
 from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS, SubscriptionMetrics
 from raydelay.actors.protocol import BucketList, DueReply, ReadReply
 from raydelay.actors.registry import CoordinatorRegistry
@@ -72,7 +73,6 @@ from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.peek import PeekRange, SegmentRef
 from raydelay.dispatch.subscription import (
-    SPREAD_TYPES,
     Delivery,
     Step,
     Subscription,
@@ -91,6 +91,7 @@ from raydelay.log.entries import (
 from raydelay.positions import split_keys
 from raydelay.storage import CountingObjectStore, make_store
 from raydelay.storage.keys import cursor_key, subscription_prefix
+from raydelay.subscription_types import spreads
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +126,20 @@ class SubscriptionPartition:
     it on a thread."""
 
     def __init__(
-        self, topic: str, partition: int, subscription: str, config: dict, coordinator: Peer
+        self,
+        topic: str,
+        partition: int,
+        subscription: str,
+        config: dict,
+        coordinator: Peer[CoordinatorActor],
     ) -> None:
         started = time.monotonic()
         self._topic, self._partition, self._name = topic, partition, subscription
         self._config: Config = config_from_dict(config)
         self._config_dict = config
-        self._dlq_peers: dict[str, Peer] = {}  # dead-letter topic -> its partition 0's actor
+        self._dlq_peers: dict[
+            str, Peer[HostActor]
+        ] = {}  # dead-letter topic -> its partition 0's actor
         self.on_available: Callable[[], None] | None = None  # its actor's, set by the actor
         check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = SubscriptionMetrics(topic, partition, subscription)
@@ -139,18 +147,17 @@ class SubscriptionPartition:
         # count per LATENESS_BOUNDARIES_MS bucket (at most that many ms late), then the rest
         self._late_counts = np.zeros(len(LATENESS_BOUNDARIES_MS) + 1, dtype=np.int64)
         self._clock = SystemClock()
-        self._deadline_s = self._config.client.retry_deadline_s
         self._coordinator = coordinator
         self._topic_actor = partition_peer(topic, partition, config, coordinator)
         self._options = self._coordinator.call_from_thread(
-            "subscription", topic, subscription, deadline_s=self._deadline_s
+            CoordinatorActor.subscription, topic, subscription
         )
         self._store = CountingObjectStore(make_store(self._config))
         self._prefix = subscription_prefix(topic, partition, subscription)
         self._sealed_store = SealedStore(self._store, topic, partition)
         cursor, dispatched_before, self._cursor_version = self._load_cursor()
         reader = None
-        if self._options["type"] in SPREAD_TYPES and self._config.delayed.tracker == "bucket":
+        if spreads(self._options["type"]) and self._config.delayed.tracker == "bucket":
             reader = SealedReader()
         self._sub = Subscription(
             name=f"{topic}/{partition}/{subscription}",
@@ -183,25 +190,27 @@ class SubscriptionPartition:
             self._recover_buckets(reader)
         self._started = False
         self._closed = False
-        ledgers = self._topic_actor.call_from_thread("ledgers", deadline_s=self._deadline_s)
+        ledgers = self._topic_actor.call_from_thread(
+            HostActor.ledgers, self._topic, self._partition
+        )
         loose = self._sub.resume_after_buckets(ledgers)
-        tail = self._topic_actor.call_from_thread("tail", deadline_s=self._deadline_s)
-        self._sub.tail = None if tail is None else (int(tail[0]), int(tail[1]))
+        tail = self._topic_actor.call_from_thread(HostActor.tail, self._topic, self._partition)
+        self._sub.reading.tail = None if tail is None else (int(tail[0]), int(tail[1]))
         self._learn_cancels()
         # Filled in until the first delivery after this start: what recovery cost.
         self._recovery: dict[str, Any] = {
             "started": started,
             "init_s": round(time.monotonic() - started, 3),
             "loose": loose,
-            "read_from": list(self._sub.read_position),
+            "read_from": list(self._sub.reading.read_position),
             "delayed": self._sub.tracker.number_of_delayed_messages(),
             "log_bytes": 0,
         }
-        if loose or self._sub.read_position != self._sub.start_position:
+        if loose or self._sub.reading.read_position != self._sub.reading.start_position:
             log.info(
                 "%s: resuming the log at %s after the buckets, %d loose positions to re-read",
                 self._sub.name,
-                self._sub.read_position,
+                self._sub.reading.read_position,
                 loose,
             )
 
@@ -221,11 +230,11 @@ class SubscriptionPartition:
     def _recover_buckets(self, sealed: SealedReader) -> None:
         """Take up the partition's sealed buckets where this subscription left them."""
         progress = self._coordinator.call_from_thread(
-            "progress", self._topic, self._partition, self._name, deadline_s=self._deadline_s
+            CoordinatorActor.progress, self._topic, self._partition, self._name
         )
         for _ in range(_LIST_TRIES):
             info: BucketList = self._topic_actor.call_from_thread(
-                "buckets", deadline_s=self._deadline_s
+                HostActor.buckets, self._topic, self._partition
             )
             metas = self._load_metas(info.buckets)
             if len(metas) == len(info.buckets):
@@ -272,7 +281,9 @@ class SubscriptionPartition:
         # taken mark over the missing bucket's rows, which no answer carried (they were
         # sealed before it), and they would never be delivered.
         for _ in range(_LIST_TRIES):
-            info: BucketList = listed or await self._topic_actor.once("buckets")
+            info = listed
+            if info is None:
+                info = await self._topic_actor.once(HostActor.buckets, self._topic, self._partition)
             listed = None  # (a second try lists them again)
             new = [k for k in info.buckets if k not in sealed.buckets]
             metas = await asyncio.to_thread(self._load_metas, new)
@@ -294,7 +305,9 @@ class SubscriptionPartition:
         answer reports sealed."""
         try:
             reply: DueReply = await self._topic_actor.once(
-                "due_unsealed",
+                HostActor.due_unsealed,
+                self._topic,
+                self._partition,
                 query.below,
                 query.through_ms,
                 query.now_ms,
@@ -302,7 +315,7 @@ class SubscriptionPartition:
                 sealed.sealed_through,
             )
             if reply.through > sealed.sealed_through or reply.version != self._bucket_version:
-                below, through = self._sub.tail_taken  # (what take_unsealed will make it)
+                below, through = self._sub.unsealed.taken  # (what take_unsealed will make it)
                 after = (max(below, int(reply.below)), max(through, int(query.now_ms)))
                 await self._refresh_buckets(sealed, reply.through, after, reply.buckets)
             rows = Rows.from_batch(reply.rows)
@@ -317,9 +330,7 @@ class SubscriptionPartition:
         """Delete the buckets this subscription indexed by itself before the topic did it
         for all (stores written before sealed buckets): the topic re-indexed every retained
         ledger when it came up, so they are not needed. Returns objects deleted."""
-        registry = CoordinatorRegistry(
-            self._coordinator, deadline_s=self._config.client.retry_deadline_s
-        )
+        registry = CoordinatorRegistry(self._coordinator)
         records = registry.list(self._prefix)
         doomed = self._store.list(f"{self._prefix}/buckets/") + self._store.list(
             f"{self._prefix}/tombs/"
@@ -345,7 +356,7 @@ class SubscriptionPartition:
                 continue
             return cursor, read, int(key.rsplit("/", 1)[1])
         md = self._coordinator.call_from_thread(
-            "mark_delete", self._topic, self._partition, self._name, deadline_s=self._deadline_s
+            CoordinatorActor.mark_delete, self._topic, self._partition, self._name
         )
         return Cursor((md[0], md[1])), (-1, -1), 0
 
@@ -353,7 +364,7 @@ class SubscriptionPartition:
         """Before delivering anything, learn every cancel marker ahead of the read position:
         a cancel this subscription applied before it died stays applied."""
         pairs = self._topic_actor.call_from_thread(
-            "cancel_markers", self._sub.read_position, deadline_s=self._deadline_s
+            HostActor.cancel_markers, self._topic, self._partition, self._sub.reading.read_position
         )
         learned = self._sub.learn_cancels(pairs)
         if learned:
@@ -479,7 +490,9 @@ class SubscriptionPartition:
 
     async def _read_rows(self, keys: np.ndarray) -> Rows:
         """The fetch given to the subscription: the topic actor's rows at ``keys``."""
-        batch = await self._topic_actor.once("read_positions", keys.astype(np.int64))
+        batch = await self._topic_actor.once(
+            HostActor.read_positions, self._topic, self._partition, keys.astype(np.int64)
+        )
         self._count_log_bytes(int(batch.nbytes))
         return Rows.from_batch(batch)
 
@@ -493,7 +506,7 @@ class SubscriptionPartition:
         self._ensure_started()
         self._sub.touch(consumer_id, self._clock.now_ms())
         n = self._sub.ack(consumer_id, _keys(keys))
-        if n and self._sub.type == "key_shared" and self._sub.redeliver:
+        if n and self._sub.type == "key_shared" and self._sub.redelivery.redeliver:
             await self._notify()  # the acks may free keys another consumer waits for
         return n
 
@@ -600,33 +613,32 @@ class SubscriptionPartition:
                 task.cancel()
             rest = [t for t in self._tasks if t not in self._loops]
             await asyncio.gather(*rest, return_exceptions=True)
-        async with self._sub._persist_lock:  # (a receive's write-ahead finishes first)
-            self._sub._write_cursor = None
+        async with self._sub.marks.lock:  # (a receive's write-ahead finishes first)
+            self._sub.marks.write_cursor = None
             await asyncio.to_thread(self._write_reset, md)
         if self._started:
             await self._notify()  # standing receives here return empty
 
     def _write_reset(self, md: Position) -> None:
         progress = self._coordinator.call_from_thread(
-            "progress", self._topic, self._partition, self._name, deadline_s=self._deadline_s
+            CoordinatorActor.progress, self._topic, self._partition, self._name
         )
         progress = {
             k: v for k, v in progress.items() if parse_bucket_key(k)[1] < md[0]
         }  # (a bucket not listed starts from its first segment)
         self._coordinator.call_from_thread(
-            "set_progress",
+            CoordinatorActor.set_progress,
             self._topic,
             self._partition,
             self._name,
             list(md),
             list(md),
             progress,
-            deadline_s=self._deadline_s,
         )
         cursor = Cursor(md)
         cursor.delayed_mark = self._sub.cursor.delayed_mark  # (what may have gone out: counted)
         key = cursor_key(self._topic, self._partition, self._name, self._cursor_version + 1)
-        self._put_cursor(key, cursor.encode(max(self._sub.dispatch_mark, md)))
+        self._put_cursor(key, cursor.encode(max(self._sub.marks.dispatch_mark, md)))
         log.info("%s: cursor reset to mark-delete %s", self._sub.name, md)
 
     def take_over(self, old: SubscriptionPartition) -> None:
@@ -792,8 +804,10 @@ class SubscriptionPartition:
                     self._space.clear()
                     await self._space.wait()
                     continue
-                room = min(self._sub.read_ahead_entries - self._sub.ready_count(), _READ_CHUNK)
-                if self._sub.unread:
+                room = min(
+                    self._sub.reading.read_ahead_entries - self._sub.ready_count(), _READ_CHUNK
+                )
+                if self._sub.reading.unread:
                     keys = np.asarray(self._sub.next_unread(room), dtype=np.int64)
                     self._sub.offer_reread(await self._read_rows(keys), keys)
                     retries.ok()
@@ -805,7 +819,14 @@ class SubscriptionPartition:
                 # messages due later does not wake the reader at every commit.
                 within = self._sub.lookahead_ms + _POLL_MARGIN_MS if sealed else None
                 reply: ReadReply = await self._topic_actor.once(
-                    "read", self._sub.read_position, room, _LONG_POLL_S, sealed, within
+                    HostActor.read,
+                    self._topic,
+                    self._partition,
+                    self._sub.reading.read_position,
+                    room,
+                    _LONG_POLL_S,
+                    sealed,
+                    within,
                 )
                 retries.ok()
                 raw = await _fetch_shared(reply.objects)
@@ -866,7 +887,7 @@ class SubscriptionPartition:
             target = self._dlq_peers[dlq] = partition_peer(
                 dlq, 0, self._config_dict, self._coordinator
             )
-        await target.once("append", encode_batch(AppendBatch("", 0, out)))
+        await target.once(HostActor.append, dlq, 0, encode_batch(AppendBatch("", 0, out)))
         log.info("%s: %d messages dead-lettered to %s", self._sub.name, len(keys), dlq)
 
     async def _write_cursor(self, data: bytes) -> None:
@@ -890,7 +911,11 @@ class SubscriptionPartition:
         if self._sub.sealed is not None:
             out += np.asarray(self._sub.sealed.due_histogram(edges_arr), dtype=np.int64)
             unsealed = await self._topic_actor.once(
-                "unsealed_histogram", list(edges), self._clock.now_ms()
+                HostActor.unsealed_histogram,
+                self._topic,
+                self._partition,
+                list(edges),
+                self._clock.now_ms(),
             )
             out += np.asarray(unsealed, dtype=np.int64)
         return out.tolist()
@@ -925,13 +950,24 @@ class SubscriptionPartition:
         async def read_unsealed(
             below: int, through: int, q: PeekRange, start: tuple[int, int] | None, page: int
         ) -> Rows:
-            batch = await self._topic_actor.once("peek_unsealed", below, through, q, start, page)
+            batch = await self._topic_actor.once(
+                HostActor.peek_unsealed,
+                self._topic,
+                self._partition,
+                below,
+                through,
+                q,
+                start,
+                page,
+            )
             return Rows.from_batch(batch)
 
         unknown: list[SealedMeta] = []
         sealed = self._sub.sealed
         if sealed is not None:  # (buckets sealed since the last due query)
-            info: BucketList = await self._topic_actor.once("buckets")
+            info: BucketList = await self._topic_actor.once(
+                HostActor.buckets, self._topic, self._partition
+            )
             new = [k for k in info.buckets if k not in sealed.buckets]
             unknown = await asyncio.to_thread(self._load_metas, new) if new else []
         rows, counts = await self._sub.peek(
@@ -948,12 +984,18 @@ class SubscriptionPartition:
         self._sub.advance_buckets()
         sealed = self._sub.sealed
         progress = sealed.progress() if sealed is not None else {}
-        md, lm = self._sub.cursor.mark_delete, self._sub.log_cursor.mark_delete
+        md, lm = self._sub.cursor.mark_delete, self._sub.marks.log_cursor.mark_delete
         report = (md, lm, tuple(sorted(progress.items())))
         if report == self._reported_progress:
             return False
         await self._coordinator.once(
-            "set_progress", self._topic, self._partition, self._name, list(md), list(lm), progress
+            CoordinatorActor.set_progress,
+            self._topic,
+            self._partition,
+            self._name,
+            list(md),
+            list(lm),
+            progress,
         )
         self._reported_progress = report
         return True
@@ -1009,24 +1051,6 @@ def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(round(float(seconds) * 1000))
 
 
-# What a caller may run on one partition of a subscription's actor (``call``).
-PARTITION_METHODS = frozenset(
-    {
-        "add_consumer",
-        "heartbeat",
-        "remove_consumer",
-        "ack",
-        "nack",
-        "redeliver",
-        "cancel",
-        "pid",
-        "stats",
-        "flush",
-        "close",
-        "due_histogram",
-        "peek",
-    }
-)
 _OPEN_THREADS = 8  # partitions recovered at once
 # The process's threads for reading bucket metas, started as first needed and kept: its
 # partitions each read the new buckets' metas as a bucket seals, and threads started for
@@ -1109,12 +1133,72 @@ class SubscriptionActor:
             except Exception:  # noqa: BLE001 - metrics must never stop the subscription
                 log.exception("%s: reporting metrics failed", self._name)
 
-    async def call(self, partition: int, method: str, *args: Any) -> Any:
-        """Run ``method(*args)`` of the partition ``partition`` this actor serves."""
-        if method not in PARTITION_METHODS:
-            raise InvalidArgument(f"method: a subscription partition has no call {method!r}")
+    async def _serving(self, partition: int) -> SubscriptionPartition:
+        """The partition, once no reset of its cursor is under way."""
         await self._not_resetting(partition)
-        return await getattr(self._part(partition), method)(*args)
+        return self._part(partition)
+
+    # Each call at one partition it serves, the partition first (see SubscriptionPartition
+    # for what they do).
+
+    async def add_consumer(self, partition: int, consumer_id: str) -> None:
+        await (await self._serving(partition)).add_consumer(consumer_id)
+
+    async def heartbeat(self, partition: int, consumer_id: str) -> bool:
+        return await (await self._serving(partition)).heartbeat(consumer_id)
+
+    async def remove_consumer(self, partition: int, consumer_id: str) -> int:
+        return await (await self._serving(partition)).remove_consumer(consumer_id)
+
+    async def ack(self, partition: int, consumer_id: str, keys: Any) -> int:
+        return await (await self._serving(partition)).ack(consumer_id, keys)
+
+    async def nack(
+        self,
+        partition: int,
+        consumer_id: str,
+        keys: Any,
+        delay_s: float,
+        nacked_at_ms: int | None = None,
+    ) -> int:
+        part = await self._serving(partition)
+        return await part.nack(consumer_id, keys, delay_s, nacked_at_ms)
+
+    async def redeliver(
+        self,
+        partition: int,
+        consumer_id: str,
+        keys: Any = None,
+        rewinds: int = 0,
+        dry_run: bool = False,
+    ) -> int:
+        part = await self._serving(partition)
+        return await part.redeliver(consumer_id, keys, rewinds, dry_run)
+
+    async def cancel(
+        self, partition: int, targets: list[tuple[int, int]], markers: list[tuple[int, int]]
+    ) -> list[bool]:
+        return await (await self._serving(partition)).cancel(targets, markers)
+
+    async def stats(self, partition: int) -> dict:
+        return await (await self._serving(partition)).stats()
+
+    async def flush(self, partition: int) -> None:
+        await (await self._serving(partition)).flush()
+
+    async def due_histogram(self, partition: int, edges: list[int]) -> list[int]:
+        return await (await self._serving(partition)).due_histogram(edges)
+
+    async def peek(
+        self,
+        partition: int,
+        limit: int,
+        due_after: int | None = None,
+        due_before: int | None = None,
+        key: str | None = None,
+    ) -> pa.RecordBatch:
+        part = await self._serving(partition)
+        return await part.peek(limit, due_after, due_before, key)
 
     async def receive(
         self,
@@ -1297,15 +1381,12 @@ class SubscriptionActor:
 
 
 def _group_partitions(
-    coordinator: Peer, topic: str, subscription: str, group: int, config: dict
+    coordinator: Peer[CoordinatorActor], topic: str, subscription: str, group: int, config: dict
 ) -> list[int]:
     """The partitions the actor of partition group ``group`` of a subscription serves (by
     its ``partitions_per_actor``, the config's when it has none)."""
-    deadline_s = config_from_dict(config).client.retry_deadline_s
-    n = coordinator.call("partitions", topic, deadline_s=deadline_s, wait=rpc.get_blocking)
-    options = coordinator.call(
-        "subscription", topic, subscription, deadline_s=deadline_s, wait=rpc.get_blocking
-    )
+    n = coordinator.call_from_thread(CoordinatorActor.partitions, topic)
+    options = coordinator.call_from_thread(CoordinatorActor.subscription, topic, subscription)
     per_actor = options.get(
         "partitions_per_actor", config_from_dict(config).subscription.partitions_per_actor
     )
@@ -1319,11 +1400,9 @@ def spawn_subscription(topic: str, subscription: str, group: int, config: dict) 
     near = None
     if placement.lookup_or_none(name) is None:
         coordinator = coordinator_peer(config)
-        deadline_s = config_from_dict(config).client.retry_deadline_s
         mine = _group_partitions(coordinator, topic, subscription, group, config)
         hosts = Counter(
-            coordinator.call("locate", topic, p, deadline_s=deadline_s, wait=rpc.get_blocking)
-            for p in mine
+            coordinator.call_from_thread(CoordinatorActor.locate, topic, p) for p in mine
         )
         if hosts:
             # the host serving most of its partitions; among equals, the one on the node

@@ -38,11 +38,12 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from raydelay.actors.coordinator import coordinator_peer
+from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.metrics import TopicMetrics
 from raydelay.actors.protocol import BucketList, DueReply, ReadReply
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
+from raydelay.cluster.handles import Peer
 from raydelay.cluster.nodes import check_store
 from raydelay.config import config_from_dict
 from raydelay.delayed.sealed import (
@@ -153,17 +154,21 @@ class TopicPartition:
     """One partition of a host. The constructor recovers it from the store and makes
     blocking calls: its host runs it on a thread."""
 
-    def __init__(self, topic: str, partition: int, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        config: dict[str, Any],
+        coordinator: Peer[CoordinatorActor],
+    ) -> None:
         self._topic, self._partition = topic, partition
         self._config = config_from_dict(config)
         check_store(self._config.storage)  # before anything is written where it should not be
         self._metrics = TopicMetrics(topic, partition)
         self._published = 0  # the log's entry count last reported
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydelay-log")
-        self._coordinator = coordinator_peer(config)
-        ledgers = self._coordinator.call_from_thread(
-            "ledgers", topic, partition, deadline_s=self._config.client.retry_deadline_s
-        )
+        self._coordinator = coordinator  # its host's
+        ledgers = self._coordinator.call_from_thread(CoordinatorActor.ledgers, topic, partition)
         store = make_store(self._config)
         self._log = PartitionLog(
             store=store,
@@ -176,9 +181,7 @@ class TopicPartition:
             cache_bytes=self._config.topic.tail_cache_bytes,
             index_cache_bytes=self._config.topic.index_cache_bytes,
         )
-        self._registry = CoordinatorRegistry(
-            self._coordinator, deadline_s=self._config.client.retry_deadline_s
-        )
+        self._registry = CoordinatorRegistry(self._coordinator)
         self._sealed = SealedStore(store, topic, partition)
         self._buckets: list[tuple[int, int, str]] = []  # (start, end, key), by start
         self._bucket_rows: dict[str, int] = {}  # key -> its rows (what merges go by)
@@ -420,7 +423,7 @@ class TopicPartition:
         try:
             return bool(
                 self._coordinator.call_from_thread(
-                    "merge_buckets",
+                    CoordinatorActor.merge_buckets,
                     self._topic,
                     self._partition,
                     name,
@@ -428,7 +431,6 @@ class TopicPartition:
                     merged.key,
                     record,
                     runs,
-                    deadline_s=self._config.client.retry_deadline_s,
                 )
             )
         except Exception:
@@ -605,12 +607,7 @@ class TopicPartition:
     def _roll(self, closed: int | None, count: int) -> int:
         return int(
             self._coordinator.call_from_thread(
-                "roll_ledger",
-                self._topic,
-                self._partition,
-                closed,
-                count,
-                deadline_s=self._config.client.retry_deadline_s,
+                CoordinatorActor.roll_ledger, self._topic, self._partition, closed, count
             )
         )
 
@@ -985,7 +982,7 @@ class TopicPartition:
     async def _trim_buckets(self) -> None:
         name = registry_name(self._topic, self._partition)
         keys = await self._coordinator.once(
-            "bucket_retention", self._topic, self._partition, name, THROUGH_KEY
+            CoordinatorActor.bucket_retention, self._topic, self._partition, name, THROUGH_KEY
         )
         if keys:
             done = await self._run(self._delete_buckets, keys, on=self._seal_exec)
@@ -1001,7 +998,7 @@ class TopicPartition:
         subscription needs; returns the ledger ids."""
         self._ensure_started()
         await self._trim_buckets()
-        ids = await self._coordinator.once("retention", self._topic, self._partition)
+        ids = await self._coordinator.once(CoordinatorActor.retention, self._topic, self._partition)
         ids = [i for i in ids if i != self._log.current_ledger]
         if not ids:
             return []
@@ -1009,7 +1006,9 @@ class TopicPartition:
         gone = set(ids)
         for key in [k for k in self._delayed_runs if k[0] in gone]:
             del self._delayed_runs[key]
-        await self._coordinator.once("drop_ledgers", self._topic, self._partition, ids)
+        await self._coordinator.once(
+            CoordinatorActor.drop_ledgers, self._topic, self._partition, ids
+        )
         log.info(
             "%s/%d: deleted ledgers %s (%d objects)", self._topic, self._partition, ids, deleted
         )

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from raydelay.actors.host import HostActor
 from raydelay.client.message import MessageId, time_ms_of
 from raydelay.client.peers import ClusterPeers
 from raydelay.cluster import rpc
@@ -53,7 +54,7 @@ class Cursors:
         if isinstance(to, str) and to in ("earliest", "latest"):
             if to == "earliest":
                 return {p: [-1, -1] for p in range(n)}
-            tails = self._peers.on_partitions(topic, n, "tail")
+            tails = self._peers.on_partitions(topic, n, HostActor.tail)
             return {
                 p: [-1, -1] if t is None else [int(t[0]), int(t[1])] for p, t in enumerate(tails)
             }
@@ -66,8 +67,8 @@ class Cursors:
             isinstance(to, (int, np.integer)) and not isinstance(to, bool)
         ):
             at = time_ms_of(field, to)
-            found = self._peers.on_partitions(topic, n, "position_at", at)
-            tails = self._peers.on_partitions(topic, n, "tail")
+            found = self._peers.on_partitions(topic, n, HostActor.position_at, at)
+            tails = self._peers.on_partitions(topic, n, HostActor.tail)
             out = {}
             for p, (pos, tail) in enumerate(zip(found, tails, strict=True)):
                 if pos is not None:
@@ -89,7 +90,11 @@ class Cursors:
                 f"message_id: {topic} has partitions 0..{n - 1}, not {mid.partition}"
             )
         ledgers = self._peers.call(
-            lambda: [self._peers.topic_peer(topic, mid.partition).remote("ledgers")],
+            lambda: [
+                self._peers.topic_peer(topic, mid.partition).submit(
+                    HostActor.ledgers, topic, mid.partition
+                )
+            ],
             f"topic {topic}",
         )[0]
         sizes = dict((int(i), c) for i, c in ledgers)
@@ -100,7 +105,11 @@ class Cursors:
         count = sizes[mid.ledger_id]
         if count is None:  # the open ledger: up to its last entry
             tail = self._peers.call(
-                lambda: [self._peers.topic_peer(topic, mid.partition).remote("tail")],
+                lambda: [
+                    self._peers.topic_peer(topic, mid.partition).submit(
+                        HostActor.tail, topic, mid.partition
+                    )
+                ],
                 f"topic {topic}",
             )[0]
             count = int(tail[1]) + 1 if tail is not None and int(tail[0]) == mid.ledger_id else 0

@@ -1,6 +1,7 @@
 """What a :class:`Producer` and a :class:`Consumer` need from the partition actors they talk
 to, as two small protocols. The producer and the consumer hold no Ray code: the Ray
-implementation is :class:`raydelay.cluster.handles.PartitionPeers` (built by
+implementations are :class:`raydelay.actors.handles.TopicHandles` and
+:class:`~raydelay.actors.handles.SubscriptionHandles` (built by
 ``raydelay.client.connection``), and unit tests pass fakes (``tests/unit/fakes.py``).
 
 A call method *submits* and returns a reply at once (a Ray ObjectRef, for the Ray

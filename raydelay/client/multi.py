@@ -121,7 +121,7 @@ class MultiTopicConsumer:
             return []
         children = list(self._consumers.values())
         deadline = time.monotonic() + timeout_s
-        while not any(c._buffer for c in children):
+        while not any(c.receiver.has_buffered() for c in children):
             remaining = max(deadline - time.monotonic(), 0.0)
             self._poll(children, max_messages, remaining)
             if remaining <= 0:
@@ -132,7 +132,7 @@ class MultiTopicConsumer:
         for c in order:  # (each topic in turn drains first: none starves the others)
             if room <= 0:
                 break
-            parts = c._from_buffer(room)
+            parts = c.receiver.take_buffered(room)
             if parts:
                 batch = MessageBatch(c.topic, parts)
                 out.append(batch)
@@ -145,9 +145,9 @@ class MultiTopicConsumer:
         share = -(-max_messages // len(children))
         wait_s = timeout_s
         for c in children:
-            c_share, call_s, wait_s = c._plan(share, timeout_s)
-            c._ask(c_share, call_s)
-        refs = [r for c in children for r in c._inflight]
+            c_share, call_s, wait_s = c.receiver.plan(share, timeout_s)
+            c.receiver.ask(c_share, call_s)
+        refs = [r for c in children for r in c.receiver.calls()]
         if not refs:  # every partition of every topic is down
             time.sleep(min(max(timeout_s, 0.01), 0.25))
             return
@@ -155,7 +155,8 @@ class MultiTopicConsumer:
         if ready:
             ready = ray.wait(refs, num_returns=len(refs), timeout=0)[0]
         for c in children:
-            c._collect([r for r in ready if r in c._inflight])
+            calls = set(c.receiver.calls())
+            c.receiver.collect([r for r in ready if r in calls])
 
     def _refresh(self) -> None:
         """A pattern consumer: join topics that match now, drop those deleted."""

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from raydelay.actors.host import HostActor
+from raydelay.actors.subscription import SubscriptionActor
 from raydelay.client.message import (
     Message,
     MessageId,
@@ -25,6 +27,7 @@ from raydelay.client.topics import Topics
 from raydelay.errors import InvalidArgument
 from raydelay.limits import NO_LIMIT, check_limit
 from raydelay.storage.keys import validate_name
+from raydelay.subscription_types import spreads
 
 
 class Operations:
@@ -73,7 +76,9 @@ class Operations:
         edges = [now + int(w * 1000) + 1 for w in windows_s]  # window i: due <= now + w
         parts = self._peers.call(
             lambda: [
-                self._peers.subscription_peer(topic, p, subscription).remote("due_histogram", edges)
+                self._peers.subscription_peer(topic, p, subscription).submit(
+                    SubscriptionActor.due_histogram, p, edges
+                )
                 for p in range(n)
             ],
             "subscription",
@@ -105,7 +110,7 @@ class Operations:
         check_key(key)
         n = self._peers.partitions(topic)
         options = self._peers.subscription_options(topic, subscription)
-        if options["type"] not in ("shared", "key_shared"):
+        if not spreads(options["type"]):
             raise InvalidArgument(
                 f"subscription: {topic}/{subscription} is {options['type']}: it delivers in log "
                 "order and ignores deliver_at, so nothing of it waits for a due time"
@@ -113,8 +118,8 @@ class Operations:
         self._session.flush_acks(topic)
         batches = self._peers.call(
             lambda: [
-                self._peers.subscription_peer(topic, p, subscription).remote(
-                    "peek", lim, after, before, key
+                self._peers.subscription_peer(topic, p, subscription).submit(
+                    SubscriptionActor.peek, p, lim, after, before, key
                 )
                 for p in range(n)
             ],
@@ -161,7 +166,7 @@ class Operations:
             peers,
             starts,
             resolve=lambda to, inclusive: self._cursors.read_from(topic, n, to, inclusive, "to"),
-            tails=lambda: self._peers.on_partitions(topic, n, "tail"),
+            tails=lambda: self._peers.on_partitions(topic, n, HostActor.tail),
         )
 
     def redrive(

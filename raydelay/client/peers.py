@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from raydelay.actors.coordinator import coordinator_peer
-from raydelay.actors.host import partition_peer
+from raydelay.actors.coordinator import CoordinatorActor
+from raydelay.actors.host import HostActor, coordinator_peer, partition_peer
 from raydelay.actors.subscription import spawn_subscription
 from raydelay.client.consumer import Consumer
 from raydelay.client.producer import Producer
@@ -27,6 +27,9 @@ from raydelay.cluster.names import (
 from raydelay.config import ClientConfig, Config, config_to_dict
 from raydelay.errors import InvalidArgument
 from raydelay.storage.keys import validate_name
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclasses.dataclass
@@ -48,7 +51,7 @@ class Session:
         numbers asked for next count them."""
         for consumer in self.consumers:
             if consumer.topic == topic and not consumer._closed:
-                consumer._settle_acks()
+                consumer.flush()
 
 
 class ClusterPeers:
@@ -74,10 +77,18 @@ class ClusterPeers:
     def deadline_s(self) -> float:
         return self.client.retry_deadline_s
 
-    def coord(self, method: str, *args: Any) -> Any:
+    def coord(
+        self,
+        method: Callable[Concatenate[CoordinatorActor, P], R],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
         """A coordinator call, retried while it restarts (or is re-created after it ended),
         for up to client.retry_deadline_s."""
-        return self.coordinator.call(method, *args, deadline_s=self.deadline_s)
+        return self.coordinator.retried(
+            lambda: self.coordinator.submit(method, *args, **kwargs),
+            deadline_s=self.deadline_s,
+        )
 
     def call(self, submit: Callable[[], list], what: str) -> list:
         """An idempotent call, retried while the actor restarts (client.retry_deadline_s)."""
@@ -85,17 +96,30 @@ class ClusterPeers:
 
     def partitions(self, topic: str) -> int:
         validate_name("topic", topic)
-        return int(self.coord("partitions", topic))
+        return int(self.coord(CoordinatorActor.partitions, topic))
 
-    def on_partitions(self, topic: str, partitions: int, method: str, *args: Any) -> list:
-        """``method(*args)`` on every partition of ``topic`` (retried while a host restarts)."""
+    def on_partitions(
+        self,
+        topic: str,
+        partitions: int,
+        method: Callable[Concatenate[HostActor, str, int, P], Any],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> list:
+        """``method(topic, p, *args)`` on every partition p of ``topic`` (retried while a host
+        restarts)."""
         peers = [self.topic_peer(topic, p) for p in range(partitions)]
-        return self.call(lambda: [peer.remote(method, *args) for peer in peers], f"topic {topic}")
+        return self.call(
+            lambda: [
+                peer.submit(method, topic, p, *args, **kwargs) for p, peer in enumerate(peers)
+            ],
+            f"topic {topic}",
+        )
 
     def subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""
         validate_name("subscription", subscription)
-        return self.coord("subscription", topic, subscription)
+        return self.coord(CoordinatorActor.subscription, topic, subscription)
 
     def per_actor(self, topic: str, subscription: str) -> int:
         """How many partitions one actor of the subscription serves (-1: all)."""
@@ -142,7 +166,6 @@ class ClusterPeers:
             subscription_actor_name(topic, subscription, group),
             create,
             f"subscription {subscription} of {topic}/{partition}",
-            route=(partition,),
         )
         return peer
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from raydelay.actors.host import HostActor
 from raydelay.client.message import Message, MessageId, check_number, messages_from_batch
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
@@ -49,7 +50,7 @@ class Reader:
     def __init__(
         self,
         topic: str,
-        peers: list[Peer],
+        peers: list[Peer[HostActor]],
         starts: dict[int, Position],
         *,
         resolve: Callable[[Any, bool], dict[int, Position]],
@@ -116,7 +117,9 @@ class Reader:
             if p in busy or self._down.get(p, 0.0) > now:
                 continue
             try:
-                ref = self._peers[p].remote("read", self._next[p], READ_ENTRIES, wait_s)
+                ref = self._peers[p].submit(
+                    HostActor.read, self.topic, p, self._next[p], READ_ENTRIES, wait_s
+                )
             except Exception as exc:  # noqa: BLE001 - the partition is down; tried again
                 self._failed(p, exc)
                 continue

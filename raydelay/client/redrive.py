@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raydelay.actors.host import HostActor
 from raydelay.client.message import Message, MessageId
 from raydelay.errors import ConsumerBusy, InvalidArgument, NotFound
 from raydelay.log.entries import NO_DELAY, Entries
@@ -66,7 +67,7 @@ def redrive(
     n = topics.peers.partitions(dead_letter_topic)
     # what is dead already: messages dead-lettered again while this runs (their consumer
     # still fails) wait for the next redrive, or one run would go round for ever
-    ends = topics.peers.on_partitions(dead_letter_topic, n, "tail")
+    ends = topics.peers.on_partitions(dead_letter_topic, n, HostActor.tail)
     consumer = _exclusive(topics, dead_letter_topic)
     producers: dict[tuple[str, str], Producer] = {}
     moved = empty = 0

@@ -9,7 +9,11 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
+from raydelay.actors.coordinator import CoordinatorActor
+from raydelay.actors.handles import SubscriptionHandles, TopicHandles, fan_out_cancel
+from raydelay.actors.host import HostActor
 from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS
+from raydelay.actors.subscription import SubscriptionActor
 from raydelay.client.consumer import Consumer
 from raydelay.client.cursors import Cursors
 from raydelay.client.message import check_number
@@ -17,7 +21,6 @@ from raydelay.client.multi import PATTERN_REFRESH_S, MultiTopicConsumer
 from raydelay.client.peers import ClusterPeers, Session
 from raydelay.client.producer import Producer
 from raydelay.cluster import handles, placement, rpc
-from raydelay.cluster.handles import SubscriptionPartitions, TopicPartitions
 from raydelay.cluster.names import subscription_actor_name, subscription_groups
 from raydelay.config import Config
 from raydelay.errors import InvalidArgument, NotFound
@@ -56,17 +59,17 @@ class Topics:
     def create_topic(self, topic: str, partitions: int = 1) -> None:
         """See :meth:`Cluster.create_topic`."""
         validate_name("topic", topic)
-        self.peers.coord("create_topic", topic, partitions)
-        self.peers.on_partitions(topic, partitions, "tail")
+        self.peers.coord(CoordinatorActor.create_topic, topic, partitions)
+        self.peers.on_partitions(topic, partitions, HostActor.tail)
 
     def topics(self) -> dict[str, int]:
         """See :meth:`Cluster.topics`."""
-        return dict(self.peers.coord("topics"))
+        return dict(self.peers.coord(CoordinatorActor.topics))
 
     def delete_topic(self, topic: str, *, force: bool = False) -> int:
         """See :meth:`Cluster.delete_topic`."""
         n = self.peers.partitions(topic)
-        subs = self.peers.coord("subscriptions", topic)
+        subs = self.peers.coord(CoordinatorActor.subscriptions, topic)
         if subs and not force:
             raise InvalidArgument(
                 f"topic: {topic!r} has subscriptions ({', '.join(sorted(subs))}); "
@@ -77,12 +80,14 @@ class Topics:
         # subscriptions first (they read from the topic's hosts), and wait until they are gone
         handles.stop([name for s in subs for name in self.peers.subscription_actors(topic, s, n)])
         hosts = {
-            h for k, h in self.peers.coord("assignments").items() if k.rsplit("/", 1)[0] == topic
+            h
+            for k, h in self.peers.coord(CoordinatorActor.assignments).items()
+            if k.rsplit("/", 1)[0] == topic
         }
         drops = [h.drop_topic.remote(topic) for h in map(placement.lookup_or_none, hosts) if h]
         rpc.get(drops, what=f"hosts of {topic}")
         self.peers.forget_topic(topic)
-        return int(self.peers.coord("delete_topic", topic))
+        return int(self.peers.coord(CoordinatorActor.delete_topic, topic))
 
     def _check_per_actor(self, topic: str, subscription: str, per_actor: int | None) -> int:
         """The partitions_per_actor of a subscription being created or joined."""
@@ -118,7 +123,7 @@ class Topics:
         def cancel(batches: dict, producer: str) -> tuple[dict[int, list[bool]], int]:
             return self.cancel_batches(topic, batches, producer)
 
-        link = TopicPartitions(peers, deadline_s=self.peers.deadline_s, cancel=cancel)
+        link = TopicHandles(topic, peers, deadline_s=self.peers.deadline_s, cancel=cancel)
         producer = Producer(
             link,
             topic,
@@ -202,13 +207,13 @@ class Topics:
         }
         start = None
         if initial_position == "latest":
-            tails = self.peers.on_partitions(topic, n, "tail")
+            tails = self.peers.on_partitions(topic, n, HostActor.tail)
             start = [None if t is None else [int(t[0]), int(t[1])] for t in tails]
-        self.peers.coord("create_subscription", topic, subscription, options, start)
+        self.peers.coord(CoordinatorActor.create_subscription, topic, subscription, options, start)
         peers = [self.peers.subscription_peer(topic, p, subscription) for p in range(n)]
         for peer in peers:
             peer.handle  # noqa: B018 - resolved now: a failure shows here, not later
-        link = SubscriptionPartitions(peers, deadline_s=self.peers.deadline_s)
+        link = SubscriptionHandles(peers, deadline_s=self.peers.deadline_s)
         consumer = Consumer(
             link,
             topic,
@@ -216,7 +221,7 @@ class Topics:
             lease_s=self.config.subscription.consumer_lease_s,
             prefetch=prefetch,
             seek=lambda to, inclusive: self.cursors.reset(topic, subscription, n, to, inclusive),
-            tails=lambda: self.peers.on_partitions(topic, n, "tail"),
+            tails=lambda: self.peers.on_partitions(topic, n, HostActor.tail),
         )
         self._session.consumers.append(consumer)
         return consumer
@@ -294,18 +299,19 @@ class Topics:
             consumer.close()
         handles.stop(self.peers.subscription_actors(topic, subscription, n))
         self.peers.forget_subscription(topic, subscription)
-        return int(self.peers.coord("delete_subscription", topic, subscription))
+        return int(self.peers.coord(CoordinatorActor.delete_subscription, topic, subscription))
 
     # --- cancel and stats ---------------------------------------------------------------------
 
     def cancel_batches(
         self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
     ) -> tuple[dict[int, list[bool]], int]:
-        """See :func:`raydelay.cluster.handles.fan_out_cancel`."""
-        return handles.fan_out_cancel(
+        """See :func:`raydelay.actors.handles.fan_out_cancel`."""
+        return fan_out_cancel(
+            topic,
             lambda p: self.peers.topic_peer(topic, p),
             lambda p, s: self.peers.subscription_peer(topic, p, s),
-            list(self.peers.coord("subscriptions", topic)),
+            list(self.peers.coord(CoordinatorActor.subscriptions, topic)),
             batches,
             producer,
             deadline_s=self.peers.deadline_s,
@@ -315,14 +321,16 @@ class Topics:
         """See :meth:`Cluster.stats`."""
         n = self.peers.partitions(topic)
         if subscription is None:
-            parts = self.peers.on_partitions(topic, n, "stats")
-            subs = self.peers.coord("subscriptions", topic)
+            parts = self.peers.on_partitions(topic, n, HostActor.stats)
+            subs = self.peers.coord(CoordinatorActor.subscriptions, topic)
             return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
         options = self.peers.subscription_options(topic, subscription)
         self._session.flush_acks(topic)
         parts = self.peers.call(
             lambda: [
-                self.peers.subscription_peer(topic, p, subscription).remote("stats")
+                self.peers.subscription_peer(topic, p, subscription).submit(
+                    SubscriptionActor.stats, p
+                )
                 for p in range(n)
             ],
             "subscription",
@@ -354,17 +362,17 @@ class Topics:
     def partition_hosts(self, topic: str) -> list[str]:
         """See :meth:`Cluster.partition_hosts`."""
         n = self.peers.partitions(topic)
-        assigned = self.peers.coord("assignments")
+        assigned = self.peers.coord(CoordinatorActor.assignments)
         return [str(assigned.get(f"{topic}/{p}", "")) for p in range(n)]
 
     def placement(self) -> list[dict[str, Any]]:
         """See :meth:`Cluster.placement`."""
         rows = placement.placement_table()
         serves: dict[str, list[str]] = {}
-        for key, host in sorted(self.peers.coord("assignments").items()):
+        for key, host in sorted(self.peers.coord(CoordinatorActor.assignments).items()):
             serves.setdefault(host, []).append(key)
-        for topic, n in self.peers.coord("topics").items():
-            for sub in self.peers.coord("subscriptions", topic):
+        for topic, n in self.peers.coord(CoordinatorActor.topics).items():
+            for sub in self.peers.coord(CoordinatorActor.subscriptions, topic):
                 for g, parts in subscription_groups(n, self.peers.per_actor(topic, sub)).items():
                     name = subscription_actor_name(topic, sub, g)
                     serves[name] = [f"{topic}/{sub}/{p}" for p in parts]

@@ -22,7 +22,7 @@ import msgpack
 from raydelay.errors import CodecError, Conflict, InvalidArgument, NotFound
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import journal_key, snapshot_key, validate_name
-from raydelay.subscription_types import SPREAD_TYPES, check_subscription_type
+from raydelay.subscription_types import check_subscription_type, spreads
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +429,7 @@ class Metadata:
         if not subs:
             return []
         keys = [k for k in self.state["registry"].get(name, {}) if k != through_key]
-        shared = [s for s, o in subs.items() if o.get("type") in SPREAD_TYPES]
+        shared = [s for s, o in subs.items() if spreads(o.get("type"))]
         done = [self.state["progress"].get(f"{topic}/{partition}/{s}", {}) for s in shared]
         return [k for k in keys if all(d.get(k) == -1 for d in done)]
 

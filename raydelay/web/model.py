@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from raydelay.errors import InvalidArgument
+from raydelay.subscription_types import spreads
 
 if TYPE_CHECKING:
     from raydelay.client.connection import Cluster
@@ -237,7 +238,7 @@ class ConsoleData:
             "lateness": [
                 {"label": label, "count": int(n)} for label, n in zip(labels, counts, strict=True)
             ],
-            "schedulable": s["type"] in ("shared", "key_shared"),
+            "schedulable": spreads(s["type"]),
         }
 
     def due_bins(self, topic: str, name: str, span_s: int, step_s: int) -> list[Bin]:

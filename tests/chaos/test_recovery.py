@@ -7,6 +7,8 @@ import time
 import numpy as np
 import ray
 
+from raydelay.actors.host import HostActor
+from raydelay.actors.subscription import SubscriptionActor
 from raydelay.cluster.names import subscription_actor_name
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from tests.integration.helpers import (
@@ -28,19 +30,19 @@ def test_a_restarted_topic_fences_its_open_ledger_and_keeps_its_dedup_state(clus
         encode_batch(AppendBatch("p1", seq, Entries.build([b"%d" % seq] * 300, np.full(300, -1))))
         for seq in range(1, 11)
     ]
-    first = [ray.get(topic.append.remote(b)) for b in batches]
-    before = ray.get(topic.stats.remote())
+    first = [ray.get(topic.submit(HostActor.append, b)) for b in batches]
+    before = ray.get(topic.submit(HostActor.stats))
     # When the partition's host dies and Ray restarts it
     topic = restart_partition(topic_name, 0)
-    after = ray.get(topic.stats.remote())
+    after = ray.get(topic.submit(HostActor.stats))
     # Then the ledger that was open is closed at its last durable entry, a new one is open,
     assert after["ledgers"][:-1] == before["ledgers"][:-1] + [
         (before["ledgers"][-1][0], before["tail"][1] + 1)
     ]
     assert after["ledgers"][-1][1] is None and after["tail"] == before["tail"]
     # re-sent batches are still recognised, and nothing is in the log twice
-    assert ray.get(topic.append.remote(batches[-1])) == first[-1]
-    assert ray.get(topic.append.remote(batches[3])) == first[3]
+    assert ray.get(topic.submit(HostActor.append, batches[-1])) == first[-1]
+    assert ray.get(topic.submit(HostActor.append, batches[3])) == first[3]
     consumer = cluster.subscribe(topic_name, "s")
     got = receive_all(consumer, 3_000, timeout_s=20)
     assert len(got) == 3_000 and len({m.message_id for m, _ in got}) == 3_000
@@ -63,25 +65,25 @@ def test_a_restarted_subscription_comes_back_with_its_cursor_and_its_index(clust
     topic = topic_partition(topic_name, 0)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # it holds every delayed one, and every sealed bucket
-        stats = ray.get(sub.stats.remote())
+        stats = ray.get(sub.submit(SubscriptionActor.stats))
         if (
             stats["delayed"] >= 6_000
-            and stats["buckets"] == ray.get(topic.stats.remote())["buckets"]
+            and stats["buckets"] == ray.get(topic.submit(HostActor.stats))["buckets"]
         ):
             break
         time.sleep(0.1)
-    ray.get(sub.flush.remote())
-    before = ray.get(sub.stats.remote())
+    ray.get(sub.submit(SubscriptionActor.flush))
+    before = ray.get(sub.submit(SubscriptionActor.stats))
     assert before["buckets"] >= 1  # the topic sealed buckets in the store
     # When the subscription actor dies and Ray restarts it
     restart(name)
     sub = subscription_partition(topic_name, 0, "s")
     deadline = time.monotonic() + 10
-    while ray.get(sub.stats.remote())["delayed"] < before["delayed"] and (
+    while ray.get(sub.submit(SubscriptionActor.stats))["delayed"] < before["delayed"] and (
         time.monotonic() < deadline
     ):
         time.sleep(0.1)
-    after = ray.get(sub.stats.remote())
+    after = ray.get(sub.submit(SubscriptionActor.stats))
     # Then its cursor and delayed index are what they were,
     assert after["mark_delete"] == before["mark_delete"]
     assert after["delayed"] == before["delayed"] == 6_000
@@ -115,7 +117,7 @@ def test_a_graceful_shutdown_persists_cursors_and_closes_ledgers(cluster, topic_
     producer.send_many([b"m"] * 500)
     assert len(receive_all(consumer, 500)) == 500  # all acked
     topic = topic_partition(topic_name, 0)
-    before = ray.get(topic.stats.remote())
+    before = ray.get(topic.submit(HostActor.stats))
     # A client that started Ray shuts down (Ray's own shutdown is stubbed: the session's
     # Ray serves the other tests)
     owner = raydelay.connect(config=cluster.config)
@@ -126,7 +128,7 @@ def test_a_graceful_shutdown_persists_cursors_and_closes_ledgers(cluster, topic_
     owner.shutdown()
     # Then the open ledger is closed at its size and an empty one follows,
     # (or, every message in it being acked, retention has deleted it already)
-    after = ray.get(topic.stats.remote())
+    after = ray.get(topic.submit(HostActor.stats))
     open_id = before["ledgers"][-1][0]
     closed = dict(after["ledgers"])
     assert closed.get(open_id, before["tail"][1] + 1) == before["tail"][1] + 1
@@ -142,5 +144,5 @@ def test_a_graceful_shutdown_persists_cursors_and_closes_ledgers(cluster, topic_
     # closed one may be gone meanwhile: every message in it is acked, so retention may
     # delete it at any moment)
     topic = restart_partition(topic_name, 0)
-    again = ray.get(topic.stats.remote())["ledgers"]
+    again = ray.get(topic.submit(HostActor.stats))["ledgers"]
     assert again[-1] == after["ledgers"][-1] and set(again) <= set(after["ledgers"])

@@ -317,7 +317,7 @@ def _recoveries(placement) -> dict:
         if r["pid"] not in _FIRST_PIDS:
             for key in r["serves"]:  # topic/subscription/partition
                 p = int(key.rsplit("/", 1)[1])
-                rec = ray.get(lookup(r["name"]).call.remote(p, "stats"))["recovery"]
+                rec = ray.get(lookup(r["name"]).stats.remote(p))["recovery"]
                 out[key] = {k: rec.get(k) for k in ("init_s", "first_delivery_s")}
                 out[key]["started_s"] = round((r["started_ms"] - _FAILED_AT[0]) / 1000, 2)
     return out

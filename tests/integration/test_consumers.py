@@ -16,6 +16,7 @@ import time
 import pytest
 import ray
 
+from raydelay.actors.subscription import SubscriptionActor
 from raydelay.client.message import MessageId
 from raydelay.cluster.names import subscription_actor_name
 from raydelay.errors import ConsumerBusy, InvalidArgument
@@ -165,7 +166,9 @@ def test_redeliver_unacknowledged_on_demand(cluster, topic_name, kind):
     # hold, and those messages would come back too, as at-least-once delivery allows)
     name = subscription_actor_name(topic_name, "s")
     consumer.flush()
-    ray.get([subscription_partition(topic_name, p, "s").flush.remote() for p in (0, 1)])
+    ray.get(
+        [subscription_partition(topic_name, p, "s").submit(SubscriptionActor.flush) for p in (0, 1)]
+    )
     restart(name)  # (its actor serves both partitions: both forgot)
     mine = list(last)
     consumer.redeliver_unacknowledged(mine)
@@ -220,8 +223,8 @@ def test_a_partition_that_stops_answering_holds_up_only_its_own_messages(cluster
     assert len(held) == 100
     actors = [subscription_partition(topic_name, p, "s") for p in (0, 1)]
     # Given partition 1's actor stops answering (SIGSTOP: as a node cut off from the network)
-    pid = ray.get(actors[1].pid.remote())
-    assert pid != ray.get(actors[0].pid.remote())  # (an actor each)
+    pid = ray.get(actors[1].pid())
+    assert pid != ray.get(actors[0].pid())  # (an actor each)
     os.kill(pid, signal.SIGSTOP)
     try:
         consumer.ack(held)  # partition 1's ack cannot be applied now
@@ -236,12 +239,15 @@ def test_a_partition_that_stops_answering_holds_up_only_its_own_messages(cluster
         # Then partition 0 delivered everything and has every ack, while partition 1 hangs
         assert sorted(m.payload for m in more) == sorted(b"more-0-%d" % i for i in range(100))
         deadline = time.monotonic() + 30
-        while ray.get(actors[0].stats.remote())["acked"] < 150 and time.monotonic() < deadline:
+        while (
+            ray.get(actors[0].submit(SubscriptionActor.stats))["acked"] < 150
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
-        assert ray.get(actors[0].stats.remote())["acked"] == 150
+        assert ray.get(actors[0].submit(SubscriptionActor.stats))["acked"] == 150
     finally:
         os.kill(pid, signal.SIGCONT)
     # And once partition 1 answers again, its ack (kept meanwhile) is applied
     consumer.flush()
-    assert ray.get(actors[1].stats.remote())["acked"] == 50
+    assert ray.get(actors[1].submit(SubscriptionActor.stats))["acked"] == 50
     assert cluster.stats(topic_name, "s")["backlog"] == 0

@@ -151,12 +151,13 @@ def test_shutdown_leaves_no_process_behind_with_hundreds_of_subscription_partiti
 
 
 def test_a_committed_object_reaches_every_reader_by_one_reference(cluster, topic_name):
+    from raydelay.actors.host import HostActor
     from tests.integration.helpers import topic_partition
 
     cluster.create_topic(topic_name)
     cluster.create_producer(topic_name).send_many([b"p" * 200] * 2_000)  # one 400 kB object
     part = topic_partition(topic_name, 0)
-    first, second = (ray.get(part.read.remote((0, 0), 10_000)) for _ in range(2))
+    first, second = (ray.get(part.submit(HostActor.read, (0, 0), 10_000)) for _ in range(2))
     # Then a big object is a reference into Ray's object store, the same one for both
     # reads (put once), and it decodes in place to the messages sent
     [ref] = [o for o in first.objects if isinstance(o, ray.ObjectRef)]

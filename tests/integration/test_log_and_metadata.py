@@ -10,6 +10,7 @@ import pytest
 import ray
 
 from raydelay import InvalidArgument, NotFound
+from raydelay.actors.host import HostActor
 from raydelay.cluster import rpc
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from tests.integration.helpers import receive_all, restart, topic_partition
@@ -23,15 +24,15 @@ def test_a_re_sent_batch_is_not_appended_twice(cluster, topic_name):
     entries = Entries.build([b"a", b"b"], np.array([-1, -1], dtype=np.int64))
     batch = encode_batch(AppendBatch("producer-1", 7, entries))
     # Given a batch that was appended
-    first = ray.get(topic.append.remote(batch))
+    first = ray.get(topic.submit(HostActor.append, batch))
     # When the producer re-sends it (say, after a timeout)
-    again = ray.get(topic.append.remote(batch))
+    again = ray.get(topic.submit(HostActor.append, batch))
     # Then it gets the same positions and the log holds it once
     assert again == first
     consumer = cluster.subscribe(topic_name, "s")
     got = receive_all(consumer, 3, timeout_s=3)
     assert [m.payload for m, _ in got] == [b"a", b"b"]
-    assert ray.get(topic.stats.remote())["duplicates"] == 1
+    assert ray.get(topic.submit(HostActor.stats))["duplicates"] == 1
 
 
 def test_ledgers_roll_over_and_fully_acked_ones_are_deleted(cluster, topic_name, ray_cluster):
@@ -190,7 +191,7 @@ def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cl
     mids = producer.send_many([b"x"] * (per_ledger + 10))
     target = (mids[0].ledger_id, mids[0].entry_id)
     topic = topic_partition(topic_name, 0)
-    markers = ray.get(topic.cancel.remote([target], "p", 1))
+    markers = ray.get(topic.submit(HostActor.cancel, [target], "p", 1))
     # When every message is acknowledged and the target's ledger is trimmed
     receive_all(consumer, len(mids), timeout_s=30)
     deadline = time.monotonic() + 15
@@ -201,18 +202,20 @@ def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cl
         time.sleep(0.2)
     assert target[0] not in ledgers
     # Then the same cancel, re-sent (its reply was lost), gets the same markers back
-    assert ray.get(topic.cancel.remote([target], "p", 1)) == markers
+    assert ray.get(topic.submit(HostActor.cancel, [target], "p", 1)) == markers
     # and a new cancel of that message (one held up while it was delivered and trimmed,
     # say by a host restarting) answers "not cancelled", as for any delivered message
     assert producer.cancel(mids[0]) is False
     # while a position past the partition's end is still not found
     with pytest.raises(NotFound, match="is not in the log"):
-        rpc.get(topic.cancel.remote([(mids[-1].ledger_id, mids[-1].entry_id + 5)], "p", 2))
+        rpc.get(
+            topic.submit(HostActor.cancel, [(mids[-1].ledger_id, mids[-1].entry_id + 5)], "p", 2)
+        )
     # and a cancel whose first send failed (a host restarting), sent again once its target
     # left the log (the first send may have landed, its record gone with its ledger),
     # answers "not cancelled" too: the subscription says it was delivered
+    from raydelay.actors.handles import fan_out_cancel
     from raydelay.actors.host import partition_peer
-    from raydelay.cluster.handles import fan_out_cancel
     from raydelay.config import config_to_dict
 
     real = partition_peer(topic_name, 0, config_to_dict(cluster.config))
@@ -220,17 +223,18 @@ def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cl
     class FirstSendFails:
         name, sends = real.name, 0
 
-        def remote(self, method, *args):
+        def submit(self, method, *args):
             self.sends += 1
             if self.sends == 1:
                 return _unavailable.remote()
-            return real.remote(method, *args)
+            return real.submit(method, *args)
 
         def lost(self):
             real.lost()
 
     peer = FirstSendFails()
     out, resent = fan_out_cancel(
+        topic_name,
         lambda p: peer,
         lambda p, s: cluster._subscription_peer(topic_name, p, s),
         ["s"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ray
 
+from raydelay.actors.host import HostActor
 from raydelay.log.entries import DelayedRun
 from tests.integration.helpers import now_ms, topic_partition
 
@@ -15,14 +16,14 @@ def _start(cluster, topic: str) -> tuple[int, int]:
     """A one-partition topic with one entry in its log; the position after it."""
     cluster.create_topic(topic, partitions=1)
     cluster.create_producer(topic).send(b"first")
-    ledger, entry = ray.get(topic_partition(topic, 0).tail.remote())
+    ledger, entry = ray.get(topic_partition(topic, 0).submit(HostActor.tail))
     return ledger, entry + 1
 
 
 def _standing_read(topic: str, position: tuple[int, int], within_ms: int = 1_000):
     """A read as a subscription with sealed buckets makes it: delayed-only objects come as
     DelayedRun stand-ins, and the wait ends early only for entries due within_ms."""
-    return topic_partition(topic, 0).read.remote(position, 1_000, 30.0, True, within_ms)
+    return topic_partition(topic, 0).submit(HostActor.read, position, 1_000, 30.0, True, within_ms)
 
 
 def test_standing_reads_all_end_at_the_commit_of_an_entry_due_at_once(cluster, topic_name):
@@ -58,7 +59,7 @@ def test_a_read_for_any_entry_ends_at_the_commit_of_one_due_later(cluster, topic
     # Given a read standing at the end of the log, waiting for any entry (a reader
     # without sealed buckets)
     position = _start(cluster, topic_name)
-    read = topic_partition(topic_name, 0).read.remote(position, 1_000, 30.0, False, None)
+    read = topic_partition(topic_name, 0).submit(HostActor.read, position, 1_000, 30.0, False, None)
     # When a message due in an hour is committed
     cluster.create_producer(topic_name).send_many([b"later"], deliver_at=[now_ms() + HOUR_MS])
     # Then the read ends with the whole object
@@ -72,9 +73,9 @@ def test_closing_the_ledger_ends_every_standing_read(cluster, topic_name):
     position = _start(cluster, topic_name)
     host = topic_partition(topic_name, 0)
     reads = [_standing_read(topic_name, position) for _ in range(4)]
-    reads.append(host.read.remote(position, 1_000, 30.0, False, None))
+    reads.append(host.submit(HostActor.read, position, 1_000, 30.0, False, None))
     # When the partition closes its ledger for a planned stop
-    ray.get(host.close_ledger.remote(), timeout=20)
+    ray.get(host.submit(HostActor.close_ledger), timeout=20)
     # Then every read is answered, with nothing past its position
     for reply in ray.get(reads, timeout=20):
         assert reply.objects == []

@@ -18,13 +18,22 @@ from datetime import datetime, timezone
 import pytest
 import ray
 
+from raydelay.actors.host import HostActor
 from raydelay.client.message import MessageId
 from raydelay.errors import InvalidArgument, NotFound
-from tests.integration.helpers import now_ms, topic_partition, wait_until
+from tests.integration.helpers import (
+    Until,
+    join_subscription,
+    now_ms,
+    receive_and_join,
+    topic_partition,
+    wait_cursor_recorded,
+    wait_until,
+)
 
 
 def _buckets(topic: str) -> int:
-    return ray.get(topic_partition(topic, 0).stats.remote())["buckets"]
+    return ray.get(topic_partition(topic, 0).submit(HostActor.stats))["buckets"]
 
 
 def _order(m) -> tuple:
@@ -165,18 +174,11 @@ def test_peek_refuses_bad_input_and_fifo_subscriptions(cluster, topic_name):
 # --- reset and seek -----------------------------------------------------------------------
 
 
-def _drain(consumer, *, quiet_s: float = 1.5, timeout_s: float = 60.0) -> list:
-    """Receive and ack until nothing comes for ``quiet_s``; the messages in arrival order."""
-    got, deadline = [], time.monotonic() + timeout_s
-    quiet_until = time.monotonic() + quiet_s
-    while time.monotonic() < min(deadline, quiet_until):
-        msgs = consumer.receive(max_messages=2_000, timeout_s=0.3)
-        if msgs:
-            consumer.ack(msgs)
-            got += msgs
-            quiet_until = time.monotonic() + quiet_s
-    consumer.flush()
-    return got
+def _receive(cluster, consumer, until: Until) -> list:
+    """What the subscription delivers (received and acked, in arrival order) when it is to
+    deliver ``until``: it has nothing left, and one more receive found nothing more or the
+    extra is returned too (see ``receive_and_join``)."""
+    return [m for m, _ in receive_and_join(cluster, consumer, until)]
 
 
 def test_reset_by_time_and_by_id_delivers_again_what_follows_and_cancels_stay(cluster, topic_name):
@@ -196,7 +198,7 @@ def test_reset_by_time_and_by_id_delivers_again_what_follows_and_cancels_stay(cl
         [b"d%d" % i for i in range(100)], deliver_after=2.0, keys=[f"k{i}" for i in range(100)]
     )
     assert all(producer.cancel_many(delayed[:10]))
-    got = _drain(consumer, quiet_s=3.0)
+    got = _receive(cluster, consumer, [*first, *second, *delayed[10:]])
     assert len(got) == 490 and all(m.redelivery_count == 0 for m in got)
     # When the cursor is reset to the time between the two halves while it has consumers
     with pytest.raises(InvalidArgument, match="has 1 consumer"):
@@ -206,7 +208,7 @@ def test_reset_by_time_and_by_id_delivers_again_what_follows_and_cancels_stay(cl
     assert sorted(marks) == [0, 1]
     # Then a new consumer gets everything published after it again, counted as
     # redelivered, the cancelled ones still not; nothing from before
-    again = _drain(cluster.subscribe(topic_name, "billing"), quiet_s=3.0)
+    again = _receive(cluster, cluster.subscribe(topic_name, "billing"), [*second, *delayed[10:]])
     assert sorted(m.message_id for m in again) == sorted([*second, *delayed[10:]])
     assert all(m.redelivery_count >= 1 for m in again)
     # When it is reset to one message of partition 0 (a string id, as the CLI takes)
@@ -214,20 +216,21 @@ def test_reset_by_time_and_by_id_delivers_again_what_follows_and_cancels_stay(cl
     for c in list(cluster._consumers):
         c.close()
     cluster.reset_cursor(topic_name, "billing", str(mid))
-    again = _drain(cluster.subscribe(topic_name, "billing"))
     # Then that partition goes again from that message on, the other one not at all
     want = [m for m in [*first, *second, *delayed[10:]] if m.partition == 0 and m >= mid]
+    again = _receive(cluster, cluster.subscribe(topic_name, "billing"), want)
     assert sorted(m.message_id for m in again) == sorted(want)
     # And "latest" skips everything, "earliest" brings all of it back
     for c in list(cluster._consumers):
         c.close()
     cluster.reset_cursor(topic_name, "billing", "earliest")
     c = cluster.subscribe(topic_name, "billing")
-    assert len(_drain(c)) == 490
+    assert len(_receive(cluster, c, 490)) == 490
     c.close()
     cluster.reset_cursor(topic_name, "billing", "latest")
     c = cluster.subscribe(topic_name, "billing")
-    assert c.receive(timeout_s=1.0) == []
+    join_subscription(cluster, topic_name, "billing")
+    assert c.receive(timeout_s=0) == []
 
 
 def test_a_reset_reaches_back_into_sealed_buckets(cluster, topic_name):
@@ -239,13 +242,13 @@ def test_a_reset_reaches_back_into_sealed_buckets(cluster, topic_name):
     producer = cluster.create_producer(topic_name)
     ids = producer.send_many([b"p%d" % i for i in range(5_000)], deliver_after=2.0)
     assert all(producer.cancel_many(ids[:20]))
-    assert len(_drain(consumer, quiet_s=3.0)) == 4_980
-    assert ray.get(topic_partition(topic_name, 0).stats.remote())["buckets"] >= 1
+    assert len(_receive(cluster, consumer, ids[20:])) == 4_980
+    assert ray.get(topic_partition(topic_name, 0).submit(HostActor.stats))["buckets"] >= 1
     # When its cursor goes back to the earliest entry
     consumer.close()
     cluster.reset_cursor(topic_name, "billing", "earliest")
     # Then every message comes again from the buckets (overdue: at once), but the cancelled
-    again = _drain(cluster.subscribe(topic_name, "billing"), quiet_s=3.0)
+    again = _receive(cluster, cluster.subscribe(topic_name, "billing"), ids[20:])
     assert sorted(m.message_id for m in again) == sorted(ids[20:])
 
 
@@ -259,7 +262,8 @@ def test_seek_from_a_consumer_during_a_subscription_restart(cluster, topic_name,
     ids = producer.send_many([b"m%d" % i for i in range(300)], keys=keys)
     cancelled = producer.send_many([b"c%d" % i for i in range(5)], deliver_after=1.0, keys=keys[:5])
     assert all(producer.cancel_many(cancelled))
-    assert len(_drain(consumer)) == 300
+    assert len(_receive(cluster, consumer, ids)) == 300
+    wait_cursor_recorded(cluster, topic_name, "s")
     # When the subscription's actor is killed (Ray restarts it) and the consumer seeks to
     # its first message, by id, while it comes back
     actor = ray.get_actor(f"sub/{topic_name}/s/0", namespace="raydelay")
@@ -267,19 +271,18 @@ def test_seek_from_a_consumer_during_a_subscription_restart(cluster, topic_name,
     first = min(m for m in ids if m.partition == 0)
     consumer.seek(first, inclusive=True)
     # Then partition 0 delivers all of its messages again, once each, and no cancelled one
-    again = _drain(consumer, quiet_s=2.0)
     want = sorted(m for m in ids if m.partition == 0)
+    again = _receive(cluster, consumer, want)
     assert sorted({m.message_id for m in again}) == want
     assert len(again) == len(want)
     # And a seek by time to before everything brings both partitions back
     consumer.seek(0)
-    assert sorted(m.message_id for m in _drain(consumer)) == sorted(ids)
+    assert sorted(m.message_id for m in _receive(cluster, consumer, ids)) == sorted(ids)
     # and a seek to a message id without inclusive goes on after it, as Pulsar's does
     tenth = sorted(m for m in ids if m.partition == 1)[10]
     consumer.seek(tenth)
-    assert sorted(m.message_id for m in _drain(consumer)) == sorted(
-        m for m in ids if m.partition == 1 and m > tenth
-    )
+    after = [m for m in ids if m.partition == 1 and m > tenth]
+    assert sorted(m.message_id for m in _receive(cluster, consumer, after)) == sorted(after)
 
 
 def test_reset_refuses_bad_targets_and_changes_nothing(cluster, topic_name):

@@ -16,9 +16,14 @@ import time
 
 import ray
 
+from raydelay import Message
+from raydelay.actors.host import HostActor
+from raydelay.delayed.sealed import THROUGH_KEY, registry_name
 from raydelay.storage import make_store
 from tests.integration.helpers import (
     now_ms,
+    receive_all,
+    receive_and_join,
     restart,
     restart_partition,
     topic_partition,
@@ -31,28 +36,44 @@ def _topic(topic: str, partition: int = 0):
 
 
 def _topic_stats(topic: str) -> dict:
-    return ray.get(_topic(topic).stats.remote())
+    return ray.get(_topic(topic).submit(HostActor.stats))
 
 
-def _drain(consumer, count: int, timeout_s: float = 60.0, ack: bool = True):
-    """(payload -> [(redelivery_count, received ms, deliver_at)]) until ``count`` distinct
-    payloads arrived and a further second is quiet."""
-    got: dict[bytes, list] = collections.defaultdict(list)
-    deadline = time.monotonic() + timeout_s
-    quiet_since = None
-    while time.monotonic() < deadline:
-        batch = consumer.receive_batch(max_messages=5_000, timeout_s=0.3)
-        t = now_ms()
-        for m in batch:
-            got[m.payload].append((m.redelivery_count, t, m.deliver_at_ms))
-        if len(batch) and ack:
-            consumer.ack(batch)
-        if len(got) >= count:
-            if len(batch):
-                quiet_since = time.monotonic()
-            elif quiet_since is None or time.monotonic() - quiet_since > 1.0:
-                break
+Deliveries = dict[bytes, list[tuple[int, int, int | None]]]
+
+
+def _by_payload(received: list[tuple[Message, int]]) -> Deliveries:
+    """payload -> [(redelivery_count, received ms, deliver_at)], in arrival order."""
+    got: Deliveries = collections.defaultdict(list)
+    for m, t in received:
+        got[m.payload].append((m.redelivery_count, t, m.deliver_at_ms))
     return got
+
+
+def _receive(cluster, consumer, wanted: set[bytes], timeout_s: float = 60.0) -> Deliveries:
+    """What the subscription delivers once every one of ``wanted`` arrived and it has
+    nothing left (see ``receive_and_join``), by payload."""
+
+    def every_one(messages: list[Message]) -> bool:
+        return wanted <= {m.payload for m in messages}
+
+    received = receive_and_join(
+        cluster, consumer, every_one, what=f"{len(wanted)} payloads", timeout_s=timeout_s
+    )
+    return _by_payload(received)
+
+
+def _coordinator():
+    return ray.get_actor("coordinator", namespace="raydelay")
+
+
+def _done_with_every_bucket(topic: str, subscription: str) -> bool:
+    """Whether the subscription's recorded progress has every sealed bucket of partition 0
+    finished (what lets the topic delete a bucket)."""
+    coordinator = _coordinator()
+    keys = set(ray.get(coordinator.registry_list.remote(registry_name(topic, 0)))) - {THROUGH_KEY}
+    progress = ray.get(coordinator.progress.remote(topic, 0, subscription))
+    return bool(keys) and all(progress.get(k) == -1 for k in keys)
 
 
 def _bucket_objects(cluster, topic: str) -> list[str]:
@@ -77,16 +98,21 @@ def test_every_subscription_gets_each_message_once_from_one_index(cluster, topic
     # Then each subscription gets every uncancelled message exactly once, none early
     wanted = {b"d%d" % i for i in range(100, 6_000)} | {b"n%d" % i for i in range(1_000)}
     for consumer in consumers:
-        got = _drain(consumer, len(wanted))
+        got = _receive(cluster, consumer, wanted)
         assert set(got) == wanted
         assert all(len(v) == 1 and v[0][0] == 0 for v in got.values()), "a duplicate"
         assert all(t >= d for v in got.values() for _, t, d in v if d is not None), "early"
     # ... and the due messages came from the buckets, not from point reads of the log
     assert _topic_stats(topic_name)["point_reads"] == reads_before
-    # The buckets stay while the late subscription has not acknowledged them
-    time.sleep(1.5)
+    # The buckets stay while the late subscription has not acknowledged them: once the
+    # other three are recorded done with every bucket, a retention pass keeps them
+    for i in range(3):
+        wait_until(
+            f"s{i} done with every bucket", lambda i=i: _done_with_every_bucket(topic_name, f"s{i}")
+        )
+    ray.get(_topic(topic_name).submit(HostActor.trim))
     assert _bucket_objects(cluster, topic_name), "a bucket went before every subscription was done"
-    got = _drain(late, len(wanted))
+    got = _receive(cluster, late, wanted)
     assert set(got) == wanted and all(len(v) == 1 for v in got.values())
     # Once every subscription is done, the buckets and the sealed ledgers are deleted
     wait_until("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
@@ -107,14 +133,22 @@ def test_a_fifo_subscription_keeps_the_log_the_buckets_no_longer_hold(cluster, t
     first_ledger = _topic_stats(topic_name)["ledgers"][0][0]
     producer.send_many([b"d%d" % i for i in range(5_000)], deliver_at=now_ms() + 1_500)
     producer.send_many([b"n%d" % i for i in range(500)])
+    wanted = {b"d%d" % i for i in range(5_000)} | {b"n%d" % i for i in range(500)}
     # When the shared one is done with everything
-    got = _drain(shared, 5_500)
+    got = _receive(cluster, shared, wanted)
     assert len(got) == 5_500
     wait_until("buckets deleted", lambda: not _bucket_objects(cluster, topic_name))
-    # Then the ledgers stay for the failover one, which reads all of it in log order
-    time.sleep(1.0)
+    # Then the ledgers stay for the failover one, which reads all of it in log order: once
+    # the shared one is recorded past the first ledger, a retention pass keeps it
+    wait_until(
+        "the shared subscription recorded past the first ledger",
+        lambda: (
+            ray.get(_coordinator().mark_delete.remote(topic_name, 0, "shared"))[0] > first_ledger
+        ),
+    )
+    ray.get(_topic(topic_name).submit(HostActor.trim))
     assert _topic_stats(topic_name)["ledgers"][0][0] == first_ledger
-    got = _drain(fifo, 5_500)
+    got = _receive(cluster, fifo, wanted)
     assert len(got) == 5_500 and all(len(v) == 1 for v in got.values())
 
 
@@ -132,14 +166,14 @@ def test_restarts_of_topic_and_subscription_actors_lose_nothing(cluster, topic_n
     wait_until("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 1)
     restart_partition(topic_name, 0)
     # ... and one subscription's actor dies half-way through delivering
-    first = _drain(consumers[0], 3_000, timeout_s=15)
+    first = _by_payload(receive_all(consumers[0], 3_000, timeout_s=15, max_messages=2_000))
     restart(f"sub/{topic_name}/s0/0")
-    rest = _drain(consumers[0], 6_500)
-    # Then each subscription got every message, never early, and a message that came
-    # twice came back with its redelivery_count raised
     wanted = {b"a%d" % i for i in range(3_000)} | {b"b%d" % i for i in range(3_000)}
     wanted |= {b"n%d" % i for i in range(500)}
-    merged = collections.defaultdict(list)
+    rest = _receive(cluster, consumers[0], wanted - set(first))
+    # Then each subscription got every message, never early, and a message that came
+    # twice came back with its redelivery_count raised
+    merged: Deliveries = collections.defaultdict(list)
     for part in (first, rest):
         for k, v in part.items():
             merged[k] += v
@@ -147,7 +181,7 @@ def test_restarts_of_topic_and_subscription_actors_lose_nothing(cluster, topic_n
     for deliveries in merged.values():
         assert all(t >= d for _, t, d in deliveries if d is not None), "early"
         assert all(c >= 1 for c, _, _ in deliveries[1:]), "a duplicate without a count"
-    got = _drain(consumers[1], len(wanted))
+    got = _receive(cluster, consumers[1], wanted)
     assert set(got) == wanted
 
 
@@ -166,7 +200,7 @@ def test_a_message_whose_ledger_is_gone_can_still_be_cancelled(cluster, topic_na
     # When one of them is cancelled
     assert producer.cancel(mids[0]) is True
     # Then the cancel holds: every other one arrives, that one never
-    got = _drain(consumer, 4_999, timeout_s=40)
+    got = _receive(cluster, consumer, {b"d%d" % i for i in range(1, 5_000)}, timeout_s=40)
     assert set(got) == {b"d%d" % i for i in range(1, 5_000)}
 
 
@@ -180,18 +214,28 @@ def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing
     consumer = cluster.subscribe(topic_name, "s")
     producer = cluster.create_producer(topic_name)
     start = now_ms() + 2_000
-    got: dict[bytes, list] = collections.defaultdict(list)
+    got: Deliveries = collections.defaultdict(list)
     cancelled: set[bytes] = set()
+    # Until the merge, the consumer holds one delivery of each ledger unacknowledged: a
+    # bucket (whole ledgers) cannot finish and go before the partition has had to merge,
+    # however slowly the waves go out
+    held: dict[int, Message] = {}
 
-    def receive(seconds: float) -> None:
+    def receive(seconds: float, *, hold: bool = True) -> None:
         until = time.monotonic() + seconds
         while time.monotonic() < until:
-            batch = consumer.receive_batch(max_messages=2_000, timeout_s=0.2)
+            batch = consumer.receive(max_messages=2_000, timeout_s=0.2)
             t = now_ms()
+            acks = []
             for m in batch:
                 got[m.payload].append((m.redelivery_count, t, m.deliver_at_ms))
-            if batch:
-                consumer.ack(batch)
+                kept = held.get(m.message_id.ledger_id)
+                if hold and (kept is None or kept.message_id == m.message_id):
+                    held[m.message_id.ledger_id] = m  # (again, when redelivered)
+                else:
+                    acks.append(m)
+            if acks:
+                consumer.ack(acks)
 
     for wave in range(8):
         payloads = [b"w%d-%d" % (wave, i) for i in range(2_000)]
@@ -205,10 +249,23 @@ def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing
             restart_partition(topic_name, 0)
         if wave == 5:
             restart(f"sub/{topic_name}/s/0")
-    receive(1.0)
+
+    def merged_down() -> bool:
+        receive(0.2)
+        stats = _topic_stats(topic_name)
+        return stats["merged"] >= 1 and stats["buckets"] <= 3
+
+    wait_until(
+        "the partition to merge down to 3 buckets",
+        merged_down,
+        timeout_s=60,
+        got=lambda: _topic_stats(topic_name),
+    )
+    consumer.ack(list(held.values()))
+    receive(1.0, hold=False)
     restart(f"sub/{topic_name}/s/0")  # ... and again while the merged buckets deliver
     wanted = {b"w%d-%d" % (w, i) for w in range(8) for i in range(2_000)} - cancelled
-    rest = _drain(consumer, len(wanted - set(got)), timeout_s=60)
+    rest = _receive(cluster, consumer, wanted - set(got))
     for k, v in rest.items():
         got[k] += v
     # Then the partition merged down to 3 buckets

@@ -8,11 +8,12 @@ import threading
 
 import ray
 
+from raydelay.actors.host import HostActor
 from tests.integration.helpers import now_ms, receive_all, restart_partition, topic_partition
 
 
 def _objects_written(topic: str, partition: int = 0) -> int:
-    return int(ray.get(topic_partition(topic, partition).stats.remote())["objects"])
+    return int(ray.get(topic_partition(topic, partition).submit(HostActor.stats))["objects"])
 
 
 def test_a_lone_send_commits_alone_and_concurrent_appends_share_commits(cluster, topic_name):

@@ -152,9 +152,9 @@ def test_one_partition_failing_in_a_shared_receive_leaves_the_others_messages_de
         sub.down.add(1)  # its receive fails (Unavailable); the other two answer
         got = consumer.receive(max_messages=30, timeout_s=0)
         assert sorted(m.payload for m in got) == [b"m0", b"m2"]
-        assert 1 in consumer._down  # asked again once the retry thread looked it up
+        assert 1 in consumer._health.down  # asked again once the retry thread looked it up
         sub.down.discard(1)
-        consumer._down[1] = 0  # (the retry thread's mark: looked up again)
+        consumer._health.down[1] = 0  # (the retry thread's mark: looked up again)
         assert [m.payload for m in consumer.receive(max_messages=30, timeout_s=0)] == [b"m1"]
         # an error that is not a passing one is raised, after the others' messages are
         # taken in: the next receive hands them out

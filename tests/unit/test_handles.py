@@ -31,6 +31,20 @@ class FakeActor:
         return Method
 
 
+class Actor:
+    """The methods the peers below call (a Peer names the method, the fake answers)."""
+
+    def append(self, batch: bytes) -> None: ...
+
+    def tail(self) -> None: ...
+
+    def ping(self) -> None: ...
+
+    def create_topic(self) -> None: ...
+
+    async def read(self, n: int) -> None: ...
+
+
 def fake_wait(ref, what=""):
     actor, method, args = ref
     if actor.dead:
@@ -40,8 +54,10 @@ def fake_wait(ref, what=""):
 
 @pytest.fixture
 def actors(monkeypatch):
-    """The actors ``create`` hands out, dead or alive, in order; no name is registered."""
+    """The actors ``create`` hands out, dead or alive, in order; no name is registered.
+    A blocking call waits with ``fake_wait``."""
     monkeypatch.setattr(placement, "lookup_or_none", lambda name: None)
+    monkeypatch.setattr(handles.rpc, "get", fake_wait)
     made: list[FakeActor] = []
     plan: list[bool] = []
 
@@ -55,33 +71,34 @@ def actors(monkeypatch):
 def test_a_call_to_an_ended_actor_re_creates_it_and_succeeds(actors):
     made, plan, create = actors
     plan += [True]  # the first actor is dead for good; the re-created one answers
-    peer = handles.Peer("topic/t/0", create)
-    out = peer.call("append", b"x", deadline_s=5, wait=fake_wait, sleep=lambda s: None)
+    peer = handles.Peer("topic/t/0", create, deadline_s=5, sleep=lambda s: None)
+    out = peer.call(Actor.append, b"x")
     assert out == (made[1].ident, "append", (b"x",))
     assert len(made) == 2 and peer.re_resolved == 1
     # the new handle is kept: the next call creates nothing
-    peer.call("tail", deadline_s=5, wait=fake_wait, sleep=lambda s: None)
+    peer.call(Actor.tail)
     assert len(made) == 2
 
 
 def test_a_call_gives_up_with_unavailable_after_its_deadline(actors):
     made, plan, create = actors
     plan += [True] * 1000
-    peer = handles.Peer("coordinator", create, "coordinator")
+    peer = handles.Peer("coordinator", create, "coordinator", deadline_s=0.2, sleep=lambda s: None)
     with pytest.raises(Unavailable, match="coordinator still failing after 0 s"):
-        peer.call("ping", deadline_s=0.2, wait=fake_wait, sleep=lambda s: None)
+        peer.call(Actor.ping)
     assert len(made) >= 2  # each failed attempt looked the actor up again
 
 
-def test_other_errors_are_raised_at_once_and_keep_the_handle(actors):
+def test_other_errors_are_raised_at_once_and_keep_the_handle(actors, monkeypatch):
     made, plan, create = actors
-    peer = handles.Peer("coordinator", create)
+    peer = handles.Peer("coordinator", create, deadline_s=5, sleep=lambda s: None)
 
     def refuses(ref, what=""):
         raise InvalidArgument("topic: bad")
 
+    monkeypatch.setattr(handles.rpc, "get", refuses)
     with pytest.raises(InvalidArgument):
-        peer.call("create_topic", deadline_s=5, wait=refuses, sleep=lambda s: None)
+        peer.call(Actor.create_topic)
     assert len(made) == 1 and peer.re_resolved == 0
 
 
@@ -97,8 +114,8 @@ def test_an_async_caller_re_resolves_on_its_next_try(actors, monkeypatch):
 
     async def run():
         with pytest.raises(Unavailable):
-            await peer.once("read", 1)  # one try: the caller's own loop retries
-        return await peer.once("read", 1)
+            await peer.once(Actor.read, 1)  # one try: the caller's own loop retries
+        return await peer.once(Actor.read, 1)
 
     assert asyncio.run(run()) == (made[1].ident, "read", (1,))
 
@@ -110,4 +127,4 @@ def test_a_lookup_that_fails_is_unavailable(monkeypatch):
     monkeypatch.setattr(placement, "lookup_or_none", broken)
     peer = handles.Peer("coordinator", lambda: None, "coordinator")
     with pytest.raises(Unavailable, match="coordinator: cannot look it up"):
-        peer.remote("ping")
+        peer.submit(Actor.ping)

@@ -151,7 +151,7 @@ def test_a_consumer_that_stops_asking_holds_up_only_its_own_keys():
         got += [e for _, e in batch]
         t.sub.ack("c2", [(1 << 32) | e for _, e in batch])
     assert got == mine  # all of c2's, in log order
-    assert len(t.sub.redeliver) == 600 - len(mine)  # c1's wait for it
+    assert len(t.sub.redelivery.redeliver) == 600 - len(mine)  # c1's wait for it
 
 
 def test_a_key_given_back_while_a_later_one_was_fetched_still_goes_first():

@@ -357,7 +357,7 @@ def test_a_subscription_takes_the_tail_from_the_topic_and_the_rest_from_the_buck
     sub.on_read([obj], [(1, 5), (2, None)], (1, 4))
     # the delayed ones are not tracked here: the topic's index has them
     assert sub.tracker.number_of_delayed_messages() == 0 and sub.ready_count() == 1
-    assert sub.tail_dirty and sub.tail_next == 100
+    assert sub.unsealed.dirty and sub.unsealed.next_ms == 100
     # the topic answers the due query the step at 250 asks with the two due rows
     index = TopicIndex(min_index_count=1)
     index.add(obj)
@@ -365,7 +365,7 @@ def test_a_subscription_takes_the_tail_from_the_topic_and_the_rest_from_the_buck
     assert query is not None and query.now_ms == 250  # (no lookahead)
     rows, below, next_d, waiting = index.due(query.below, query.through_ms, query.now_ms)
     assert sub.take_unsealed(rows, below, 250, next_d, waiting) == 2
-    assert sub.tail_next == 300 and sub.stats()["delayed"] == 2
+    assert sub.unsealed.next_ms == 300 and sub.stats()["delayed"] == 2
     # When the topic seals ledger 1 and the subscription adopts the bucket
     meta, segs = _meta(1, [(key_of(1, i), 100 * i) for i in range(1, 5)])
     sub.adopt(meta)
@@ -378,13 +378,13 @@ def test_a_subscription_takes_the_tail_from_the_topic_and_the_rest_from_the_buck
     assert len(need) == 0  # all four staged (the immediate entry waits in the read-ahead)
     got = sorted(np.concatenate([g[2] for g in groups]).tolist())
     assert got == [key_of(1, 1), key_of(1, 2), key_of(1, 3), key_of(1, 4)]
-    sub.dispatch_mark = sub.wanted_mark()  # the actor persists it first
+    sub.marks.dispatch_mark = sub.wanted_mark()  # the actor persists it first
     out = sub.deliver("c", groups, 10, 1_000)
     assert sum(map(len, out)) == 5
     # and ledger 1 of the log is needed no more but for the immediate entry
-    assert sub.log_cursor.mark_delete == (1, -1)
+    assert sub.marks.log_cursor.mark_delete == (1, -1)
     sub.ack("c", position_keys(np.array([1]), np.array([0])))
-    assert sub.log_cursor.mark_delete == (2, -1)
+    assert sub.marks.log_cursor.mark_delete == (2, -1)
     assert sub.cursor.mark_delete == (1, 0)
 
 
@@ -401,7 +401,7 @@ def test_rows_due_before_the_persisted_delayed_mark_come_back_counted():
     index = TopicIndex(min_index_count=1)
     obj = _object(1, 0, [200, 300], publish_ms=0)
     index.add(obj)
-    rows, below, next_d, waiting = index.due(*sub.tail_taken, 1_000)
+    rows, below, next_d, waiting = index.due(*sub.unsealed.taken, 1_000)
     sub.take_unsealed(rows, below, 1_000, next_d, waiting)
     sub.collect_due(1_000, 10)  # (as receive does: answered rows go out once due)
     groups, _ = sub.staged(sub.keys_to_fetch(10))
@@ -466,7 +466,7 @@ def test_a_cancel_ahead_of_a_skipped_run_of_delayed_entries_is_acknowledged():
     # the read passes it as a run of delayed entries only (the topic's index delivers it)
     sub.on_read([DelayedRun(1, 0, 3, 5_000)], [(1, 3), (2, None)], (1, 2))
     assert sub.cursor.is_acked(1, 1) and not sub.cursor.is_acked(1, 0)
-    assert sub.read_position == (2, 0) and sub.tail_next == 5_000
+    assert sub.reading.read_position == (2, 0) and sub.unsealed.next_ms == 5_000
 
 
 def test_the_store_finds_positions_through_the_index_or_a_format_1_meta():
@@ -567,7 +567,7 @@ def test_rows_answered_ahead_wait_for_their_due_instant_and_a_cancel_still_holds
     index = TopicIndex(min_index_count=10)
     index.add(obj)
     # When it first steps, it asks at once (rows were read): none is due within 300 ms
-    assert _answer(sub, index, 600) == 0 and sub.tail_next == 1_000
+    assert _answer(sub, index, 600) == 0 and sub.unsealed.next_ms == 1_000
     # then not again until half a lookahead before the first is due ...
     assert sub.step(849).tail_query is None
     # ... when it asks for everything due by 1,150
@@ -602,7 +602,7 @@ def test_a_row_read_while_a_due_query_is_out_does_not_wait_for_the_next_poll():
     sub.take_unsealed(rows, below, query.now_ms, next_d, waiting)
     # Then the answer (which did not hold it) does not hide it: it is asked for half a
     # lookahead before it is due (not at the next poll, a second after the last query)
-    assert sub.tail_next == 1_100
+    assert sub.unsealed.next_ms == 1_100
     assert sub.step(949).tail_query is None
     assert _answer(sub, index, 950) == 1
     assert _delivered(sub, 1_100) == [key_of(1, 0), key_of(1, 1)]
@@ -619,7 +619,7 @@ def test_a_bucket_sealed_under_a_reading_subscription_skips_what_it_took_and_goe
     index = TopicIndex(min_index_count=1)
     index.add(obj)
     sub.on_read([obj], [(1, 16), (2, None)], (1, 15))
-    taken_rows, below, next_d, waiting = index.due(*sub.tail_taken, 2_000)
+    taken_rows, below, next_d, waiting = index.due(*sub.unsealed.taken, 2_000)
     assert sub.take_unsealed(taken_rows, below, 2_000, next_d, waiting) == 11
     # When the topic seals ledger 1 in segments of 2 rows and the subscription adopts it
     meta, segs = _meta(1, rows)
@@ -735,9 +735,9 @@ def test_smallest_counts_takes_exactly_the_n_smallest_rows_of_all_parts(raw, n):
 
 
 def test_an_overdue_backlog_goes_out_a_window_of_whole_groups_at_a_time(monkeypatch):
-    import raydelay.dispatch.subscription as subscription_module
+    import raydelay.dispatch.due as due_module
 
-    monkeypatch.setattr(subscription_module, "SEALED_WINDOW", 25)
+    monkeypatch.setattr(due_module, "SEALED_WINDOW", 25)
     # Given three buckets of one segment each, whose rows interleave in time, all overdue
     rng = np.random.default_rng(7)
     metas, segs = [], {}
@@ -808,7 +808,7 @@ def test_rows_of_a_bucket_sealed_beyond_what_the_subscription_read_can_be_acked(
     clock.set(1_000)
     sub.collect_due(1_000, 10)
     groups, need = sub.staged(sub.keys_to_fetch(10))
-    sub.dispatch_mark = sub.wanted_mark() or sub.dispatch_mark
+    sub.marks.dispatch_mark = sub.wanted_mark() or sub.marks.dispatch_mark
     out = [int(k) for dv in sub.deliver("c", groups, 10, 1_000) for k in dv.keys]
     assert key_of(2, 3) in out
     # Then the consumer's ack of them is taken (they exist), and a position past
@@ -837,11 +837,11 @@ def test_a_key_shared_subscription_learns_each_staged_rows_own_hash_slot():
     positions = np.array([key_of(1, 0), key_of(1, 2), key_of(1, 1), key_of(1, 3)])
     rows = Rows(positions, np.zeros(4, dtype=np.int64), entries)
     # When they are staged (the subscription sorts them by position)
-    assert sub._stage(rows, np.arange(4), positions) == 4
+    assert sub.due.stage(rows, np.arange(4), positions) == 4
     # Then each position's slot is the slot of its own key
     expected = slots_of(pa.array(names, type=pa.string()), {})
     for i, k in enumerate(positions.tolist()):
-        assert sub._slot[k] == int(expected[i])
+        assert sub.key_pool.slot[k] == int(expected[i])
 
 
 def _shipped(batch: pa.RecordBatch) -> int:

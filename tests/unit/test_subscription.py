@@ -148,15 +148,15 @@ def test_immediate_entries_go_out_at_once_and_delayed_ones_when_due_never_early(
 def test_the_reader_waits_until_a_step_applied_what_it_brought():
     # Given a read the reader brought but no step applied yet
     c = make()
-    before = c.sub.read_position
+    before = c.sub.reading.read_position
     c.log.objects.append(obj(1, 0, [NO_DELAY]))
     c.sub.offer_read(c.log.objects[:], [(1, None)], (1, 0))
     # Then the reader may not read on (its next read starts where this one ends)
-    assert not c.sub.wants_read() and c.sub.read_position == before
+    assert not c.sub.wants_read() and c.sub.reading.read_position == before
     # When a step applies it
     step = c.sub.step(T0)
     # Then its entry is deliverable and the reader may read on from after it
-    assert step.deliverable and step.wants_read and c.sub.read_position == (1, 1)
+    assert step.deliverable and step.wants_read and c.sub.reading.read_position == (1, 1)
     assert take(c) == [(1, 0)]
 
 
@@ -216,7 +216,7 @@ def test_after_max_redeliveries_a_message_is_published_to_the_dead_letter_topic_
     assert take(c) == []  # ... and so does the next receive
     [(published, entries)] = c.dead
     assert published == keys([p]) and entries.batch.column(0).to_pylist() == [b"1:0"]
-    assert c.sub.cursor.is_acked(*p) and not c.sub.dead
+    assert c.sub.cursor.is_acked(*p) and not c.sub.redelivery.dead
     assert c.sub.counters["dead_lettered"] == 1
     assert not c.sub.step(c.clock.now_ms()).dead_letters
 
@@ -399,7 +399,7 @@ def test_the_cursor_is_written_with_the_dispatch_mark_before_anything_beyond_it_
     [data] = c.cursor_writes
     _, mark = Cursor.decode(data)
     assert got == [(1, 0), (1, 1), (1, 2)] and all(p < mark for p in got)
-    assert c.sub.dispatch_mark == mark == (1, DISPATCH_MARK_STEP)
+    assert c.sub.marks.dispatch_mark == mark == (1, DISPATCH_MARK_STEP)
     take(c)  # below the mark already: nothing more is written
     assert len(c.cursor_writes) == 1
 
@@ -531,13 +531,13 @@ def test_a_restart_skips_the_log_its_buckets_cover_and_rereads_only_loose_positi
     c = life(saved, dispatched)
     c.log.objects += [l1, l2, l3]
     assert c.sub.resume_after_buckets(ledgers) == 2
-    assert c.sub.read_position == (13, 0)  # ledgers 11 and 12 are not read again
-    assert sorted(position_of(k) for k in c.sub.unread) == [(11, 3), (12, 3)]
+    assert c.sub.reading.read_position == (13, 0)  # ledgers 11 and 12 are not read again
+    assert sorted(position_of(k) for k in c.sub.reading.unread) == [(11, 3), (12, 3)]
     assert c.sub.next_unread(1) == keys([(11, 3)])
     loose = c.sub.next_unread(10)
     c.sub.offer_reread(rows([l1, l2], loose), np.array(loose))
     c.sub.step(clock.now_ms())
-    assert not c.sub.unread
+    assert not c.sub.reading.unread
     read(c, l1, l2, l3, ledgers=ledgers)  # the sequential read takes only ledger 13 in
     assert c.sub.stats()["delayed"] == 6  # 11:1, 11:4, 12:0-2 from the buckets; 13:0 re-read
     w = receive(c, n=10)
@@ -558,7 +558,7 @@ def test_a_loose_position_cancelled_before_its_reread_is_never_delivered():
             min_index_count_per_bucket=1,
         )
     )
-    c.sub.unread.update(keys([(1, 0), (1, 1)]))  # what resume_after_buckets would find
+    c.sub.reading.unread.update(keys([(1, 0), (1, 1)]))  # what resume_after_buckets would find
     assert c.sub.cancel(1, 1, marker=(2, 0)) is True
     loose = keys([(1, 0), (1, 1)])
     assert c.sub.on_reread(rows([obj(1, 0, [NO_DELAY, NO_DELAY])], loose), loose) == 1
@@ -597,7 +597,7 @@ def test_a_step_queries_the_unsealed_index_when_a_row_there_is_due_one_query_at_
     c.sub.offer_read([delayed], [(1, None)], None)
     # When steps run: the first polls the topic's index for the new delayed rows
     first = c.sub.step(T0).tail_query
-    assert c.sub.tail_next == T0 + 500 and c.sub.tracker.number_of_delayed_messages() == 0
+    assert c.sub.unsealed.next_ms == T0 + 500 and c.sub.tracker.number_of_delayed_messages() == 0
     assert first is not None and first.now_ms == T0
     # Then no second query goes while it is under way, even once the row is due
     assert c.sub.step(T0 + 500).tail_query is None

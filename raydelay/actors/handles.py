@@ -1,0 +1,267 @@
+"""The client side of the partition actors' calls, typed by the actors' own methods.
+
+- :class:`TopicHandles` and :class:`SubscriptionHandles`: what a Producer and a Consumer
+  call (``raydelay.client.links``' protocols), one :class:`~raydelay.cluster.handles.Peer`
+  per partition.
+- :func:`fan_out_cancel`: a cancel, from the markers in the log to every subscription.
+- :class:`HostPartition` and :class:`SubscriptionActorPartition`: one partition, called
+  directly (tools, benchmarks and tests): ``part.submit(HostActor.stats)``.
+
+Every call names the actor method it runs (``HostActor.append``,
+``SubscriptionActor.ack``...), so mypy checks its arguments and its reply against that
+method; nothing goes by a method name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+
+from raydelay.actors.coordinator import CoordinatorActor
+from raydelay.actors.host import HostActor
+from raydelay.actors.subscription import SubscriptionActor
+from raydelay.cluster import placement, rpc
+from raydelay.cluster.handles import PartitionPeers, Peer
+from raydelay.cluster.names import COORDINATOR, subscription_actor_name, subscription_group
+
+P = ParamSpec("P")
+ActorT = TypeVar("ActorT")
+
+
+class TopicHandles(PartitionPeers[HostActor]):
+    """A topic's partitions on their hosts, as a producer calls them (``links.TopicLink``)."""
+
+    def __init__(
+        self, topic: str, peers: list[Peer[HostActor]], *, deadline_s: float, cancel: Callable
+    ) -> None:
+        super().__init__(peers, deadline_s=deadline_s)
+        self.topic = topic
+        self.cancel = cancel  # markers through the topic, outcomes from every subscription
+
+    def append(self, partition: int, batches: list[bytes]) -> Any:
+        return self._peers[partition].submit(HostActor.append, self.topic, partition, batches)
+
+    def last_sequence(self, partition: int, producer: str) -> Any:
+        peer = self._peers[partition]
+        return peer.submit(HostActor.last_sequence, self.topic, partition, producer)
+
+
+class SubscriptionHandles(PartitionPeers[SubscriptionActor]):
+    """A subscription's partitions on its actors, as a consumer calls them
+    (``links.SubscriptionLink``). A call for several partitions goes to the actor of the
+    first (they share it: a group of :meth:`heartbeat_groups`)."""
+
+    def receive(self, partition: int, consumer: str, max_messages: int, timeout_s: float,
+                rewinds: int) -> Any:  # fmt: skip
+        return self._peers[partition].submit(
+            SubscriptionActor.receive, partition, consumer, max_messages, timeout_s, rewinds
+        )
+
+    def receive_many(self, partitions: list[int], consumer: str, max_messages: int,
+                     timeout_s: float, rewinds: int) -> Any:  # fmt: skip
+        return self._peers[partitions[0]].submit(
+            SubscriptionActor.receive_many,
+            consumer,
+            list(partitions),
+            max_messages,
+            timeout_s,
+            rewinds,
+        )
+
+    def ack(self, partition: int, consumer: str, keys: Any) -> Any:
+        return self._peers[partition].submit(SubscriptionActor.ack, partition, consumer, keys)
+
+    def ack_many(self, acks: list[tuple[int, Any]], consumer: str, nack: Any = None) -> Any:
+        return self._peers[acks[0][0]].submit(SubscriptionActor.ack_many, consumer, acks, nack)
+
+    def nack(
+        self, partition: int, consumer: str, keys: Any, delay_s: float, nacked_at_ms: int
+    ) -> Any:
+        return self._peers[partition].submit(
+            SubscriptionActor.nack, partition, consumer, keys, delay_s, nacked_at_ms
+        )
+
+    def heartbeat_groups(self) -> list[list[int]]:
+        groups: dict[str, list[int]] = {}
+        for p, peer in enumerate(self._peers):
+            groups.setdefault(peer.name, []).append(p)
+        return list(groups.values())
+
+    def heartbeat(self, partitions: list[int], consumer: str) -> Any:
+        peer = self._peers[partitions[0]]
+        return peer.submit(SubscriptionActor.heartbeat_many, consumer, list(partitions))
+
+    def add_consumer(self, partition: int, consumer: str) -> Any:
+        return self._peers[partition].submit(SubscriptionActor.add_consumer, partition, consumer)
+
+    def remove_consumer(self, partition: int, consumer: str) -> Any:
+        peer = self._peers[partition]
+        return peer.submit(SubscriptionActor.remove_consumer, partition, consumer)
+
+    def redeliver(self, partition: int, consumer: str, keys: Any, rewinds: int = 0,
+                  check_only: bool = False) -> Any:  # fmt: skip
+        return self._peers[partition].submit(
+            SubscriptionActor.redeliver, partition, consumer, keys, rewinds, check_only
+        )
+
+
+def fan_out_cancel(
+    topic: str,
+    topic_peer: Callable[[int], Peer[HostActor]],
+    subscription_peer: Callable[[int, str], Peer[SubscriptionActor]],
+    subscriptions: list[str],
+    batches: dict[int, tuple[list[tuple[int, int]], int]],
+    producer: str,
+    *,
+    deadline_s: float,
+) -> tuple[dict[int, list[bool]], int]:
+    """A cancel, end to end: for each partition p of ``topic``, ``batches[p]`` = (target
+    positions, sequence id). First the durable cancel markers, one call per partition
+    (deduplicated by producer and sequence id, so a retry gets the same markers); then every
+    subscription applies them at once, one call per subscription actor for all its
+    partitions (``cancel_many``). A target counts as cancelled (True) when no subscription
+    had it delivered. Also returns how many times the markers were sent again (a host
+    restarting, the store failing). Retried, with handles looked up again, for
+    ``deadline_s``."""
+    parts = list(batches)
+    sends = 0
+
+    def send_markers() -> list:
+        nonlocal sends
+        sends += 1
+        return [
+            topic_peer(p).submit(HostActor.cancel, topic, p, batches[p][0], producer, batches[p][1])
+            for p in parts
+        ]
+
+    def lost_all(peers: list[Peer]) -> Callable[[], None]:
+        def lost() -> None:
+            for peer in peers:
+                peer.lost()
+
+        return lost
+
+    markers = dict(
+        zip(
+            parts,
+            rpc.call(
+                send_markers,
+                what="cancel markers",
+                deadline_s=deadline_s,
+                on_failure=lost_all([topic_peer(p) for p in parts]),
+            ),
+            strict=True,
+        )
+    )
+    out = {p: [True] * len(batches[p][0]) for p in parts}
+    # one call per subscription actor: its partitions' targets and markers together
+    groups: dict[str, tuple[Peer[SubscriptionActor], dict[int, tuple[list, list]]]] = {}
+    peers: list[Peer] = []
+    for sub in subscriptions:
+        for p in parts:
+            peer = subscription_peer(p, sub)
+            peers.append(peer)
+            groups.setdefault(peer.name, (peer, {}))[1][p] = (batches[p][0], markers[p])
+    if not groups:
+        return out, sends - 1
+
+    def apply() -> list:
+        return [peer.submit(SubscriptionActor.cancel_many, work) for peer, work in groups.values()]
+
+    answers = rpc.call(
+        apply, what="cancel in subscriptions", deadline_s=deadline_s, on_failure=lost_all(peers)
+    )
+    for answer in answers:
+        for p, kept in answer.items():
+            out[p] = [a and b for a, b in zip(out[p], kept, strict=True)]
+    return out, sends - 1
+
+
+# --- one partition, called directly (tools, benchmarks, tests) --------------------------------
+
+
+class _OnePartition(Generic[ActorT]):
+    """One partition on the actor that holds it (``handle``, named ``name``)."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle, self.name = handle, name
+
+    def pid(self) -> Any:
+        """The ObjectRef of its process's id."""
+        return self.handle.pid.remote()
+
+    def actor(
+        self, method: Callable[Concatenate[ActorT, P], Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Any:
+        """Submit a call of the whole actor (not of this partition); an ObjectRef."""
+        return getattr(self.handle, method.__name__).remote(*args, **kwargs)
+
+
+class HostPartition(_OnePartition[HostActor]):
+    """A partition of a topic on its host: ``part.submit(HostActor.stats)`` is
+    ``host.stats.remote(topic, partition)``."""
+
+    def __init__(self, handle: Any, topic: str, partition: int, name: str) -> None:
+        super().__init__(handle, name)
+        self.topic, self.partition = topic, partition
+
+    def submit(
+        self,
+        method: Callable[Concatenate[HostActor, str, int, P], Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Any:
+        """Submit a call of the partition (the topic and partition go first); an ObjectRef."""
+        return self.actor(method, self.topic, self.partition, *args, **kwargs)
+
+
+class SubscriptionActorPartition(_OnePartition[SubscriptionActor]):
+    """A partition of a subscription on the actor serving it:
+    ``part.submit(SubscriptionActor.stats)`` is ``actor.stats.remote(partition)``."""
+
+    def __init__(self, handle: Any, partition: int, name: str) -> None:
+        super().__init__(handle, name)
+        self.partition = partition
+
+    def submit(
+        self,
+        method: Callable[Concatenate[SubscriptionActor, int, P], Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Any:
+        """Submit a call of the partition (the partition goes first); an ObjectRef."""
+        return self.actor(method, self.partition, *args, **kwargs)
+
+
+def _coordinator() -> Peer[CoordinatorActor]:
+    """The running coordinator (looked up, never created here)."""
+    handle = placement.lookup(COORDINATOR)
+    return Peer(COORDINATOR, lambda: handle, "coordinator", handle)
+
+
+def host_of(topic: str, partition: int) -> str:
+    """The name of the host serving the partition (started if needed)."""
+    return rpc.get(
+        _coordinator().submit(CoordinatorActor.locate, topic, partition), what="coordinator"
+    )
+
+
+def topic_partition(topic: str, partition: int) -> HostPartition:
+    """The partition's TopicPartition, on its host."""
+    name = host_of(topic, partition)
+    return HostPartition(placement.lookup(name), topic, partition, name)
+
+
+def subscription_partition(
+    topic: str, partition: int, subscription: str
+) -> SubscriptionActorPartition:
+    """A partition of a subscription, on the subscription's actor that serves it."""
+    options = rpc.get(
+        _coordinator().submit(CoordinatorActor.subscription, topic, subscription),
+        what="coordinator",
+    )
+    group = subscription_group(partition, int(options.get("partitions_per_actor", -1)))
+    name = subscription_actor_name(topic, subscription, group)
+    return SubscriptionActorPartition(placement.lookup(name), partition, name)

@@ -1,0 +1,78 @@
+"""One acknowledgement, through every part that may hold the positions (pure: no Ray).
+
+An ack takes a position out of what its consumer holds, out of the redelivery and
+dead-letter sets and their counts, out of the key_shared pool, and into the cursor.
+Cancels, dead letters and positions gone from the log are acknowledged the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from raydelay.delayed.index import bitmap64_of
+from raydelay.dispatch.consumers import ConsumerTable
+from raydelay.dispatch.keypool import KeyPool
+from raydelay.dispatch.marks import CursorMarks
+from raydelay.dispatch.ports import keys_of
+from raydelay.dispatch.reading import LogReading
+from raydelay.dispatch.redelivery import Redelivery
+from raydelay.errors import InvalidArgument
+from raydelay.positions import position_of
+
+
+class Acks:
+    """Acknowledges positions everywhere at once, and counts them."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        consumers: ConsumerTable,
+        redelivery: Redelivery,
+        marks: CursorMarks,
+        counters: dict[str, int],
+    ) -> None:
+        self.name = name
+        self._consumers = consumers
+        self._redelivery = redelivery
+        self._marks = marks
+        self._counters = counters
+        self.reading: LogReading | None = None  # wired after it (the end of the log)
+        self.key_pool: KeyPool | None = None  # key_shared only, wired after it
+
+    def ack(self, keys: Iterable[int] | np.ndarray) -> int:
+        """A consumer's ack of positions (int64 keys); returns how many were newly
+        acknowledged. A position past the end of the log is an InvalidArgument, and nothing
+        is acked."""
+        ks = keys_of(keys)
+        end = self.reading.end_key if self.reading is not None else None
+        if end is not None and len(ks) and int(ks.max()) > end:
+            bad = ks[ks > end][:3]
+            shown = ", ".join("{}:{}".format(*position_of(int(k))) for k in bad)
+            last = "{}:{}".format(*position_of(end))
+            raise InvalidArgument(
+                f"messages: {shown} past the end of {self.name} (its last entry is {last}): "
+                "no such message"
+            )
+        return self.ack_keys(ks)
+
+    def ack_keys(self, ks: np.ndarray) -> int:
+        """Acknowledge ``ks`` everywhere; returns how many the cursor had not."""
+        if len(ks) == 0:
+            return 0
+        bm = bitmap64_of(ks)
+        self._consumers.release(bm)
+        self._redelivery.forget(bm)
+        if self.key_pool is not None:
+            self.key_pool.forget(ks)
+        added = self._marks.ack(ks, bm)
+        self._counters["acked"] += added
+        return added
+
+    def dead_lettered(self, keys: Iterable[int] | np.ndarray) -> int:
+        """These were published to the dead-letter topic: ack them."""
+        ks = keys_of(keys)
+        self._counters["dead_lettered"] += len(ks)
+        return self.ack_keys(ks)
