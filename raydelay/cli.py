@@ -770,7 +770,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     from raydelay.web import create_app
 
     cluster = _attach(args)
-    app = create_app(cluster, allow_writes=args.allow_writes)
+    app = create_app(cluster, allow_writes=args.allow_writes, listen_host=args.host)
     mode = "writes allowed" if args.allow_writes else "read-only; --allow-writes enables actions"
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"raydelay console on http://{shown}:{args.port} ({mode}); Ctrl-C stops it", flush=True)

@@ -1,4 +1,4 @@
-"""The client side of the partition actors' calls, typed by the actors' own methods.
+"""The client side of the calls to partitions (on their hosts and subscription actors), typed by the actors' own methods.
 
 - :class:`TopicHandles` and :class:`SubscriptionHandles`: what a Producer and a Consumer
   call (``raydelay.client.links``' protocols), one :class:`~raydelay.cluster.handles.Peer`
@@ -249,7 +249,7 @@ def host_of(topic: str, partition: int) -> str:
 
 
 def topic_partition(topic: str, partition: int) -> HostPartition:
-    """The partition's TopicPartition, on its host."""
+    """A handle to the partition on its host (its HostedPartition there)."""
     name = host_of(topic, partition)
     return HostPartition(placement.lookup(name), topic, partition, name)
 

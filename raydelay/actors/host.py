@@ -10,13 +10,13 @@ journals the assignment, and starts the slot's host when it is not running
 
 - **Calls.** Each partition call is a method of its own, the topic and partition first
   (``append(topic, partition, batch)``), that runs the same method of the partition's
-  :class:`~raydelay.actors.topic.TopicPartition`. A partition is opened on its first
-  call, after the coordinator confirmed that it is this host's (``claim_partition``); a host that
-  is not its host raises :class:`~raydelay.errors.PartitionMoved`, and the caller looks
-  it up again.
+  :class:`~raydelay.actors.partition.hosted.HostedPartition`. A partition is opened on its
+  first call, after the coordinator confirmed that it is this host's
+  (``claim_partition``); a host that is not its host raises
+  :class:`~raydelay.errors.PartitionMoved`, and the caller looks it up again.
 - **Recovery.** A restarted host reopens every partition assigned to it, in parallel, on
-  its first call (``host.open_threads`` at a time): each rebuilds from the store as a
-  partition actor did.
+  its first call (``host.open_threads`` at a time): each rebuilds its log and its delayed
+  index from the store.
 - **One loop per process.** Retention runs once per ``topic.retention_interval_ms`` over
   every partition the host holds, not as a loop per partition.
 - **Fencing** is the log's own: ledger objects are written create-only and ledgers are
@@ -37,8 +37,8 @@ import pyarrow as pa
 import ray
 
 from raydelay.actors.coordinator import CoordinatorActor, spawn_coordinator
+from raydelay.actors.partition.hosted import HostedPartition
 from raydelay.actors.protocol import BucketList, DueReply, ReadReply
-from raydelay.actors.topic import TopicPartition
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import Peer
 from raydelay.cluster.names import COORDINATOR
@@ -60,7 +60,7 @@ class HostActor:
         self._config = config_from_dict(config)
         check_store(self._config.storage)  # before anything is written where it should not be
         self._coordinator = coordinator_peer(config)
-        self._parts: dict[tuple[str, int], TopicPartition] = {}
+        self._parts: dict[tuple[str, int], HostedPartition] = {}
         self._opening: dict[tuple[str, int], asyncio.Future] = {}
         self._open_pool = ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="raydelay-open")
         self._started = False
@@ -68,7 +68,7 @@ class HostActor:
 
     # --- partitions -----------------------------------------------------------------------
 
-    async def _partition(self, topic: str, partition: int) -> TopicPartition:
+    async def _partition(self, topic: str, partition: int) -> HostedPartition:
         """The partition, opened on its first call here."""
         self._ensure_started()
         part = self._parts.get((topic, partition))
@@ -76,7 +76,7 @@ class HostActor:
             part = await self._open(topic, int(partition))
         return part
 
-    # Each of the partition's calls (see TopicPartition for what they do).
+    # Each of the partition's calls (see HostedPartition and its parts for what they do).
 
     async def append(self, topic: str, partition: int, batch: bytes | list[bytes]) -> list:
         return await (await self._partition(topic, partition)).append(batch)
@@ -178,7 +178,7 @@ class HostActor:
 
     # --- opening and recovery ---------------------------------------------------------------
 
-    async def _open(self, topic: str, partition: int) -> TopicPartition:
+    async def _open(self, topic: str, partition: int) -> HostedPartition:
         key = (topic, partition)
         fut = self._opening.get(key)
         if fut is None:
@@ -187,7 +187,7 @@ class HostActor:
             fut.add_done_callback(lambda _: self._opening.pop(key, None))
         return await asyncio.shield(fut)
 
-    async def _open_now(self, topic: str, partition: int) -> TopicPartition:
+    async def _open_now(self, topic: str, partition: int) -> HostedPartition:
         owner = await self._coordinator.once(
             CoordinatorActor.claim_partition, topic, partition, self._name
         )
@@ -197,7 +197,7 @@ class HostActor:
         part = await loop.run_in_executor(
             self._open_pool,
             lambda: rpc.recover(
-                TopicPartition,
+                HostedPartition,
                 topic,
                 partition,
                 self._config_dict,

@@ -1,5 +1,6 @@
 """The replies of the partition calls that carry more than one value, as small frozen
-dataclasses (one module, so both ends agree on the names). Ray pickles them whole."""
+dataclasses (one module, so both ends agree on the names). Ray pickles them whole.
+Each names the call that answers with it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 
 @dataclasses.dataclass(frozen=True)
 class BucketList:
-    """A partition's sealed buckets (``TopicPartition.buckets``)."""
+    """A partition's sealed buckets (``HostedPartition.buckets``)."""
 
     version: int  # changes with the list
     through: int  # every ledger up to this one is indexed (sealed or sealed empty)
@@ -20,7 +21,7 @@ class BucketList:
 
 @dataclasses.dataclass(frozen=True)
 class ReadReply:
-    """A log read (``TopicPartition.read``)."""
+    """A log read (``HostedPartition.read``)."""
 
     objects: list[Any]  # encoded ledger objects, or DelayedRun stand-ins
     tail: tuple[int, int] | None  # the last committed position
@@ -29,8 +30,16 @@ class ReadReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReceiveReply:
+    """A receive at several partitions of one actor (``SubscriptionActor.receive_many``)."""
+
+    got: list[tuple[int, pa.RecordBatch]]  # (partition, record batch) of those with messages
+    failed: list[tuple[int, BaseException]]  # (partition, error) of those whose receive failed
+
+
+@dataclasses.dataclass(frozen=True)
 class DueReply:
-    """A due query of the unsealed index (``TopicPartition.due_unsealed``)."""
+    """A due query of the unsealed index (``HostedPartition.due_unsealed``)."""
 
     rows: pa.RecordBatch  # the due rows, with payloads (ROWS_SCHEMA)
     below: int  # the rows taken now include every due one below this position key

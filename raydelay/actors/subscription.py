@@ -57,7 +57,7 @@ from raydelay.actors.alarm import Alarm
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import HostActor, coordinator_peer, partition_peer
 from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS, SubscriptionMetrics
-from raydelay.actors.protocol import BucketList, DueReply, ReadReply
+from raydelay.actors.protocol import BucketList, DueReply, ReadReply, ReceiveReply
 from raydelay.actors.registry import CoordinatorRegistry
 from raydelay.clock import SystemClock
 from raydelay.cluster import placement, rpc
@@ -1214,12 +1214,10 @@ class SubscriptionActor:
         raised. ``rewinds``: how many redeliver-all calls the consumer had made when it sent
         this one; a call sent before the latest returns empty (its client drops what it
         holds)."""
-        got, failed = await self.receive_many(
-            consumer_id, [partition], max_messages, timeout_s, rewinds
-        )
-        if failed:
-            raise failed[0][1]
-        return got[0][1] if got else delivery_batch([])
+        reply = await self.receive_many(consumer_id, [partition], max_messages, timeout_s, rewinds)
+        if reply.failed:
+            raise reply.failed[0][1]
+        return reply.got[0][1] if reply.got else delivery_batch([])
 
     def _changed(self) -> None:
         if self._available is not None:
@@ -1233,13 +1231,14 @@ class SubscriptionActor:
         max_messages: int,
         timeout_s: float,
         rewinds: int = 0,
-    ) -> tuple[list[tuple[int, pa.RecordBatch]], list[tuple[int, BaseException]]]:
+    ) -> ReceiveReply:
         """One receive at several partitions this actor serves (those of a consumer's that
         share it: one call for all, where one each would cost a call each): up to
         ``max_messages`` from each (see :meth:`receive`). It returns as
         soon as one has something (or fails, or answers at once), or after ``timeout_s``:
         (partition, record batch) of those with messages, and (partition, error) of those
-        whose receive failed: what the others handed out still reaches the consumer."""
+        whose receive failed (see ReceiveReply): what the others handed out still reaches
+        the consumer."""
         if not partitions:
             raise InvalidArgument("partitions: at least one is needed")
         failed: dict[int, BaseException] = {}
@@ -1273,7 +1272,7 @@ class SubscriptionActor:
             live = [p for p in live if p not in failed]
             remaining = deadline - time.monotonic()
             if done or remaining <= 0:
-                return got, list(failed.items())
+                return ReceiveReply(got, list(failed.items()))
             try:
                 await asyncio.wait_for(available.wait(), timeout=remaining)
             except asyncio.TimeoutError:

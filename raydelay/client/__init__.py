@@ -1,4 +1,4 @@
-"""The client API (DESIGN.md §5.4): connect, Cluster, Producer, Consumer, Message, MessageBatch,
+"""The client API (docs/client.md): connect, Cluster, Producer, Consumer, Message, MessageBatch,
 MessageId."""
 
 from raydelay.client.connection import Cluster, connect

@@ -1,4 +1,4 @@
-"""How a client reaches its cluster (DESIGN.md §5.4): the config it connects with, the Ray
+"""How a client reaches its cluster (docs/client.md): the config it connects with, the Ray
 it joins or starts, the store's claim that decides which, and the coordinator it asks
 (created if there is none). :func:`attach` does all of it; ``raydelay.connect`` builds a
 :class:`~raydelay.client.connection.Cluster` on what it returns, and a task runner its own

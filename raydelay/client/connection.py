@@ -1,5 +1,5 @@
 """``raydelay.connect()`` and :class:`Cluster`, a client's connection to one raydelay
-cluster (DESIGN.md §5.4). Not to be confused with the ``raydelay.cluster`` package, the
+cluster (docs/client.md). Not to be confused with the ``raydelay.cluster`` package, the
 Ray plumbing it stands on.
 
 :class:`Cluster` is the facade of the client: each of its calls is done by one of its

@@ -1,4 +1,4 @@
-"""What a :class:`Producer` and a :class:`Consumer` need from the partition actors they talk
+"""What a :class:`Producer` and a :class:`Consumer` need from the partitions they talk
 to, as two small protocols. The producer and the consumer hold no Ray code: the Ray
 implementations are :class:`raydelay.actors.handles.TopicHandles` and
 :class:`~raydelay.actors.handles.SubscriptionHandles` (built by
@@ -20,7 +20,7 @@ Reply = Any  # a pending answer of one call
 
 
 class Link(Protocol):
-    """Calls to the partition actors of one topic, or of one subscription."""
+    """Calls to the partitions of one topic (on their hosts), or of one subscription."""
 
     partitions: int
     deadline_s: float  # how long a retried call goes on (``client.retry_deadline_s``)
@@ -94,7 +94,8 @@ class SubscriptionLink(Link, Protocol):
     ) -> Reply:  # fmt: skip
         """One receive at ``partitions``, which one actor serves (a group of
         :meth:`heartbeat_groups`): up to ``max_messages`` from each. The answer comes when
-        any has messages (or fails): ([(partition, record batch)], [(partition, error)])."""
+        any has messages (or fails): a ``ReceiveReply`` (``raydelay.actors.protocol``), its
+        ``got`` [(partition, record batch)] and ``failed`` [(partition, error)]."""
         ...
 
     def ack(self, partition: int, consumer: str, keys: np.ndarray) -> Reply: ...

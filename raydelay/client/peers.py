@@ -14,7 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import HostActor, coordinator_peer, partition_peer
-from raydelay.actors.subscription import spawn_subscription
+from raydelay.actors.subscription import SubscriptionActor, spawn_subscription
 from raydelay.client.consumer import Consumer
 from raydelay.client.producer import Producer
 from raydelay.cluster import rpc
@@ -116,23 +116,6 @@ class ClusterPeers:
             f"topic {topic}",
         )
 
-    def on_partition(
-        self,
-        topic: str,
-        partition: int,
-        method: Callable[Concatenate[HostActor, str, int, P], Any],
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> Any:
-        """``method(topic, partition, *args)`` on one partition of ``topic`` (retried while
-        its host restarts)."""
-        return self.call(
-            lambda: [
-                self.topic_peer(topic, partition).submit(method, topic, partition, *args, **kwargs)
-            ],
-            f"topic {topic}",
-        )[0]
-
     def subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""
         validate_name("subscription", subscription)
@@ -155,7 +138,7 @@ class ClusterPeers:
             for g in subscription_groups(partitions, per_actor)
         ]
 
-    def topic_peer(self, topic: str, partition: int) -> Peer:
+    def topic_peer(self, topic: str, partition: int) -> Peer[HostActor]:
         """The partition of a topic, on its host (found through the coordinator, which
         starts the host if needed; NotFound once the topic is deleted)."""
         key = (topic, partition)
@@ -166,7 +149,9 @@ class ClusterPeers:
             )
         return peer
 
-    def subscription_peer(self, topic: str, partition: int, subscription: str) -> Peer:
+    def subscription_peer(
+        self, topic: str, partition: int, subscription: str
+    ) -> Peer[SubscriptionActor]:
         """A partition of a subscription, on the subscription's actor; its actor is created
         if missing, only while its topic and the subscription exist (NotFound otherwise)."""
         key = (topic, partition, subscription)

@@ -321,7 +321,7 @@ class Producer:
 
     def _next_sticky(self) -> int:
         """The partition of a keyless send: the same one for a run of STICKY sends, then the
-        next (a lone sender keeps calling one warm partition actor, as Kafka's sticky
+        next (a lone sender keeps calling one warm partition, as Kafka's sticky
         partitioner does; measured here, 0.3-0.6 ms of a send's 3-4 ms). Under ``_cv``."""
         if self._sticky_left <= 0:
             self._sticky_at = next(self._rr) % self.partitions

@@ -143,7 +143,8 @@ class Receiver:
                 for p in parts:
                     self._receive_failed(p, exc)
                 continue
-            got, failed = reply if len(parts) > 1 else ([(parts[0], reply)], [])
+            # (a ReceiveReply from a call for several partitions, a record batch for one)
+            got, failed = (reply.got, reply.failed) if len(parts) > 1 else ([(parts[0], reply)], [])
             for p, rb in got:
                 if rb.num_rows:
                     self._buffer.append((p, rb))

@@ -255,7 +255,7 @@ def stop_all(*, graceful: bool) -> int:
 
 
 class PartitionPeers(Generic[ActorT]):
-    """The partition actors of one topic or one subscription, one :class:`Peer` each: the
+    """The partitions of one topic or one subscription, one :class:`Peer` each: the
     waiting and retrying half of ``raydelay.client.links``'s protocols. The calls, typed
     by the actor's methods, are in ``raydelay.actors.handles``."""
 

@@ -63,7 +63,7 @@ _COMMON: dict[str, Any] = {
 ACTOR_CLASSES = ("CoordinatorActor", "HostActor", "SubscriptionActor", "TaskRunner")
 MAX_AUTO_HOSTS = 4  # hosts per node with placement.hosts_per_node = -1 (one per CPU)
 _LIVE_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
-_NEAR_WAIT_S = 2.0  # how long a new subscription actor waits to learn its topic actor's node
+_NEAR_WAIT_S = 2.0  # how long a new subscription actor waits to learn its partitions' host's node
 
 
 def actor_options(name: str, config: dict[str, Any], near: str | None = None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The delayed-delivery index (DESIGN.md §5.2). Pure: no ray, no boto3.
+"""The delayed-delivery index (docs/delayed-index.md). Pure: no ray, no boto3.
 
 - :class:`InMemoryDelayedDeliveryTracker`: everything in memory.
 - :class:`BucketDelayedDeliveryTracker`: bounded memory, immutable buckets in an ObjectStore:

@@ -1,4 +1,4 @@
-"""The DelayedDeliveryTracker protocol (DESIGN.md §5.2; after Pulsar PIP-26 / PIP-195).
+"""The DelayedDeliveryTracker protocol (docs/delayed-index.md; after Pulsar PIP-26 / PIP-195).
 
 All times are integer milliseconds since the epoch. ``cutoff = now + tick`` by
 default and ``cutoff = now`` in strict mode; a position is due when

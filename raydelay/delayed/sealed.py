@@ -1,6 +1,6 @@
 """Sealed buckets: a partition's delayed index, built once by the topic at write time (pure).
 
-The topic actor already holds every entry in memory when it commits it. Its
+A partition's host already holds every entry in memory when it commits it. Its
 :class:`TopicIndex` (the partition's ``LastMutableBucket``) keeps the rows of the delayed
 entries of the ledgers not sealed yet. At a ledger boundary, once it holds at least
 ``min_index_count_per_bucket`` rows, it hands them to :func:`seal`, which sorts them by

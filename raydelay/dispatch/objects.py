@@ -2,10 +2,10 @@
 
 Due delayed messages and redeliveries need their payloads back; many of them were
 read moments ago, so a bounded cache of decoded objects (by entry count) answers
-without another call to the topic actor. Lookups are vectorized over position keys.
+without another call to the partition's host. Lookups are vectorized over position keys.
 
 Cached objects may overlap: whole ledger objects from the sequential read, and runs
-cut out of them by the topic actor for scattered positions. A position is found in
+cut out of them by the host for scattered positions. A position is found in
 any cached object that holds it.
 """
 

@@ -1,7 +1,7 @@
 """Starting Spark for ingestion: Spark-on-Ray (RayDP) by default, or any Spark master.
 
 - ``start_spark("raydp")`` starts Spark executors as Ray actors of the Ray this process
-  is connected to (connect to raydelay first). They write straight to the topic actors.
+  is connected to (connect to raydelay first). They write straight to the partitions' hosts.
 - ``start_spark("local[2]")`` (or ``spark://...``, ``yarn``, ...) uses a plain Spark; its
   Python workers attach to the Ray cluster by address.
 

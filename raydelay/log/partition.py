@@ -1,6 +1,6 @@
 """One partition's append-only log over an ObjectStore (pure: no Ray).
 
-:class:`PartitionLog` is what the topic actor holds. It composes the parts, each in its
+:class:`PartitionLog` is what a partition holds on its host. It composes the parts, each in its
 own module, and owns what spans them: recovery from the store and retention.
 
 - :mod:`raydelay.log.ledgers`: the ledgers and their entry counts (which positions exist);

@@ -1,4 +1,4 @@
-"""The ObjectStore layer: one bytes-only interface and its backends (DESIGN.md §5.1).
+"""The ObjectStore layer: one bytes-only interface and its backends (docs/storage.md).
 
 The S3 backend and the config are imported lazily, so that importing this package (as
 the pure core does, for the protocol and keys) pulls in neither boto3 nor the config.

@@ -1,4 +1,4 @@
-"""Key validation and the key layout of the store (DESIGN.md §5.1).
+"""Key validation and the key layout of the store (docs/design.md, "Formats").
 
 Every backend validates keys the same way, so a bad key is an InvalidArgument
 everywhere and can never address a file outside a local store's root.

@@ -22,11 +22,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raydelay import __version__
 from raydelay.client.message import MessageId
 from raydelay.errors import InvalidArgument, NotFound, RaydelayError
 from raydelay.web.chart import Bar, bar_chart
+from raydelay.web.guard import SECURITY_HEADERS, allowed_hosts, refusal
 from raydelay.web.model import (
     DAY_BIN_S,
     HOUR_BIN_S,
@@ -39,9 +41,17 @@ from raydelay.web.model import (
 _MAX_IDS = 10_000  # message ids in one cancel
 
 
-def create_app(cluster: Any, *, allow_writes: bool = False, sample_every_s: float = 5.0) -> FastAPI:
+def create_app(
+    cluster: Any,
+    *,
+    allow_writes: bool = False,
+    sample_every_s: float = 5.0,
+    listen_host: str = "127.0.0.1",
+) -> FastAPI:
     """The console's ASGI app over ``cluster`` (a connected Cluster). ``allow_writes``
-    turns the actions on; ``sample_every_s``: how often append rates are read."""
+    turns the actions on; ``sample_every_s``: how often append rates are read;
+    ``listen_host``: the address it is served on (the Host names it answers to, see
+    :mod:`raydelay.web.guard`)."""
     data = ConsoleData(cluster)
     rates = RateSampler(data, every_s=sample_every_s)
     token = secrets.token_urlsafe(24)
@@ -72,12 +82,32 @@ def create_app(cluster: Any, *, allow_writes: bool = False, sample_every_s: floa
         )
         return HTMLResponse(html, status_code=status)
 
+    hosts = allowed_hosts(listen_host)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Any) -> Response:
+        why = refusal(request.method, request.headers, hosts)
+        if why is not None:
+            response: Response = page("error.html", status=403, title="Refused", message=why)
+        else:
+            response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
     @app.exception_handler(RaydelayError)
     async def _failed(_: Request, exc: RaydelayError) -> HTMLResponse:
         status = (
             400 if isinstance(exc, InvalidArgument) else 404 if isinstance(exc, NotFound) else 503
         )
-        return page("error.html", status=status, title=type(exc).__name__, message=str(exc))
+        title = {400: "Bad request", 404: "Not found"}.get(status, "Unavailable")
+        return page("error.html", status=status, title=title, message=str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+        if exc.status_code == 404:
+            message = f"There is no page {request.url.path!r} in this console."
+            return page("error.html", status=404, title="Not found", message=message)
+        return page("error.html", status=exc.status_code, title="Error", message=str(exc.detail))
 
     # --- pages --------------------------------------------------------------------------------
 

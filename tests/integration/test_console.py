@@ -12,6 +12,7 @@ docs show).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +24,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -273,13 +275,87 @@ def test_a_cancel_end_to_end(scene, page):
     assert page.locator("#summary").inner_text() == "0 of 2 cancelled"
 
 
-def _post(url: str, fields: dict) -> tuple[int, str]:
+def _post(url: str, fields: dict, headers: dict | None = None) -> tuple[int, str]:
     body = urllib.parse.urlencode(fields, doseq=True).encode()
+    request = urllib.request.Request(url, data=body, headers=headers or {})
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=60) as r:
+        with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def _get(url: str, headers: dict | None = None) -> tuple[int, Any, str]:
+    """(status, headers (case-insensitive), body) of a GET."""
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=60
+        ) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def _token(url: str, victim: str) -> str:
+    """The form token of a console, read off the confirmation page of a cancel."""
+    status, text = _post(url + "/actions/cancel", {"id": victim})
+    assert status == 200
+    found = re.search(r'name="token" value="([^"]+)"', text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_no_page_of_the_console_can_be_framed(scene, browser):
+    # Given a page of another origin that frames the console's confirmation page
+    rw, topic = scene["rw"], scene["topic"]
+    status, headers, _ = _get(f"{rw.url}/topics/{_q(topic)}")
+    assert status == 200
+    assert headers["Content-Security-Policy"] == "frame-ancestors 'none'"
+    assert headers["X-Frame-Options"] == "DENY"
+    context = browser.new_context()
+    try:
+        evil = context.new_page()
+        # (set_content returns once the page and its frame have loaded, or failed to)
+        evil.set_content(f'<iframe id="f" src="{rw.url}/topics/{_q(topic)}"></iframe>')
+        # Then the browser refuses to show it: the frame holds its error page, not the console
+        child = [f for f in evil.frames if f != evil.main_frame]
+        assert len(child) == 1 and child[0].url.startswith("chrome-error://")
+    finally:
+        context.close()
+
+
+def test_a_foreign_host_is_refused(scene):
+    # DNS rebinding: another site's name pointed at 127.0.0.1 reaches the console as that name
+    rw, topic = scene["rw"], scene["topic"]
+    status, _, text = _get(f"{rw.url}/topics/{_q(topic)}", {"Host": "evil.example"})
+    assert status == 403 and "evil.example" in text and topic not in text
+    port = rw.url.rsplit(":", 1)[1]
+    assert _get(f"{rw.url}/topics", {"Host": f"localhost:{port}"})[0] == 200
+
+
+def test_a_form_posted_from_another_origin_is_refused(scene):
+    rw, topic, cluster = scene["rw"], scene["topic"], scene["cluster"]
+    victim = str(cluster.peek(topic, "billing", limit=1, key="later")[0].message_id)
+    token = _token(rw.url, victim)
+    fields = {"id": victim, "token": token}
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},
+        {"Referer": "http://evil.example/page.html"},
+    ):
+        status, text = _post(rw.url + "/actions/cancel/confirm", fields, headers)
+        assert status == 403 and "this console" in text and "posted from" in text
+    assert victim in [str(m.message_id) for m in cluster.peek(topic, "billing", key="later")]
+    # and its own origin passes the check (the confirmation page, not a cancel)
+    status, text = _post(rw.url + "/actions/cancel", {"id": victim}, {"Origin": rw.url})
+    assert status == 200 and "Cancel" in text
+
+
+def test_an_unknown_page_is_the_consoles_own_404(scene, page):
+    rw = scene["rw"]
+    assert _goto(page, f"{rw.url}/tasks") == 404
+    assert "There is no page '/tasks'" in page.locator("#error").inner_text()
+    assert page.title().startswith("Not found")
 
 
 def test_a_read_only_console_has_no_actions(scene, page):

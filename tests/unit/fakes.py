@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from raydelay.actors.protocol import ReceiveReply
 from raydelay.dispatch.wire import DELIVERY_SCHEMA
 from raydelay.errors import Unavailable
 from raydelay.log.entries import decode_batch
@@ -148,7 +149,7 @@ class FakeSubscription(FakeLink):
                 failed.append((p, one.error))
             elif one.value.num_rows:
                 got.append((p, one.value))
-        return Reply((got, failed))
+        return Reply(ReceiveReply(got, failed))
 
     def ack(self, partition, consumer, keys):
         return self._call("ack", partition, keys)
