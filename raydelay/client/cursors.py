@@ -89,14 +89,7 @@ class Cursors:
             raise InvalidArgument(
                 f"message_id: {topic} has partitions 0..{n - 1}, not {mid.partition}"
             )
-        ledgers = self._peers.call(
-            lambda: [
-                self._peers.topic_peer(topic, mid.partition).submit(
-                    HostActor.ledgers, topic, mid.partition
-                )
-            ],
-            f"topic {topic}",
-        )[0]
+        ledgers = self._peers.on_partition(topic, mid.partition, HostActor.ledgers)
         sizes = dict((int(i), c) for i, c in ledgers)
         if mid.ledger_id not in sizes:
             if ledgers and mid.ledger_id < min(sizes):
@@ -104,20 +97,11 @@ class Cursors:
             raise InvalidArgument(f"message_id: {mid} is past the end of {topic}/{mid.partition}")
         count = sizes[mid.ledger_id]
         if count is None:  # the open ledger: up to its last entry
-            tail = self._peers.call(
-                lambda: [
-                    self._peers.topic_peer(topic, mid.partition).submit(
-                        HostActor.tail, topic, mid.partition
-                    )
-                ],
-                f"topic {topic}",
-            )[0]
+            tail = self._peers.on_partition(topic, mid.partition, HostActor.tail)
             count = int(tail[1]) + 1 if tail is not None and int(tail[0]) == mid.ledger_id else 0
         if mid.entry_id >= count:
             raise InvalidArgument(f"message_id: {mid} is past the end of {topic}/{mid.partition}")
         return [mid.ledger_id, mid.entry_id - 1]
-
-    # --- scheduled Ray calls (raydelay.tasks) ---------------------------------------------------
 
     def read_from(
         self, topic: str, n: int, to: Any, inclusive: bool, field: str

@@ -116,6 +116,23 @@ class ClusterPeers:
             f"topic {topic}",
         )
 
+    def on_partition(
+        self,
+        topic: str,
+        partition: int,
+        method: Callable[Concatenate[HostActor, str, int, P], Any],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Any:
+        """``method(topic, partition, *args)`` on one partition of ``topic`` (retried while
+        its host restarts)."""
+        return self.call(
+            lambda: [
+                self.topic_peer(topic, partition).submit(method, topic, partition, *args, **kwargs)
+            ],
+            f"topic {topic}",
+        )[0]
+
     def subscription_options(self, topic: str, subscription: str) -> dict:
         """A subscription's options; NotFound when it does not exist."""
         validate_name("subscription", subscription)
