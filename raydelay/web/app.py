@@ -69,7 +69,9 @@ def create_app(
     env.filters["num"] = lambda v: "" if v is None else f"{v:,}"
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:,.1f}/s"
     env.filters["q"] = lambda v: quote(str(v), safe="")
-    env.filters["article"] = lambda word: ("An " if str(word)[:1] in "aeiou" else "A ") + word
+    env.filters["article"] = lambda word: (
+        ("An " if str(word)[:1] in tuple("aeiou") else "A ") + word
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
