@@ -22,11 +22,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.integration import test_console
 from tests.integration.helpers import wait_until
+from tests.integration.test_quiet_start import _stop_processes_under
 
 browser = test_console.browser  # its chromium, the same fixture
 
@@ -80,23 +80,6 @@ def own_ray(tmp_path) -> Iterator[OwnRay]:
     finally:
         _stop_processes_under(str(root))
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _stop_processes_under(directory: str) -> None:
-    """Kill what is left of this test's Ray (its processes name its temp directory)."""
-    procs = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(directory in part for part in proc.info["cmdline"] or ()):
-                procs.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
 
 
 def _status(url: str) -> int | None:
