@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from raydelay import __version__
 from raydelay.client.message import MessageId
 from raydelay.errors import InvalidArgument, NotFound, RaydelayError
+from raydelay.web.attach import ClusterDown
 from raydelay.web.chart import Bar, bar_chart
 from raydelay.web.guard import SECURITY_HEADERS, allowed_hosts, refusal
 from raydelay.web.model import (
@@ -118,6 +119,12 @@ def create_app(
         )
         title = {400: "Bad request", 404: "Not found"}.get(status, "Unavailable")
         return page("error.html", status=status, title=title, message=str(exc))
+
+    @app.exception_handler(ClusterDown)
+    async def _cluster_down(_: Request, exc: ClusterDown) -> HTMLResponse:
+        response = page("error.html", status=503, title="The cluster is down", message=str(exc))
+        response.headers["Retry-After"] = "5"
+        return response
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
