@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not fail again
         return 0
+    finally:
+        _detach(args)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -329,17 +331,47 @@ def _address(args: argparse.Namespace) -> str:
 
 
 def _attach(args: argparse.Namespace) -> Any:
-    """A client of the running raydelay (its coordinator is created if missing)."""
+    """A client of the running raydelay (its coordinator is created if missing). When this
+    joins Ray, the command's end leaves it again (``args.detach``, called by main)."""
+    import ray
+
+    from raydelay.client.bootstrap import attach_ray
     from raydelay.client.connection import connect
 
     address = _address(args)
     try:
-        return connect(args.config, address=address)
+        joined = not ray.is_initialized()  # (main() called in a process that runs Ray: no)
+        if joined:
+            # The actors' log lines are not the command's output; and with none to print,
+            # leaving need not wait for them (see _detach)
+            attach_ray(address, log_to_driver=False)
+        cluster = connect(args.config, address=address)
     except ConnectionError as exc:
         where = "here" if address == "auto" else f"at {address}"
         raise Unavailable(
             f"no Ray cluster is running {where}; start one with `raydelay up` (or pass --address)"
         ) from exc
+    if joined:
+        args.detach = cluster.shutdown
+    return cluster
+
+
+def _detach(args: argparse.Namespace) -> None:
+    """Leave the Ray that the command joined: its client's producers and consumers closed,
+    then Ray's driver disconnected now. Left to Ray's exit hook, the disconnect would first
+    sleep 0.5 s for worker log lines still on their way, which a command that asked for
+    none (``log_to_driver=False``) does not wait for."""
+    close = getattr(args, "detach", None)
+    if close is None:
+        return
+    import ray
+
+    try:
+        close()
+    except Exception as exc:  # noqa: BLE001 - the command is over: say why, and leave Ray
+        logging.getLogger(__name__).warning("closing the client: %s", exc)
+    finally:
+        ray.shutdown()
 
 
 # --- up / down ---------------------------------------------------------------------------------
@@ -464,8 +496,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 sent += _send(producer, batch, args, deliver_at, props) if batch else 0
                 raise InvalidArgument(
                     f"line {number}: {len(payload):,} bytes is over topic.max_message_bytes "
-                    f"({limit:,}); stopped there, after sending {_count(sent, 'message')} "
-                    f"(lines 1-{number - 1})"
+                    f"({limit:,}); stopped there, {_sent_before(sent)}"
                 )
             batch.append(payload)
             if len(batch) >= _BATCH:
@@ -477,8 +508,17 @@ def cmd_produce(args: argparse.Namespace) -> int:
         if stream is not sys.stdin.buffer:
             stream.close()
         producer.close()
-    print(f"produced {_count(sent, 'message')} to {args.topic}", file=sys.stderr)
+    empty = "" if sent else f" ({'stdin' if args.file == '-' else args.file} has no lines)"
+    print(f"produced {_count(sent, 'message')} to {args.topic}{empty}", file=sys.stderr)
     return 0
+
+
+def _sent_before(sent: int) -> str:
+    """What went out before a line stopped a produce: the ``sent`` lines before it."""
+    if sent == 0:
+        return "nothing sent"
+    lines = "line 1" if sent == 1 else f"lines 1-{sent}"
+    return f"after sending {_count(sent, 'message')} ({lines})"
 
 
 def _count(n: int, noun: str) -> str:
@@ -507,7 +547,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"timeout: expected > 0 seconds, got {args.timeout}")
     cluster = _attach(args)
     consumer = cluster.subscribe(args.topic, args.subscription, args.type)
+    # The idle clock starts once every partition's subscription actor answers: a new
+    # subscription's actors start meanwhile (a Ray worker each, slow on a busy machine),
+    # then read the topic from its first entry. That wait is not idleness.
+    cluster.stats(args.topic, args.subscription)
     got = 0
+    later = ""
     idle_until = time.monotonic() + args.timeout
     try:
         while (limit is None or got < limit) and time.monotonic() < idle_until:
@@ -521,10 +566,30 @@ def cmd_consume(args: argparse.Namespace) -> int:
             if args.ack:
                 consumer.ack(msgs)
             got += len(msgs)
+        if limit is None or got < limit:  # stopped idle: say what is still to come
+            later = _not_due_yet(cluster, args.topic, args.subscription)
     finally:
         consumer.close()
-    print(f"{_count(got, 'message')}{', acknowledged' if args.ack else ''}", file=sys.stderr)
+    done = f"{_count(got, 'message')}{', acknowledged' if args.ack else ''}"
+    print(done + later, file=sys.stderr)
     return 0
+
+
+def _not_due_yet(cluster: Any, topic: str, subscription: str) -> str:
+    """ "; N scheduled for later, the next due at T (in S s) ...", when the subscription
+    holds messages that are not due yet (a consume that got none knows why), else ""."""
+    from raydelay.subscription_types import spreads
+
+    s = cluster.stats(topic, subscription)
+    if not spreads(s["type"]) or s["delayed"] <= 0:  # (the others ignore deliver_at)
+        return ""
+    now_ms = int(time.time() * 1000)
+    found = cluster.peek(topic, subscription, limit=1, due_after=now_ms)
+    when = ""
+    if found:
+        due_ms = found[0].deliver_at_ms
+        when = f", the next due at {_utc(due_ms)} UTC (in {max(0, due_ms - now_ms) / 1000:,.0f} s)"
+    return f"; {s['delayed']:,} scheduled for later{when}: --timeout SECONDS waits longer"
 
 
 def _message_line(m: Any) -> str:

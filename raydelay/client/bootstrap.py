@@ -2,7 +2,8 @@
 it joins or starts, the store's claim that decides which, and the coordinator it asks
 (created if there is none). :func:`attach` does all of it; ``raydelay.connect`` builds a
 :class:`~raydelay.client.connection.Cluster` on what it returns, and a task runner its own
-topic client."""
+topic client. The ``raydelay`` command joins Ray with :func:`attach_ray` first, to leave
+the actors' log lines out of its output."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def attach(
                 _start_ray(cfg)
                 started = True
             else:
-                _attach_ray(address)
+                attach_ray(address)
         try:
             coordinator, running = _coordinator(cfg)
         except StoreOwned as exc:
@@ -83,7 +84,7 @@ def attach(
             )
             ray.shutdown()
             started = False
-            _attach_ray(exc.owner["address"])
+            attach_ray(exc.owner["address"])
             coordinator, running = _coordinator(cfg)
     check_store(running.storage)  # (the cluster may have grown since it started)
     if running.storage != cfg.storage:
@@ -108,10 +109,18 @@ def _start_ray(cfg: Config) -> None:
     )
 
 
-def _attach_ray(address: str) -> None:
-    """Attach this process to the running Ray cluster at ``address`` (or ``"auto"``)."""
+def attach_ray(address: str, *, log_to_driver: bool = True) -> None:
+    """Attach this process to the running Ray cluster at ``address`` (or ``"auto"``):
+    Unavailable, in one line, when nothing there lets it in. ``log_to_driver=False``
+    leaves the actors' log lines out of this process's output (the ``raydelay``
+    command's)."""
     try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            logging_level=logging.WARNING,
+            log_to_driver=log_to_driver,
+        )
     except Exception as exc:  # noqa: BLE001 - Ray raises several kinds here
         if address == "auto":
             raise

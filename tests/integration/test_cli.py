@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import ray
 
 from raydelay.cli import main
-from tests.integration.helpers import host_of
+from tests.integration.helpers import host_of, wait_until
 
 RAYDELAY = [sys.executable, "-m", "raydelay.cli"]
 
@@ -30,6 +31,18 @@ def _without_ray_logs(text: str) -> str:
 
 
 RAY_LOG = re.compile(r"(\x1b\[\d+m)?\((raylet|\w+ pid=\d+)")
+
+
+def command(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """The ``raydelay`` command in a process of its own, attached to the session's Ray."""
+    address = ray.get_runtime_context().gcs_address
+    return subprocess.run(
+        [*RAYDELAY, "--address", address, *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
@@ -143,6 +156,65 @@ def test_produce_stops_at_an_oversize_line_and_says_how_much_was_sent(
     assert code == 2
     assert "line 3: " in err and "after sending 2 messages (lines 1-2)" in err
     assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 2
+
+
+def test_produce_stopped_at_its_first_line_says_nothing_was_sent(
+    cluster, topic_name, capsys, tmp_path
+):
+    cluster.create_topic(topic_name)
+    limit = cluster.config.topic.max_message_bytes
+    lines = tmp_path / "lines.txt"
+    lines.write_bytes(b"x" * (limit + 1) + b"\ntwo\n")
+    code, _, err = run(capsys, "produce", topic_name, str(lines))
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"raydelay: error: line 1: {limit + 1:,} bytes is over topic.max_message_bytes "
+        f"({limit:,}); stopped there, nothing sent"
+    ]
+    assert cluster.stats(topic_name)["partitions"][0]["tail"] is None
+
+
+def test_produce_of_no_lines_says_so(cluster, topic_name, capsys, tmp_path):
+    cluster.create_topic(topic_name)
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    code, _, err = run(capsys, "produce", topic_name, str(empty))
+    assert code == 0
+    assert err.strip() == f"produced 0 messages to {topic_name} ({empty} has no lines)"
+
+
+def test_the_first_consume_of_a_new_subscription_gets_what_is_due(
+    cluster, topic_name, capsys, tmp_path
+):
+    # Given lines produced due at once, by the command in a process of its own, to a topic
+    # that has no subscription yet
+    assert run(capsys, "topics", "create", topic_name, "-p", "3")[0] == 0
+    lines = "".join(f"{i}\n" for i in range(1, 1000))
+    produced = command("produce", topic_name, stdin=lines)
+    assert produced.returncode == 0, produced.stderr
+    # When a new subscription consumes right after (it starts at the topic's first entry)
+    consumed = command("consume", topic_name, "first", "--ack", "-n", "999")
+    # Then it gets every one of them, and the command's output is its own (no Ray log lines)
+    assert consumed.returncode == 0, consumed.stderr
+    got = sorted(int(line.split("\t")[-1]) for line in consumed.stdout.splitlines())
+    assert got == list(range(1, 1000))
+    assert consumed.stderr.strip() == "999 messages, acknowledged"
+    # When three more are produced due in ten minutes, and the subscription holds them
+    later = tmp_path / "later.txt"
+    later.write_text("a\nb\nc\n")
+    assert run(capsys, "produce", topic_name, str(later), "--deliver-after", "600")[0] == 0
+    wait_until(
+        "the three scheduled in the subscription",
+        lambda: len(cluster.peek(topic_name, "first", limit=-1)) == 3,
+    )
+    # Then a consume finds nothing due (the acks of the first one held, as that process
+    # left) and says what is scheduled, and when the next is due
+    code, out, err = run(capsys, "consume", topic_name, "first", "--timeout", "1", "-n", "-1")
+    assert code == 0 and out == ""
+    due_ms = min(m.deliver_at_ms for m in cluster.peek(topic_name, "first", limit=-1))
+    due = datetime.fromtimestamp(due_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    assert err.startswith(f"0 messages; 3 scheduled for later, the next due at {due} UTC (in ")
+    assert err.rstrip().endswith(" s): --timeout SECONDS waits longer")
 
 
 def test_an_absurd_delay_is_one_line_and_nothing_is_sent(cluster, topic_name, capsys, tmp_path):
