@@ -114,6 +114,8 @@ def attach_ray(address: str, *, log_to_driver: bool = True) -> None:
     Unavailable, in one line, when nothing there lets it in. ``log_to_driver=False``
     leaves the actors' log lines out of this process's output (the ``raydelay``
     command's)."""
+    if _listening(address) is False:  # Ray itself would retry for minutes before failing
+        raise Unavailable(f"address: no Ray cluster is running at {address!r} (nothing listens)")
     try:
         ray.init(
             address=address,
@@ -188,16 +190,8 @@ def _take_start_turn(cfg: Config, turn: contextlib.ExitStack) -> str | None:
 def _unreachable(address: str, exc: BaseException) -> str:
     """Why ``ray.init(address)`` failed, in one line: nothing listens there, or something
     does and refused this process (Ray 2.60's token authentication, on by default)."""
-    host, _, port = address.rpartition(":")
-    listening = False
-    if port.isdigit():
-        try:
-            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
-                listening = True
-        except OSError:
-            pass
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if not listening:
+    if not _listening(address):
         return f"address: no Ray cluster is running at {address!r} ({first})"
     return (
         f"address: a Ray cluster answers at {address!r} but refused this process ({first}). "
@@ -205,6 +199,19 @@ def _unreachable(address: str, exc: BaseException) -> str:
         "token (the same ~/.ray/auth_token, or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH), or run "
         "both with RAY_AUTH_MODE=disabled"
     )
+
+
+def _listening(address: str) -> bool | None:
+    """Whether something accepts a connection at ``address`` (``host:port``) within 2 s;
+    None for an address of another form (``"auto"``, ``ray://...``)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or "://" in address:
+        return None
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def _store_claim(cfg: Config) -> tuple[Any, owner.Claim | None]:

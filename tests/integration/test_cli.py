@@ -4,6 +4,7 @@ consume, delete; one-line errors; and ``ingest`` from CSV through a plain local 
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -143,6 +144,25 @@ def test_user_mistakes_print_one_line_and_exit_2(argv, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("raydelay: error: ")
     assert message in lines[0]
+
+
+def test_an_address_where_nothing_listens_is_one_line_at_once():
+    # Given a port nothing listens on (Ray would retry there for minutes)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Then the command says so at once, in one line
+    result = subprocess.run(
+        [*RAYDELAY, "--address", f"127.0.0.1:{port}", "topics", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"raydelay: error: address: no Ray cluster is running at '127.0.0.1:{port}' "
+        "(nothing listens)"
+    ]
 
 
 def test_produce_stops_at_an_oversize_line_and_says_how_much_was_sent(
