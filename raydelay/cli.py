@@ -22,6 +22,8 @@ from raydelay.console import table
 from raydelay.errors import InvalidArgument, NotFound, RaydelayError, Unavailable
 
 _BATCH = 10_000  # lines per send_many in ``produce``
+# How many messages not due yet a ``consume`` that stops idle counts, at most (a peek)
+_LATER_COUNTED = 10_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -550,7 +552,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     # The idle clock starts once every partition's subscription actor answers: a new
     # subscription's actors start meanwhile (a Ray worker each, slow on a busy machine),
     # then read the topic from its first entry. That wait is not idleness.
-    cluster.stats(args.topic, args.subscription)
+    kind = cluster.stats(args.topic, args.subscription)["type"]
     got = 0
     later = ""
     idle_until = time.monotonic() + args.timeout
@@ -567,7 +569,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 consumer.ack(msgs)
             got += len(msgs)
         if limit is None or got < limit:  # stopped idle: say what is still to come
-            later = _not_due_yet(cluster, args.topic, args.subscription)
+            later = _not_due_yet(cluster, args.topic, args.subscription, kind)
     finally:
         consumer.close()
     done = f"{_count(got, 'message')}{', acknowledged' if args.ack else ''}"
@@ -575,21 +577,24 @@ def cmd_consume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_due_yet(cluster: Any, topic: str, subscription: str) -> str:
+def _not_due_yet(cluster: Any, topic: str, subscription: str, kind: str) -> str:
     """ "; N scheduled for later, the next due at T (in S s) ...", when the subscription
-    holds messages that are not due yet (a consume that got none knows why), else ""."""
+    holds messages that are not due yet (a consume that got none knows why), else "".
+    Counted by a peek (exact, and without what is cancelled), up to _LATER_COUNTED."""
     from raydelay.subscription_types import spreads
 
-    s = cluster.stats(topic, subscription)
-    if not spreads(s["type"]) or s["delayed"] <= 0:  # (the others ignore deliver_at)
+    if not spreads(kind):  # exclusive and failover ignore deliver_at: nothing waits
         return ""
     now_ms = int(time.time() * 1000)
-    found = cluster.peek(topic, subscription, limit=1, due_after=now_ms)
-    when = ""
-    if found:
-        due_ms = found[0].deliver_at_ms
-        when = f", the next due at {_utc(due_ms)} UTC (in {max(0, due_ms - now_ms) / 1000:,.0f} s)"
-    return f"; {s['delayed']:,} scheduled for later{when}: --timeout SECONDS waits longer"
+    found = cluster.peek(topic, subscription, limit=_LATER_COUNTED + 1, due_after=now_ms)
+    if not found:
+        return ""
+    many = f"more than {_LATER_COUNTED:,}" if len(found) > _LATER_COUNTED else f"{len(found):,}"
+    due_ms = found[0].deliver_at_ms  # (a peek answers in delivery order)
+    return (
+        f"; {many} scheduled for later, the next due at {_utc(due_ms)} UTC "
+        f"(in {max(0, due_ms - now_ms) / 1000:,.0f} s): --timeout SECONDS waits longer"
+    )
 
 
 def _message_line(m: Any) -> str:

@@ -219,10 +219,13 @@ def test_the_first_consume_of_a_new_subscription_gets_what_is_due(
     got = sorted(int(line.split("\t")[-1]) for line in consumed.stdout.splitlines())
     assert got == list(range(1, 1000))
     assert consumed.stderr.strip() == "999 messages, acknowledged"
-    # When three more are produced due in ten minutes, and the subscription holds them
+    # When four more are produced due in ten minutes, one of them is cancelled, and the
+    # subscription holds the other three
     later = tmp_path / "later.txt"
-    later.write_text("a\nb\nc\n")
-    assert run(capsys, "produce", topic_name, str(later), "--deliver-after", "600")[0] == 0
+    later.write_text("a\nb\nc\nd\n")
+    code, out, _ = run(capsys, "produce", topic_name, str(later), "--deliver-after", "600", "--ids")
+    assert code == 0
+    assert run(capsys, "cancel", out.split()[0])[0] == 0
     wait_until(
         "the three scheduled in the subscription",
         lambda: len(cluster.peek(topic_name, "first", limit=-1)) == 3,
