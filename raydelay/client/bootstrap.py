@@ -114,7 +114,7 @@ def attach_ray(address: str, *, log_to_driver: bool = True) -> None:
     Unavailable, in one line, when nothing there lets it in. ``log_to_driver=False``
     leaves the actors' log lines out of this process's output (the ``raydelay``
     command's)."""
-    if _listening(address) is False:  # Ray itself would retry for minutes before failing
+    if not_listening(address) is not None:  # Ray itself would retry for minutes first
         raise Unavailable(f"address: no Ray cluster is running at {address!r} (nothing listens)")
     try:
         ray.init(
@@ -191,7 +191,7 @@ def _unreachable(address: str, exc: BaseException) -> str:
     """Why ``ray.init(address)`` failed, in one line: nothing listens there, or something
     does and refused this process (Ray 2.60's token authentication, on by default)."""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if not _listening(address):
+    if not_listening(address) is not None:
         return f"address: no Ray cluster is running at {address!r} ({first})"
     return (
         f"address: a Ray cluster answers at {address!r} but refused this process ({first}). "
@@ -201,17 +201,18 @@ def _unreachable(address: str, exc: BaseException) -> str:
     )
 
 
-def _listening(address: str) -> bool | None:
-    """Whether something accepts a connection at ``address`` (``host:port``) within 2 s;
-    None for an address of another form (``"auto"``, ``ray://...``)."""
+def not_listening(address: str, timeout_s: float = 2.0) -> str | None:
+    """Why nothing can be attached at ``address`` (``host:port``) now: no connection is
+    accepted there within ``timeout_s``. None when something listens, or for an address of
+    another form (``"auto"``, ``ray://...``: Ray makes sense of those)."""
     host, _, port = address.rpartition(":")
     if not port.isdigit() or "://" in address:
         return None
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
-            return True
-    except OSError:
-        return False
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout_s):
+            return None
+    except OSError as exc:
+        return f"no Ray cluster answers at {address} ({exc.strerror or exc})"
 
 
 def _store_claim(cfg: Config) -> tuple[Any, owner.Claim | None]:

@@ -90,7 +90,7 @@ def start_head(
         cmd.append(f"--num-cpus={num_cpus}")
     if port is not None:
         cmd.append(f"--port={port}")
-    root = os.path.abspath(temp_dir) if temp_dir else "/tmp/ray"
+    root = os.path.abspath(temp_dir) if temp_dir else default_ray_root()
     if temp_dir:
         cmd.append(f"--temp-dir={root}")
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -104,6 +104,16 @@ def start_head(
         json.dumps({"started_at": time.time(), "address": address, "session": session})
     )
     return address
+
+
+def default_ray_root() -> str:
+    """Where ``ray start`` keeps its sessions without ``--temp-dir``: under ``RAY_TMPDIR``,
+    else ``TMPDIR`` (Linux), else /tmp, as Ray decides it; the session ``up`` started is
+    read from there, so that ``down`` never names another Ray's session."""
+    base = os.environ.get("RAY_TMPDIR")
+    if not base and sys.platform.startswith("linux"):
+        base = os.environ.get("TMPDIR")
+    return os.path.join(base or "/tmp", "ray")
 
 
 def stop_started_ray() -> int | None:

@@ -16,7 +16,6 @@ and probes (one GCS round trip) until the pipe closes or the web process is gone
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any
 
 import ray
 
+from raydelay.client.bootstrap import not_listening
 from raydelay.client.connection import Cluster, connect
 from raydelay.cluster.local import running_ray_address, up_address
 from raydelay.config import Config
@@ -186,7 +186,7 @@ def _wait_for_address(target: AttachTarget, send: Callable[[object], None]) -> s
     while True:
         address = target.resolve()
         if address is not None:
-            why = _not_listening(address)
+            why = not_listening(address, timeout_s=1.0)
             if why is None:
                 return address
         else:
@@ -195,18 +195,6 @@ def _wait_for_address(target: AttachTarget, send: Callable[[object], None]) -> s
             send(Waiting(why))
             said = why
         time.sleep(WAIT_POLL_S)
-
-
-def _not_listening(address: str) -> str | None:
-    """Why nothing can be attached at ``host:port`` now (None: something listens)."""
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return None  # not host:port: let Ray make sense of it
-    try:
-        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=1):
-            return None
-    except OSError as exc:
-        return f"no Ray cluster answers at {address} ({exc.strerror or exc})"
 
 
 def _answer(view: Cluster, call: Call, send: Callable[[object], None]) -> None:

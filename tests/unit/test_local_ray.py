@@ -40,3 +40,15 @@ def test_down_removes_ray_s_note_of_the_ray_it_stopped_and_only_that(tmp_path, m
     note.write_text("10.0.0.7:6379")
     assert local.stop_started_ray() == 3
     assert note.read_text() == "10.0.0.7:6379"
+
+
+def test_up_reads_its_session_where_ray_start_keeps_it(monkeypatch):
+    # `down` stops the session `up` noted: read from the root Ray used (RAY_TMPDIR, else
+    # TMPDIR), not /tmp/ray, where another Ray's newest session may be
+    monkeypatch.setenv("RAY_TMPDIR", "/srv/raytmp")
+    monkeypatch.setenv("TMPDIR", "/var/tmp/me")
+    assert local.default_ray_root() == "/srv/raytmp/ray"
+    monkeypatch.delenv("RAY_TMPDIR")
+    assert local.default_ray_root() == "/var/tmp/me/ray"
+    monkeypatch.delenv("TMPDIR")
+    assert local.default_ray_root() == "/tmp/ray"
