@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from raydelay.client.message import MessageId
 from raydelay.client.producer import check_cancel_target
 from raydelay.client.redrive import SUBSCRIPTION as REDRIVE_SUBSCRIPTION
-from raydelay.errors import InvalidArgument, NotFound
+from raydelay.errors import InvalidArgument
 from raydelay.subscription_types import spreads
 
 if TYPE_CHECKING:
@@ -361,14 +361,11 @@ class ConsoleData:
         delivered, acknowledged or cancelled already (or never delayed). Past CHECK_SCAN,
         or for ids of other topics, the cancel itself says."""
         parsed = [MessageId.parse(i) for i in ids]
-        partitions: dict[str, int] = {}
+        with self._lock:
+            partitions = self._reads.topics()  # topic -> its partition count
         for mid in parsed:
             if mid.topic not in partitions:
-                try:
-                    with self._lock:
-                        partitions[mid.topic] = self._reads._partitions(mid.topic)
-                except NotFound:
-                    raise InvalidArgument(f"id {mid}: there is no topic {mid.topic!r}") from None
+                raise InvalidArgument(f"id {mid}: there is no topic {mid.topic!r}")
             check_cancel_target(f"id {mid}", mid, mid.topic, partitions[mid.topic])
         if not topic or not name or not any(m.topic == topic for m in parsed):
             return {}
