@@ -74,5 +74,5 @@ class Acks:
     def dead_lettered(self, keys: Iterable[int] | np.ndarray) -> int:
         """These were published to the dead-letter topic: ack them."""
         ks = keys_of(keys)
-        self._counters["dead_lettered"] += len(ks)
+        self._marks.cursor.dead_lettered += len(ks)  # (counted in the cursor: it persists)
         return self.ack_keys(ks)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from raydelay.dispatch import counts
 from raydelay.errors import InvalidArgument
 from raydelay.subscription_types import spreads
 
@@ -151,13 +152,16 @@ class ConsoleData:
             )
         subs = [self.subscription_row(topic, name) for name in info["subscriptions"]]
         known = [p["rate"] for p in parts if p["rate"] is not None]
+        # what the topic itself holds, not a sum over its subscriptions (their own figures
+        # are on their rows): see raydelay.dispatch.counts.topic_counts
+        own = counts.topic_counts(info["partitions"], subs)
         return {
             "name": topic,
             "partitions": parts,
             "subscriptions": subs,
             "rate": sum(known) if known else None,
-            "backlog": sum(s["backlog"] or 0 for s in subs),
-            "delayed": sum(s["delayed"] or 0 for s in subs),
+            "held": own["entries"],
+            "delayed": own["delayed"],
         }
 
     def subscription_row(self, topic: str, name: str) -> dict:
@@ -175,6 +179,7 @@ class ConsoleData:
                 "backlog": None,
                 "pending_ack": None,
                 "buckets": None,
+                "dead_lettered": None,
                 "error": str(exc).splitlines()[0][:200],
             }
 
@@ -191,6 +196,7 @@ class ConsoleData:
             "backlog": int(s["backlog"]),
             "pending_ack": int(s["pending_ack"]),
             "buckets": int(s["buckets"]),
+            "dead_lettered": int(s["dead_lettered"]),
         }
 
     def subscriptions(self) -> list[dict]:
@@ -231,6 +237,7 @@ class ConsoleData:
             "buckets": int(s["buckets"]),
             "redelivery": int(s["redelivery"]),
             "dead_letter_pending": int(s["dead_letter_pending"]),
+            "dead_lettered": int(s["dead_lettered"]),
             "delivered": int(s["delivered"]),
             "acked": int(s["acked"]),
             "cancelled": int(s["cancelled"]),
