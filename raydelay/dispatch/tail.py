@@ -83,6 +83,9 @@ class UnsealedTail:
         if count > 0:
             self._unasked.append((first_key, end_key, count))
             self.unasked_rows += count
+            # (rows below the last answer's taken_below are in its ``waiting`` already: the
+            # host indexes what is committed, the read may come after the answer)
+            self.forget_unasked(below=self.taken[0])
         self.next_ms = soonest if self.next_ms is None else min(self.next_ms, soonest)
         self._seen = soonest if self._seen is None else min(self._seen, soonest)
         self.dirty = True
