@@ -166,11 +166,9 @@ class SubscriptionMetrics:
         self._backlog.set(stats.get("backlog", 0), tags)
         self._consumers.set(stats.get("consumers", 0), tags)
         self._dead_total.set(stats.get("dead_lettered", 0), tags)
-        if not self._last:  # (the dead letters a restarted actor found in its cursor)
-            self._last["dead_lettered"] = int(stats.get("dead_lettered", 0))
         for key, metric in (
             ("redelivered", self._redelivered),
-            ("dead_lettered", self._dead),
+            ("dead_lettered_since_start", self._dead),  # (a counter of this process)
         ):
             now = int(stats.get(key, 0))
             delta = now - self._last.get(key, 0)

@@ -15,7 +15,8 @@ the console, the metrics and the dashboard cannot each count in their own way:
   subscription's last read of the log's tail; they count once the read reaches them.
 - ``dead_lettered``: messages published to the dead-letter topic, over the subscription's
   whole life (persisted with the cursor: a restart does not reset it).
-- ``delivered``, ``acked``, ``redelivered``, ``cancelled``: since the actor started.
+- ``delivered``, ``acked``, ``redelivered``, ``cancelled``, ``dead_lettered_since_start``:
+  since the actor started.
 
 A topic's own counts (:func:`topic_counts`) are what it holds, not a sum over its
 subscriptions: ``entries``, the entries of its log that retention has not deleted

@@ -161,6 +161,7 @@ class Subscription:
             "acked": 0,
             "redelivered": 0,
             "cancelled": 0,
+            "dead_lettered_since_start": 0,  # (``dead_lettered`` is the cursor's, over its life)
         }
         cursor = cursor or Cursor()
         md_l, md_e = cursor.mark_delete
