@@ -4,7 +4,7 @@ sampling one subscription actor and the driver from the due instant until the dr
 Prints the CPU seconds of every process and, for each sampled process, the functions with
 the most samples (self) and raydelay's own call sites (inclusive).
 
-Usage: python bench/burst_profile.py [--messages 1000000] [--rate 200]
+Usage: python bench/burst_profile.py [--messages 1000000] [--rate 200] [--size 40000]
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--size", type=int, default=40_000, help="max_messages per receive_batch")
+    ap.add_argument("--keep", type=Path, help="a directory to keep py-spy's raw stacks in")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     n = args.messages
@@ -76,7 +78,7 @@ def main() -> None:
                 lambda lo, c: np.full(c, due), threads=4, batch=5_000)  # fmt: skip
         sub = subscription_partition("burst", 0, "bench")  # (its actor serves all 4)
         sub_pid = ray.get(sub.pid())
-        drain = Drain(receive_from(consumer)).start()
+        drain = Drain(receive_from(consumer, size=args.size)).start()
         roles = ray_processes()
         sleep_until(due - 100)
         seconds = max(3, n // 100_000)
@@ -101,6 +103,10 @@ def main() -> None:
         for role, c in sorted(cpu1.items(), key=lambda kv: cpu0.get(kv[0], 0) - kv[1]):
             if c - cpu0.get(role, 0) >= 0.05:
                 lines.append(f"| {role} | {c - cpu0.get(role, 0):.2f} |")
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for name in ("sub.txt", "driver.txt"):
+                shutil.copy(Path(root) / name, args.keep / name)
         lines += summarize(Path(root) / "sub.txt", "one subscription actor (of 4)")
         lines += summarize(Path(root) / "driver.txt", "the driver (consumer thread)")
         consumer.close()

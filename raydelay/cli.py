@@ -762,9 +762,12 @@ def _utc(ms: int | None) -> str:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
+    from raydelay.web.reader import AttachTarget
     from raydelay.web.serve import serve
 
-    serve(lambda: _attach(args), args.host, args.port, allow_writes=args.allow_writes)
+    # a reader process attaches, and again after an outage: where is resolved there
+    target = AttachTarget(config=args.config, address=args.address)
+    serve(target, args.host, args.port, allow_writes=args.allow_writes)
     return 0
 
 

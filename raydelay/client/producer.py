@@ -515,18 +515,7 @@ class Producer:
             raise InvalidArgument("message_ids: expected a sequence of MessageId")
         by_partition: dict[int, list[int]] = {}
         for i, mid in enumerate(message_ids):
-            if not isinstance(mid, MessageId):
-                raise InvalidArgument(
-                    f"message_ids[{i}]: expected a MessageId, got {type(mid).__name__}"
-                )
-            if mid.topic != self.topic:
-                raise InvalidArgument(
-                    f"message_ids[{i}]: belongs to topic {mid.topic!r}, not {self.topic!r}"
-                )
-            if not 0 <= mid.partition < self.partitions:
-                raise InvalidArgument(f"message_ids[{i}]: partition {mid.partition} does not exist")
-            if not position_in_range(mid.ledger_id, mid.entry_id):
-                raise InvalidArgument(f"message_ids[{i}]: {mid} is no message position")
+            check_cancel_target(f"message_ids[{i}]", mid, self.topic, self.partitions)
             by_partition.setdefault(mid.partition, []).append(i)
         batches = {}
         with self._seq_lock:  # the markers are deduplicated like any batch of this producer
@@ -639,3 +628,19 @@ def _per_message(field: str, value: Any, n: int, *, scalar_ok) -> list:
     if len(value) != n:
         raise InvalidArgument(f"{field}: has {len(value)} values for {n} payloads")
     return list(value)
+
+
+def check_cancel_target(field: str, mid: Any, topic: str, partitions: int) -> None:
+    """InvalidArgument, naming ``field``, unless ``mid`` is a MessageId of ``topic`` (of
+    ``partitions`` partitions) at a message position: what a cancel checks of each id
+    before it sends any (the console checks the same before it asks for confirmation)."""
+    if not isinstance(mid, MessageId):
+        raise InvalidArgument(f"{field}: expected a MessageId, got {type(mid).__name__}")
+    if mid.topic != topic:
+        raise InvalidArgument(f"{field}: belongs to topic {mid.topic!r}, not {topic!r}")
+    if not 0 <= mid.partition < partitions:
+        raise InvalidArgument(
+            f"{field}: partition {mid.partition} does not exist ({topic} has {partitions})"
+        )
+    if not position_in_range(mid.ledger_id, mid.entry_id):
+        raise InvalidArgument(f"{field}: {mid} is no message position")

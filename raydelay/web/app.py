@@ -1,8 +1,9 @@
 """The web console (``raydelay console``): server-rendered pages over one cluster client.
 
 Pages: topics (partitions, hosts, append rates, backlog), subscriptions (consumers, in
-flight, lateness), the due chart of the next hour and the next day, and a browser of the
-scheduled messages (peek). Actions (cancel, reset a cursor, redrive a dead-letter topic)
+flight, lateness, dead letters), the due chart of the next hour and the next day, and a
+browser of the scheduled messages (peek), a page at a time. Each read page says when it was
+read and can reload itself (``?refresh=N``: a meta refresh, no JavaScript). Actions (cancel, reset a cursor, redrive a dead-letter topic)
 exist only when the console was started with ``allow_writes``, and each goes through a
 confirmation page whose form carries this process's token, so that another site's page
 cannot post one blind.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+import time
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -19,7 +21,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -27,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from raydelay import __version__
 from raydelay.client.message import MessageId
 from raydelay.errors import InvalidArgument, NotFound, RaydelayError
+from raydelay.web.attach import ClusterDown
 from raydelay.web.chart import Bar, bar_chart
 from raydelay.web.guard import SECURITY_HEADERS, allowed_hosts, refusal
 from raydelay.web.model import (
@@ -35,10 +38,13 @@ from raydelay.web.model import (
     ConsoleData,
     RateSampler,
     parse_limit,
+    parse_offset,
+    parse_refresh,
     parse_time,
 )
 
 _MAX_IDS = 10_000  # message ids in one cancel
+REFRESH_S = 10  # the period the "auto-refresh" link turns on
 
 
 def create_app(
@@ -64,6 +70,9 @@ def create_app(
     env.filters["num"] = lambda v: "" if v is None else f"{v:,}"
     env.filters["rate"] = lambda v: "-" if v is None else f"{v:,.1f}/s"
     env.filters["q"] = lambda v: quote(str(v), safe="")
+    env.filters["article"] = lambda word: (
+        ("An " if str(word)[:1] in tuple("aeiou") else "A ") + word
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -76,9 +85,18 @@ def create_app(
     app = FastAPI(title="raydelay console", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.mount("/static", StaticFiles(directory=str(web / "static")), name="static")
 
-    def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    def page(
+        template: str, status: int = 200, live: dict | None = None, **context: Any
+    ) -> HTMLResponse:
+        """A page; ``live``: a read page's auto-refresh (:func:`_live`), None on the others.
+        ``as_of``: when it was rendered, its data read just before (UTC, as every time)."""
         html = env.get_template(template).render(
-            allow_writes=allow_writes, token=token, version=__version__, **context
+            allow_writes=allow_writes,
+            token=token,
+            version=__version__,
+            live=live,
+            as_of=time.strftime("%H:%M:%S", time.gmtime()),
+            **context,
         )
         return HTMLResponse(html, status_code=status)
 
@@ -102,6 +120,12 @@ def create_app(
         title = {400: "Bad request", 404: "Not found"}.get(status, "Unavailable")
         return page("error.html", status=status, title=title, message=str(exc))
 
+    @app.exception_handler(ClusterDown)
+    async def _cluster_down(_: Request, exc: ClusterDown) -> HTMLResponse:
+        response = page("error.html", status=503, title="The cluster is down", message=str(exc))
+        response.headers["Retry-After"] = "5"
+        return response
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
         if exc.status_code == 404:
@@ -115,20 +139,32 @@ def create_app(
     def index() -> Response:
         return RedirectResponse("/topics", status_code=302)
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return FileResponse(str(web / "static" / "favicon.ico"), media_type="image/x-icon")
+
     @app.get("/topics", response_class=HTMLResponse)
-    def topics() -> HTMLResponse:
-        return page("topics.html", title="Topics", topics=data.topics(rates))
+    def topics(request: Request) -> HTMLResponse:
+        live = _live(request)
+        return page("topics.html", live=live, title="Topics", topics=data.topics(rates))
 
     @app.get("/topics/{topic}", response_class=HTMLResponse)
-    def topic(topic: str) -> HTMLResponse:
-        return page("topic.html", title=topic, topic=data.topic(topic, rates))
+    def topic(request: Request, topic: str) -> HTMLResponse:
+        live = _live(request)
+        info = data.topic(topic, rates)
+        held = data.dead_letters(topic) if topic.endswith("-DLQ") else None
+        return page("topic.html", live=live, title=topic, topic=info, dead_letters=held)
 
     @app.get("/subscriptions", response_class=HTMLResponse)
-    def subscriptions() -> HTMLResponse:
-        return page("subscriptions.html", title="Subscriptions", subs=data.subscriptions())
+    def subscriptions(request: Request) -> HTMLResponse:
+        live = _live(request)
+        return page(
+            "subscriptions.html", live=live, title="Subscriptions", subs=data.subscriptions()
+        )
 
     @app.get("/topics/{topic}/subscriptions/{name}", response_class=HTMLResponse)
-    def subscription(topic: str, name: str) -> HTMLResponse:
+    def subscription(request: Request, topic: str, name: str) -> HTMLResponse:
+        live = _live(request)
         sub = data.subscription(topic, name)
         charts = []
         if sub["schedulable"]:
@@ -149,51 +185,59 @@ def create_app(
             title="First deliveries by lateness",
             chart_id="lateness",
         )
-        dlq = _dead_letter_topic(data, topic, name)
         return page(
             "subscription.html",
+            live=live,
             title=f"{topic} / {name}",
             sub=sub,
             charts=charts,
             lateness=lateness,
-            dlq=dlq,
+            measured=sum(b["count"] for b in sub["lateness"]),
+            dlq=data.dead_letter_link(topic, name, set(data.topic_names())),
         )
 
     @app.get("/topics/{topic}/subscriptions/{name}/scheduled", response_class=HTMLResponse)
     def scheduled(
+        request: Request,
         topic: str,
         name: str,
         due_after: str | None = None,
         due_before: str | None = None,
         key: str | None = None,
         limit: str | None = None,
+        offset: str | None = None,
     ) -> HTMLResponse:
+        live = _live(request)
         form = {
             "due_after": due_after or "",
             "due_before": due_before or "",
             "key": key or "",
             "limit": limit or "",
         }
-        n = parse_limit(limit)
-        rows = data.scheduled(
+        n, start = parse_limit(limit), parse_offset(offset)
+        rows, more = data.scheduled(
             topic,
             name,
             n,
             parse_time("due_after", due_after),
             parse_time("due_before", due_before),
             key or None,
+            start,
         )
-        here = f"/topics/{quote(topic, safe='')}/subscriptions/{quote(name, safe='')}/scheduled"
-        query = urlencode({k: v for k, v in form.items() if v})
         return page(
             "scheduled.html",
+            live=live,
             title=f"Scheduled: {topic} / {name}",
             topic=topic,
             name=name,
             rows=rows,
             form=form,
             limit=n,
-            back=here + ("?" + query if query else ""),
+            offset=start,
+            previous=_with(request, offset=max(start - n, 0) or None) if start else None,
+            next=_with(request, offset=start + n) if more else None,
+            back=_with(request, refresh=None),
+            dlq=data.dead_letter_link(topic, name, set(data.topic_names())),
         )
 
     # --- actions: a form, a confirmation, then the deed -----------------------------------------
@@ -215,15 +259,28 @@ def create_app(
     async def cancel(request: Request) -> HTMLResponse:
         form = await fields(request)
         ids = _message_ids(form)
+        # checked now, before the question: an id that cannot be cancelled is named here,
+        # not after the confirmation
+        where = _one(form, "topic", default="") or None
+        name = _one(form, "subscription", default="") or None
+        refused = await run_in_threadpool(data.uncancellable, ids, where, name)
+        ok = [i for i in ids if i not in refused]
+        question = (
+            f"Cancel {len(ok):,} scheduled message{'s' if len(ok) != 1 else ''}?"
+            if ok
+            else f"None of the {len(ids):,} message{'s' if len(ids) != 1 else ''} can be cancelled."
+        )
         return page(
             "confirm.html",
+            status=200 if ok else 409,
             title="Cancel messages",
-            question=f"Cancel {len(ids):,} scheduled message{'s' if len(ids) != 1 else ''}?",
-            details=ids,
+            question=question,
+            details=ok,
+            refused=sorted(refused.items()),
             action="/actions/cancel/confirm",
-            hidden=[("id", i) for i in ids] + [("back", _back(form))],
+            hidden=[("id", i) for i in ok] + [("back", _back(form))],
             back=_back(form),
-            button="Cancel them",
+            button="Cancel them" if ok else None,
         )
 
     @app.post("/actions/cancel/confirm", response_class=HTMLResponse)
@@ -259,6 +316,7 @@ def create_app(
             ],
             action="/actions/reset/confirm",
             hidden=[("topic", topic), ("subscription", name), ("to", to)],
+            refused=[],
             back=here,
             button="Reset the cursor",
         )
@@ -289,11 +347,20 @@ def create_app(
     async def redrive(request: Request) -> HTMLResponse:
         form = await fields(request)
         dlq, to_topic, limit = _redrive_args(form)
+        held = await run_in_threadpool(data.dead_letters, dlq)
         where = f"to {to_topic}" if to_topic else "back to the topic and partition each came from"
+        n = held if limit == -1 else min(limit, held)
+        of = f" of the {held:,}" if n < held else ""
+        question = (
+            f"Send {n:,}{of} message{'s' if held != 1 else ''} from {dlq} {where}?"
+            if held
+            else f"{dlq} holds no dead letters to send back."
+        )
         return page(
             "confirm.html",
             title="Redrive a dead-letter topic",
-            question=f"Send {'all' if limit == -1 else f'up to {limit:,}'} messages of {dlq} {where}?",
+            question=question,
+            refused=[],
             details=[
                 "Each is due at once, with its payload, key and properties, and goes back exactly once."
             ],
@@ -305,7 +372,7 @@ def create_app(
                 ("back", _back(form)),
             ],
             back=_back(form),
-            button="Redrive",
+            button="Redrive" if held else None,
         )
 
     @app.post("/actions/redrive/confirm", response_class=HTMLResponse)
@@ -400,10 +467,23 @@ def _sub_url(topic: str, name: str) -> str:
     return f"/topics/{quote(topic, safe='')}/subscriptions/{quote(name, safe='')}"
 
 
-def _dead_letter_topic(data: ConsoleData, topic: str, name: str) -> dict | None:
-    """The subscription's dead-letter topic, when it exists."""
-    options = data.subscription_options(topic, name)
-    dlq = options.get("dead_letter_topic") or f"{topic}-{name}-DLQ"
-    if dlq not in data.topic_names():
-        return None
-    return {"name": dlq}
+def _with(request: Request, **changes: Any) -> str:
+    """This page's path and query with ``changes`` made (None: the field taken out)."""
+    query = dict(request.query_params)
+    for field, value in changes.items():
+        if value is None:
+            query.pop(field, None)
+        else:
+            query[field] = str(value)
+    query = {k: v for k, v in query.items() if v != ""}
+    return request.url.path + ("?" + urlencode(query) if query else "")
+
+
+def _live(request: Request) -> dict:
+    """A read page's auto-refresh: its period (``?refresh=N``, off unless given; checked
+    before the page reads anything) and the links that turn it on and off."""
+    return {
+        "refresh": parse_refresh(request.query_params.get("refresh")),
+        "on": _with(request, refresh=REFRESH_S),
+        "off": _with(request, refresh=None),
+    }

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from raydelay.client.message import MessageId
+from raydelay.client.producer import check_cancel_target
+from raydelay.client.redrive import SUBSCRIPTION as REDRIVE_SUBSCRIPTION
 from raydelay.dispatch import counts
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, NotFound
 from raydelay.subscription_types import spreads
 
 if TYPE_CHECKING:
@@ -24,6 +27,13 @@ HOUR_BIN_S = 300  # the next hour, in 5-minute bars
 DAY_BIN_S = 3600  # the next day, in hourly bars
 PAYLOAD_PREVIEW = 120  # characters of a payload shown in the browser
 MAX_PAGE = 1000  # messages on one page of the scheduled-messages browser
+# how far the browser pages (the messages before a page are read to find it: past this,
+# narrow the range with "due after"), and how many scheduled messages a cancel's
+# confirmation looks through to find the ids it names
+MAX_OFFSET = 100_000
+CHECK_SCAN = MAX_OFFSET + MAX_PAGE
+MIN_REFRESH_S = 5  # auto-refresh: every page asks every partition, so not more often
+MAX_REFRESH_S = 3600
 READ_DEADLINE_S = 2.0  # how long a page's read retries an actor that does not answer
 
 
@@ -108,6 +118,49 @@ class ConsoleData:
         with self._lock:
             return self._reads._subscription_options(topic, name)
 
+    # --- dead letters -------------------------------------------------------------------------
+
+    def dead_letter_topic(self, topic: str, name: str, known: set[str]) -> str | None:
+        """The subscription's dead-letter topic (its option, else ``<topic>-<name>-DLQ``) when
+        it is among ``known`` (the topics that exist), else None."""
+        options = self.subscription_options(topic, name)
+        dlq = options.get("dead_letter_topic") or f"{topic}-{name}-DLQ"
+        return dlq if dlq in known else None
+
+    def dead_letters(self, dlq: str) -> int:
+        """The dead letters ``dlq`` holds, waiting for a redrive: once a redrive has run,
+        what its subscription has not taken yet (its backlog); before, every entry of the
+        topic's ledgers (a topic without subscriptions deletes none)."""
+        info = self._stats(dlq)
+        if REDRIVE_SUBSCRIPTION in info["subscriptions"]:
+            return int(self._stats(dlq, REDRIVE_SUBSCRIPTION)["backlog"])
+        return sum(
+            counts.partition_entries(s["ledgers"], s.get("tail")) for s in info["partitions"]
+        )
+
+    def dead_letter_link(self, topic: str, name: str, known: set[str]) -> dict | None:
+        """{name, count} of the subscription's dead-letter topic, or None without one; a
+        count that cannot be read now is None."""
+        dlq = self.dead_letter_topic(topic, name, known)
+        if dlq is None:
+            return None
+        try:
+            count: int | None = self.dead_letters(dlq)
+        except Exception:  # noqa: BLE001 - deleted meanwhile, unreachable: the link stays
+            count = None
+        return {"name": dlq, "count": count}
+
+    def with_dead_letters(self, rows: list[dict]) -> list[dict]:
+        """Subscription rows, each given ``dlq`` (:meth:`dead_letter_link`; None where it has
+        no dead-letter topic or cannot be read)."""
+        known = set(self.topic_names())
+        for row in rows:
+            try:
+                row["dlq"] = self.dead_letter_link(row["topic"], row["name"], known)
+            except Exception:  # noqa: BLE001 - the row's own error says why
+                row["dlq"] = None
+        return rows
+
     # --- topics -----------------------------------------------------------------------------
 
     def topic_names(self) -> list[str]:
@@ -150,7 +203,9 @@ class ConsoleData:
                     "rate": None if rates is None else rates.rate(topic, p),
                 }
             )
-        subs = [self.subscription_row(topic, name) for name in info["subscriptions"]]
+        subs = self.with_dead_letters(
+            [self.subscription_row(topic, name) for name in info["subscriptions"]]
+        )
         known = [p["rate"] for p in parts if p["rate"] is not None]
         # what the topic itself holds, not a sum over its subscriptions (their own figures
         # are on their rows): see raydelay.dispatch.counts.topic_counts
@@ -208,7 +263,7 @@ class ConsoleData:
                 continue
             for name in names:
                 out.append(self.subscription_row(topic, name))
-        return out
+        return self.with_dead_letters(out)
 
     def subscription(self, topic: str, name: str) -> dict:
         """A subscription's numbers, its consumers (in flight, last heard from) and its
@@ -275,13 +330,22 @@ class ConsoleData:
         due_after: int | None,
         due_before: int | None,
         key: str | None,
-    ) -> list[dict]:
+        offset: int = 0,
+    ) -> tuple[list[dict], bool]:
+        """A page of the scheduled messages: ``limit`` of them after the first ``offset``,
+        in delivery order, and whether more follow. The messages before the page are read
+        to find it (peek has no cursor), which is why ``offset`` is bounded (MAX_OFFSET)."""
         with self._lock:
             found = self._reads.peek(
-                topic, name, limit=limit, due_after=due_after, due_before=due_before, key=key
+                topic,
+                name,
+                limit=offset + limit + 1,
+                due_after=due_after,
+                due_before=due_before,
+                key=key,
             )
         now = time.time() * 1000
-        return [
+        rows = [
             {
                 "id": str(m.message_id),
                 "deliver_at": _iso(m.deliver_at_ms),
@@ -292,8 +356,43 @@ class ConsoleData:
                 "size": len(m.payload),
                 "preview": _preview(m.payload),
             }
-            for m in found
+            for m in found[offset : offset + limit]
         ]
+        return rows, len(found) > offset + limit
+
+    def uncancellable(self, ids: list[str], topic: str | None, name: str | None) -> dict[str, str]:
+        """Why some of ``ids`` cannot be cancelled, checked before a cancel is confirmed.
+
+        Each id must name a topic that exists, a partition it has and a message position
+        (InvalidArgument otherwise, the same check a cancel makes). Given the subscription
+        the ids were chosen from (``topic``/``name``), an id of that topic that is not
+        among its first CHECK_SCAN scheduled messages is returned with the reason: it was
+        delivered, acknowledged or cancelled already (or never delayed). Past CHECK_SCAN,
+        or for ids of other topics, the cancel itself says."""
+        parsed = [MessageId.parse(i) for i in ids]
+        partitions: dict[str, int] = {}
+        for mid in parsed:
+            if mid.topic not in partitions:
+                try:
+                    with self._lock:
+                        partitions[mid.topic] = self._reads._partitions(mid.topic)
+                except NotFound:
+                    raise InvalidArgument(f"id {mid}: there is no topic {mid.topic!r}") from None
+            check_cancel_target(f"id {mid}", mid, mid.topic, partitions[mid.topic])
+        if not topic or not name or not any(m.topic == topic for m in parsed):
+            return {}
+        if not spreads(self.subscription_options(topic, name)["type"]):
+            return {}  # (nothing of it is scheduled: peek refuses it)
+        with self._lock:
+            found = self._reads.peek(topic, name, limit=CHECK_SCAN)
+        if len(found) >= CHECK_SCAN:
+            return {}
+        scheduled = {str(m.message_id) for m in found}
+        why = (
+            f"not scheduled in {topic} / {name}: delivered, acknowledged or cancelled "
+            "already (or never delayed)"
+        )
+        return {str(m): why for m in parsed if m.topic == topic and str(m) not in scheduled}
 
     # --- actions ------------------------------------------------------------------------------
 
@@ -339,14 +438,32 @@ def parse_time(field: str, text: str | None) -> int | None:
 
 def parse_limit(text: str | None, default: int = 100) -> int:
     """The page size of the scheduled-messages browser: 1 to MAX_PAGE."""
+    return _whole("limit", text, default, 1, MAX_PAGE, "messages a page")
+
+
+def parse_offset(text: str | None) -> int:
+    """Where a page of the scheduled-messages browser starts: 0 to MAX_OFFSET messages in."""
+    return _whole("offset", text, 0, 0, MAX_OFFSET, "messages in (narrow with due after)")
+
+
+def parse_refresh(text: str | None) -> int | None:
+    """A page's auto-refresh period: None (off, the default) or MIN_REFRESH_S to
+    MAX_REFRESH_S seconds."""
+    if text is None or not text.strip():
+        return None
+    return _whole("refresh", text, 0, MIN_REFRESH_S, MAX_REFRESH_S, "seconds")
+
+
+def _whole(field: str, text: str | None, default: int, lo: int, hi: int, unit: str) -> int:
+    """A whole number from a query string, ``lo`` to ``hi``; ``default`` when empty."""
     if text is None or not text.strip():
         return default
     try:
         n = int(text)
     except ValueError:
-        raise InvalidArgument(f"limit: expected a whole number, got {text!r}") from None
-    if not 1 <= n <= MAX_PAGE:
-        raise InvalidArgument(f"limit: expected 1 to {MAX_PAGE} messages a page, got {n}")
+        raise InvalidArgument(f"{field}: expected a whole number, got {text!r}") from None
+    if not lo <= n <= hi:
+        raise InvalidArgument(f"{field}: expected {lo} to {hi} {unit}, got {n}")
     return n
 
 

@@ -1,20 +1,27 @@
-"""Serving the console (``raydelay console``): the listen checks, then uvicorn.
+"""Serving the console (``raydelay console``): the listen checks, the link to the
+cluster, then uvicorn.
 
 The web app itself is :func:`raydelay.web.app.create_app`; this module checks where it is
 to listen before anything attaches to Ray, says where it serves, and warns when that is
-not loopback (the console has no authentication of its own).
+not loopback (the console has no authentication of its own). The app reads the cluster
+through a :class:`~raydelay.web.attach.ClusterLink` (a reader process attaches, not this
+one), so that it outlives an outage of the cluster; each change of the link is one line
+on stderr.
 """
 
 from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from raydelay.errors import InvalidArgument
 from raydelay.web.app import create_app
+from raydelay.web.attach import ClusterLink, LinkState, LinkStatus, RemoteCluster
 from raydelay.web.guard import LOOPBACK_NAMES
+from raydelay.web.reader import AttachTarget
+
+# how long the console waits for its first attach before it gives up with an error
+FIRST_ATTACH_WAIT_S = 180.0
 
 
 def check_listen(host: str, port: int) -> None:
@@ -39,25 +46,39 @@ def check_listen(host: str, port: int) -> None:
             ) from None
 
 
-def serve(attach: Callable[[], Any], host: str, port: int, *, allow_writes: bool) -> None:
-    """Check the address, attach (``attach()`` returns a connected Cluster), and serve the
-    console on host:port until interrupted; the cluster client is shut down after."""
+def serve(target: AttachTarget, host: str, port: int, *, allow_writes: bool) -> None:
+    """Check the address, attach to ``target`` (Unavailable when nothing runs there), and
+    serve the console on host:port until interrupted."""
     check_listen(host, port)
     import uvicorn
 
-    cluster = attach()
-    app = create_app(cluster, allow_writes=allow_writes, listen_host=host)
-    mode = "writes allowed" if allow_writes else "read-only; --allow-writes enables actions"
-    shown = f"[{host}]" if ":" in host else host
-    print(f"raydelay console on http://{shown}:{port} ({mode}); Ctrl-C stops it", flush=True)
-    if host not in LOOPBACK_NAMES:
-        print(
-            f"raydelay: the console listens on {host} with no authentication of its own: "
-            "anyone who reaches that port sees every topic"
-            + (" and can cancel, reset and redrive" if allow_writes else ""),
-            file=sys.stderr,
-        )
+    link = ClusterLink(target, on_change=_say_change)
+    link.start()
     try:
+        link.wait_attached(FIRST_ATTACH_WAIT_S)
+        app = create_app(RemoteCluster(link), allow_writes=allow_writes, listen_host=host)
+        mode = "writes allowed" if allow_writes else "read-only; --allow-writes enables actions"
+        shown = f"[{host}]" if ":" in host else host
+        print(f"raydelay console on http://{shown}:{port} ({mode}); Ctrl-C stops it", flush=True)
+        if host not in LOOPBACK_NAMES:
+            print(
+                f"raydelay: the console listens on {host} with no authentication of its own: "
+                "anyone who reaches that port sees every topic"
+                + (" and can cancel, reset and redrive" if allow_writes else ""),
+                file=sys.stderr,
+            )
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
-        cluster.shutdown()
+        link.stop()
+
+
+def _say_change(status: LinkStatus) -> None:
+    """One line on stderr when the cluster goes down or comes back."""
+    if status.state is LinkState.UP:
+        print(f"raydelay console: attached to the Ray cluster at {status.address}", file=sys.stderr)
+    elif status.state is LinkState.DOWN:
+        print(
+            f"raydelay console: the cluster is unreachable ({status.reason}); pages answer "
+            "503 until it is back",
+            file=sys.stderr,
+        )

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -267,12 +268,15 @@ def test_a_cancel_end_to_end(scene, page):
     assert "key=k-cancel" in page.url
     shown = page.locator("#scheduled tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")
     assert not set(chosen) & set(shown)
-    # the same ids again: nothing left to cancel, and the page says so
+    # the same ids again: nothing left to cancel, and the page says so before any
+    # confirmation
     page.goto(url)
     page.fill('#cancel-ids-form textarea[name="ids"]', "\n".join(chosen))
     page.click('#cancel-ids-form button[type="submit"]')
-    page.click("#confirm")
-    assert page.locator("#summary").inner_text() == "0 of 2 cancelled"
+    assert page.locator("#question").inner_text() == "None of the 2 messages can be cancelled."
+    assert page.locator("#confirm").count() == 0
+    refused = page.locator("#refused li").evaluate_all("els => els.map(e => e.dataset.id)")
+    assert sorted(refused) == sorted(chosen)
 
 
 def _post(url: str, fields: dict, headers: dict | None = None) -> tuple[int, str]:
@@ -433,7 +437,7 @@ def test_reset_and_redrive_from_the_console(scene, page):
     page.goto(f"{rw.url}/topics/{_q(dlq)}")
     page.fill('#redrive-form input[name="to_topic"]', target)
     page.click('#redrive-form button[type="submit"]')
-    assert f"of {dlq} to {target}?" in page.locator("#question").inner_text()
+    assert page.locator("#question").inner_text() == f"Send 3 messages from {dlq} to {target}?"
     page.click("#confirm")
     assert page.locator("#summary").inner_text() == f"3 messages sent back from {dlq}"
     wait_until("backlog 3", lambda: cluster.stats(target, "check")["backlog"] == 3)
@@ -513,5 +517,213 @@ def test_the_lateness_chart_counts_first_deliveries(scene, page):
     assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/workers") == 200
     counts = page.locator("#lateness .bar").evaluate_all("els => els.map(e => +e.dataset.count)")
     assert sum(counts) == 3
+    assert page.locator("#lateness-empty").count() == 0  # (measured: no "why empty" note)
     assert page.locator("#consumers tbody tr").count() == 1
     consumer.close()
+
+
+def _cells(pg, row: str) -> dict[str, str]:
+    """A row of a table: header -> cell text."""
+    heads = pg.locator("#subscriptions thead th").all_inner_texts()
+    return dict(zip(heads, pg.locator(row).locator("td").all_inner_texts(), strict=True))
+
+
+def test_dead_letters_in_plain_sight(scene, page):
+    rw, cluster = scene["rw"], scene["cluster"]
+    topic = f"console-dead-{uuid.uuid4().hex[:6]}"
+    dlq = f"{topic}-billing-DLQ"
+    cluster.create_topic(topic)
+    consumer = cluster.subscribe(topic, "billing", max_redeliveries=1)
+    producer = cluster.create_producer(topic)
+    producer.send_many([b"poison-%d" % i for i in range(5)])
+    producer.close()
+
+    def dead_lettered() -> bool:  # every delivery nacked: each dead after its second
+        got = consumer.receive(10, timeout_s=0.5)
+        if got:
+            consumer.nack(got)
+        stats = cluster.stats(topic, "billing")
+        return stats["backlog"] == 0 and dlq in cluster.topics()
+
+    wait_until("5 messages dead-lettered", dead_lettered, timeout_s=60)
+    consumer.close()
+    # every page that concerns the subscription shows the 5 and links to the topic
+    row = f'#subscriptions tr[data-subscription="{topic}/billing"]'
+    for where in ("/subscriptions", f"/topics/{_q(topic)}"):
+        assert _goto(page, rw.url + where) == 200
+        assert _cells(page, row)["dead letters"] == "5"
+        link = page.locator(f"{row} td.dead-letters a")
+        assert link.get_attribute("href") == f"/topics/{_q(dlq)}"
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/billing") == 200
+    assert page.locator("#dlq-summary").inner_text() == f"Dead letters: 5 in {dlq}"
+    assert page.locator("#dlq-count").inner_text() == "5"
+    _shot(page, "dead-letters")
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/billing/scheduled") == 200
+    assert page.locator("#dlq-link").inner_text() == f"5 in {dlq}"
+    page.click("#dlq-link")
+    assert page.locator("h1").inner_text() == dlq
+    assert "holding 5 dead letters" in page.locator("#dead-letters").inner_text()
+    # redrive's confirmation gives the count: all five, or two of them
+    page.goto(f"{rw.url}/topics/{_q(topic)}/subscriptions/billing")
+    page.click('#redrive-form button[type="submit"]')
+    assert page.locator("#question").inner_text() == (
+        f"Send 5 messages from {dlq} back to the topic and partition each came from?"
+    )
+    page.goto(f"{rw.url}/topics/{_q(topic)}/subscriptions/billing")
+    page.fill('#redrive-form input[name="limit"]', "2")
+    page.click('#redrive-form button[type="submit"]')
+    assert page.locator("#question").inner_text().startswith(f"Send 2 of the 5 messages from {dlq}")
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text() == f"2 messages sent back from {dlq}"
+    # the three left, once a redrive has run (its subscription holds them)
+    assert _goto(page, rw.url + "/subscriptions") == 200
+    assert _cells(page, row)["dead letters"] == "3"
+
+
+def test_ids_are_checked_before_the_confirmation(scene, page):
+    rw, topic, cluster = scene["rw"], scene["topic"], scene["cluster"]
+    live, gone = [str(m.message_id) for m in cluster.peek(topic, "billing", limit=2, key="later")]
+    assert cluster.cancel([gone]) == [True]
+    # a partition that does not exist, a topic that does not, a position that cannot be:
+    # refused on the first post, no confirmation
+    no_partition = f"{topic}/7/{live.rsplit('/', 1)[1]}"
+    for ids, why in (
+        ([live, no_partition], f"id {no_partition}: partition 7 does not exist ({topic} has 2)"),
+        ([f"no-such-{topic}/0/1:1"], f"id no-such-{topic}/0/1:1: there is no topic"),
+        ([f"{topic}/0/{1 << 62}:1"], "is no message position"),
+        (["nothing-here"], "is not"),
+    ):
+        status, text = _post(rw.url + "/actions/cancel", {"ids": "\n".join(ids)})
+        assert status == 400 and why.replace("'", "&#39;") in text, text
+        assert 'id="confirm"' not in text
+    # one cancelled already and one scheduled: only the second is asked about
+    url = f"{rw.url}/topics/{_q(topic)}/subscriptions/billing/scheduled?key=later"
+    assert _goto(page, url) == 200
+    page.fill('#cancel-ids-form textarea[name="ids"]', f"{gone}, {live}")
+    page.click('#cancel-ids-form button[type="submit"]')
+    assert page.locator("#question").inner_text() == "Cancel 1 scheduled message?"
+    assert page.locator("#details li").all_inner_texts() == [live]
+    refused = page.locator("#refused li")
+    assert refused.count() == 1 and refused.get_attribute("data-id") == gone
+    assert "cancelled already" in refused.inner_text()
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text() == "1 of 1 cancelled"
+    left = {str(m.message_id) for m in cluster.peek(topic, "billing", limit=-1, key="later")}
+    assert live not in left
+
+
+def test_paging_past_the_first_thousand(scene, page):
+    rw, cluster = scene["rw"], scene["cluster"]
+    topic = f"console-pages-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic, partitions=2)
+    cluster.subscribe(topic, "many").close()
+    producer = cluster.create_producer(topic)
+    producer.send_many([b"%d" % i for i in range(1_050)], deliver_after=3600)
+    producer.close()
+    everything = [str(m.message_id) for m in cluster.peek(topic, "many", limit=-1)]
+    assert len(everything) == 1_050
+    base = f"{rw.url}/topics/{_q(topic)}/subscriptions/many/scheduled"
+
+    def follow(link: str) -> None:  # (a page of 1,000 rows: read once it has all loaded)
+        with page.expect_navigation():
+            page.click(link)
+
+    def shown() -> list[str]:
+        rows = page.locator("#scheduled tbody tr")
+        return rows.evaluate_all("rows => rows.map(r => r.dataset.id)")
+
+    assert _goto(page, base + "?limit=1000") == 200
+    first = shown()
+    assert first == everything[:1000] and page.locator("#previous").count() == 0
+    assert page.locator("#count").inner_text().startswith("Scheduled messages 1 to 1,000")
+    follow("#next")
+    assert shown() == everything[1000:] and page.locator("#next").count() == 0
+    assert page.locator("#count").inner_text().startswith("Scheduled messages 1,001 to 1,050")
+    follow("#previous")
+    assert shown() == first
+    # smaller pages walk the same order with nothing left out or shown twice
+    walked: list[str] = []
+    assert _goto(page, base + "?limit=300") == 200
+    while True:
+        walked.extend(shown())
+        if page.locator("#next").count() == 0:
+            break
+        follow("#next")
+    assert walked == everything
+    _refused(
+        base,
+        "offset",
+        {
+            "-1": "offset: expected 0 to 100000",
+            "100000000": "offset: expected 0 to 100000",
+            "two": "offset: expected a whole number, got &#39;two&#39;",
+        },
+    )
+
+
+def test_the_small_things(scene, page):
+    rw, topic = scene["rw"], scene["topic"]
+    # the article of an exclusive subscription
+    assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/audit") == 200
+    assert "An exclusive subscription delivers in log order" in page.locator("main").inner_text()
+    # an empty lateness chart says why
+    sub = f"{rw.url}/topics/{_q(topic)}/subscriptions/billing"
+    before = now_ms() // 1000
+    assert _goto(page, sub) == 200
+    after = now_ms() // 1000
+    bars = page.locator("#lateness .bar").evaluate_all("els => els.map(e => +e.dataset.count)")
+    assert sum(bars) == 0
+    assert "no lateness has been measured yet" in page.locator("#lateness-empty").inner_text()
+    # every chart and count table says when it was read
+    stamps = page.locator(".as-of").all_inner_texts()
+    assert len(stamps) == 4  # numbers, the two due charts, lateness (consumers: none)
+    read_at = {
+        "as of " + datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S") + " UTC"
+        for t in range(before, after + 1)
+    }
+    assert set(stamps) <= read_at, (stamps, read_at)
+    assert _goto(page, rw.url + "/topics") == 200
+    assert page.locator("#topics caption.as-of, #partitions caption.as-of").count() == 2
+    # the favicon
+    with urllib.request.urlopen(rw.url + "/favicon.ico", timeout=60) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "image/x-icon"
+        assert r.read()[:4] == b"\x00\x00\x01\x00"  # an icon file
+    assert page.locator('link[rel="icon"]').get_attribute("href") == "/favicon.ico"
+    # error pages are titled plainly, not with the exception's name
+    assert _goto(page, sub + "/scheduled?limit=ten") == 400
+    assert page.title().startswith("Bad request")
+    assert "InvalidArgument" not in page.content()
+
+
+def test_auto_refresh_is_off_until_asked_for(scene, page):
+    rw, topic = scene["rw"], scene["topic"]
+    sub = f"{rw.url}/topics/{_q(topic)}/subscriptions/billing"
+    assert _goto(page, sub) == 200
+    refresh = page.locator('meta[http-equiv="refresh"]')
+    assert refresh.count() == 0
+    page.click("#refresh-on")
+    assert page.url == sub + "?refresh=10"
+    assert refresh.get_attribute("content") == "10"
+    assert page.locator("#refresh").inner_text().startswith("reloads every 10 s")
+    page.click("#refresh-off")
+    assert page.url == sub and refresh.count() == 0
+    # the filter of the browser is kept when it is turned on
+    assert _goto(page, sub + "/scheduled?key=later") == 200
+    page.click("#refresh-on")
+    assert page.url == sub + "/scheduled?key=later&refresh=10"
+    _refused(
+        sub,
+        "refresh",
+        {
+            "soon": "refresh: expected a whole number, got &#39;soon&#39;",
+            "1": "refresh: expected 5 to 3600 seconds, got 1",
+            "-10": "refresh: expected 5 to 3600 seconds, got -10",
+        },
+    )
+
+
+def _refused(url: str, field: str, why: dict[str, str]) -> None:
+    """Each value of ``field`` in ``why`` gets a 400 page saying why."""
+    for bad, reason in why.items():
+        status, _, text = _get(f"{url}?{field}={urllib.parse.quote(bad)}")
+        assert status == 400 and reason in text, text

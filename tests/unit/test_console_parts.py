@@ -7,9 +7,22 @@ from datetime import datetime, timezone
 
 import pytest
 
+from raydelay.client.message import MessageId
+from raydelay.client.producer import check_cancel_target
 from raydelay.errors import InvalidArgument
 from raydelay.web.chart import Bar, bar_chart
-from raydelay.web.model import MAX_PAGE, _preview, _span, parse_limit, parse_time
+from raydelay.web.model import (
+    MAX_OFFSET,
+    MAX_PAGE,
+    MAX_REFRESH_S,
+    MIN_REFRESH_S,
+    _preview,
+    _span,
+    parse_limit,
+    parse_offset,
+    parse_refresh,
+    parse_time,
+)
 
 
 def test_times_from_a_form():
@@ -38,6 +51,46 @@ def test_page_sizes():
             parse_limit(bad)
     with pytest.raises(InvalidArgument, match=r"^limit: expected a whole number"):
         parse_limit("ten")
+
+
+def test_page_offsets():
+    assert parse_offset(None) == 0
+    assert parse_offset("") == 0
+    assert parse_offset("1000") == 1000
+    assert parse_offset(str(MAX_OFFSET)) == MAX_OFFSET
+    for bad in ("-1", str(MAX_OFFSET + 1), "9" * 40):
+        with pytest.raises(InvalidArgument, match=r"^offset: expected 0 to 100000 messages in"):
+            parse_offset(bad)
+    for junk in ("ten", "1.5", "9" * 5000):
+        with pytest.raises(InvalidArgument, match=r"^offset: expected a whole number"):
+            parse_offset(junk)
+
+
+def test_refresh_periods():
+    assert parse_refresh(None) is None  # off unless asked for
+    assert parse_refresh(" ") is None
+    assert parse_refresh(str(MIN_REFRESH_S)) == MIN_REFRESH_S
+    assert parse_refresh(str(MAX_REFRESH_S)) == MAX_REFRESH_S
+    for bad in ("0", "-5", str(MIN_REFRESH_S - 1), str(MAX_REFRESH_S + 1)):
+        with pytest.raises(InvalidArgument, match=rf"^refresh: expected {MIN_REFRESH_S} to"):
+            parse_refresh(bad)
+    with pytest.raises(InvalidArgument, match=r"^refresh: expected a whole number, got 'soon'"):
+        parse_refresh("soon")
+
+
+def test_the_ids_a_cancel_takes():
+    # what a cancel checks of each id before it sends any, the console before it asks
+    check_cancel_target("id", MessageId("orders", 1, 3, 7), "orders", 2)
+    bad = [
+        (MessageId("orders", 2, 3, 7), r"^id: partition 2 does not exist \(orders has 2\)"),
+        (MessageId("orders", -1, 3, 7), r"^id: partition -1 does not exist"),
+        (MessageId("audit", 0, 3, 7), r"^id: belongs to topic 'audit', not 'orders'"),
+        (MessageId("orders", 0, -4, 7), r"^id: orders/0/-4:7 is no message position"),
+        ("orders/0/3:7", r"^id: expected a MessageId, got str"),
+    ]
+    for mid, why in bad:
+        with pytest.raises(InvalidArgument, match=why):
+            check_cancel_target("id", mid, "orders", 2)
 
 
 def test_payload_previews():
