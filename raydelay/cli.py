@@ -684,25 +684,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
             [
                 p,
                 len(s["ledgers"]),
+                s["held"],
                 s["entries"],
                 f"{s['tail'][0]}:{s['tail'][1]}" if s["tail"] else "-",
             ]
             for p, s in enumerate(info["partitions"])
         ]
-        print(table(["partition", "ledgers", "entries appended (this run)", "tail"], rows))
+        heads = ["partition", "ledgers", "messages held", "entries appended (this run)", "tail"]
+        print(table(heads, rows))
+        print(f"{args.topic} holds {_num(info['held'])} messages (entries of its log)")
         subs = []
         for name in info["subscriptions"]:
             s = cluster.stats(args.topic, name)
             subs.append(
-                [name, s["type"], s["delayed"], s["backlog"], s["pending_ack"], s["buckets"]]
+                [name, s["type"]]
+                + [s[k] for k in ("delayed", "backlog", "pending_ack", "buckets", "dead_lettered")]
             )
         if subs:
             print()
-            print(
-                table(
-                    ["subscription", "type", "delayed", "backlog", "pending ack", "buckets"], subs
-                )
-            )
+            heads = ["subscription", "type", "delayed", "backlog", "pending ack", "buckets"]
+            print(table([*heads, "dead-lettered"], subs))
         return 0
     s = cluster.stats(args.topic, args.subscription)
     rows = [
@@ -712,6 +713,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ["pending ack", s["pending_ack"]],
         ["buckets", s["buckets"]],
         ["redelivery queue", s["redelivery"]],
+        ["dead-lettered (over its life)", s["dead_lettered"]],
         # counters of the actors' current lives: a restart starts them again
         ["delivered (since its actors started)", s["delivered"]],
         ["acked (since its actors started)", s["acked"]],

@@ -11,11 +11,12 @@ every metric raydelay makes; this table says the same for readers.
 | raydelay_published_messages | counter | messages appended to a partition |
 | raydelay_dispatched_messages | counter | messages handed to consumers (redeliveries too) |
 | raydelay_redeliveries | counter | redeliveries (nack, ack timeout, restart) |
-| raydelay_dead_lettered | counter | messages moved to the dead-letter topic |
-| raydelay_delayed_messages | gauge | messages waiting in the delayed index |
+| raydelay_dead_lettered | counter | messages moved to the dead-letter topic (since the actor started) |
+| raydelay_dead_letters | gauge | messages the subscription moved to its dead-letter topic over its life (kept with its cursor) |
+| raydelay_delayed_messages | gauge | messages not due yet, cancelled ones left out (``delayed`` of ``stats``) |
 | raydelay_immutable_buckets | gauge | sealed buckets of the index |
 | raydelay_loaded_indexes | gauge | index entries held in memory |
-| raydelay_backlog | gauge | entries up to the log's tail the subscription has not acknowledged (delayed ones included) |
+| raydelay_backlog | gauge | entries up to the log's tail the subscription has not acknowledged (delayed ones included, cancelled ones not) |
 | raydelay_consumers | gauge | consumers connected to the subscription's partition |
 | raydelay_bucket_snapshot_bytes | counter | bytes of sealed buckets the topic wrote |
 | raydelay_bucket_ops | counter | bucket operations by ``op``: create and delete (the topic's, with an empty ``subscription`` tag), load (a subscription's segment loads) |
@@ -29,6 +30,9 @@ here, plus the work of Ray's metrics agent to aggregate it. At 20k a second, a b
 samples a second keep the percentiles and cost neither. They are recorded on a thread, off
 the event loop, once a second. ``raydelay_dispatched_messages``
 is exact.
+
+The gauges are the counts of ``raydelay.dispatch.counts.subscription_stats``, as ``stats``
+reports them.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ METRICS: dict[str, MetricSpec] = {
     "raydelay_dispatched_messages": MetricSpec("counter", "messages dispatched", _SUB),
     "raydelay_redeliveries": MetricSpec("counter", "redeliveries", _SUB),
     "raydelay_dead_lettered": MetricSpec("counter", "messages dead-lettered", _SUB),
+    "raydelay_dead_letters": MetricSpec("gauge", "messages dead-lettered over its life", _SUB),
     "raydelay_delayed_messages": MetricSpec("gauge", "delayed messages", _SUB),
     "raydelay_immutable_buckets": MetricSpec("gauge", "sealed buckets", _SUB),
     "raydelay_loaded_indexes": MetricSpec("gauge", "index entries in memory", _SUB),
@@ -131,6 +136,7 @@ class SubscriptionMetrics:
         self._dispatched = _metric("raydelay_dispatched_messages")
         self._redelivered = _metric("raydelay_redeliveries")
         self._dead = _metric("raydelay_dead_lettered")
+        self._dead_total = _metric("raydelay_dead_letters")
         self._delayed = _metric("raydelay_delayed_messages")
         self._buckets = _metric("raydelay_immutable_buckets")
         self._loaded = _metric("raydelay_loaded_indexes")
@@ -159,9 +165,10 @@ class SubscriptionMetrics:
         self._loaded.set(stats.get("loaded_indexes", stats.get("delayed", 0)), tags)
         self._backlog.set(stats.get("backlog", 0), tags)
         self._consumers.set(stats.get("consumers", 0), tags)
+        self._dead_total.set(stats.get("dead_lettered", 0), tags)
         for key, metric in (
             ("redelivered", self._redelivered),
-            ("dead_lettered", self._dead),
+            ("dead_lettered_since_start", self._dead),  # (a counter of this process)
         ):
             now = int(stats.get(key, 0))
             delta = now - self._last.get(key, 0)

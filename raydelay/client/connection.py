@@ -203,10 +203,13 @@ class Cluster(ScheduledCalls):
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
         """A subscription's numbers summed over partitions (``partitions`` has each one), or,
-        without ``subscription``, the topic's partitions and subscriptions. ``delivered``,
-        ``acked``, ``redelivered`` and ``cancelled`` count since the actors started (a
-        restart starts them again); ``consumers`` maps each consumer to ``unacked`` and
-        ``lease_age_s``."""
+        without ``subscription``, the topic's partitions, subscriptions and ``held``, the
+        entries its log holds. The counts are defined once, in
+        :mod:`raydelay.dispatch.counts`: ``delayed`` leaves cancelled messages out and is at
+        most ``backlog``; ``dead_lettered`` counts over the subscription's life;
+        ``delivered``, ``acked``, ``redelivered`` and ``cancelled`` count since the actors
+        started (a restart starts them again); ``consumers`` maps each consumer to
+        ``unacked`` and ``lease_age_s``."""
         self._check_open()
         return self._topics.stats(topic, subscription)
 

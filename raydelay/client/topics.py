@@ -23,6 +23,7 @@ from raydelay.client.producer import Producer
 from raydelay.cluster import handles, placement, rpc
 from raydelay.cluster.names import subscription_actor_name, subscription_groups
 from raydelay.config import Config
+from raydelay.dispatch.counts import partition_entries
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.limits import check_limit
 from raydelay.storage.keys import validate_name
@@ -35,6 +36,7 @@ _SUMMED = (
     "buckets",
     "redelivery",
     "dead_letter_pending",
+    "dead_lettered",
     "read_ahead",
     "delivered",
     "acked",
@@ -323,7 +325,15 @@ class Topics:
         if subscription is None:
             parts = self.peers.on_partitions(topic, n, HostActor.stats)
             subs = self.peers.coord(CoordinatorActor.subscriptions, topic)
-            return {"topic": topic, "partitions": parts, "subscriptions": sorted(subs)}
+            for p in parts:  # (what each partition holds: see raydelay.dispatch.counts)
+                p["held"] = partition_entries(p["ledgers"], p.get("tail"))
+            held = sum(p["held"] for p in parts)
+            return {
+                "topic": topic,
+                "partitions": parts,
+                "subscriptions": sorted(subs),
+                "held": held,
+            }
         options = self.peers.subscription_options(topic, subscription)
         self._session.flush_acks(topic)
         parts = self.peers.call(

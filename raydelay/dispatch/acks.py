@@ -74,5 +74,6 @@ class Acks:
     def dead_lettered(self, keys: Iterable[int] | np.ndarray) -> int:
         """These were published to the dead-letter topic: ack them."""
         ks = keys_of(keys)
-        self._counters["dead_lettered"] += len(ks)
+        self._counters["dead_lettered_since_start"] += len(ks)
+        self._marks.cursor.dead_lettered += len(ks)  # (counted in the cursor: it persists)
         return self.ack_keys(ks)

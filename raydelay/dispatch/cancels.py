@@ -38,7 +38,11 @@ class Cancels:
         counters: dict[str, int],
         read_position: Callable[[], Position],
         ack_keys: AckKeys,
+        settle: Callable[[int], None] = lambda key: None,
     ) -> None:
+        """``settle``: called with a target read already that the tracker did not hold,
+        before it is acknowledged (a delayed store may still count it: see
+        :mod:`raydelay.dispatch.settled`)."""
         self._marks = marks
         self._consumers = consumers
         self._redelivery = redelivery
@@ -46,6 +50,7 @@ class Cancels:
         self._counters = counters
         self._read_position = read_position
         self._ack_keys = ack_keys
+        self._settle = settle
         self.ahead = BitMap64()  # cancel targets not read from the log yet
         self._results: OrderedDict[int, bool] = OrderedDict()  # marker -> outcome
 
@@ -92,7 +97,8 @@ class Cancels:
             self._counters["cancelled"] += 1
             return True
         self._counters["cancelled"] += 1
-        self._tracker.remove_message(lg, e)
+        if not self._tracker.remove_message(lg, e):
+            self._settle(k)
         self._ack_keys(np.array([k], dtype=np.int64))  # out of the redelivery set, read-ahead
         return True
 

@@ -41,6 +41,11 @@ class Cursor:
         # Delayed messages due at or before this (epoch ms) may have been delivered already
         # (persisted with the cursor; -1: none).
         self.delayed_mark = -1
+        # Position keys acknowledged while a delayed store still counts them (see
+        # raydelay.dispatch.settled), and messages published to the dead-letter topic so
+        # far: persisted with the cursor, so the counts survive a restart.
+        self.settled = BitMap64()
+        self.dead_lettered = 0
 
     def copy(self) -> Cursor:
         out = Cursor(self.mark_delete)
@@ -181,6 +186,10 @@ class Cursor:
         }
         if self.delayed_mark >= 0:  # written only once set: older cursors read the same
             obj["dmark"] = int(self.delayed_mark)
+        if self.settled:  # (likewise)
+            obj["settled"] = self.settled.serialize()
+        if self.dead_lettered:
+            obj["dl"] = int(self.dead_lettered)
         return msgpack.packb(obj, use_bin_type=True)
 
     @staticmethod
@@ -198,6 +207,9 @@ class Cursor:
                 cursor.acked_keys |= bitmap64_of(keys)
             cursor.learn_ledgers((int(i), c) for i, c in raw["ledgers"])
             cursor.delayed_mark = int(raw.get("dmark", -1))
+            if "settled" in raw:
+                cursor.settled = BitMap64.deserialize(raw["settled"])
+            cursor.dead_lettered = int(raw.get("dl", 0))
             return cursor, (int(raw["read"][0]), int(raw["read"][1]))
         except CodecError:
             raise

@@ -17,6 +17,7 @@ from raydelay.dispatch.keypool import KeyPool
 from raydelay.dispatch.marks import CursorMarks
 from raydelay.dispatch.ports import Tracker
 from raydelay.dispatch.redelivery import Redelivery
+from raydelay.dispatch.settled import SettledDelayed
 from raydelay.dispatch.staging import Staging
 from raydelay.dispatch.tail import UnsealedTail
 from raydelay.log.entries import Rows
@@ -39,6 +40,7 @@ class DueRows:
         redelivery: Redelivery,
         marks: CursorMarks,
         cancels: Cancels,
+        settled: SettledDelayed,
         keys: KeyPool | None,
     ) -> None:
         self._tracker = tracker
@@ -48,6 +50,7 @@ class DueRows:
         self._redelivery = redelivery
         self._marks = marks
         self._cancels = cancels
+        self._settled = settled
         self._keys = keys  # key_shared only
 
     def collect(self, now_ms: int, max_messages: int) -> None:
@@ -91,6 +94,7 @@ class DueRows:
         order = np.argsort(keys)  # (a bitmap builds three times faster from sorted keys)
         idx, keys = idx[order], keys[order]
         bm = bitmap64_of(keys)
+        self._settled.popped(bm)  # (the stores count them no more)
         keep = self._marks.unseen(keys, self._cancels.ahead, bm)
         if not keep.all():
             idx, keys = idx[keep], keys[keep]

@@ -49,8 +49,9 @@ class CursorMarks:
         self.dispatch_mark: Position = max(dispatched_before, read_position)
         self.write_cursor = write_cursor
         self.persist_interval_ms = persist_interval_ms
-        # what was last written: (mark-delete, individual acks, dispatch mark, delayed mark)
-        self._persisted: tuple[Position, int, Position, int] | None = None
+        # what was last written: (mark-delete, individual acks, dispatch mark, delayed mark,
+        # settled delayed rows, dead letters)
+        self._persisted: tuple[Position, int, Position, int, int, int] | None = None
         # the delayed mark the store holds: delayed rows due after it wait for a write
         self._delayed_durable = cursor.delayed_mark
         self.lock = asyncio.Lock()  # one cursor write at a time, in order
@@ -148,6 +149,8 @@ class CursorMarks:
                 self.cursor.individually_acked(),
                 target,
                 delayed_mark,
+                len(self.cursor.settled),
+                self.cursor.dead_lettered,
             )
             wrote = False
             if state != self._persisted or force:

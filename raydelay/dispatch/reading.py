@@ -27,6 +27,7 @@ from raydelay.dispatch.marks import DISPATCH_MARK_STEP, CursorMarks
 from raydelay.dispatch.objects import ObjectCache
 from raydelay.dispatch.ports import Group, Source, Tracker, keys_of
 from raydelay.dispatch.redelivery import Redelivery
+from raydelay.dispatch.settled import SettledDelayed
 from raydelay.dispatch.tail import UnsealedTail
 from raydelay.log.entries import NO_CANCEL, NO_DELAY, DelayedRun, LedgerObject, Rows
 from raydelay.positions import key_of, position_of, split_keys
@@ -58,6 +59,7 @@ class LogReading:
         sealed: SealedReader | None,
         tail: UnsealedTail,
         redelivery: Redelivery,
+        settled: SettledDelayed,
         spread: bool,
         read_ahead_entries: int,
         cached_entries: int,
@@ -70,6 +72,7 @@ class LogReading:
         self._redelivery = redelivery
         self._spread = spread
         self.cancels: Cancels | None = None  # wired by the owner (they need each other)
+        self.settled = settled
         self.read_ahead_entries = read_ahead_entries
         md_l, md_e = marks.cursor.mark_delete
         self.read_position: Position = (md_l, md_e + 1)
@@ -144,9 +147,14 @@ class LogReading:
                     first_key + obj.count,
                     obj.count - start,
                 )
+                span = BitMap64()
+                span.add_range(first_key + start, first_key + obj.count)
+                # acknowledged already (cancelled ahead of the read, or before a restart):
+                # the host's index counts them till they fall due
+                gone = (span & self._cancels().ahead) | (span & cursor.acked_keys)
+                if gone:
+                    self.settled.add(bitmap64_values(gone))
                 if self._cancels().ahead:  # cancelled before the read passed them: ack them
-                    span = BitMap64()
-                    span.add_range(first_key + start, first_key + obj.count)
                     self._cancels().passed(span)
             else:
                 if self._sealed is None or (obj.entries.deliver_at_ms <= obj.publish_time_ms).any():
@@ -238,10 +246,10 @@ class LogReading:
         keep = self._marks.unseen(keys, cancels.ahead)
         if not keep.all():  # cancelled before they were read: ack them now
             cancels.passed(keys[~keep])
-        idx, keys = idx[keep], keys[keep]
         ds = ents.deliver_at_ms[idx]
         if self._sealed is not None and len(idx):
-            # not due when committed: the host indexed it (its unsealed index or a bucket)
+            # not due when committed: the host indexed it (its unsealed index or a bucket),
+            # and counts it till it falls due, acknowledged or not
             later = ds > source.publish_times(idx)
             if later.any():
                 soonest = int(ds[later].min())
@@ -250,7 +258,11 @@ class LogReading:
                     self._tail.read(soonest, int(span[0]), int(span[-1]) + 1, len(span))
                 else:
                     self._tail.read(soonest)
-                idx, keys, ds = idx[~later], keys[~later], ds[~later]
+                gone = later & ~keep
+                if gone.any():
+                    self.settled.add(keys[gone], ds[gone])
+                keep &= ~later
+        idx, keys, ds = idx[keep], keys[keep], ds[keep]
         now_due = np.ones(len(idx), dtype=bool)
         if self._spread and len(idx):
             delayed = ds != NO_DELAY
@@ -291,6 +303,15 @@ class LogReading:
                 out.append((run.source, idx, keys))
                 room -= len(keys)
         return out
+
+    def queued(self, key: int) -> bool:
+        """Whether the position ``key`` waits in the read-ahead queue."""
+        for run in self._ready:
+            if run.keys[run.pos] <= key <= run.keys[-1]:
+                i = int(np.searchsorted(run.keys, key))
+                if i < len(run.keys) and int(run.keys[i]) == key:
+                    return True
+        return False
 
     def has_ready(self) -> bool:
         return bool(self._ready)

@@ -30,6 +30,7 @@ The parts:
 | ``payloads`` | :mod:`~raydelay.dispatch.payloads` | payloads: staged, cached, fetched; dead letters' flush |
 | ``acks`` | :mod:`~raydelay.dispatch.acks` | one ack through every part |
 | ``cancels`` | :mod:`~raydelay.dispatch.cancels` | cancel markers |
+| ``settled`` | :mod:`~raydelay.dispatch.settled` | delayed rows settled before they fall due |
 | (stats) | :mod:`~raydelay.dispatch.counts` | the counts a subscription reports |
 | ``peeks`` | :mod:`~raydelay.dispatch.peeking` | the schedule as a peek shows it |
 
@@ -75,6 +76,7 @@ from raydelay.dispatch.ports import (
 )
 from raydelay.dispatch.reading import LogReading
 from raydelay.dispatch.redelivery import Redelivery
+from raydelay.dispatch.settled import SettledDelayed
 from raydelay.dispatch.staging import Staging
 from raydelay.dispatch.tail import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, UnsealedTail
 from raydelay.errors import ConsumerBusy, InvalidArgument
@@ -159,7 +161,7 @@ class Subscription:
             "acked": 0,
             "redelivered": 0,
             "cancelled": 0,
-            "dead_lettered": 0,
+            "dead_lettered_since_start": 0,  # (``dead_lettered`` is the cursor's, over its life)
         }
         cursor = cursor or Cursor()
         md_l, md_e = cursor.mark_delete
@@ -194,6 +196,7 @@ class Subscription:
             counters=self.counters,
         )
         self.unsealed = UnsealedTail(lookahead_ms=lookahead_ms)
+        self.settled = SettledDelayed(cursor.settled)
         self.staging = Staging()
         self.reading = LogReading(
             name=name,
@@ -202,6 +205,7 @@ class Subscription:
             sealed=self.sealed,
             tail=self.unsealed,
             redelivery=self.redelivery,
+            settled=self.settled,
             spread=spread,
             read_ahead_entries=read_ahead_entries,
             cached_entries=cached_entries,
@@ -214,6 +218,7 @@ class Subscription:
             counters=self.counters,
             read_position=lambda: self.reading.read_position,
             ack_keys=self.acks.ack_keys,
+            settle=self._settle_cancelled,
         )
         self.reading.cancels, self.acks.reading = self.cancels, self.reading
         self.key_pool: KeyPool | None = None
@@ -236,7 +241,7 @@ class Subscription:
             marks=self.marks,
             cancels=self.cancels,
         )
-        self.due = DueRows(**parts, keys=self.key_pool)  # type: ignore[arg-type]
+        self.due = DueRows(**parts, settled=self.settled, keys=self.key_pool)  # type: ignore[arg-type]
         self.peeks = Peek(**parts, consumers=self.consumer_table)  # type: ignore[arg-type]
         self.handout = HandOut(
             consumers=self.consumer_table,
@@ -539,6 +544,21 @@ class Subscription:
         """Apply the cancel marker at ``marker`` of the position (ledger_id, entry_id) (see
         :meth:`Cancels.cancel`)."""
         return self.cancels.cancel(ledger_id, entry_id, marker)
+
+    def _settle_cancelled(self, key: int) -> None:
+        """A cancel acknowledges ``key``, read already and not in the tracker: with sealed
+        buckets, unless it waits for delivery (in the redelivery set, the read-ahead queue,
+        the loose positions to re-read, or held here due), the host's index or a bucket
+        holds it and counts it until it falls due: it is settled (see
+        :mod:`raydelay.dispatch.settled`)."""
+        if self.sealed is None or key in self.redelivery.redeliver or key in self.reading.unread:
+            return
+        if self.reading.queued(key):
+            return
+        held_ms = self.unsealed.held_due_ms(key)
+        if held_ms is not None and held_ms <= self.stepped_ms:
+            return
+        self.settled.add_one(key, held_ms)
 
     def learn_cancels(self, pairs: Iterable[tuple[Position, Position]]) -> int:
         """Take in the log's cancel markers from the first unacknowledged position on (at

@@ -83,6 +83,9 @@ class UnsealedTail:
         if count > 0:
             self._unasked.append((first_key, end_key, count))
             self.unasked_rows += count
+            # (rows below the last answer's taken_below are in its ``waiting`` already: the
+            # host indexes what is committed, the read may come after the answer)
+            self.forget_unasked(below=self.taken[0])
         self.next_ms = soonest if self.next_ms is None else min(self.next_ms, soonest)
         self._seen = soonest if self._seen is None else min(self._seen, soonest)
         self.dirty = True
@@ -195,12 +198,28 @@ class UnsealedTail:
         """The earliest deliver_at of each block of rows held."""
         return [int(e.d[e.pos]) for e in self._early]
 
+    def held_due_ms(self, key: int) -> int | None:
+        """The deliver_at of the position ``key`` if a row of it is held here, else None."""
+        for e in self._early:
+            keys = e.rows.positions[e.order[e.pos :]]
+            hit = np.flatnonzero(keys == key)
+            if len(hit):
+                return int(e.d[e.pos + int(hit[0])])
+        return None
+
     def held_rows(self) -> list[Rows]:
         """The rows held, a copy taken at one moment (a peek)."""
         return [e.rows.take(e.order[e.pos :]) for e in self._early if len(e)]
 
-    def delayed(self, now_ms: int) -> int:
-        """Rows counted as delayed here at ``now_ms``: waiting in the host's index, read and
-        not asked about yet, and held but not due (held rows due already wait for delivery)."""
-        held = sum(len(e.d) - int(np.searchsorted(e.d, now_ms, "right")) for e in self._early)
-        return self.waiting + self.unasked_rows + held
+    def held_counts(
+        self, now_ms: int, settled: Callable[[np.ndarray], np.ndarray]
+    ) -> tuple[int, int]:
+        """Of the rows held here: how many are not due at ``now_ms`` and not settled, and
+        how many are settled (``settled`` masks the settled ones of a key column)."""
+        waiting = gone = 0
+        for e in self._early:
+            keys = e.rows.positions[e.order[e.pos :]]
+            out = settled(keys)
+            gone += int(out.sum())
+            waiting += int(((e.d[e.pos :] > now_ms) & ~out).sum())
+        return waiting, gone

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from raydelay.client.message import MessageId
 from raydelay.client.producer import check_cancel_target
 from raydelay.client.redrive import SUBSCRIPTION as REDRIVE_SUBSCRIPTION
+from raydelay.dispatch import counts
 from raydelay.errors import InvalidArgument
 from raydelay.subscription_types import spreads
 
@@ -133,7 +134,9 @@ class ConsoleData:
         info = self._stats(dlq)
         if REDRIVE_SUBSCRIPTION in info["subscriptions"]:
             return int(self._stats(dlq, REDRIVE_SUBSCRIPTION)["backlog"])
-        return sum(_entries_held(s) for s in info["partitions"])
+        return sum(
+            counts.partition_entries(s["ledgers"], s.get("tail")) for s in info["partitions"]
+        )
 
     def dead_letter_link(self, topic: str, name: str, known: set[str]) -> dict | None:
         """{name, count} of the subscription's dead-letter topic, or None without one; a
@@ -204,13 +207,16 @@ class ConsoleData:
             [self.subscription_row(topic, name) for name in info["subscriptions"]]
         )
         known = [p["rate"] for p in parts if p["rate"] is not None]
+        # what the topic itself holds, not a sum over its subscriptions (their own figures
+        # are on their rows): see raydelay.dispatch.counts.topic_counts
+        own = counts.topic_counts(info["partitions"], subs)
         return {
             "name": topic,
             "partitions": parts,
             "subscriptions": subs,
             "rate": sum(known) if known else None,
-            "backlog": sum(s["backlog"] or 0 for s in subs),
-            "delayed": sum(s["delayed"] or 0 for s in subs),
+            "held": own["entries"],
+            "delayed": own["delayed"],
         }
 
     def subscription_row(self, topic: str, name: str) -> dict:
@@ -228,6 +234,7 @@ class ConsoleData:
                 "backlog": None,
                 "pending_ack": None,
                 "buckets": None,
+                "dead_lettered": None,
                 "error": str(exc).splitlines()[0][:200],
             }
 
@@ -244,6 +251,7 @@ class ConsoleData:
             "backlog": int(s["backlog"]),
             "pending_ack": int(s["pending_ack"]),
             "buckets": int(s["buckets"]),
+            "dead_lettered": int(s["dead_lettered"]),
         }
 
     def subscriptions(self) -> list[dict]:
@@ -284,6 +292,7 @@ class ConsoleData:
             "buckets": int(s["buckets"]),
             "redelivery": int(s["redelivery"]),
             "dead_letter_pending": int(s["dead_letter_pending"]),
+            "dead_lettered": int(s["dead_lettered"]),
             "delivered": int(s["delivered"]),
             "acked": int(s["acked"]),
             "cancelled": int(s["cancelled"]),
@@ -396,18 +405,6 @@ class ConsoleData:
     def redrive(self, dlq: str, to_topic: str | None, limit: int) -> int:
         with self._lock:
             return int(self.cluster.redrive(dlq, to_topic, limit))
-
-
-def _entries_held(partition: dict) -> int:
-    """The entries a partition's ledgers hold (its stats: ``ledgers`` [(id, count)], the
-    open one's count None: it holds up to ``tail``)."""
-    tail = partition.get("tail")
-    held = 0
-    for ledger_id, count in partition["ledgers"]:
-        if count is None:
-            count = int(tail[1]) + 1 if tail is not None and tail[0] == ledger_id else 0
-        held += int(count)
-    return held
 
 
 # --- input -------------------------------------------------------------------------------------

@@ -551,7 +551,7 @@ def test_dead_letters_in_plain_sight(scene, page):
     row = f'#subscriptions tr[data-subscription="{topic}/billing"]'
     for where in ("/subscriptions", f"/topics/{_q(topic)}"):
         assert _goto(page, rw.url + where) == 200
-        assert _cells(page, row)["dead letters"] == "5"
+        assert _cells(page, row)["in its DLQ"] == "5"
         link = page.locator(f"{row} td.dead-letters a")
         assert link.get_attribute("href") == f"/topics/{_q(dlq)}"
     assert _goto(page, f"{rw.url}/topics/{_q(topic)}/subscriptions/billing") == 200
@@ -577,7 +577,7 @@ def test_dead_letters_in_plain_sight(scene, page):
     assert page.locator("#summary").inner_text() == f"2 messages sent back from {dlq}"
     # the three left, once a redrive has run (its subscription holds them)
     assert _goto(page, rw.url + "/subscriptions") == 200
-    assert _cells(page, row)["dead letters"] == "3"
+    assert _cells(page, row)["in its DLQ"] == "3"
 
 
 def test_ids_are_checked_before_the_confirmation(scene, page):

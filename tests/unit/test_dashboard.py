@@ -140,6 +140,7 @@ def test_the_dashboard_has_the_panels_the_issue_asks_for():
         "raydelay_consumers",
         "raydelay_redeliveries",
         "raydelay_dead_lettered",
+        "raydelay_dead_letters",
     }
     read = {
         registered_as(series)
@@ -243,3 +244,16 @@ def test_a_subscription_report_sets_its_backlog_and_consumers(fake_metrics):
     assert fake_metrics["raydelay_delayed_messages"].values == {tags: 5}
     # and every metric made came from the registry
     assert set(fake_metrics) <= set(METRICS)
+
+
+def test_the_dead_letter_gauge_is_the_lifes_count_and_the_counter_this_processs(fake_metrics):
+    # Given the metrics of a subscription partition whose cursor counted 5 dead letters
+    # before this process started
+    m = SubscriptionMetrics("orders", 0, "billing")
+    # When it reports, then dead-letters 2 more
+    m.report({"dead_lettered": 5, "dead_lettered_since_start": 0}, [])
+    m.report({"dead_lettered": 7, "dead_lettered_since_start": 2}, [])
+    # Then the gauge says 7 and the counter counts only the 2 of this process
+    tags = (("partition", "0"), ("subscription", "billing"), ("topic", "orders"))
+    assert fake_metrics["raydelay_dead_letters"].values[tags] == 7
+    assert fake_metrics["raydelay_dead_lettered"].values[tags] == 2

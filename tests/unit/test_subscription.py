@@ -217,7 +217,7 @@ def test_after_max_redeliveries_a_message_is_published_to_the_dead_letter_topic_
     [(published, entries)] = c.dead
     assert published == keys([p]) and entries.batch.column(0).to_pylist() == [b"1:0"]
     assert c.sub.cursor.is_acked(*p) and not c.sub.redelivery.dead
-    assert c.sub.counters["dead_lettered"] == 1
+    assert c.sub.stats()["dead_lettered"] == 1
     assert not c.sub.step(c.clock.now_ms()).dead_letters
 
 

@@ -122,6 +122,7 @@ class CursorIO:
         )
         cursor = Cursor(md)
         cursor.delayed_mark = sub.cursor.delayed_mark  # (what may have gone out: counted)
+        cursor.dead_lettered = sub.cursor.dead_lettered  # (published: they stay counted)
         key = cursor_key(r.topic, r.partition, r.subscription, self.version + 1)
         self._put(key, cursor.encode(max(sub.marks.dispatch_mark, md)))
         log.info("%s: cursor reset to mark-delete %s", sub.name, md)

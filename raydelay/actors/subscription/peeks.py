@@ -21,6 +21,7 @@ from raydelay.actors.subscription.sealed_io import SealedIO
 from raydelay.clock import Clock
 from raydelay.cluster.handles import Peer
 from raydelay.delayed.sealed import SealedMeta
+from raydelay.dispatch import counts
 from raydelay.dispatch.peek import PeekRange, SegmentRef
 from raydelay.dispatch.subscription import Delivery, Subscription
 from raydelay.dispatch.wire import delivery_batch
@@ -50,11 +51,16 @@ class Peeks:
         self.counts = {"peeks": 0, "segments_read": 0, "segment_bytes_read": 0}
 
     async def due_histogram(self, edges: list[int]) -> list[int]:
-        """Pending delayed messages per due window (see the trackers' ``due_histogram``)."""
+        """Pending delayed messages per due window (see the trackers' ``due_histogram``),
+        cancelled ones left out (:func:`raydelay.dispatch.counts.due_histogram`): the
+        deliver_at of settled rows not known yet is read from the log first, once."""
         edges_arr = np.asarray(edges, dtype=np.int64)
-        out = np.asarray(self._sub.tracker.due_histogram(edges_arr), dtype=np.int64)
+        unsealed: list[int] = []
         if self._sub.sealed is not None:
-            out += np.asarray(self._sub.sealed.due_histogram(edges_arr), dtype=np.int64)
+            unknown = self._sub.settled.unknown_due()
+            if len(unknown):
+                rows = await self._reader.read_rows(unknown)
+                self._sub.settled.learn_due(unknown, rows.positions, rows.entries.deliver_at_ms)
             unsealed = await self._host.once(
                 HostActor.unsealed_histogram,
                 self._ref.topic,
@@ -62,8 +68,7 @@ class Peeks:
                 list(edges),
                 self._clock.now_ms(),
             )
-            out += np.asarray(unsealed, dtype=np.int64)
-        return out.tolist()
+        return counts.due_histogram(self._sub, edges_arr, unsealed)
 
     async def peek(
         self,
