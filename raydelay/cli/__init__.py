@@ -1,0 +1,53 @@
+"""The ``raydelay`` command: run a local raydelay, manage topics, produce, consume,
+cancel, look at stats, ingest from files through Spark, and run the demo.
+
+Every command but ``up`` and ``demo`` attaches to a running Ray: ``--address`` (or
+``RAYDELAY_ADDRESS``), else the local one that ``raydelay up`` started. A mistake prints
+one line (``raydelay: error: ...``) and exits with status 2; no traceback.
+
+The commands live by concern: :mod:`raydelay.cli.local` (up, down, topics, console,
+placement, demo, ingest), :mod:`raydelay.cli.messages` (produce, consume, peek, cancel,
+redrive, reset-cursor), :mod:`raydelay.cli.reports` (stats, tasks, schedules);
+:mod:`raydelay.cli.parser` wires them to their arguments and :mod:`raydelay.cli.attach`
+joins the cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from raydelay.cli.attach import detach
+from raydelay.cli.parser import build_parser
+from raydelay.errors import RaydelayError
+
+__all__ = ["build_parser", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
+        return code
+    except RaydelayError as exc:
+        print(f"raydelay: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raydelay: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `raydelay stats ... | head`: the reader has had enough
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 0
+    finally:
+        detach(args)

@@ -1,0 +1,164 @@
+"""The ``raydelay`` commands that report: stats, tasks and schedules."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+
+from raydelay.cli.attach import attach
+from raydelay.console import table
+from raydelay.errors import InvalidArgument
+
+# --- stats -------------------------------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    cluster = attach(args)
+    if args.subscription is None:
+        info = cluster.stats(args.topic)
+        rows = [
+            [
+                p,
+                len(s["ledgers"]),
+                s["held"],
+                s["entries"],
+                f"{s['tail'][0]}:{s['tail'][1]}" if s["tail"] else "-",
+            ]
+            for p, s in enumerate(info["partitions"])
+        ]
+        heads = ["partition", "ledgers", "messages held", "entries appended (this run)", "tail"]
+        print(table(heads, rows))
+        print(f"{args.topic} holds {num_text(info['held'])} messages (entries of its log)")
+        subs = []
+        for name in info["subscriptions"]:
+            s = cluster.stats(args.topic, name)
+            subs.append(
+                [name, s["type"]]
+                + [s[k] for k in ("delayed", "backlog", "pending_ack", "buckets", "dead_lettered")]
+            )
+        if subs:
+            print()
+            heads = ["subscription", "type", "delayed", "backlog", "pending ack", "buckets"]
+            print(table([*heads, "dead-lettered"], subs))
+        return 0
+    s = cluster.stats(args.topic, args.subscription)
+    rows = [
+        ["type", s["type"]],
+        ["delayed", s["delayed"]],
+        ["backlog", s["backlog"]],
+        ["pending ack", s["pending_ack"]],
+        ["buckets", s["buckets"]],
+        ["redelivery queue", s["redelivery"]],
+        ["dead-lettered (over its life)", s["dead_lettered"]],
+        # counters of the actors' current lives: a restart starts them again
+        ["delivered (since its actors started)", s["delivered"]],
+        ["acked (since its actors started)", s["acked"]],
+        ["cancelled (since its actors started)", s["cancelled"]],
+    ]
+    print(table([f"{args.topic}/{args.subscription}", ""], [[k, num_text(v)] for k, v in rows]))
+    print()
+    if s["consumers"]:
+        lease_s = cluster.config.subscription.consumer_lease_s
+        consumers = [
+            [cid, num_text(c["unacked"]), f"{c['lease_age_s']:.1f} s of {lease_s:g} s"]
+            for cid, c in sorted(s["consumers"].items())
+        ]
+        print(table(["consumer", "unacked", "last heard from"], consumers))
+    else:
+        print("no consumers")
+    print()
+    hist = cluster.due_histogram(args.topic, args.subscription)
+    total = sum(n for _, n in hist) or 1
+    print(
+        table(
+            ["due", "pending", ""],
+            [[label, n, "#" * round(30 * n / total)] for label, n in hist],
+        )
+    )
+    return 0
+
+
+def num_text(v: object) -> str:
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    if args.next < 0:
+        raise InvalidArgument(f"next: expected 0 or more, got {args.next}")
+    cluster = attach(args)
+    s = cluster.task_stats()
+    rows = [
+        ["scheduled (waiting for their time or a runner)", s["scheduled"]],
+        ["  of which not due yet", s["delayed"]],
+        ["running", s["running"]],
+        ["succeeded (since the runners started)", s["succeeded"]],
+        ["retried (since the runners started)", s["retried"]],
+        ["dead-lettered (since the runners started)", s["dead"]],
+        ["cron occurrences passed over", s["skipped"]],
+        ["runners", s["runners"]],
+        ["recurring schedules", s["schedules"]],
+    ]
+    print(table(["tasks", ""], rows))
+    topic = cluster.config.tasks.topic
+    if args.next and s["delayed"]:
+        from raydelay.client.runner import RUNNERS_SUBSCRIPTION
+        from raydelay.tasks.spec import PROP_SCHEDULE, PROP_TASK
+
+        found = cluster.peek(topic, RUNNERS_SUBSCRIPTION, limit=args.next)
+        print()
+        print(
+            table(
+                ["task id", "due (UTC)", "calls", "schedule"],
+                [
+                    [
+                        str(m.message_id),
+                        utc_text(m.deliver_at_ms),
+                        m.properties.get(PROP_TASK, "?"),
+                        m.properties.get(PROP_SCHEDULE, ""),
+                    ]
+                    for m in found
+                ],
+            )
+        )
+    return 0
+
+
+def cmd_schedules(args: argparse.Namespace) -> int:
+    action = args.action or "list"
+    cluster = attach(args)
+    if action == "list":
+        rows = [
+            [
+                s["name"],
+                s["cron"],
+                s["timezone"],
+                s["catch_up"],
+                s["target"],
+                "paused" if s["paused"] else utc_text(s["next_ms"]),
+            ]
+            for s in cluster.list_schedules()
+        ]
+        if not rows:
+            print("no schedules")
+            return 0
+        print(table(["name", "cron", "timezone", "catch up", "calls", "next (UTC)"], rows))
+        return 0
+    if action == "pause":
+        cluster.pause_schedule(args.name)
+        print(f"{args.name}: paused")
+    elif action == "resume":
+        s = cluster.resume_schedule(args.name)
+        print(f"{args.name}: resumed; next at {utc_text(s['next_ms'])} UTC")
+    else:
+        cluster.delete_schedule(args.name)
+        print(f"{args.name}: deleted")
+    return 0
+
+
+def utc_text(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
