@@ -71,7 +71,9 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
     cluster.create_topic(topic_name)
     consumer = cluster.subscribe(topic_name, "s")
     producer = cluster.create_producer(topic_name)
-    due = now_ms() + 20_000
+    # all due at one instant far enough ahead that the check below sees every one still
+    # waiting on a loaded machine too (the sends and kills took 58 s at a load of 27)
+    due = now_ms() + 45_000
     sent: list = []
     kills_done = threading.Event()
 
@@ -92,7 +94,9 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
     sub = subscription_partition(topic_name, 0, "s")
     deadline = time.monotonic() + 20
     while (
-        ray.get(sub.submit(SubscriptionActor.stats))["delayed"] < n and time.monotonic() < deadline
+        ray.get(sub.submit(SubscriptionActor.stats))["delayed"] < n
+        and time.monotonic() < deadline
+        and now_ms() < due - 1_000
     ):
         time.sleep(0.2)
     stats = ray.get(sub.submit(SubscriptionActor.stats))
