@@ -18,9 +18,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     from raydelay.config import load_config
 
     started = False
+    own = args.port is not None or bool(args.temp_dir)
+    if own and args.address is not None:
+        raise InvalidArgument(
+            "address: --address joins a running Ray; --port and --temp-dir start a new one: "
+            "give one or the other"
+        )
     is_local = args.address is None and not os.environ.get("RAYDELAY_ADDRESS")
-    # --port or --temp-dir ask for a Ray of its own, even beside another one
-    if is_local and (args.port is not None or args.temp_dir or not local.local_ray_running()):
+    # --port or --temp-dir ask for a Ray of its own, even beside another one (and whatever
+    # RAYDELAY_ADDRESS says: the new one is attached to)
+    if own or (is_local and not local.local_ray_running()):
         address = local.start_head(
             load_config(args.config),
             num_cpus=args.num_cpus,
@@ -46,6 +53,17 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from raydelay.cluster import local
 
+    if (
+        args.address is None
+        and not os.environ.get("RAYDELAY_ADDRESS")
+        and not local.UP_MARKER.exists()
+    ):
+        # without a target, Ray's "auto" would join whatever Ray runs on this machine, and
+        # its actors would be stopped: someone else's cluster, perhaps
+        raise InvalidArgument(
+            "address: `raydelay up` noted no Ray here (nothing to stop); give the cluster to "
+            "stop with --address or RAYDELAY_ADDRESS"
+        )
     cluster = attach(args)
     stopped = cluster._stop_everything()
     print(f"raydelay: stopped {stopped} actors (cursors persisted, ledgers closed)")

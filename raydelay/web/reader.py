@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from raydelay.client.bootstrap import not_listening
+from raydelay.client.bootstrap import attach_ray, not_listening
 from raydelay.client.connection import Cluster, connect
 from raydelay.cluster.local import running_ray_address, up_address
 from raydelay.config import Config
@@ -154,6 +154,9 @@ def run(conn: Connection, target: AttachTarget, parent_pid: int) -> None:
     address = _wait_for_address(target, send)
     send(Attaching(address))
     try:
+        # the actors' log lines are not the console's output (its stderr says what the
+        # console itself does)
+        attach_ray(address, log_to_driver=False)
         cluster = connect(target.config, address=address)
     except BaseException as exc:  # noqa: BLE001 - Ray raises several kinds; the web side says why
         send(AttachFailed(_first_line(exc)))

@@ -52,7 +52,7 @@ def serve(target: AttachTarget, host: str, port: int, *, allow_writes: bool) -> 
     check_listen(host, port)
     import uvicorn
 
-    link = ClusterLink(target, on_change=_say_change)
+    link = ClusterLink(target, on_change=_ChangeLog())
     link.start()
     try:
         link.wait_attached(FIRST_ATTACH_WAIT_S)
@@ -72,13 +72,25 @@ def serve(target: AttachTarget, host: str, port: int, *, allow_writes: bool) -> 
         link.stop()
 
 
-def _say_change(status: LinkStatus) -> None:
-    """One line on stderr when the cluster goes down or comes back."""
-    if status.state is LinkState.UP:
-        print(f"raydelay console: attached to the Ray cluster at {status.address}", file=sys.stderr)
-    elif status.state is LinkState.DOWN:
-        print(
-            f"raydelay console: the cluster is unreachable ({status.reason}); pages answer "
-            "503 until it is back",
-            file=sys.stderr,
-        )
+class _ChangeLog:
+    """One line on stderr when the cluster goes down or comes back: a reader unsure for a
+    moment (a slow answer) that then hears back, or a down cluster's reason changing,
+    says nothing new."""
+
+    def __init__(self) -> None:
+        self._said: LinkState | None = None
+
+    def __call__(self, status: LinkStatus) -> None:
+        if status.state is LinkState.UP and self._said is not LinkState.UP:
+            print(
+                f"raydelay console: attached to the Ray cluster at {status.address}",
+                file=sys.stderr,
+            )
+            self._said = LinkState.UP
+        elif status.state is LinkState.DOWN and self._said is not LinkState.DOWN:
+            print(
+                f"raydelay console: the cluster is unreachable ({status.reason}); pages answer "
+                "503 until it is back",
+                file=sys.stderr,
+            )
+            self._said = LinkState.DOWN

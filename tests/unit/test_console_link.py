@@ -82,3 +82,29 @@ def test_a_link_not_attached_refuses_calls_at_once():
         RemoteCluster(link).config  # noqa: B018 - the property is the call
     with pytest.raises(ClusterDown):
         link.call(Wait(), Cluster.cancel, ["t/0/1:2"])
+
+
+def test_the_console_says_a_change_once_not_each_flicker(capsys):
+    from raydelay.web.attach import LinkState, LinkStatus
+    from raydelay.web.serve import _ChangeLog
+
+    say = _ChangeLog()
+
+    def status(state: LinkState, reason: str = "") -> LinkStatus:
+        return LinkStatus(state, "127.0.0.1:6379", 0.0, None, reason)
+
+    for s in (
+        status(LinkState.UP),
+        status(LinkState.UNSURE, "no answer for 2 s"),  # a slow answer, then heard back
+        status(LinkState.UP),
+        status(LinkState.DOWN, "no answer for 3 s"),
+        status(LinkState.DOWN, "connection refused"),  # the reason changes while down
+        status(LinkState.UP),
+    ):
+        say(s)
+    lines = capsys.readouterr().err.splitlines()
+    assert [("attached" in line, "unreachable" in line) for line in lines] == [
+        (True, False),
+        (False, True),
+        (True, False),
+    ]

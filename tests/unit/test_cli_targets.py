@@ -1,0 +1,49 @@
+"""Which cluster a `raydelay up` / `down` acts on, checked before anything joins Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from raydelay.cli import main
+from raydelay.cluster import local
+from raydelay.errors import Unavailable
+
+
+@pytest.fixture
+def no_target(tmp_path, monkeypatch):
+    """No `up` marker, no RAYDELAY_ADDRESS: nothing says which Ray is ours."""
+    monkeypatch.setattr(local, "UP_MARKER", tmp_path / "no-marker.json")
+    monkeypatch.delenv("RAYDELAY_ADDRESS", raising=False)
+
+
+def test_down_without_a_noted_ray_or_an_address_stops_nothing(no_target, monkeypatch, capsys):
+    # Ray's "auto" would join any Ray on the machine, and down would stop its actors
+    def joined(*_a, **_k):
+        raise AssertionError("down attached with no target")
+
+    monkeypatch.setattr("raydelay.cli.local.attach", joined)
+    assert main(["down"]) == 2
+    err = capsys.readouterr().err
+    assert "noted no Ray here" in err and "--address" in err
+
+
+def test_up_refuses_an_address_beside_port_or_temp_dir(no_target, monkeypatch, capsys):
+    def started(*_a, **_k):
+        raise AssertionError("up started a Ray for contradictory arguments")
+
+    monkeypatch.setattr(local, "start_head", started)
+    assert main(["--address", "127.0.0.1:6379", "up", "--port", "6390"]) == 2
+    assert "give one or the other" in capsys.readouterr().err
+
+
+def test_up_with_a_port_starts_its_own_ray_whatever_raydelay_address_says(no_target, monkeypatch):
+    monkeypatch.setenv("RAYDELAY_ADDRESS", "127.0.0.1:1")  # (nothing listens there)
+    asked = {}
+
+    def started(cfg, **kwargs):
+        asked.update(kwargs)
+        raise Unavailable("stop here")  # (started: what follows needs a real Ray)
+
+    monkeypatch.setattr(local, "start_head", started)
+    assert main(["up", "--port", "6390"]) == 2
+    assert asked["port"] == 6390
