@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from datetime import datetime, timezone
@@ -110,8 +111,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
     if args.max < 1 and args.max != -1:
         raise InvalidArgument(f"max: expected >= 1, or -1 for no limit, got {args.max}")
     limit = None if args.max == -1 else args.max
-    if args.timeout <= 0:
-        raise InvalidArgument(f"timeout: expected > 0 seconds, got {args.timeout}")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise InvalidArgument(
+            f"timeout: expected a finite number of seconds > 0, got {args.timeout}"
+        )
     cluster = attach(args)
     consumer = cluster.subscribe(args.topic, args.subscription, args.type)
     # The idle clock starts once every partition's subscription actor answers: a new
@@ -234,5 +237,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     cluster = attach(args)
     outcome = cluster.cancel(ids)
     for mid, ok in zip(ids, outcome, strict=True):
-        print(f"{mid}\t{'cancelled' if ok else 'delivered already: not cancelled'}")
+        print(
+            f"{mid}\t{'cancelled' if ok else 'not cancelled: delivered already, or cancelled before'}"
+        )
     return 0 if all(outcome) else 1

@@ -364,7 +364,9 @@ def deliver_at_of(
     if deliver_after is not None:
         after = seconds_of("deliver_after", deliver_after, where)
         if not math.isfinite(after) or after < 0:
-            raise InvalidArgument(f"deliver_after: must be >= 0 seconds, got {after}{sfx}")
+            raise InvalidArgument(
+                f"deliver_after: must be a finite number of seconds >= 0, got {after}{sfx}"
+            )
         if after > (MAX_DELIVER_AT_MS - now_ms) / 1000:
             raise InvalidArgument(f"deliver_after: {after:g} s from now is after year 9999{sfx}")
         at = now_ms + int(round(after * 1000))
@@ -384,5 +386,5 @@ def check_number(field_name: str, value: object, *, minimum: float = 0.0) -> flo
     """A duration in seconds (see :func:`seconds_of`), finite and at least ``minimum``."""
     value = seconds_of(field_name, value)
     if not math.isfinite(value) or value < minimum:
-        raise InvalidArgument(f"{field_name}: must be >= {minimum}, got {value}")
+        raise InvalidArgument(f"{field_name}: must be a finite number >= {minimum}, got {value}")
     return float(value)

@@ -47,3 +47,13 @@ def test_up_with_a_port_starts_its_own_ray_whatever_raydelay_address_says(no_tar
     monkeypatch.setattr(local, "start_head", started)
     assert main(["up", "--port", "6390"]) == 2
     assert asked["port"] == 6390
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-5", "0"])
+def test_consume_refuses_a_timeout_that_is_no_duration(no_target, monkeypatch, capsys, timeout):
+    def joined(*_a, **_k):
+        raise AssertionError("consume attached with a bad timeout")
+
+    monkeypatch.setattr("raydelay.cli.messages.attach", joined)
+    assert main(["consume", "t", "s", "--timeout", timeout]) == 2
+    assert "timeout: expected a finite number of seconds > 0" in capsys.readouterr().err
