@@ -34,7 +34,7 @@ import numpy as np
 
 from raydelay.actors.host import HostActor
 from raydelay.client.message import Message, MessageId
-from raydelay.errors import ConsumerBusy, InvalidArgument, NotFound
+from raydelay.errors import ConsumerBusy, InvalidArgument, NotFound, RaydelayError
 from raydelay.log.entries import NO_DELAY, Entries
 from raydelay.log.partition import StaleSequence
 from raydelay.positions import key_of
@@ -60,14 +60,15 @@ def redrive(
 ) -> int:
     """Move up to ``limit`` dead letters (-1: all) back; returns how many moved. See the
     module's docstring."""
-    if to_topic == dead_letter_topic:
-        raise InvalidArgument(f"to_topic: {to_topic!r} is the dead-letter topic itself")
-    if to_topic is not None:
-        topics.peers.partitions(to_topic)  # NotFound: a redrive to a topic that is not there
-    n = topics.peers.partitions(dead_letter_topic)
+    n = check_redrive_target(topics.peers.partitions, dead_letter_topic, to_topic)
     # what is dead already: messages dead-lettered again while this runs (their consumer
     # still fails) wait for the next redrive, or one run would go round for ever
     ends = topics.peers.on_partitions(dead_letter_topic, n, HostActor.tail)
+    try:
+        topics.peers.subscription_options(dead_letter_topic, SUBSCRIPTION)
+        created = False
+    except NotFound:
+        created = True  # (this redrive's subscription: it goes again if nothing moved)
     consumer = _exclusive(topics, dead_letter_topic)
     producers: dict[tuple[str, str], Producer] = {}
     moved = empty = 0
@@ -90,11 +91,45 @@ def redrive(
             moved += len(msgs)
             if progress is not None:
                 progress(moved)
+    except BaseException:
+        if created and moved == 0:
+            # nothing moved: leave no subscription behind to pin the topic's log
+            consumer.close()
+            _forget_subscription(topics, dead_letter_topic)
+        raise
     finally:
         consumer.close()
         for producer in producers.values():
             producer.close()
     return moved
+
+
+def check_redrive_target(
+    partitions_of: Callable[[str], int], dead_letter_topic: str, to_topic: str | None
+) -> int:
+    """What a redrive checks before it moves anything (the console too, before it asks for
+    confirmation): the dead-letter topic exists, and ``to_topic``, if given, exists and is
+    another topic. ``partitions_of(topic)`` gives a topic's partition count, NotFound when
+    it does not exist. Returns the dead-letter topic's partition count."""
+    if to_topic == dead_letter_topic:
+        raise InvalidArgument(f"to_topic: {to_topic!r} is the dead-letter topic itself")
+    try:
+        n = partitions_of(dead_letter_topic)
+    except NotFound:
+        raise NotFound(f"dead_letter_topic: there is no topic {dead_letter_topic!r}") from None
+    if to_topic is not None:
+        try:
+            partitions_of(to_topic)
+        except NotFound:
+            raise NotFound(f"to_topic: there is no topic {to_topic!r}") from None
+    return n
+
+
+def _forget_subscription(topics: Topics, topic: str) -> None:
+    try:
+        topics.delete_subscription(topic, SUBSCRIPTION)
+    except RaydelayError as exc:  # the redrive's own error is the one to raise
+        log.warning("redrive: could not delete its subscription of %s: %s", topic, exc)
 
 
 def _exclusive(topics: Topics, topic: str) -> Any:

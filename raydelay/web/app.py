@@ -347,8 +347,18 @@ def create_app(
     async def redrive(request: Request) -> HTMLResponse:
         form = await fields(request)
         dlq, to_topic, limit = _redrive_args(form)
+        await run_in_threadpool(data.check_redrive, dlq, to_topic)
         held = await run_in_threadpool(data.dead_letters, dlq)
         where = f"to {to_topic}" if to_topic else "back to the topic and partition each came from"
+        details = [
+            "Each is due at once, with its payload, key and properties, and goes back exactly once."
+        ]
+        if to_topic is None and not dlq.endswith("-DLQ"):
+            details.append(
+                f"{dlq} is not named like a dead-letter topic (<topic>-<subscription>-DLQ). "
+                "If it is not one, its messages do not say where they came from, and the "
+                "redrive stops at the first of them: give a topic to send them to."
+            )
         n = held if limit == -1 else min(limit, held)
         of = f" of the {held:,}" if n < held else ""
         question = (
@@ -361,9 +371,7 @@ def create_app(
             title="Redrive a dead-letter topic",
             question=question,
             refused=[],
-            details=[
-                "Each is due at once, with its payload, key and properties, and goes back exactly once."
-            ],
+            details=details,
             action="/actions/redrive/confirm",
             hidden=[
                 ("dead_letter_topic", dlq),

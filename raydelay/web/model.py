@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from raydelay.client.message import MessageId
 from raydelay.client.producer import check_cancel_target
 from raydelay.client.redrive import SUBSCRIPTION as REDRIVE_SUBSCRIPTION
+from raydelay.client.redrive import check_redrive_target
 from raydelay.dispatch import counts
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, NotFound
 from raydelay.subscription_types import spreads
 
 if TYPE_CHECKING:
@@ -126,6 +127,19 @@ class ConsoleData:
         options = self.subscription_options(topic, name)
         dlq = options.get("dead_letter_topic") or f"{topic}-{name}-DLQ"
         return dlq if dlq in known else None
+
+    def check_redrive(self, dlq: str, to_topic: str | None) -> None:
+        """What the redrive itself checks first (the topics exist, and differ), before a
+        confirmation is asked for."""
+        with self._lock:
+            partitions = self._reads.topics()
+
+        def partitions_of(topic: str) -> int:
+            if topic not in partitions:
+                raise NotFound(f"there is no topic {topic!r}")
+            return partitions[topic]
+
+        check_redrive_target(partitions_of, dlq, to_topic)
 
     def dead_letters(self, dlq: str) -> int:
         """The dead letters ``dlq`` holds, waiting for a redrive: once a redrive has run,

@@ -612,6 +612,27 @@ def test_ids_are_checked_before_the_confirmation(scene, page):
     assert live not in left
 
 
+def test_a_redrive_is_checked_before_the_confirmation(scene):
+    rw, topic, cluster = scene["rw"], scene["topic"], scene["cluster"]
+    dlq = f"{topic}-checks-DLQ"
+    cluster.create_topic(dlq)
+    for fields, status, why in (
+        (
+            {"dead_letter_topic": dlq, "to_topic": f"no-such-{topic}"},
+            404,
+            "to_topic: there is no topic",
+        ),
+        ({"dead_letter_topic": dlq, "to_topic": dlq}, 400, "is the dead-letter topic itself"),
+        ({"dead_letter_topic": f"no-such-{dlq}"}, 404, "dead_letter_topic: there is no topic"),
+    ):
+        got, text = _post(rw.url + "/actions/redrive", fields)
+        assert got == status and why in text, text
+        assert 'id="confirm"' not in text
+    # a topic not named like a dead-letter topic is asked about with a warning
+    got, text = _post(rw.url + "/actions/redrive", {"dead_letter_topic": topic})
+    assert got == 200 and "is not named like a dead-letter topic" in text
+
+
 def test_paging_past_the_first_thousand(scene, page):
     rw, cluster = scene["rw"], scene["cluster"]
     topic = f"console-pages-{uuid.uuid4().hex[:6]}"

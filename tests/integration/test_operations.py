@@ -496,6 +496,8 @@ def test_redrive_refuses_bad_input(cluster, topic_name):
     # a dead letter that does not say where it came from needs to_topic, and nothing moves
     with pytest.raises(InvalidArgument, match="has no raydelay.original_message_id"):
         cluster.redrive(topic_name)
+    # and the failed redrive leaves no subscription behind to pin the topic's log
+    assert "raydelay-redrive" not in cluster.stats(topic_name)["subscriptions"]
     with pytest.raises(InvalidArgument, match="is the dead-letter topic itself"):
         cluster.redrive(topic_name, to_topic=topic_name)
     assert cluster.redrive(topic_name, to_topic=f"{topic_name}-x") == 1
