@@ -15,6 +15,7 @@ import hmac
 import secrets
 import time
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -45,6 +46,9 @@ from raydelay.web.model import (
 
 _MAX_IDS = 10_000  # message ids in one cancel
 REFRESH_S = 10  # the period the "auto-refresh" link turns on
+
+
+_STATUSES = {int(s) for s in HTTPStatus}
 
 
 def create_app(
@@ -131,7 +135,14 @@ def create_app(
         if exc.status_code == 404:
             message = f"There is no page {request.url.path!r} in this console."
             return page("error.html", status=404, title="Not found", message=message)
-        return page("error.html", status=exc.status_code, title="Error", message=str(exc.detail))
+        if exc.status_code == 405:
+            message = (
+                f"{request.method} is not how {request.url.path!r} is used: its pages are read "
+                "with GET, and actions are posted from their forms."
+            )
+            return page("error.html", status=405, title="Not allowed", message=message)
+        title = HTTPStatus(exc.status_code).phrase if exc.status_code in _STATUSES else "Error"
+        return page("error.html", status=exc.status_code, title=title, message=str(exc.detail))
 
     # --- pages --------------------------------------------------------------------------------
 
@@ -268,7 +279,9 @@ def create_app(
         question = (
             f"Cancel {len(ok):,} scheduled message{'s' if len(ok) != 1 else ''}?"
             if ok
-            else f"None of the {len(ids):,} message{'s' if len(ids) != 1 else ''} can be cancelled."
+            else "The message cannot be cancelled."
+            if len(ids) == 1
+            else f"None of the {len(ids):,} messages can be cancelled."
         )
         return page(
             "confirm.html",

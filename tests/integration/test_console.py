@@ -714,6 +714,9 @@ def test_the_small_things(scene, page):
     assert _goto(page, sub + "/scheduled?limit=ten") == 400
     assert page.title().startswith("Bad request")
     assert "InvalidArgument" not in page.content()
+    # a POST to a page (or a GET of an action) is not allowed, and says how it is used
+    status, text = _post(rw.url + "/topics", {"x": "1"})
+    assert status == 405 and "<title>Not allowed" in text and "read with GET" in text
 
 
 def test_auto_refresh_is_off_until_asked_for(scene, page):
