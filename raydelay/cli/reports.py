@@ -52,8 +52,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ["dead-lettered (over its life)", s["dead_lettered"]],
         # counters of the actors' current lives: a restart starts them again
         ["delivered (since its actors started)", s["delivered"]],
-        ["acked (since its actors started)", s["acked"]],
-        ["cancelled (since its actors started)", s["cancelled"]],
+        ["acked, cancels and dead letters included (since its actors started)", s["acked"]],
+        ["  of them cancelled (since its actors started)", s["cancelled"]],
     ]
     print(table([f"{args.topic}/{args.subscription}", ""], [[k, num_text(v)] for k, v in rows]))
     print()
