@@ -93,10 +93,15 @@ def start_head(
     root = os.path.abspath(temp_dir) if temp_dir else default_ray_root()
     if temp_dir:
         cmd.append(f"--temp-dir={root}")
+    began_s = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         last = (result.stderr or result.stdout).strip().splitlines()[-1:]
-        raise Unavailable(f"ray start failed: {' '.join(last)}")
+        # a start that failed half-way (its raylet died) leaves the GCS and its helpers
+        # running on the port, where nothing can stop them (no marker): stop them now
+        stopped = _stop_session(_session_started_since(root, began_s))
+        left = f"; the {stopped} processes it had started are stopped" if stopped else ""
+        raise Unavailable(f"ray start failed: {' '.join(last)}{left}")
     found = re.search(r"--address='([^']+)'", result.stdout + result.stderr)
     address = found.group(1) if found else None
     session = os.path.basename(os.path.realpath(os.path.join(root, "session_latest")))
@@ -104,6 +109,17 @@ def start_head(
         json.dumps({"started_at": time.time(), "address": address, "session": session})
     )
     return address
+
+
+def _session_started_since(root: str, since_s: float) -> str:
+    """The session under ``root`` that began after ``since_s`` (epoch s): the one a
+    ``ray start`` made, "" when there is none (an older session is never named)."""
+    latest = os.path.join(root, "session_latest")
+    try:
+        path = os.path.realpath(latest)
+        return os.path.basename(path) if os.stat(path).st_mtime >= since_s - 1 else ""
+    except OSError:
+        return ""
 
 
 def default_ray_root() -> str:

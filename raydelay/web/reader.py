@@ -16,6 +16,7 @@ and probes (one GCS round trip) until the pipe closes or the web process is gone
 from __future__ import annotations
 
 import os
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -227,4 +228,9 @@ def _parent_watch_routine(parent_pid: int) -> None:
 
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
+    # (raydelay's own errors are one line already, said whole; another library's first
+    # line is cut, at a word)
+    if not lines:
+        return type(exc).__name__
+    first = lines[0] if isinstance(exc, RaydelayError) else textwrap.shorten(lines[0], 400)
+    return f"{type(exc).__name__}: {first}"

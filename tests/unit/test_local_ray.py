@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+
+import pytest
 
 from raydelay.cluster import local
 from raydelay.cluster.local import running_ray_address
+from raydelay.config import Config
+from raydelay.errors import Unavailable
 
 
 def test_a_live_ray_is_joined_and_a_stale_note_is_ignored():
@@ -52,3 +58,40 @@ def test_up_reads_its_session_where_ray_start_keeps_it(monkeypatch):
     assert local.default_ray_root() == "/var/tmp/me/ray"
     monkeypatch.delenv("TMPDIR")
     assert local.default_ray_root() == "/tmp/ray"
+
+
+def test_a_ray_start_that_failed_half_way_is_stopped(tmp_path, monkeypatch):
+    # `ray start` can fail after its GCS started (the raylet timed out): that session's
+    # processes are stopped, and no older session is ever named
+    root = tmp_path / "r"
+    old = root / "session_2026-01-01_00-00-00_000000_1"
+    old.mkdir(parents=True)
+    (root / "session_latest").symlink_to(old)
+    stopped: list[str] = []
+    monkeypatch.setattr(local, "_stop_session", lambda s: stopped.append(s) or 3)
+    monkeypatch.setattr(local, "ray_binary", lambda: "ray")
+    monkeypatch.setattr(local, "UP_MARKER", tmp_path / "up.json")
+
+    def failing_start(cmd, **_kwargs):
+        new = root / "session_2026-11-27_08-00-00_000000_2"
+        new.mkdir()
+        (root / "session_latest").unlink()
+        (root / "session_latest").symlink_to(new)
+        return subprocess.CompletedProcess(cmd, 1, "", "The current node timed out during startup")
+
+    monkeypatch.setattr(local.subprocess, "run", failing_start)
+    with pytest.raises(Unavailable, match="timed out during startup; the 3 processes"):
+        local.start_head(Config(), temp_dir=str(root))
+    assert stopped == ["session_2026-11-27_08-00-00_000000_2"]
+    assert not (tmp_path / "up.json").exists()
+    # a start that fails before it made a session stops nothing of the older one
+    stopped.clear()
+    monkeypatch.setattr(
+        local.subprocess, "run", lambda cmd, **_k: subprocess.CompletedProcess(cmd, 1, "", "no")
+    )
+    os.utime(old, (0, 0))
+    (root / "session_latest").unlink()
+    (root / "session_latest").symlink_to(old)
+    with pytest.raises(Unavailable):
+        local.start_head(Config(), temp_dir=str(root))
+    assert stopped == [""]
