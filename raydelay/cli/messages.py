@@ -140,7 +140,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
             later = _not_due_yet(cluster, args.topic, args.subscription, kind)
     finally:
         consumer.close()
-    done = f"{_count(got, 'message')}{', acknowledged' if args.ack else ''}"
+    done = f"{_count(got, 'message')}{', acknowledged' if args.ack and got else ''}"
     print(done + later, file=sys.stderr)
     return 0
 
@@ -161,8 +161,22 @@ def _not_due_yet(cluster: Any, topic: str, subscription: str, kind: str) -> str:
     due_ms = found[0].deliver_at_ms  # (a peek answers in delivery order)
     return (
         f"; {many} scheduled for later, the next due at {utc_text(due_ms)} UTC "
-        f"(in {max(0, due_ms - now_ms) / 1000:,.0f} s): --timeout SECONDS waits longer"
+        f"(in {duration_text(max(0, due_ms - now_ms) / 1000)}): --timeout SECONDS waits longer"
     )
+
+
+def duration_text(seconds: float) -> str:
+    """A wait as a reader says it: "42 s", "58 min 35 s", "3 h 5 min", "2 d 4 h"."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    if s < 86400:
+        m = s // 60
+        return f"{m // 60} h {m % 60} min" if m % 60 else f"{m // 60} h"
+    h = s // 3600
+    return f"{h // 24:,} d {h % 24} h" if h % 24 else f"{h // 24:,} d"
 
 
 def _message_line(m: Any) -> str:

@@ -57,3 +57,14 @@ def test_consume_refuses_a_timeout_that_is_no_duration(no_target, monkeypatch, c
     monkeypatch.setattr("raydelay.cli.messages.attach", joined)
     assert main(["consume", "t", "s", "--timeout", timeout]) == 2
     assert "timeout: expected a finite number of seconds > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(0.4, "0 s"), (42, "42 s"), (60, "1 min"), (3515, "58 min 35 s"), (3600, "1 h"),
+     (11_100, "3 h 5 min"), (86_400 * 2 + 3600 * 4, "2 d 4 h"), (86_400 * 400, "400 d")],
+)  # fmt: skip
+def test_a_wait_is_said_as_a_reader_says_it(seconds, said):
+    from raydelay.cli.messages import duration_text
+
+    assert duration_text(seconds) == said
