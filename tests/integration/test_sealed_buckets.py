@@ -213,7 +213,9 @@ def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing
     cluster.create_topic(topic_name, partitions=1)
     consumer = cluster.subscribe(topic_name, "s")
     producer = cluster.create_producer(topic_name)
-    start = now_ms() + 2_000
+    # A message due by the time it is published is not delayed and goes to no bucket: the
+    # waves are due well ahead of the time they go out, however slowly that is under load
+    start = now_ms() + 10_000
     got: Deliveries = collections.defaultdict(list)
     cancelled: set[bytes] = set()
     # Until the merge, the consumer holds one delivery of each ledger unacknowledged: a
@@ -239,7 +241,8 @@ def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing
 
     for wave in range(8):
         payloads = [b"w%d-%d" % (wave, i) for i in range(2_000)]
-        due = [start + ((i * 7 + wave * 131) % 2_000) * 4 for i in range(2_000)]
+        base = max(start, now_ms() + 3_000)
+        due = [base + ((i * 7 + wave * 131) % 2_000) * 4 for i in range(2_000)]
         mids = producer.send_many(payloads, deliver_at=due)
         assert all(producer.cancel_many(mids[:25]))  # cancels, in buckets to be merged
         cancelled |= set(payloads[:25])
