@@ -63,7 +63,8 @@ class BucketAdoption:
                 return any(lo <= lg <= hi for lo, hi in fresh)
 
             self._marks.learn_ledgers(
-                [x for x in meta.ledgers if any(a <= x[0] <= b for a, b in fresh)]
+                [x for x in meta.ledgers if any(a <= x[0] <= b for a, b in fresh)],
+                whole_log=False,
             )
             for marker, target in meta.markers:  # before any of its rows can go out
                 if new_here(marker):

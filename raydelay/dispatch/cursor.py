@@ -38,6 +38,10 @@ class Cursor:
         self.acked_keys = BitMap64()
         self._ledgers: dict[int, int | None] = {}  # ledger id -> size once closed
         self._order: list[int] = []  # known ledger ids, ascending
+        # The highest ledger id a list of the log's ledgers named (-1: none seen yet). Such
+        # a list names every ledger the log holds, so an id at or below it that is not
+        # known is another partition's or deleted; above it, a ledger may exist unknown.
+        self._listed_through = -1
         # Delayed messages due at or before this (epoch ms) may have been delivered already
         # (persisted with the cursor; -1: none).
         self.delayed_mark = -1
@@ -52,6 +56,7 @@ class Cursor:
         out.acked_keys = BitMap64(self.acked_keys)
         out._ledgers = dict(self._ledgers)
         out._order = list(self._order)
+        out._listed_through = self._listed_through
         return out
 
     @property
@@ -74,9 +79,20 @@ class Cursor:
 
     # --- the ledger sequence -------------------------------------------------------------
 
-    def learn_ledgers(self, ledgers: Iterable[tuple[int, int | None]]) -> None:
-        """Record ledgers (id, size or None while open) seen in log replies."""
+    def learn_ledgers(
+        self, ledgers: Iterable[tuple[int, int | None]], *, whole_log: bool = True
+    ) -> None:
+        """Record ledgers (id, size or None while open). ``whole_log``: they are a log
+        reply's list of every ledger it holds; else some ledgers only (a bucket's, or a
+        persisted cursor's), and mark-delete does not move past an unknown ledger id above
+        the last whole list, which may be a ledger not learnt yet."""
+        ledgers = list(ledgers)
         changed = False
+        if whole_log and ledgers:
+            top = max(i for i, _ in ledgers)
+            if top > self._listed_through:
+                self._listed_through = top
+                changed = True
         for ledger_id, count in ledgers:
             if ledger_id not in self._ledgers:
                 self._order.append(ledger_id)
@@ -129,9 +145,10 @@ class Cursor:
         acked = self.acked_keys
         while True:
             if md_l not in self._ledgers:
-                # Unknown: before the first ledger, or deleted by retention (which only
-                # deletes ledgers every subscription has acknowledged in full).
-                nxt = next((i for i in self._order if i > md_l), None)
+                # Unknown: before the first ledger, another partition's id, or deleted by
+                # retention (which only deletes ledgers every subscription has
+                # acknowledged in full), once a whole list of the log's ledgers said so
+                nxt = self._next_ledger(md_l)
                 if nxt is None:
                     break
                 md_l, md_e = nxt, -1
@@ -141,7 +158,7 @@ class Cursor:
                 md_e += min(_run_length(acked, first), LOW - md_e)
             size = self._ledgers[md_l]
             if size is not None and md_e >= size - 1:
-                nxt = next((i for i in self._order if i > md_l), None)
+                nxt = self._next_ledger(md_l)
                 if nxt is None:
                     break
                 md_l, md_e = nxt, -1
@@ -151,6 +168,16 @@ class Cursor:
         floor = self.floor_key()
         if floor >= 0 and acked and acked.min() <= floor:
             acked.remove_range(0, floor + 1)
+
+    def _next_ledger(self, ledger_id: int) -> int | None:
+        """The known ledger after ``ledger_id`` that mark-delete may move to: None if there
+        is none, or if an id between them is above the last whole list of the log's
+        ledgers (a ledger there may exist, not learnt yet, e.g. one a bucket's ledgers
+        skipped because none of its entries were delayed)."""
+        nxt = next((i for i in self._order if i > ledger_id), None)
+        if nxt is None or nxt - 1 > max(ledger_id, self._listed_through):
+            return None
+        return nxt
 
     def individually_acked(self) -> int:
         return len(self.acked_keys)
@@ -205,7 +232,7 @@ class Cursor:
                 es = np.frombuffer(BitMap.deserialize(data).to_array(), dtype=np.uint32)
                 keys = position_keys(np.full(len(es), int(ledger_id), dtype=np.int64), es)
                 cursor.acked_keys |= bitmap64_of(keys)
-            cursor.learn_ledgers((int(i), c) for i, c in raw["ledgers"])
+            cursor.learn_ledgers(((int(i), c) for i, c in raw["ledgers"]), whole_log=False)
             cursor.delayed_mark = int(raw.get("dmark", -1))
             if "settled" in raw:
                 cursor.settled = BitMap64.deserialize(raw["settled"])

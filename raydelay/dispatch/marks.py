@@ -67,10 +67,13 @@ class CursorMarks:
         self.log_cursor.ack_keys(bm)
         return self.cursor.ack_keys(bm)
 
-    def learn_ledgers(self, ledgers: Iterable[tuple[int, int | None]]) -> None:
+    def learn_ledgers(
+        self, ledgers: Iterable[tuple[int, int | None]], *, whole_log: bool = True
+    ) -> None:
+        """See :meth:`Cursor.learn_ledgers`."""
         known = list(ledgers)
-        self.cursor.learn_ledgers(known)
-        self.log_cursor.learn_ledgers(known)
+        self.cursor.learn_ledgers(known, whole_log=whole_log)
+        self.log_cursor.learn_ledgers(known, whole_log=whole_log)
 
     def unseen(self, keys: np.ndarray, ahead: BitMap64, bm: BitMap64 | None = None) -> np.ndarray:
         """Which positions are neither acknowledged nor in ``ahead`` (cancelled ahead of the

@@ -45,6 +45,37 @@ def test_a_deleted_ledger_below_the_first_known_one_counts_as_acknowledged():
     assert c.mark_delete == (7, -1)
 
 
+def test_ledgers_learnt_from_a_bucket_do_not_move_mark_delete_past_unknown_ledgers():
+    # Given a new cursor that learns ledgers 3 and 7 from a bucket, before the log's list
+    c = Cursor()
+    c.learn_ledgers([(3, 2), (7, 2)], whole_log=False)
+    # Then it does not take ledger 1 (not learnt yet) as deleted
+    assert c.mark_delete == (-1, -1) and not c.is_acked(1, 0)
+    # When the log's list names ledgers 1, 3 and 7 and an open 9, and 3 and 7 are acked
+    c.learn_ledgers([(1, 2), (3, 2), (7, 2), (9, None)])
+    ack(c, [(3, 0), (3, 1), (7, 0), (7, 1)])
+    # Then mark-delete waits at ledger 1, and crosses the rest once ledger 1 is acked
+    assert c.mark_delete == (1, -1) and not c.is_acked(1, 1)
+    ack(c, [(1, 0), (1, 1)])
+    assert c.mark_delete == (9, -1)
+
+
+def test_mark_delete_does_not_cross_an_id_above_the_logs_last_list():
+    # Given the log's list up to ledger 3, then a bucket's ledgers 7 and 9 (ledger 5 held
+    # no delayed entry, so no bucket names it)
+    c = Cursor()
+    c.learn_ledgers([(1, 1), (3, 1)])
+    c.learn_ledgers([(7, 1), (9, 1)], whole_log=False)
+    ack(c, [(1, 0), (3, 0), (7, 0), (9, 0)])
+    # Then mark-delete stops after ledger 3: ledger 5 may exist
+    assert c.mark_delete == (3, 0) and not c.is_acked(5, 0)
+    # and goes on once the log's list names ledger 5 and it is acked
+    c.learn_ledgers([(1, 1), (3, 1), (5, 1), (7, 1), (9, 1), (11, None)])
+    assert c.mark_delete == (5, -1)
+    ack(c, [(5, 0)])
+    assert c.mark_delete == (11, -1)
+
+
 def test_unacked_between_counts_entries_after_mark_delete_up_to_the_tail():
     c = Cursor()
     c.learn_ledgers(LEDGERS)

@@ -32,7 +32,7 @@ from raydelay.delayed.sealed import (
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.subscription import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, Subscription
 from raydelay.errors import CodecError, InvalidArgument
-from raydelay.log.entries import NO_DELAY, DelayedRun, Entries, LedgerObject
+from raydelay.log.entries import NO_DELAY, DelayedRun, Entries, LedgerObject, Rows
 from raydelay.positions import key_of, position_keys
 from raydelay.storage.counting import CountingObjectStore
 from raydelay.storage.memory import MemoryObjectStore
@@ -455,6 +455,34 @@ def test_a_subscription_made_after_a_bucket_ledger_was_deleted_waits_only_for_th
     assert sub.cursor.is_acked(1, 0) and sub.cursor.is_acked(1, 2)
     assert not sub.cursor.is_acked(1, 1)
     assert sub.cursor.mark_delete == (1, 0)
+
+
+def test_a_new_subscription_adopting_buckets_first_still_delivers_an_earlier_unsealed_ledger():
+    # Given ledger 1 committed after its entries fell due (so no bucket holds it) and
+    # ledger 3 sealed in a bucket: what a bulk load's slow first chunk leaves behind
+    index = TopicIndex(min_index_count=1)
+    index.add(_object(1, 0, [500, 500, 500], publish_ms=1_000))
+    assert index.ledger_closed(1).rows is None
+    index.add(_object(3, 0, [5_000, 6_000], publish_ms=1_000))
+    job = index.ledger_closed(3)
+    meta, _, _ = seal(job.rows, start_ledger=2, end_ledger=3, bucket_id=1, max_indexes=10,
+                      max_step_ms=10**9, ledgers=((3, 2),))  # fmt: skip
+    # When a subscription made afterwards adopts the bucket before it learns the log's
+    # ledgers, then resumes after the bucket and re-reads the loose positions
+    sub = _subscription(SealedReader(), ManualClock(10_000))
+    sub.add_consumer("c")
+    sub.adopt(meta)
+    sub.resume_after_buckets([(1, 3), (3, 2), (5, None)])
+    # Then ledger 1 is neither acknowledged nor skipped: its entries are re-read and go out
+    assert not any(sub.cursor.is_acked(1, e) for e in range(3))
+    loose = sub.next_unread(10)
+    assert loose == [key_of(1, e) for e in range(3)]
+    obj = _object(1, 0, [500, 500, 500], publish_ms=1_000)
+    rows = Rows(np.array(loose, dtype=np.int64), np.full(3, 1_000, dtype=np.int64), obj.entries)
+    assert sub.on_reread(rows, loose) == 3
+    assert all(sub.reading.queued(k) for k in loose)
+    asyncio.run(sub.persist(force=True, mark=sub.wanted_mark()))  # (as a receive does)
+    assert _delivered(sub, 10_000) == loose
 
 
 def test_a_cancel_ahead_of_a_skipped_run_of_delayed_entries_is_acknowledged():
