@@ -18,9 +18,12 @@ chooses each actor's node itself and pins it there (a hard node affinity):
   fewest partitions (then the emptier node, then the one with the fewest of its topic;
   ``Metadata.choose_host``) and starts the slot's host when it does not run, so hosts
   start only as partitions need them, and never more than the slots;
-- a subscription's actor goes to the node whose hosts serve most of its partitions
-  (its busiest callees: every receive asks them for due rows and payloads); the
-  coordinator goes to the node with the fewest raydelay actors;
+- subscription actors are spread by failure domain: an actor goes to the node holding
+  the fewest actors of its own subscription (its other partition groups), then the fewest
+  subscription actors of any, so that one node's loss stops as few subscriptions as can
+  be; among equals, to the node whose hosts serve most of its partitions (its busiest
+  callees: every receive asks them for due rows and payloads). The coordinator goes to
+  the node with the fewest raydelay actors;
 - the head node (it runs Ray's control service) is left out while a worker node is
   alive, unless ``placement.avoid_head = false``.
 
@@ -37,6 +40,7 @@ import logging
 import time
 import zlib
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -63,13 +67,15 @@ _COMMON: dict[str, Any] = {
 ACTOR_CLASSES = ("CoordinatorActor", "HostActor", "SubscriptionActor", "TaskRunner")
 MAX_AUTO_HOSTS = 4  # hosts per node with placement.hosts_per_node = -1 (one per CPU)
 _LIVE_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
-_NEAR_WAIT_S = 2.0  # how long a new subscription actor waits to learn its partitions' host's node
 
 
-def actor_options(name: str, config: dict[str, Any], near: str | None = None) -> dict[str, Any]:
+def actor_options(
+    name: str, config: dict[str, Any], calls: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """The Ray options every raydelay actor is created with: its name, the common options
-    above, and the node it is pinned to (near actor ``near`` when given)."""
-    return {"name": name, **_COMMON, **_pinned(name, config, near)}
+    above, and the node it is pinned to. ``calls``: for a subscription actor, the hosts it
+    calls, with how many of its partitions each serves."""
+    return {"name": name, **_COMMON, **_pinned(name, config, calls)}
 
 
 def floating_actor_options(name: str) -> dict[str, Any]:
@@ -201,9 +207,11 @@ def host_slots(config: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     return sorted(slots), node_of
 
 
-def choose_node(name: str, avoid_head: bool, near: str | None = None) -> str | None:
-    """The node for a new actor called ``name`` (see the module's docstring); None when
-    Ray reports no node at all."""
+def choose_node(
+    name: str, avoid_head: bool, calls: Mapping[str, int] | None = None
+) -> str | None:
+    """The node for a new actor called ``name`` (see the module's docstring; ``calls`` as
+    in :func:`actor_options`); None when Ray reports no node at all."""
     candidates = candidate_nodes(avoid_head)
     if name.startswith(HOST_PREFIX):  # a host's name says its node
         prefix = host_node_prefix(name)
@@ -211,25 +219,29 @@ def choose_node(name: str, avoid_head: bool, near: str | None = None) -> str | N
         return next((n for n in alive if n.startswith(prefix)), None)
     if not candidates:
         return None
-    if near is not None:
-        deadline = time.monotonic() + _NEAR_WAIT_S
-        while True:
-            node = node_of(near)
-            if node in candidates:
-                return node
-            if node is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)  # the actor was just created: Ray has not placed it yet
-    live = actors()
+    live = [a for a in actors() if a["node"] and a["name"] != name]
     kind = _class_of(name)
-    same = Counter(a["node"] for a in live if a["node"] and a["class"] == kind)
-    every = Counter(a["node"] for a in live if a["node"])
     salt = zlib.crc32(name.encode())
+
+    def spread(n: str) -> int:  # a stable, per-name order among equals
+        return zlib.crc32(n.encode()) ^ salt
+
     if kind == "CoordinatorActor":  # (one of them: the least loaded node)
-        return min(candidates, key=lambda n: (every[n], zlib.crc32(n.encode()) ^ salt))
-    # by actors of its kind only: actors re-created at once after a node loss see the same
-    # counts, and the hash of their names then sends them to different nodes
-    return min(candidates, key=lambda n: (same[n], zlib.crc32(n.encode()) ^ salt))
+        every = Counter(a["node"] for a in live)
+        return min(candidates, key=lambda n: (every[n], spread(n)))
+    same = Counter(a["node"] for a in live if a["class"] == kind)
+    if kind != "SubscriptionActor":
+        # by actors of its kind only: actors re-created at once after a node loss see the
+        # same counts, and the hash of their names then sends them to different nodes
+        return min(candidates, key=lambda n: (same[n], spread(n)))
+    family = name.rsplit("/", 1)[0] + "/"  # its subscription's actors: sub/<topic>/<sub>/
+    siblings = Counter(a["node"] for a in live if a["name"].startswith(family))
+    served: Counter[str] = Counter()  # its partitions per node, by the hosts serving them
+    for host, count in (calls or {}).items():
+        node = next((n for n in candidates if n.startswith(host_node_prefix(host))), None)
+        if node is not None:
+            served[node] += count
+    return min(candidates, key=lambda n: (siblings[n], same[n], -served[n], spread(n)))
 
 
 def _class_of(name: str) -> str:
@@ -238,10 +250,12 @@ def _class_of(name: str) -> str:
     return "HostActor" if name.startswith(HOST_PREFIX) else "SubscriptionActor"
 
 
-def _pinned(name: str, config: dict[str, Any], near: str | None = None) -> dict[str, Any]:
+def _pinned(
+    name: str, config: dict[str, Any], calls: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """The scheduling option that pins actor ``name`` to its chosen node."""
     avoid_head = bool(config.get("placement", {}).get("avoid_head", True))
-    node = choose_node(name, avoid_head, near)
+    node = choose_node(name, avoid_head, calls)
     if node is None:
         return {}
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}

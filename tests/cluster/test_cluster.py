@@ -64,9 +64,10 @@ def test_placement_is_balanced_over_the_workers_and_off_the_head(tmp_path):
     assert result["all_alive"], result["missing"]
     assert not any(r["head"] for r in rows), "an actor on the head node"
     assert sorted(served(rows).values()) == [2, 2, 2]  # 6 partitions over 3 workers
-    # one actor per subscription, on a node whose hosts serve some of its partitions
+    # one actor per subscription, each on its own node (a node's loss stops one of them),
+    # on a node whose hosts serve some of its partitions
     subs = [r for r in rows if r["class"] == "SubscriptionActor"]
-    assert len(subs) == 2
+    assert len(subs) == 2 and len({r["node"] for r in subs}) == 2
     for r in subs:
         parts = {f"orders/{k.rsplit('/', 1)[1]}" for k in r["serves"]}
         nodes = {h["node"] for h in rows if h["class"] == "HostActor" and parts & set(h["serves"])}

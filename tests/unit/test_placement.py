@@ -29,8 +29,8 @@ def cluster(monkeypatch):
     return state
 
 
-def place(state, name: str, near: str | None = None) -> str:
-    node = placement.choose_node(name, avoid_head=True, near=near)
+def place(state, name: str, calls: dict[str, int] | None = None) -> str:
+    node = placement.choose_node(name, avoid_head=True, calls=calls)
     kind = placement._class_of(name)
     state["actors"].append({"name": name, "class": kind, "node": node})
     return node
@@ -73,10 +73,52 @@ def test_partitions_spread_evenly_over_nodes_then_slots(cluster):
     assert len({nodes["a/0"], nodes["a/1"], nodes["a/2"]}) == 3
 
 
-def test_a_subscription_actor_goes_to_the_node_of_the_host_it_calls(cluster):
+def test_subscription_actors_spread_over_the_workers_and_no_node_holds_most(cluster):
+    # Given every partition's host on W1 (the actors would all go there, near their hosts)
+    host = placement.host_actor_name(W1, 0)
+    # When 8 subscriptions' actors are placed
+    nodes = [place(cluster, f"sub/t{i % 4}/s{i}/0", calls={host: 4}) for i in range(8)]
+    # Then they spread 3, 3 and 2 over the workers, never on the head
+    assert sorted(nodes.count(w) for w in (W1, W2, W3)) == [2, 3, 3]
+    # and the first three go to three nodes, the first to its hosts' node
+    assert nodes[0] == W1 and len(set(nodes[:3])) == 3
+
+
+def test_the_actors_of_one_subscription_go_to_different_nodes(cluster):
+    # Given W2 and W3 busier than W1 with other subscriptions' actors
+    cluster["actors"] += [
+        {"name": f"sub/t/other{i}/0", "class": "SubscriptionActor", "node": n}
+        for i, n in enumerate([W2, W3])
+    ]
+    # When a subscription split into three partition groups places its actors
+    nodes = [place(cluster, f"sub/t/s/{g}") for g in range(3)]
+    # Then each goes to its own node, though W1 is the least loaded
+    assert sorted(nodes) == [W1, W2, W3]
+    # and a fourth group shares a node only once every node has one
+    assert place(cluster, "sub/t/s/3") in (W1, W2, W3)
+
+
+def test_among_equally_loaded_nodes_a_subscription_actor_goes_near_its_hosts(cluster):
     slots, node_of = placement.host_slots({})
-    cluster["actors"].append({"name": slots[3], "class": "HostActor", "node": node_of[slots[3]]})
-    assert place(cluster, "sub/t/a/0", near=slots[3]) == node_of[slots[3]]
+    a, b = slots[0], slots[3]  # on two different workers
+    assert node_of[a] != node_of[b]
+    # the host serving 3 of its partitions wins over the one serving 1
+    assert place(cluster, "sub/t/s/0", calls={a: 1, b: 3}) == node_of[b]
+    # ... but not over a node with fewer subscription actors
+    assert place(cluster, "sub/t/u/0", calls={b: 4}) != node_of[b]
+
+
+def test_after_a_node_is_lost_its_subscription_actors_spread_over_the_survivors(cluster):
+    lost = [f"sub/t/s{i}/0" for i in range(3)]
+    for name, n in zip([*lost, "sub/t/s3/0"], [W1, W1, W1, W3], strict=True):
+        cluster["actors"].append({"name": name, "class": "SubscriptionActor", "node": n})
+    cluster["alive"].discard(W1)
+    cluster["actors"] = [a for a in cluster["actors"] if a["node"] != W1]
+    # When the lost node's three actors are placed again, one after the other
+    nodes = [place(cluster, name) for name in lost]
+    # Then the first goes to the empty W2, and they end two and two
+    assert nodes[0] == W2
+    assert sorted(a["node"] for a in cluster["actors"]).count(W2) == 2
 
 
 def test_the_head_is_used_when_it_is_the_only_node_or_when_allowed(cluster):

@@ -6,8 +6,8 @@ One :class:`SubscriptionActor` serves every partition of a subscription (or, wit
 is a method of its own that names the partition first (``ack(partition, consumer_id,
 keys)``); calls for several partitions come once per actor (``receive_many``,
 ``ack_many``, ``heartbeat_many``, ``cancel_many``). One loop per actor reports every
-partition's metrics once a second. :func:`spawn_subscription` starts an actor near the
-hosts of its partitions.
+partition's metrics once a second. :func:`spawn_subscription` starts an actor spread by
+failure domain, near the hosts of its partitions among equals.
 
 The actor never blocks its event loop: recovery runs on threads, and handle lookups go
 through :class:`~raydelay.cluster.handles.Peer` off the loop.
@@ -379,28 +379,19 @@ def _group_partitions(
 
 
 def spawn_subscription(topic: str, subscription: str, group: int, config: dict) -> Any:
-    """A subscription's actor for partition group ``group``, started if it does not run, on
-    the node whose hosts serve most of its partitions (they are its busiest callees)."""
+    """A subscription's actor for partition group ``group``, started if it does not run,
+    spread by failure domain (see :mod:`raydelay.cluster.placement`): on the node with the
+    fewest of its subscription's actors, then of any subscription's, then near the hosts
+    serving its partitions."""
     name = subscription_actor_name(topic, subscription, group)
-    near = None
+    calls: Counter[str] = Counter()
     if placement.lookup_or_none(name) is None:
         coordinator = coordinator_peer(config)
         mine = _group_partitions(coordinator, topic, subscription, group, config)
-        hosts = Counter(
-            coordinator.call_from_thread(CoordinatorActor.locate, topic, p) for p in mine
-        )
-        if hosts:
-            # the host serving most of its partitions; among equals, the one on the node
-            # with the fewest subscription actors (a node's loss then stops fewer of them)
-            top = max(hosts.values())
-            tied = sorted(h for h, c in hosts.items() if c == top)
-            live = placement.actors()
-            node = {a["name"]: a["node"] for a in live}
-            subs_on = Counter(a["node"] for a in live if a["class"] == "SubscriptionActor")
-            near = min(tied, key=lambda h: subs_on[node.get(h)])
+        calls.update(coordinator.call_from_thread(CoordinatorActor.locate, topic, p) for p in mine)
     return (
         ray.remote(SubscriptionActor)
-        .options(**placement.actor_options(name, config, near=near))
+        .options(**placement.actor_options(name, config, calls=calls))
         .remote(topic, subscription, group, config)
     )
 
