@@ -87,6 +87,12 @@ class SubscriptionHandles(PartitionPeers[SubscriptionActor]):
             groups.setdefault(peer.name, []).append(p)
         return list(groups.values())
 
+    def actor_of(self, partition: int) -> str:
+        return self._peers[partition].name
+
+    def node_of(self, partition: int) -> str | None:
+        return placement.node_of(self._peers[partition].name)
+
     def heartbeat(self, partitions: list[int], consumer: str) -> Any:
         peer = self._peers[partitions[0]]
         return peer.submit(SubscriptionActor.heartbeat_many, consumer, list(partitions))

@@ -116,6 +116,15 @@ class SubscriptionLink(Link, Protocol):
         """The partitions, grouped by the actor that serves them (one heartbeat each)."""
         ...
 
+    def actor_of(self, partition: int) -> str:
+        """The name of the actor serving ``partition`` (cheap: no call)."""
+        ...
+
+    def node_of(self, partition: int) -> str | None:
+        """The node of the actor serving ``partition`` now (None: not placed, or none);
+        asks Ray's control service, so only off the receive path."""
+        ...
+
     def heartbeat(self, partitions: list[int], consumer: str) -> Reply:
         """Renew the consumer's lease at ``partitions`` (one group); the answer is a bool per
         partition, False where it lost its place."""

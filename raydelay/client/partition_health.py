@@ -6,14 +6,19 @@ actor up again by name, and sends the acks and nacks kept for it meanwhile (they
 idempotent), in their order. The other partitions go on. For its first few seconds down
 a partition is tried every 50 ms (an actor Ray restarts is back within about a second),
 then with a growing backoff (0.1 s up to 2 s).
+
+A failover is said in one line, at INFO, once every partition of the actor answers
+again: which partitions, how long, and where their actor went (:class:`Outage`). Only an
+outage longer than ``SLOW_OUTAGE_S`` is said while it lasts, once, as a warning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,6 +41,43 @@ RESTART_POLL = Backoff(first_s=0.05, max_s=0.05)
 RESTART_POLL_S = 3.0
 DOWN_BACKOFF = Backoff(first_s=0.1, max_s=2.0)
 IDLE_RETRY_S = 1.0  # the retry thread's wait while no partition is down
+SLOW_OUTAGE_S = 10.0  # an outage is said while it lasts (a warning) once it is this long
+_UNKNOWN = "?"  # a node not looked up yet
+
+
+@dataclasses.dataclass
+class Outage:
+    """An actor whose partitions are down for this consumer: since when, which are still
+    down, where the actor was (looked up on the retry thread), the first error."""
+
+    actor: str
+    since: float
+    error: str
+    down: set[int] = dataclasses.field(default_factory=set)
+    partitions: set[int] = dataclasses.field(default_factory=set)  # every one it took down
+    node: str | None = _UNKNOWN
+    ended: float | None = None  # when its last partition answered again
+    warned: bool = False
+
+
+def partition_ranges(partitions: Iterable[int]) -> str:
+    """``0-3, 6`` for 0, 1, 2, 3, 6."""
+    out: list[str] = []
+    run: list[int] = []
+    for p in sorted(partitions):
+        if run and p == run[-1] + 1:
+            run.append(p)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [p]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ", ".join(out)
+
+
+def _short(node: str | None) -> str:
+    return "an unknown node" if node in (None, _UNKNOWN) else f"node {node[:8]}"
 
 
 class PartitionHealth:
@@ -63,6 +105,7 @@ class PartitionHealth:
         self._retrying = threading.Condition(self.lock)  # notified as _sending empties
         self._sending = 0  # kept calls the retry thread is sending now
         self.retry_now = threading.Event()  # wakes the retry thread before its next tick
+        self.outages: dict[str, Outage] = {}  # by actor name (under ``lock``)
 
     def failed(self, p: int, exc: Exception) -> None:
         """Partition ``p`` failed a call: down until its backoff runs out (the retry thread
@@ -82,12 +125,15 @@ class PartitionHealth:
             "%s partition %d: call failed (%s); next try in %.3f s",
             self._what, p, exc, self.down[p] - time.monotonic(),
         )  # fmt: skip
-        self.retry_now.set()  # (the retry thread waits for the earliest lapse)
         if first:
-            log.warning(
-                "%s partition %d: %s; its messages wait, the other partitions go on",
-                self._what, p, exc,
-            )  # fmt: skip
+            actor = self._link.actor_of(p)
+            with self.lock:
+                outage = self.outages.get(actor)
+                if outage is None or outage.ended is not None:
+                    outage = self.outages[actor] = Outage(actor, now, _plain(exc))
+                outage.down.add(p)
+                outage.partitions.add(p)
+        self.retry_now.set()  # (the retry thread waits for the earliest lapse)
 
     def up(self, p: int) -> None:
         if p in self.down:
@@ -95,7 +141,53 @@ class PartitionHealth:
                 self.down.pop(p, None)
                 self._backoff.pop(p, None)
                 self._down_since.pop(p, None)
-            log.info("%s partition %d: answering again", self._what, p)
+                for outage in self.outages.values():
+                    if p in outage.down:
+                        outage.down.discard(p)
+                        if not outage.down:
+                            outage.ended = time.monotonic()
+                            self.retry_now.set()  # (it says so, off this thread)
+            log.debug("%s partition %d: answering again", self._what, p)
+
+    def report_outages(self) -> None:
+        """On the retry thread: learn where a new outage's actor was, warn once of an
+        outage that lasts, and say each one that ended, in one line."""
+        with self.lock:
+            outages = list(self.outages.values())
+        now = time.monotonic()
+        for o in outages:
+            if o.node == _UNKNOWN and o.ended is None:
+                o.node = self._node_of(o)  # (not re-created yet: the retry thread does that)
+            if o.ended is None and not o.warned and now - o.since >= SLOW_OUTAGE_S:
+                o.warned = True
+                log.warning(
+                    "%s: partitions %s down for %.1f s (their actor %s on %s: %s); their "
+                    "messages wait, the other partitions go on",
+                    self._what, partition_ranges(o.down), now - o.since, o.actor,
+                    _short(o.node), o.error,
+                )  # fmt: skip
+            if o.ended is not None:
+                with self.lock:
+                    if self.outages.get(o.actor) is o:
+                        del self.outages[o.actor]
+                after = self._node_of(o)
+                if o.node in (None, _UNKNOWN):
+                    where = f"is on {_short(after)}"
+                elif after == o.node:
+                    where = f"was restarted on {_short(after)}"
+                else:
+                    where = f"moved from {_short(o.node)} to {_short(after)}"
+                log.info(
+                    "%s: partitions %s answer again after %.1f s; their actor %s %s",
+                    self._what, partition_ranges(o.partitions), o.ended - o.since,
+                    o.actor, where,
+                )  # fmt: skip
+
+    def _node_of(self, outage: Outage) -> str | None:
+        try:
+            return self._link.node_of(min(outage.partitions))
+        except Exception:  # noqa: BLE001 - only for the log line
+            return None
 
     def next_retry_s(self, timeout_s: float) -> float:
         """How long a receive with every partition down waits for the first retry."""
@@ -120,7 +212,7 @@ class PartitionHealth:
         except Exception as exc:  # noqa: BLE001 - this runs on the retry thread: keep it alive
             self.failed(p, exc)
             return False
-        log.info(
+        log.debug(
             "%s partition %d: looked its actor up again (%.1f s)",
             self._what, p, time.monotonic() - started,
         )  # fmt: skip
@@ -143,6 +235,8 @@ class PartitionHealth:
             self.retry_now.clear()
             if self._stop.is_set():
                 return
+            if self.outages:
+                self.report_outages()
             now = time.monotonic()
             with self.lock:
                 lapsed = [p for p, at in self.down.items() if 0 < at <= now]
@@ -208,3 +302,9 @@ class PartitionHealth:
                     self.deferred.setdefault(p, []).append(item)
             except Exception as exc:  # noqa: BLE001 - refused for good: reported, dropped
                 log.error("%s partition %d: dropped a kept call: %s", self._what, p, exc)
+
+
+def _plain(exc: Exception) -> str:
+    """An error as a line: its first line, without Ray's long tail."""
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

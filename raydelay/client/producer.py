@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -165,6 +166,7 @@ class Producer:
                 )
             )
         self._seq_lock = threading.Lock()
+        self._down_since: dict[int, float] = {}  # partitions whose appends failed: since when
         self._rr = itertools.count()
         self._queue: list[tuple[int, bytes, str | None, dict | None, int, SendFuture]] = []
         self._cv = threading.Condition(threading.Lock())
@@ -451,13 +453,23 @@ class Producer:
         except (Unavailable, StorageError) as exc:
             if isinstance(exc, StorageError) and not exc.retriable:
                 raise
-            log.warning("append to %s/%d failed (%s); retrying", self.topic, p, exc)
-            self.retries += 1
+            with self._seq_lock:
+                self.retries += 1
+                self._down_since.setdefault(p, time.monotonic())
+            log.debug("append to %s/%d failed (%s); retrying", self.topic, p, exc)
 
         # the partition's actor is looked up again: one that ended is re-created
-        return self._link.retried(
+        out = self._link.retried(
             lambda: self._link.append(p, data), f"topic {self.topic}/{p}", partition=p
         )
+        with self._seq_lock:  # one line per outage, whichever send saw it end first
+            since = self._down_since.pop(p, None)
+        if since is not None:
+            log.info(
+                "%s partition %d: appends go through again after %.1f s",
+                self.topic, p, time.monotonic() - since,
+            )  # fmt: skip
+        return out
 
     def _flusher(self) -> None:
         """Send what is queued as soon as nothing is in flight: one batch per partition,

@@ -207,9 +207,7 @@ def host_slots(config: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     return sorted(slots), node_of
 
 
-def choose_node(
-    name: str, avoid_head: bool, calls: Mapping[str, int] | None = None
-) -> str | None:
+def choose_node(name: str, avoid_head: bool, calls: Mapping[str, int] | None = None) -> str | None:
     """The node for a new actor called ``name`` (see the module's docstring; ``calls`` as
     in :func:`actor_options`); None when Ray reports no node at all."""
     candidates = candidate_nodes(avoid_head)

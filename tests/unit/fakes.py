@@ -126,6 +126,8 @@ class FakeSubscription(FakeLink):
         self.nacked: dict[int, list[int]] = defaultdict(list)
         self.nacks: list[tuple[int, float, int]] = []  # (partition, delay_s, nacked_at_ms)
         self.consumers: dict[int, set[str]] = defaultdict(set)
+        self.nodes: dict[str, str] = {}  # actor name -> its node (tests set it)
+        self.moves: dict[str, str] = {}  # actor name -> the node a reconnect re-creates it on
 
     def publish(self, partition: int, *payloads: bytes) -> None:
         start = len(self.waiting[partition]) + len(self.acked[partition])
@@ -178,6 +180,18 @@ class FakeSubscription(FakeLink):
 
     def heartbeat_groups(self):
         return [list(range(a, self.partitions, self.actors)) for a in range(self.actors)]
+
+    def reconnect(self, partition: int) -> None:
+        super().reconnect(partition)
+        actor = self.actor_of(partition)
+        if actor in self.moves:
+            self.nodes[actor] = self.moves.pop(actor)
+
+    def actor_of(self, partition):
+        return f"sub/t/s/{partition % self.actors}"
+
+    def node_of(self, partition):
+        return self.nodes.get(self.actor_of(partition))
 
     def heartbeat(self, partitions, consumer):
         return self._call("heartbeat", partitions[0])

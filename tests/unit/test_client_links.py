@@ -4,6 +4,9 @@ others."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 
 from raydelay.client.consumer import Consumer
@@ -33,8 +36,9 @@ def test_a_producer_routes_each_key_to_one_partition_and_returns_the_positions(c
 
 
 def test_an_append_retried_after_a_failure_sends_the_same_batch_and_is_not_appended_twice(
-    config,
+    config, caplog
 ):
+    caplog.set_level(logging.DEBUG, logger="raydelay.client.producer")
     topic = FakeTopic(partitions=1)
     producer = Producer(topic, "orders", config, name="p")
     topic.down.add(0)  # the first append fails; the retry reconnects and sends it again
@@ -45,6 +49,10 @@ def test_an_append_retried_after_a_failure_sends_the_same_batch_and_is_not_appen
     assert topic.payloads[0] == [b"a", b"b", b"c"]
     assert [m.entry_id for m in ids] == [0, 1, 2]
     assert producer.retries == 1
+    # and the failover is said once, at INFO, when appends go through again
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(said) == 1 and said[0][0] == "INFO", said
+    assert said[0][1].startswith("orders partition 0: appends go through again after")
 
 
 def test_a_named_producer_goes_on_from_the_sequence_ids_its_partitions_hold(config):
@@ -218,3 +226,87 @@ def test_a_consumer_that_cannot_join_every_partition_leaves_none_joined():
     with pytest.raises(Unavailable):
         consumer_of(sub)
     assert not any(sub.consumers[p] for p in range(3))
+
+
+def _health_lines(caplog) -> list[tuple[str, str]]:
+    return [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name == "raydelay.client.partition_health" and r.levelno >= logging.INFO
+    ]
+
+
+def _receive_until(consumer, n: int, timeout_s: float = 10.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += consumer.receive(max_messages=100, timeout_s=0.2)
+    return got
+
+
+def test_a_failover_is_said_in_one_info_line_naming_what_moved_and_where(caplog):
+    # Given a subscription whose one actor serves 4 partitions, on node aaaaaaaa1
+    caplog.set_level(logging.DEBUG, logger="raydelay.client.partition_health")
+    sub = FakeSubscription(partitions=4, actors=1)
+    sub.nodes["sub/t/s/0"] = "aaaaaaaa1"
+    consumer = consumer_of(sub)
+    try:
+        # When its node is lost: every partition's calls fail with Ray's long error
+        sub.down |= {0, 1, 2, 3}
+        for p in range(4):
+            sub.publish(p, f"m{p}".encode())
+        assert consumer.receive(max_messages=10, timeout_s=0) == []
+        assert consumer._health.down.keys() == {0, 1, 2, 3}
+        # and the actor comes back on node bbbbbbbb2 (re-created when the retry thread
+        # looks it up again)
+        sub.moves["sub/t/s/0"] = "bbbbbbbb2"
+        got = _receive_until(consumer, 4)
+        assert sorted(m.payload for m in got) == [b"m0", b"m1", b"m2", b"m3"]
+        deadline = time.monotonic() + 5
+        while consumer._health.outages and time.monotonic() < deadline:
+            consumer.receive(max_messages=10, timeout_s=0.05)  # (a consumer receives on)
+    finally:
+        consumer.close()
+    # Then the client said it once, at INFO: the partitions, the actor, from where to where
+    lines = _health_lines(caplog)
+    assert len(lines) == 1, lines
+    level, text = lines[0]
+    assert level == "INFO"
+    assert "partitions 0-3 answer again after" in text
+    assert "sub/t/s/0 moved from node aaaaaaaa to node bbbbbbbb" in text
+
+
+def test_an_outage_that_lasts_is_warned_of_once_while_it_lasts(caplog, monkeypatch):
+    from raydelay.client import partition_health
+
+    monkeypatch.setattr(partition_health, "SLOW_OUTAGE_S", 0.3)
+    caplog.set_level(logging.INFO, logger="raydelay.client.partition_health")
+    sub = FakeSubscription(partitions=2, actors=1)
+    sub.nodes["sub/t/s/0"] = "cccccccc3"
+    consumer = consumer_of(sub)
+    try:
+        sub.down |= {0, 1}
+        sub.comes_back = False  # it cannot be looked up again for a while
+        consumer.receive(max_messages=10, timeout_s=0)
+        deadline = time.monotonic() + 5
+        while not _health_lines(caplog) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)  # the outage lasts twice the threshold more: still one warning
+        # the one warning names the partitions, the actor, its node and the error
+        assert [lvl for lvl, _ in _health_lines(caplog)] == ["WARNING"]
+        text = _health_lines(caplog)[0][1]
+        assert "partitions 0-1 down for" in text and "sub/t/s/0 on node cccccccc" in text
+        assert "are down" in text  # (the first error, as the fake raised it)
+        # and once it is back, the same actor on the same node: restarted
+        sub.comes_back = True
+        sub.publish(0, b"x")
+        assert [m.payload for m in _receive_until(consumer, 1)] == [b"x"]
+        deadline = time.monotonic() + 5
+        while consumer._health.outages and time.monotonic() < deadline:
+            consumer.receive(max_messages=10, timeout_s=0.05)  # (a consumer receives on)
+    finally:
+        consumer.close()
+    lines = _health_lines(caplog)
+    assert [lvl for lvl, _ in lines] == ["WARNING", "INFO"], lines
+    assert "partitions 0-1 answer again" in lines[1][1]
+    assert "was restarted on node cccccccc" in lines[1][1]
