@@ -149,8 +149,11 @@ class CoordinatorActor:
         ``Metadata.choose_host``)."""
         current = self._meta.host_of(topic, partition)
         live = placement.live_hosts()
-        if current is not None and current in live:
+        # (a caller asks again after a failed call: a host whose node's raylet refuses
+        # connections is lost before Ray's health checks say so)
+        if current is not None and current in live and not placement.stranded(current):
             return current
+        live = placement.live_hosts()
         slots, node_of = placement.host_slots(self._config_dict())
         host = self._meta.choose_host(topic, partition, slots, node_of)
         self._meta.assign(topic, partition, host)

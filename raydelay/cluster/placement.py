@@ -28,15 +28,20 @@ chooses each actor's node itself and pins it there (a hard node affinity):
   alive, unless ``placement.avoid_head = false``.
 
 A crashed actor process is restarted by Ray on the same node. When the node itself is
-lost, the pinned actor cannot be scheduled and Ray ends it. The partitions of a host that
-ended are assigned again, to the slots of the nodes that are left, when a client next
-looks one up (``CoordinatorActor.locate``); other actors are re-created on the least
-loaded node left by whoever needs them next (``raydelay.cluster.handles``).
+lost, the pinned actor cannot be scheduled and Ray ends it. raydelay does not wait for
+that: after a failed call, the caller probes the raylet of the actor's node, and a node
+whose raylet refuses connections is gone at once (:func:`node_gone`). The partitions of
+a host on a gone node are assigned again, to the slots of the nodes that are left, when a
+client next looks one up (``CoordinatorActor.locate``); other actors are ended and
+re-created on the least loaded node left by whoever needs them next
+(``raydelay.cluster.handles``).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 import zlib
 from collections import Counter
@@ -108,11 +113,61 @@ def lookup_or_none(name: str) -> Any | None:
 # --- choosing a node ---------------------------------------------------------------------------
 
 
+# --- nodes gone before Ray says so ------------------------------------------------------------
+#
+# Ray declares a node dead after its health checks fail (``timeout`` x ``threshold``: 3 s
+# with raydelay's settings, about 15 s with Ray's). A node whose machine is up but whose
+# raylet died (a SIGKILLed node, a crashed raylet) refuses connections at once: raydelay
+# probes the raylet of an actor's node when a call to the actor failed, and a node that
+# refuses is gone for this process from then on (a raylet that starts again is a new node).
+# A machine that vanished does not refuse, it does not answer: the probe times out and
+# Ray's verdict decides, as before.
+PROBE_TIMEOUT_S = 0.25
+PROBE_EVERY_S = 1.0  # a node is probed at most this often (per process)
+_gone: set[str] = set()  # nodes whose raylet refused a connection
+_probed: dict[str, float] = {}  # node id -> when it was last probed (monotonic)
+_probe_lock = threading.Lock()
+
+
+def refuses(address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether ``address:port`` refuses a TCP connection (nothing listens there). A timeout
+    or an unreachable network is not a refusal."""
+    try:
+        socket.create_connection((address, int(port)), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def node_gone(node_id: str) -> bool:
+    """Whether node ``node_id`` is gone: Ray says it is dead, or its raylet refuses
+    connections (probed at most once per PROBE_EVERY_S)."""
+    if node_id in _gone:
+        return True
+    info = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+    if info is None or not info.get("Alive"):
+        return True
+    with _probe_lock:
+        now = time.monotonic()
+        if now - _probed.get(node_id, -PROBE_EVERY_S) < PROBE_EVERY_S:
+            return node_id in _gone
+        _probed[node_id] = now
+    address, port = info.get("NodeManagerAddress"), info.get("NodeManagerPort")
+    if address and port and refuses(address, port):
+        log.warning("node %s: its raylet refuses connections; taken as lost", node_id[:8])
+        _gone.add(node_id)
+        return True
+    return False
+
+
 def nodes() -> tuple[list[str], str | None]:
-    """The live nodes' ids (sorted) and the head node's id (None if not among them)."""
+    """The live nodes' ids (sorted) and the head node's id (None if not among them); a
+    node found gone by a probe (:func:`node_gone`) is not live."""
     alive, head = [], None
     for n in ray.nodes():
-        if not n.get("Alive"):
+        if not n.get("Alive") or n["NodeID"] in _gone:
             continue
         alive.append(n["NodeID"])
         if "node:__internal_head__" in n.get("Resources", {}):
@@ -163,14 +218,18 @@ def live_hosts() -> dict[str, str]:
 
 
 def stranded(name: str) -> bool:
-    """Whether the live actor called ``name`` is pinned to a node that is gone: Ray keeps
-    trying to restart it there until it gives up, which takes seconds after the node was
-    declared dead; raydelay ends it at once and re-creates it elsewhere."""
+    """Whether the live actor called ``name`` is pinned to a node that is gone (Ray says
+    so, or its raylet refuses connections: see :func:`node_gone`). Ray keeps trying to
+    restart it there until it declares the node dead and gives up, which takes seconds;
+    raydelay ends it at once and re-creates it elsewhere. Asked after a call failed."""
     alive, _ = nodes()
     if name.startswith(HOST_PREFIX):
-        return not any(n.startswith(host_node_prefix(name)) for n in alive)
-    node = node_of(name)
-    return node is not None and node not in alive
+        node = next((n for n in alive if n.startswith(host_node_prefix(name))), None)
+    else:
+        node = node_of(name)
+        if node is None:
+            return False
+    return node is None or node not in alive or node_gone(node)
 
 
 def end_stranded(name: str, handle: Any, timeout_s: float = 5.0) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from raydelay.cluster import placement
@@ -20,12 +22,15 @@ def cluster(monkeypatch):
                 "NodeID": n,
                 "Alive": n in state["alive"],
                 "Resources": {"CPU": 2.0} | ({"node:__internal_head__": 1.0} if n == HEAD else {}),
+                **state.get("raylets", {}).get(n, {}),
             }
             for n in (HEAD, W1, W2, W3)
         ]
 
     monkeypatch.setattr(placement.ray, "nodes", nodes)
     monkeypatch.setattr(placement, "actors", lambda: list(state["actors"]))
+    monkeypatch.setattr(placement, "_gone", set())
+    monkeypatch.setattr(placement, "_probed", {})
     return state
 
 
@@ -169,3 +174,49 @@ def test_an_actor_pinned_to_a_lost_node_is_stranded_and_its_host_not_live(cluste
     assert placement.live_hosts() == {}  # its partitions are assigned elsewhere at once
     assert placement.stranded(host) and placement.stranded("sub/t/a/0")
     assert not placement.stranded("sub/t/b/0") and not placement.stranded("sub/t/none/0")
+
+
+def _listening() -> socket.socket:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+def test_a_port_nothing_listens_on_refuses_and_a_listening_one_does_not():
+    server = _listening()
+    port = server.getsockname()[1]
+    assert not placement.refuses("127.0.0.1", port)
+    server.close()
+    assert placement.refuses("127.0.0.1", port)
+
+
+def test_a_node_whose_raylet_refuses_is_gone_before_ray_says_so(cluster, monkeypatch):
+    # Given W1's raylet listening, W2's gone (Ray still says both are alive), and a
+    # subscription actor on each
+    w1, w2 = _listening(), _listening()
+    cluster["raylets"] = {
+        n: {"NodeManagerAddress": "127.0.0.1", "NodeManagerPort": s.getsockname()[1]}
+        for n, s in ((W1, w1), (W2, w2))
+    }
+    w2.close()
+    cluster["actors"] += [
+        {"name": "sub/t/a/0", "class": "SubscriptionActor", "node": W1},
+        {"name": "sub/t/b/0", "class": "SubscriptionActor", "node": W2},
+    ]
+    probes = []
+    real = placement.refuses
+    monkeypatch.setattr(placement, "refuses", lambda a, p: probes.append(p) or real(a, p))
+    try:
+        # Then the actor on W1 is not stranded, and W1 is probed once a PROBE_EVERY_S
+        assert not placement.stranded("sub/t/a/0") and not placement.stranded("sub/t/a/0")
+        assert len(probes) == 1
+        # while the one on W2 is: W2 is gone, for every placement from now on
+        assert placement.stranded("sub/t/b/0")
+        assert W2 not in placement.nodes()[0] and W2 not in placement.candidate_nodes(True)
+        assert placement.stranded(placement.host_actor_name(W2, 0))
+        assert all(place(cluster, f"sub/t/n{i}/0") != W2 for i in range(6))
+        slots, node_of = placement.host_slots({})
+        assert W2 not in node_of.values()
+    finally:
+        w1.close()
