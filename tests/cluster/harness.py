@@ -12,8 +12,9 @@ test session's Ray is a single node). It prints one line ``RESULT <json>``:
 - ``placement`` before and after, and whether every actor is alive at the end.
 
 Scenarios: ``placement`` (no failure), ``worker_kill``, ``worker_kill_ray_defaults`` (Ray's
-own health-check settings), ``coordinator_node_kill``, ``kill_with_store_outage``,
-``drain``, ``local_refused``.
+own health-check settings), ``subscription_node_kill`` (the worker holding the most
+subscription actors; ``..._ray_defaults`` likewise), ``coordinator_node_kill``,
+``kill_with_store_outage``, ``drain``, ``local_refused``.
 """
 
 from __future__ import annotations
@@ -149,12 +150,18 @@ def _chaos(scenario, cluster, workers, placement, s3):
     def busiest_worker() -> str:
         return max((n for n in topics if n in workers), key=lambda n: (topics[n], n))
 
+    def subscription_worker() -> str:  # the worker holding the most subscription actors
+        subs = Counter(r["node"] for r in placement if r["class"] == "SubscriptionActor")
+        return max((n for n in subs if n in workers), key=lambda n: (subs[n], n))
+
     def kill(node: str, graceful: bool = False) -> str:
         cluster.remove_node(workers[node], allow_graceful=graceful)
         return node
 
     if scenario in ("worker_kill", "worker_kill_ray_defaults"):
         return lambda: kill(busiest_worker())
+    if scenario in ("subscription_node_kill", "subscription_node_kill_ray_defaults"):
+        return lambda: kill(subscription_worker())
     if scenario == "coordinator_node_kill":
         return lambda: kill(coordinator_node)
     if scenario == "drain":
@@ -277,6 +284,12 @@ def _pauses(ledger: Ledger, fail_ms: int, placement, lost_node: str) -> list[dic
         for key in r["serves"]
         if key.startswith("orders/")
     }
+    actor_node = {  # (subscription, partition) -> the node of the actor serving it
+        (key.split("/")[1], int(key.rsplit("/", 1)[1])): r["node"]
+        for r in placement
+        if r["class"] == "SubscriptionActor"
+        for key in r["serves"]
+    }
     last_due: dict[int, int] = defaultdict(int)
     for mid, at in ledger.sent.items():
         last_due[mid.partition] = max(last_due[mid.partition], at)
@@ -295,6 +308,7 @@ def _pauses(ledger: Ledger, fail_ms: int, placement, lost_node: str) -> list[dic
                 "subscription": name,
                 "partition": p,
                 "on_lost_node": node_of.get(p) == lost_node,
+                "actor_on_lost_node": actor_node.get((name, p)) == lost_node,
                 "longest_pause_s": round(gap / 1000, 2),
                 "pause_began_s": round((at - fail_ms) / 1000, 2),  # after the failure began
                 "deliveries": len(ts),

@@ -83,6 +83,18 @@ def test_sigkill_of_a_worker_node_under_load(tmp_path):
     assert sorted(served(after).values()) == [3, 3]
 
 
+def test_sigkill_of_a_subscription_actors_node_under_load(tmp_path):
+    result = run("subscription_node_kill", tmp_path)
+    check_run(result)
+    # the actors were spread: the lost node held one subscription's actor, not both
+    lost = {r["subscription"] for r in result["partitions"] if r["actor_on_lost_node"]}
+    assert len(lost) == 1, result["partitions"]
+    # and that subscription's actor came back on another node
+    after = {r["name"]: r["node"] for r in result["placement_after"]}
+    (sub,) = lost
+    assert after[f"sub/orders/{sub}/0"] != result["lost_node"]
+
+
 def test_sigkill_of_the_coordinators_node_under_load(tmp_path):
     check_run(run("coordinator_node_kill", tmp_path))
 
