@@ -8,7 +8,8 @@ a partition is tried every 50 ms (an actor Ray restarts is back within about a s
 then with a growing backoff (0.1 s up to 2 s).
 
 A failover is said in one line, at INFO, once every partition of the actor answers
-again: which partitions, how long, and where their actor went (:class:`Outage`). Only an
+again (and a second after, so that a late failure of a call sent before it counts in):
+which partitions, how long, and where their actor went (:class:`Outage`). Only an
 outage longer than ``SLOW_OUTAGE_S`` is said while it lasts, once, as a warning.
 """
 
@@ -42,6 +43,10 @@ RESTART_POLL_S = 3.0
 DOWN_BACKOFF = Backoff(first_s=0.1, max_s=2.0)
 IDLE_RETRY_S = 1.0  # the retry thread's wait while no partition is down
 SLOW_OUTAGE_S = 10.0  # an outage is said while it lasts (a warning) once it is this long
+# An outage is said this long after its partitions answered again, and a failure within it
+# belongs to the same outage: a call sent to the old actor before the failover may fail
+# after it (one failover, one line)
+SETTLE_S = 1.0
 _UNKNOWN = "?"  # a node not looked up yet
 
 
@@ -129,7 +134,12 @@ class PartitionHealth:
             actor = self._link.actor_of(p)
             with self.lock:
                 outage = self.outages.get(actor)
-                if outage is None or outage.ended is not None:
+                if outage is not None and outage.ended is not None:
+                    if now - outage.ended < SETTLE_S:
+                        outage.ended = None  # (the same failover)
+                    else:
+                        outage = None
+                if outage is None:
                     outage = self.outages[actor] = Outage(actor, now, _plain(exc))
                 outage.down.add(p)
                 outage.partitions.add(p)
@@ -145,13 +155,12 @@ class PartitionHealth:
                     if p in outage.down:
                         outage.down.discard(p)
                         if not outage.down:
-                            outage.ended = time.monotonic()
-                            self.retry_now.set()  # (it says so, off this thread)
+                            outage.ended = time.monotonic()  # (said SETTLE_S later)
             log.debug("%s partition %d: answering again", self._what, p)
 
     def report_outages(self) -> None:
         """On the retry thread: learn where a new outage's actor was, warn once of an
-        outage that lasts, and say each one that ended, in one line."""
+        outage that lasts, and say each one that ended (SETTLE_S ago), in one line."""
         with self.lock:
             outages = list(self.outages.values())
         now = time.monotonic()
@@ -166,10 +175,11 @@ class PartitionHealth:
                     self._what, partition_ranges(o.down), now - o.since, o.actor,
                     _short(o.node), o.error,
                 )  # fmt: skip
-            if o.ended is not None:
+            if o.ended is not None and now - o.ended >= SETTLE_S:
                 with self.lock:
-                    if self.outages.get(o.actor) is o:
-                        del self.outages[o.actor]
+                    if self.outages.get(o.actor) is not o or o.ended is None:
+                        continue
+                    del self.outages[o.actor]
                 after = self._node_of(o)
                 if o.node in (None, _UNKNOWN):
                     where = f"is on {_short(after)}"

@@ -15,6 +15,10 @@ from collections import Counter
 KINDS = {
     "worker_kill": "SIGKILL of a worker node",
     "worker_kill_ray_defaults": "SIGKILL of a worker node, Ray's default health checks",
+    "subscription_node_kill": "SIGKILL of a subscription actor's worker node",
+    "subscription_node_kill_ray_defaults": (
+        "SIGKILL of a subscription actor's worker node, Ray's default health checks"
+    ),
     "coordinator_node_kill": "SIGKILL of the coordinator's node",
     "kill_with_store_outage": "SIGKILL of a worker node, S3 down for 10 s",
     "drain": "graceful removal of a worker node",
@@ -28,6 +32,11 @@ def _span(values: list[float]) -> str:
     return f"{lo:.1f}" if hi - lo < 0.05 else f"{lo:.1f}-{hi:.1f}"
 
 
+def _hit(row: dict) -> bool:
+    """Whether a (subscription, partition) row lost its host or its subscription's actor."""
+    return bool(row["on_lost_node"] or row.get("actor_on_lost_node"))
+
+
 def runs_table(runs: list[dict]) -> str:
     head = (
         "| failure | health checks | lost node's partitions: pause (s) | other partitions: "
@@ -39,8 +48,8 @@ def runs_table(runs: list[dict]) -> str:
         if r["scenario"] not in KINDS:
             continue
         parts = r["partitions"]
-        lost = [p["longest_pause_s"] for p in parts if p["on_lost_node"]]
-        other = [p["longest_pause_s"] for p in parts if not p["on_lost_node"]]
+        lost = [p["longest_pause_s"] for p in parts if _hit(p)]
+        other = [p["longest_pause_s"] for p in parts if not _hit(p)]
         rep = r["report"].values()
         h = r["health"]
         rows.append(
@@ -56,18 +65,21 @@ def runs_table(runs: list[dict]) -> str:
 
 def partitions_table(runs: list[dict]) -> str:
     """Per run and partition: the longest pause in delivery after the failure began (the
-    larger of the two subscriptions'); * marks a partition of the lost node."""
+    larger of the two subscriptions'); * marks a partition whose host was on the lost node,
+    + one whose subscription's actor was."""
     n = max((p["partition"] for r in runs for p in r.get("partitions", [])), default=-1) + 1
     head = "| failure | " + " | ".join(f"p{i}" for i in range(n)) + " |"
     rows = [head, "|---" * (n + 1) + "|"]
     for r in runs:
         if r["scenario"] not in KINDS:
             continue
-        worst: dict[int, tuple[float, bool]] = {}
+        worst: dict[int, tuple[float, str]] = {}
         for p in r["partitions"]:
-            old = worst.get(p["partition"], (0.0, False))
-            worst[p["partition"]] = (max(old[0], p["longest_pause_s"]), p["on_lost_node"])
-        cells = [f"{worst[i][0]:.1f}{'*' if worst[i][1] else ''}" for i in range(n)]
+            old = worst.get(p["partition"], (0.0, ""))
+            mark = ("*" if p["on_lost_node"] else "") + ("+" if p.get("actor_on_lost_node") else "")
+            marks = "".join(sorted(set(old[1] + mark)))
+            worst[p["partition"]] = (max(old[0], p["longest_pause_s"]), marks)
+        cells = [f"{worst[i][0]:.1f}{worst[i][1]}" for i in range(n)]
         rows.append(f"| {KINDS[r['scenario']]} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -100,7 +112,10 @@ def main(path: str) -> None:
     with open(path) as f:
         runs = [json.loads(line) for line in f if line.strip()]
     print(runs_table(runs))
-    print("\nLongest pause in delivery per partition, in seconds (* on the lost node):\n")
+    print(
+        "\nLongest pause in delivery per partition, in seconds (* its host on the lost node, "
+        "+ its subscription actor there):\n"
+    )
     print(partitions_table(runs))
     for r in runs:
         if r["scenario"] == "placement":

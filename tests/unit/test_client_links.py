@@ -262,6 +262,10 @@ def test_a_failover_is_said_in_one_info_line_naming_what_moved_and_where(caplog)
         sub.moves["sub/t/s/0"] = "bbbbbbbb2"
         got = _receive_until(consumer, 4)
         assert sorted(m.payload for m in got) == [b"m0", b"m1", b"m2", b"m3"]
+        # and a call sent to the old actor fails late, right after: the same failover
+        sub.down.add(0)
+        sub.publish(0, b"late")
+        assert [m.payload for m in _receive_until(consumer, 1)] == [b"late"]
         deadline = time.monotonic() + 5
         while consumer._health.outages and time.monotonic() < deadline:
             consumer.receive(max_messages=10, timeout_s=0.05)  # (a consumer receives on)
