@@ -141,12 +141,14 @@ def refuses(address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool
     return False
 
 
-def node_gone(node_id: str) -> bool:
+def node_gone(node_id: str, info: dict[str, Any] | None = None) -> bool:
     """Whether node ``node_id`` is gone: Ray says it is dead, or its raylet refuses
-    connections (probed at most once per PROBE_EVERY_S)."""
+    connections (probed at most once per PROBE_EVERY_S). ``info``: its row of
+    ``ray.nodes()``, when the caller has it."""
     if node_id in _gone:
         return True
-    info = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+    if info is None:
+        info = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
     if info is None or not info.get("Alive"):
         return True
     with _probe_lock:
@@ -222,14 +224,15 @@ def stranded(name: str) -> bool:
     so, or its raylet refuses connections: see :func:`node_gone`). Ray keeps trying to
     restart it there until it declares the node dead and gives up, which takes seconds;
     raydelay ends it at once and re-creates it elsewhere. Asked after a call failed."""
-    alive, _ = nodes()
+    live = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in _gone}
     if name.startswith(HOST_PREFIX):
-        node = next((n for n in alive if n.startswith(host_node_prefix(name))), None)
+        prefix = host_node_prefix(name)
+        node = next((n for n in live if n.startswith(prefix)), None)
     else:
         node = node_of(name)
         if node is None:
             return False
-    return node is None or node not in alive or node_gone(node)
+    return node is None or node not in live or node_gone(node, live[node])
 
 
 def end_stranded(name: str, handle: Any, timeout_s: float = 5.0) -> None:
