@@ -110,9 +110,6 @@ def lookup_or_none(name: str) -> Any | None:
         return None
 
 
-# --- choosing a node ---------------------------------------------------------------------------
-
-
 # --- nodes gone before Ray says so ------------------------------------------------------------
 #
 # Ray declares a node dead after its health checks fail (``timeout`` x ``threshold``: 3 s
@@ -162,6 +159,9 @@ def node_gone(node_id: str, info: dict[str, Any] | None = None) -> bool:
         _gone.add(node_id)
         return True
     return False
+
+
+# --- choosing a node ---------------------------------------------------------------------------
 
 
 def nodes() -> tuple[list[str], str | None]:
