@@ -244,6 +244,13 @@ def _receive_until(consumer, n: int, timeout_s: float = 10.0) -> list:
     return got
 
 
+def _receive_until_said(consumer, timeout_s: float = 5.0) -> None:
+    """Receive on (as a consumer does) until every outage it saw has been said."""
+    deadline = time.monotonic() + timeout_s
+    while consumer._health.outages and time.monotonic() < deadline:
+        consumer.receive(max_messages=10, timeout_s=0.05)
+
+
 def test_a_failover_is_said_in_one_info_line_naming_what_moved_and_where(caplog):
     # Given a subscription whose one actor serves 4 partitions, on node aaaaaaaa1
     caplog.set_level(logging.DEBUG, logger="raydelay.client.partition_health")
@@ -266,9 +273,7 @@ def test_a_failover_is_said_in_one_info_line_naming_what_moved_and_where(caplog)
         sub.down.add(0)
         sub.publish(0, b"late")
         assert [m.payload for m in _receive_until(consumer, 1)] == [b"late"]
-        deadline = time.monotonic() + 5
-        while consumer._health.outages and time.monotonic() < deadline:
-            consumer.receive(max_messages=10, timeout_s=0.05)  # (a consumer receives on)
+        _receive_until_said(consumer)
     finally:
         consumer.close()
     # Then the client said it once, at INFO: the partitions, the actor, from where to where
@@ -305,9 +310,7 @@ def test_an_outage_that_lasts_is_warned_of_once_while_it_lasts(caplog, monkeypat
         sub.comes_back = True
         sub.publish(0, b"x")
         assert [m.payload for m in _receive_until(consumer, 1)] == [b"x"]
-        deadline = time.monotonic() + 5
-        while consumer._health.outages and time.monotonic() < deadline:
-            consumer.receive(max_messages=10, timeout_s=0.05)  # (a consumer receives on)
+        _receive_until_said(consumer)
     finally:
         consumer.close()
     lines = _health_lines(caplog)
