@@ -237,8 +237,13 @@ class PlacementConfig(_Section):
     # partition hosts per node: -1 is one per CPU of the node, at most
     # placement.MAX_AUTO_HOSTS (4); each host holds the logs of many partitions
     hosts_per_node: int = -1
+    # subscription hosts per node, the same way: each serves many subscriptions' units
+    subscription_hosts_per_node: int = -1
+    # subscription hosts kept running on every node that may hold one, idle or not, so
+    # that what a lost node served resumes in a running process (0: start them as needed)
+    warm_subscription_hosts: NonNegative = 1
 
-    _limits = _limit_fields("placement", "hosts_per_node")
+    _limits = _limit_fields("placement", "hosts_per_node", "subscription_hosts_per_node")
 
 
 class TasksConfig(_Section):

@@ -378,11 +378,10 @@ class _Run:
         import ray
 
         from raydelay.cluster import placement
-        from raydelay.cluster.names import subscription_actor_name
 
-        # the subscription's actor (it serves every partition) and the partitions' hosts
-        handles = [placement.lookup(subscription_actor_name(self.topic, "billing"))]
-        handles += [placement.lookup(h) for h in placement.live_hosts()]
+        # the subscription hosts (one serves billing's partitions) and the partitions' hosts
+        names = [*placement.live_hosts("SubscriptionHost"), *placement.live_hosts()]
+        handles = [placement.lookup(h) for h in names]
         return sorted(set(ray.get([h.pid.remote() for h in handles])))
 
     def _sample_rss(self, pids: list[int]) -> None:

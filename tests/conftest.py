@@ -177,6 +177,7 @@ def cluster(ray_cluster):
     from raydelay.cluster.names import NAMESPACE
 
     before = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    units_before = set(_unit_assignments())
     producers, consumers = len(ray_cluster._producers), len(ray_cluster._consumers)
     yield ray_cluster
     for consumer in ray_cluster._consumers[consumers:]:
@@ -191,6 +192,56 @@ def cluster(ray_cluster):
             and (actor["name"].startswith(("topic/", "sub/")))
         ):
             ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
+    _drop_units(set(_unit_assignments()) - units_before)
+
+
+def _unit_assignments() -> dict[str, str]:
+    """The subscription units assigned now (unit key -> its subscription host)."""
+    from raydelay.actors.coordinator import CoordinatorActor
+    from raydelay.actors.handles import coordinator_handle
+
+    try:
+        return rpc_get(coordinator_handle().submit(CoordinatorActor.unit_assignments))
+    except Exception:  # noqa: BLE001 - no coordinator (a test stopped it): nothing to drop
+        return {}
+
+
+def _drop_units(keys: set[str]) -> None:
+    """Stop serving the units a test made, on their subscription hosts, and unassign them:
+    the session's hosts outlive every test, and would otherwise serve every test's
+    subscriptions to the end (and count them when they place the next ones)."""
+    from raydelay.actors.coordinator import CoordinatorActor
+    from raydelay.actors.handles import coordinator_handle
+    from raydelay.actors.subscription import SubscriptionHost
+    from raydelay.cluster import placement
+    from raydelay.cluster.handles import Peer
+    from raydelay.cluster.names import Unit
+
+    if not keys:
+        return
+    assigned = _unit_assignments()
+    by_host: dict[str, list[Unit]] = {}
+    for key in keys:
+        if key in assigned:
+            by_host.setdefault(assigned[key], []).append(Unit.of_key(key))
+    for host, units in by_host.items():
+        handle = placement.lookup_or_none(host)
+        if handle is None:
+            continue
+        try:
+            rpc_get(Peer(host, lambda: None, host, handle).submit(SubscriptionHost.drop, units))
+        except Exception:  # noqa: BLE001 - a host a test broke: it is restarted or gone
+            pass
+    try:
+        rpc_get(coordinator_handle().submit(CoordinatorActor.release_units, sorted(keys)))
+    except Exception:  # noqa: BLE001 - no coordinator: the next session starts afresh
+        pass
+
+
+def rpc_get(ref):
+    import ray
+
+    return ray.get(ref, timeout=30)
 
 
 @pytest.fixture

@@ -3,10 +3,11 @@
 One per cluster (named ``coordinator``, detached, restarted forever). Calls are
 served one at a time; every change is journaled in the store before it returns.
 
-It starts the partition hosts (:meth:`CoordinatorActor.locate`) through the ``start_host``
-it is given when created (``raydelay.actors.host.spawn_host``, passed by
-``raydelay.actors.host.coordinator_peer``): hosts call the coordinator, so this module
-imports no other actor's.
+It assigns partitions to partition hosts (:meth:`CoordinatorActor.locate`) and
+subscription units to subscription hosts (:meth:`CoordinatorActor.locate_unit`), and
+starts those hosts through the ``start_host`` it is given when created
+(``raydelay.actors.host.spawn_host``, passed by ``raydelay.actors.host.coordinator_peer``):
+hosts call the coordinator, so this module imports no other actor's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import ray
 
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.metadata import Metadata
-from raydelay.cluster.names import COORDINATOR
+from raydelay.cluster.names import COORDINATOR, Unit, host_node_prefix, subscription_groups
 from raydelay.cluster.nodes import check_store
 from raydelay.cluster.owner import StoreOwner
 from raydelay.config import config_from_dict, config_to_dict
@@ -189,6 +190,86 @@ class CoordinatorActor:
 
     def _config_dict(self) -> dict[str, Any]:
         return config_to_dict(self._config)
+
+    # --- subscription hosts ----------------------------------------------------------------
+
+    def locate_unit(self, topic: str, subscription: str, group: int) -> str:
+        """The name of the subscription host that serves partition group ``group`` of a
+        subscription. A unit not assigned yet, or assigned to a host that ended for good
+        (or whose node's raylet refuses connections), is assigned to a slot first
+        (journaled; see ``Metadata.choose_subhost``): after a node loss, a slot already
+        running, so nothing starts on the way back. NotFound once the subscription is
+        deleted. Keeps the warm slots of every node running
+        (``placement.warm_subscription_hosts``)."""
+        unit = Unit(topic, subscription, int(group))
+        current = self._meta.unit_host(unit)
+        config = self._config_dict()
+        live = placement.live_hosts("SubscriptionHost")
+        slots, node_of = placement.host_slots(config, subscriptions=True)
+        self._keep_warm(config, slots, live)
+        if current is not None and current in live and not placement.stranded(current):
+            return current
+        live = placement.live_hosts("SubscriptionHost")
+        host = self._meta.choose_subhost(
+            unit, slots, node_of, set(live), self._served_by_node(unit, node_of)
+        )
+        self._meta.assign_unit(unit, host)
+        if current is not None:
+            log.warning(
+                "unit %s: subscription host %s is gone; assigned to %s", unit.key, current, host
+            )
+        if host not in live:
+            self._start_host(host, config)
+        return host
+
+    def _keep_warm(self, config: dict[str, Any], slots: list[str], live: dict[str, str]) -> None:
+        for name in placement.warm_slots(config, slots):
+            if name not in live:
+                log.info("starting subscription host %s (kept warm)", name)
+                self._start_host(name, config)
+
+    def _served_by_node(self, unit: Unit, node_of: dict[str, str]) -> dict[str, int]:
+        """Node -> how many of the unit's partitions the partition hosts there serve."""
+        per_actor = self._meta.subscription(unit.topic, unit.subscription).get(
+            "partitions_per_actor", self._config.subscription.partitions_per_actor
+        )
+        partitions = subscription_groups(self._meta.partitions(unit.topic), per_actor)
+        hosts = self._meta.assignments()
+        nodes = set(node_of.values())
+        out: dict[str, int] = {}
+        for p in partitions.get(unit.group, []):
+            host = hosts.get(f"{unit.topic}/{p}")
+            if host is None:
+                continue
+            node = next((n for n in nodes if n.startswith(host_node_prefix(host))), None)
+            if node is not None:
+                out[node] = out.get(node, 0) + 1
+        return out
+
+    def claim_unit(self, topic: str, subscription: str, group: int, host: str) -> str:
+        """A subscription host about to serve a unit asks whether it may: the unit's host
+        after the call (``host`` itself when it was assigned to it, or to nobody, or to a
+        host that ended for good). NotFound once the subscription is deleted."""
+        unit = Unit(topic, subscription, int(group))
+        current = self._meta.unit_host(unit)
+        if current == host:
+            return host
+        if current is not None and current in placement.live_hosts("SubscriptionHost"):
+            return current
+        return self._meta.assign_unit(unit, host)
+
+    def unit_assignments(self) -> dict[str, str]:
+        """``"topic/subscription/group"`` -> its subscription host, for every assigned unit."""
+        return self._meta.unit_assignments()
+
+    def release_units(self, keys: list[str]) -> None:
+        """Unassign units their host has stopped serving (``SubscriptionHost.drop``)."""
+        for key in keys:
+            self._meta.release_unit(key)
+
+    def host_units(self, host: str) -> list[Unit]:
+        """The units assigned to subscription host ``host``."""
+        return sorted(Unit.of_key(k) for k, h in self._meta.unit_assignments().items() if h == host)
 
     def merge_buckets(
         self,

@@ -1,28 +1,29 @@
-"""The client side of the calls to partitions (on their hosts and subscription actors), typed by the actors' own methods.
+"""The client side of the calls to partitions (on their hosts and subscription hosts), typed by the actors' own methods.
 
 - :class:`TopicHandles` and :class:`SubscriptionHandles`: what a Producer and a Consumer
   call (``raydelay.client.links``' protocols), one :class:`~raydelay.cluster.handles.Peer`
   per partition.
 - :func:`fan_out_cancel`: a cancel, from the markers in the log to every subscription.
-- :class:`HostPartition` and :class:`SubscriptionActorPartition`: one partition, called
+- :class:`HostPartition` and :class:`SubscriptionPartition`: one partition, called
   directly (tools, benchmarks and tests): ``part.submit(HostActor.stats)``.
 
 Every call names the actor method it runs (``HostActor.append``,
-``SubscriptionActor.ack``...), so mypy checks its arguments and its reply against that
-method; nothing goes by a method name.
+``SubscriptionHost.ack``...), so mypy checks its arguments and its reply against that
+method; nothing goes by a method name. A subscription host's calls name the unit first
+(``UnitPeer.unit``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import HostActor
-from raydelay.actors.subscription import SubscriptionActor
+from raydelay.actors.subscription import SubscriptionHost, UnitPeer
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import PartitionPeers, Peer
-from raydelay.cluster.names import COORDINATOR, subscription_actor_name, subscription_group
+from raydelay.cluster.names import COORDINATOR, Unit, subscription_group
 
 P = ParamSpec("P")
 ActorT = TypeVar("ActorT")
@@ -46,21 +47,30 @@ class TopicHandles(PartitionPeers[HostActor]):
         return peer.submit(HostActor.last_sequence, self.topic, partition, producer)
 
 
-class SubscriptionHandles(PartitionPeers[SubscriptionActor]):
-    """A subscription's partitions on its actors, as a consumer calls them
-    (``links.SubscriptionLink``). A call for several partitions goes to the actor of the
+class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
+    """A subscription's partitions on the hosts of its units, as a consumer calls them
+    (``links.SubscriptionLink``). A call for several partitions goes to the unit of the
     first (they share it: a group of :meth:`heartbeat_groups`)."""
+
+    _peers: Sequence[UnitPeer]
 
     def receive(self, partition: int, consumer: str, max_messages: int, timeout_s: float,
                 rewinds: int) -> Any:  # fmt: skip
-        return self._peers[partition].submit(
-            SubscriptionActor.receive, partition, consumer, max_messages, timeout_s, rewinds
+        return self._on(
+            partition,
+            SubscriptionHost.receive,
+            partition,
+            consumer,
+            max_messages,
+            timeout_s,
+            rewinds,
         )
 
     def receive_many(self, partitions: list[int], consumer: str, max_messages: int,
                      timeout_s: float, rewinds: int) -> Any:  # fmt: skip
-        return self._peers[partitions[0]].submit(
-            SubscriptionActor.receive_many,
+        return self._on(
+            partitions[0],
+            SubscriptionHost.receive_many,
             consumer,
             list(partitions),
             max_messages,
@@ -69,16 +79,16 @@ class SubscriptionHandles(PartitionPeers[SubscriptionActor]):
         )
 
     def ack(self, partition: int, consumer: str, keys: Any) -> Any:
-        return self._peers[partition].submit(SubscriptionActor.ack, partition, consumer, keys)
+        return self._on(partition, SubscriptionHost.ack, partition, consumer, keys)
 
     def ack_many(self, acks: list[tuple[int, Any]], consumer: str, nack: Any = None) -> Any:
-        return self._peers[acks[0][0]].submit(SubscriptionActor.ack_many, consumer, acks, nack)
+        return self._on(acks[0][0], SubscriptionHost.ack_many, consumer, acks, nack)
 
     def nack(
         self, partition: int, consumer: str, keys: Any, delay_s: float, nacked_at_ms: int
     ) -> Any:
-        return self._peers[partition].submit(
-            SubscriptionActor.nack, partition, consumer, keys, delay_s, nacked_at_ms
+        return self._on(
+            partition, SubscriptionHost.nack, partition, consumer, keys, delay_s, nacked_at_ms
         )
 
     def heartbeat_groups(self) -> list[list[int]]:
@@ -91,30 +101,41 @@ class SubscriptionHandles(PartitionPeers[SubscriptionActor]):
         return self._peers[partition].name
 
     def node_of(self, partition: int) -> str | None:
-        return placement.node_of(self._peers[partition].name)
+        host = self._peers[partition].host
+        return None if host is None else placement.node_of(host)
 
     def heartbeat(self, partitions: list[int], consumer: str) -> Any:
-        peer = self._peers[partitions[0]]
-        return peer.submit(SubscriptionActor.heartbeat_many, consumer, list(partitions))
+        return self._on(partitions[0], SubscriptionHost.heartbeat_many, consumer, list(partitions))
 
     def add_consumer(self, partition: int, consumer: str) -> Any:
-        return self._peers[partition].submit(SubscriptionActor.add_consumer, partition, consumer)
+        return self._on(partition, SubscriptionHost.add_consumer, partition, consumer)
 
     def remove_consumer(self, partition: int, consumer: str) -> Any:
-        peer = self._peers[partition]
-        return peer.submit(SubscriptionActor.remove_consumer, partition, consumer)
+        return self._on(partition, SubscriptionHost.remove_consumer, partition, consumer)
 
     def redeliver(self, partition: int, consumer: str, keys: Any, rewinds: int = 0,
                   check_only: bool = False) -> Any:  # fmt: skip
-        return self._peers[partition].submit(
-            SubscriptionActor.redeliver, partition, consumer, keys, rewinds, check_only
+        return self._on(
+            partition, SubscriptionHost.redeliver, partition, consumer, keys, rewinds, check_only
         )
+
+    def _on(
+        self,
+        partition: int,
+        method: Callable[Concatenate[SubscriptionHost, Unit, P], Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Any:
+        """Submit a call of the unit serving ``partition`` (the unit goes first)."""
+        peer = self._peers[partition]
+        return peer.submit(method, peer.unit, *args, **kwargs)
 
 
 def fan_out_cancel(
     topic: str,
     topic_peer: Callable[[int], Peer[HostActor]],
-    subscription_peer: Callable[[int, str], Peer[SubscriptionActor]],
+    subscription_peer: Callable[[int, str], UnitPeer],
     subscriptions: list[str],
     batches: dict[int, tuple[list[tuple[int, int]], int]],
     producer: str,
@@ -160,8 +181,8 @@ def fan_out_cancel(
         )
     )
     out = {p: [True] * len(batches[p][0]) for p in parts}
-    # one call per subscription actor: its partitions' targets and markers together
-    groups: dict[str, tuple[Peer[SubscriptionActor], dict[int, tuple[list, list]]]] = {}
+    # one call per unit of each subscription: its partitions' targets and markers together
+    groups: dict[str, tuple[UnitPeer, dict[int, tuple[list, list]]]] = {}
     peers: list[Peer] = []
     for sub in subscriptions:
         for p in parts:
@@ -172,7 +193,10 @@ def fan_out_cancel(
         return out, sends - 1
 
     def apply() -> list:
-        return [peer.submit(SubscriptionActor.cancel_many, work) for peer, work in groups.values()]
+        return [
+            peer.submit(SubscriptionHost.cancel_many, peer.unit, work)
+            for peer, work in groups.values()
+        ]
 
     answers = rpc.call(
         apply, what="cancel in subscriptions", deadline_s=deadline_s, on_failure=lost_all(peers)
@@ -222,26 +246,26 @@ class HostPartition(_OnePartition[HostActor]):
         return self.actor(method, self.topic, self.partition, *args, **kwargs)
 
 
-class SubscriptionActorPartition(_OnePartition[SubscriptionActor]):
-    """A partition of a subscription on the actor serving it:
-    ``part.submit(SubscriptionActor.stats)`` is ``actor.stats.remote(partition)``."""
+class SubscriptionPartition(_OnePartition[SubscriptionHost]):
+    """A partition of a subscription on the host serving its unit:
+    ``part.submit(SubscriptionHost.stats)`` is ``host.stats.remote(unit, partition)``."""
 
-    def __init__(self, handle: Any, partition: int, name: str) -> None:
+    def __init__(self, handle: Any, unit: Unit, partition: int, name: str) -> None:
         super().__init__(handle, name)
-        self.partition = partition
+        self.unit, self.partition = unit, partition
 
     def submit(
         self,
-        method: Callable[Concatenate[SubscriptionActor, int, P], Any],
+        method: Callable[Concatenate[SubscriptionHost, Unit, int, P], Any],
         /,
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> Any:
-        """Submit a call of the partition (the partition goes first); an ObjectRef."""
-        return self.actor(method, self.partition, *args, **kwargs)
+        """Submit a call of the partition (the unit and partition go first); an ObjectRef."""
+        return self.actor(method, self.unit, self.partition, *args, **kwargs)
 
 
-def _coordinator() -> Peer[CoordinatorActor]:
+def coordinator_handle() -> Peer[CoordinatorActor]:
     """The running coordinator (looked up, never created here)."""
     handle = placement.lookup(COORDINATOR)
     return Peer(COORDINATOR, lambda: handle, "coordinator", handle)
@@ -250,7 +274,7 @@ def _coordinator() -> Peer[CoordinatorActor]:
 def host_of(topic: str, partition: int) -> str:
     """The name of the host serving the partition (started if needed)."""
     return rpc.get(
-        _coordinator().submit(CoordinatorActor.locate, topic, partition), what="coordinator"
+        coordinator_handle().submit(CoordinatorActor.locate, topic, partition), what="coordinator"
     )
 
 
@@ -260,14 +284,22 @@ def topic_partition(topic: str, partition: int) -> HostPartition:
     return HostPartition(placement.lookup(name), topic, partition, name)
 
 
-def subscription_partition(
-    topic: str, partition: int, subscription: str
-) -> SubscriptionActorPartition:
-    """A partition of a subscription, on the subscription's actor that serves it."""
+def unit_host_of(topic: str, subscription: str, group: int = 0) -> str:
+    """The name of the subscription host serving unit ``group`` of a subscription (the
+    unit assigned, and its host started, if needed)."""
+    return rpc.get(
+        coordinator_handle().submit(CoordinatorActor.locate_unit, topic, subscription, group),
+        what="coordinator",
+    )
+
+
+def subscription_partition(topic: str, partition: int, subscription: str) -> SubscriptionPartition:
+    """A partition of a subscription, on the subscription host serving its unit."""
     options = rpc.get(
-        _coordinator().submit(CoordinatorActor.subscription, topic, subscription),
+        coordinator_handle().submit(CoordinatorActor.subscription, topic, subscription),
         what="coordinator",
     )
     group = subscription_group(partition, int(options.get("partitions_per_actor", -1)))
-    name = subscription_actor_name(topic, subscription, group)
-    return SubscriptionActorPartition(placement.lookup(name), partition, name)
+    unit = Unit(topic, subscription, group)
+    name = unit_host_of(*unit)
+    return SubscriptionPartition(placement.lookup(name), unit, partition, name)

@@ -41,7 +41,7 @@ from raydelay.actors.partition.hosted import HostedPartition
 from raydelay.actors.protocol import BucketList, DueReply, ReadReply
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import Peer
-from raydelay.cluster.names import COORDINATOR
+from raydelay.cluster.names import COORDINATOR, SUBHOST_PREFIX
 from raydelay.cluster.nodes import check_store
 from raydelay.config import config_from_dict
 from raydelay.dispatch.peek import PeekRange
@@ -291,10 +291,16 @@ class HostActor:
 
 
 def spawn_host(name: str, config: dict[str, Any]) -> Any:
-    """The host called ``name`` (``host/<node>/<slot>``), started if it does not run."""
-    return (
-        ray.remote(HostActor).options(**placement.actor_options(name, config)).remote(name, config)
-    )
+    """The host called ``name`` (``host/<node>/<slot>``, or a subscription host,
+    ``subhost/<node>/<slot>``), started if it does not run."""
+    if name.startswith(SUBHOST_PREFIX):
+        # (imported here: the subscription host's module imports this one)
+        from raydelay.actors.subscription.host import SubscriptionHost
+
+        cls: type = SubscriptionHost
+    else:
+        cls = HostActor
+    return ray.remote(cls).options(**placement.actor_options(name, config)).remote(name, config)
 
 
 def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer[CoordinatorActor]:

@@ -31,7 +31,7 @@ class ReadReply:
 
 @dataclasses.dataclass(frozen=True)
 class ReceiveReply:
-    """A receive at several partitions of one actor (``SubscriptionActor.receive_many``)."""
+    """A receive at several partitions of one actor (``SubscriptionHost.receive_many``)."""
 
     got: list[tuple[int, pa.RecordBatch]]  # (partition, record batch) of those with messages
     failed: list[tuple[int, BaseException]]  # (partition, error) of those whose receive failed

@@ -132,14 +132,23 @@ def cmd_placement(args: argparse.Namespace) -> int:
             (rs[0]["address"] or "-") + (" (head)" if rs[0]["head"] else ""),
             sum(r["class"] == "HostActor" for r in rs),
             sum(r.get("partitions", 0) for r in rs if r["class"] == "HostActor"),
-            sum(r["class"] == "SubscriptionActor" for r in rs),
+            sum(r["class"] == "SubscriptionHost" for r in rs),
+            sum(r.get("partitions", 0) for r in rs if r["class"] == "SubscriptionHost"),
             "yes" if any(r["class"] == "CoordinatorActor" for r in rs) else "",
         ]
         for node, rs in sorted(nodes.items())
     ]
     print(
         table(
-            ["node", "address", "hosts", "partitions", "subscription actors", "coordinator"],
+            [
+                "node",
+                "address",
+                "hosts",
+                "partitions",
+                "subscription hosts",
+                "subscription partitions",
+                "coordinator",
+            ],
             summary,
         )
     )

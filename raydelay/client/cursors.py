@@ -1,7 +1,7 @@
 """Where a subscription's cursor, or a reader, goes for a point in a topic: ``"earliest"``,
 ``"latest"``, a message id or a time, turned into each partition's mark-delete position
 (what ``Cluster.reset_cursor``, ``Consumer.seek`` and ``Cluster.create_reader`` take), and
-the reset of a subscription's actors to those marks."""
+the reset of a subscription's units to those marks."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from raydelay.actors.host import HostActor
+from raydelay.actors.subscription import SubscriptionHost, UnitPeer
 from raydelay.client.message import MessageId, time_ms_of
 from raydelay.client.peers import ClusterPeers
 from raydelay.cluster import rpc
-from raydelay.cluster.handles import Peer
 from raydelay.errors import InvalidArgument, NotFound
 
 
@@ -28,7 +28,7 @@ class Cursors:
         self, topic: str, subscription: str, n: int, to: Any, inclusive: bool = True
     ) -> dict[int, list[int]]:
         marks = self.marks(topic, n, to, inclusive=inclusive)
-        groups: dict[str, tuple[Peer, dict[int, list[int]]]] = {}
+        groups: dict[str, tuple[UnitPeer, dict[int, list[int]]]] = {}
         for p, md in marks.items():
             peer = self._peers.subscription_peer(topic, p, subscription)
             groups.setdefault(peer.name, (peer, {}))[1][p] = md
@@ -39,7 +39,10 @@ class Cursors:
                 peer.lost()
 
         rpc.call(
-            lambda: [peer.handle.reset.remote(work) for peer, work in groups.values()],
+            lambda: [
+                peer.submit(SubscriptionHost.reset, peer.unit, work)
+                for peer, work in groups.values()
+            ],
             what=f"resetting the cursor of {topic}/{subscription}",
             deadline_s=self._peers.deadline_s,
             on_failure=lost,

@@ -8,9 +8,11 @@ import logging
 
 import ray
 
+from raydelay.actors.subscription import SubscriptionHost
 from raydelay.client.peers import Session
 from raydelay.client.runner import stop_runner_actors
 from raydelay.cluster import handles, placement, rpc
+from raydelay.cluster.handles import Peer
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +63,13 @@ class Lifecycle:
 def flush_all() -> None:
     """Persist every subscription's cursor and stop its loops, then close every partition's
     open ledger (which answers the hosts' standing long polls). Every live subscription
-    actor is closed, whoever made it: one left reading would see its hosts stop under it."""
+    host is closed, whoever made it: one left reading would see its hosts stop under it."""
     stop_runner_actors()  # consumers themselves: they go before their subscription
     refs = []
-    for name in handles.subscription_actors():
+    for name in placement.live_hosts("SubscriptionHost"):
         handle = placement.lookup_or_none(name)
-        if handle is not None:
-            refs.append(handle.close.remote())  # persists, then stops its loops
+        if handle is not None:  # each unit persists, then stops its loops
+            refs.append(Peer(name, lambda: None, name, handle).submit(SubscriptionHost.close))
     if refs:
         rpc.get(refs, what="subscription")
     hosts = [placement.lookup_or_none(h) for h in placement.live_hosts()]

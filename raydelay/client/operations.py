@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from raydelay.actors.host import HostActor
-from raydelay.actors.subscription import SubscriptionActor
+from raydelay.actors.subscription import SubscriptionHost
 from raydelay.client.message import (
     Message,
     MessageId,
@@ -76,8 +76,8 @@ class Operations:
         edges = [now + int(w * 1000) + 1 for w in windows_s]  # window i: due <= now + w
         parts = self._peers.call(
             lambda: [
-                self._peers.subscription_peer(topic, p, subscription).submit(
-                    SubscriptionActor.due_histogram, p, edges
+                self._peers.on_subscription(
+                    topic, p, subscription, SubscriptionHost.due_histogram, edges
                 )
                 for p in range(n)
             ],
@@ -118,8 +118,8 @@ class Operations:
         self._session.flush_acks(topic)
         batches = self._peers.call(
             lambda: [
-                self._peers.subscription_peer(topic, p, subscription).submit(
-                    SubscriptionActor.peek, p, lim, after, before, key
+                self._peers.on_subscription(
+                    topic, p, subscription, SubscriptionHost.peek, lim, after, before, key
                 )
                 for p in range(n)
             ],

@@ -1,6 +1,6 @@
 """What the parts of one client share: its ways to the cluster's actors
 (:class:`ClusterPeers`: the coordinator, each topic partition on its host, each
-subscription partition on its subscription's actor, and how long a call to them is
+subscription partition on the host of its subscription's unit, and how long a call to them is
 retried) and its own state (:class:`Session`: its producers and consumers, and whether it
 is shut down). A view made by ``Cluster.with_retry_deadline`` shares both, with its own
 retry deadline."""
@@ -14,16 +14,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import HostActor, coordinator_peer, partition_peer
-from raydelay.actors.subscription import SubscriptionActor, spawn_subscription
+from raydelay.actors.subscription import SubscriptionHost, UnitPeer, unit_peer
 from raydelay.client.consumer import Consumer
 from raydelay.client.producer import Producer
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
-from raydelay.cluster.names import (
-    subscription_actor_name,
-    subscription_group,
-    subscription_groups,
-)
+from raydelay.cluster.names import Unit, subscription_group, subscription_groups
 from raydelay.config import ClientConfig, Config, config_to_dict
 from raydelay.errors import InvalidArgument
 from raydelay.storage.keys import validate_name
@@ -148,12 +144,10 @@ class ClusterPeers:
             )
         return self._per_actors[key]
 
-    def subscription_actors(self, topic: str, subscription: str, partitions: int) -> list[str]:
+    def units(self, topic: str, subscription: str, partitions: int) -> list[Unit]:
+        """The units of a subscription (one per partition group)."""
         per_actor = self.per_actor(topic, subscription)
-        return [
-            subscription_actor_name(topic, subscription, g)
-            for g in subscription_groups(partitions, per_actor)
-        ]
+        return [Unit(topic, subscription, g) for g in subscription_groups(partitions, per_actor)]
 
     def topic_peer(self, topic: str, partition: int) -> Peer[HostActor]:
         """The partition of a topic, on its host (found through the coordinator, which
@@ -166,27 +160,34 @@ class ClusterPeers:
             )
         return peer
 
-    def subscription_peer(
-        self, topic: str, partition: int, subscription: str
-    ) -> Peer[SubscriptionActor]:
-        """A partition of a subscription, on the subscription's actor; its actor is created
-        if missing, only while its topic and the subscription exist (NotFound otherwise)."""
-        key = (topic, partition, subscription)
-        peer = self._peers.get(key)
-        if peer is not None:
-            return peer
-        group = subscription_group(partition, self.per_actor(topic, subscription))
-
-        def create() -> Any:
-            self.subscription_options(topic, subscription)  # NotFound: deleted
-            return spawn_subscription(topic, subscription, group, self.config_dict)
-
-        peer = self._peers[key] = Peer(
-            subscription_actor_name(topic, subscription, group),
-            create,
-            f"subscription {subscription} of {topic}/{partition}",
+    def subscription_peer(self, topic: str, partition: int, subscription: str) -> UnitPeer:
+        """A partition of a subscription: its unit, on the subscription host serving it
+        (found through the coordinator, which assigns the unit and starts the host if
+        needed; NotFound once the subscription is deleted). Partitions of one unit share
+        one peer."""
+        unit = Unit(
+            topic, subscription, subscription_group(partition, self.per_actor(topic, subscription))
         )
+        key = (topic, unit.key, subscription)
+        peer = self._peers.get(key)
+        if not isinstance(peer, UnitPeer):
+            peer = self._peers[key] = unit_peer(unit, self.config_dict, self.coordinator)
         return peer
+
+    def on_subscription(
+        self,
+        topic: str,
+        partition: int,
+        subscription: str,
+        method: Callable[Concatenate[SubscriptionHost, Unit, int, P], Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Any:
+        """Submit ``method(unit, partition, *args)`` on the host of the unit serving a
+        partition of a subscription; an ObjectRef."""
+        peer = self.subscription_peer(topic, partition, subscription)
+        return peer.submit(method, peer.unit, partition, *args, **kwargs)
 
     def forget_topic(self, topic: str) -> None:
         """Drop the peers and options kept of a deleted topic."""

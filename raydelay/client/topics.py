@@ -13,15 +13,16 @@ from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.handles import SubscriptionHandles, TopicHandles, fan_out_cancel
 from raydelay.actors.host import HostActor
 from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS
-from raydelay.actors.subscription import SubscriptionActor
+from raydelay.actors.subscription import SubscriptionHost
 from raydelay.client.consumer import Consumer
 from raydelay.client.cursors import Cursors
 from raydelay.client.message import check_number
 from raydelay.client.multi import PATTERN_REFRESH_S, MultiTopicConsumer
 from raydelay.client.peers import ClusterPeers, Session
 from raydelay.client.producer import Producer
-from raydelay.cluster import handles, placement, rpc
-from raydelay.cluster.names import subscription_actor_name, subscription_groups
+from raydelay.cluster import placement, rpc
+from raydelay.cluster.handles import Peer
+from raydelay.cluster.names import Unit, subscription_groups
 from raydelay.config import Config
 from raydelay.dispatch.counts import partition_entries
 from raydelay.errors import InvalidArgument, NotFound
@@ -79,8 +80,8 @@ class Topics:
             )
         for consumer in [c for c in self._session.consumers if c.topic == topic]:
             consumer.close()
-        # subscriptions first (they read from the topic's hosts), and wait until they are gone
-        handles.stop([name for s in subs for name in self.peers.subscription_actors(topic, s, n)])
+        # subscriptions first (they read from the topic's hosts): their units stop
+        self._drop_units([u for s in subs for u in self.peers.units(topic, s, n)])
         hosts = {
             h
             for k, h in self.peers.coord(CoordinatorActor.assignments).items()
@@ -299,9 +300,26 @@ class Topics:
             if c.topic == topic and c.subscription == subscription
         ]:
             consumer.close()
-        handles.stop(self.peers.subscription_actors(topic, subscription, n))
+        self._drop_units(self.peers.units(topic, subscription, n))
         self.peers.forget_subscription(topic, subscription)
         return int(self.peers.coord(CoordinatorActor.delete_subscription, topic, subscription))
+
+    def _drop_units(self, units: list[Unit]) -> None:
+        """Stop serving ``units`` on the hosts they are assigned to (their subscription is
+        being deleted), and wait until they have stopped."""
+        assigned = self.peers.coord(CoordinatorActor.unit_assignments)
+        by_host: dict[str, list[Unit]] = {}
+        for u in units:
+            if u.key in assigned:
+                by_host.setdefault(assigned[u.key], []).append(u)
+        drops = []
+        for host, mine in by_host.items():
+            handle = placement.lookup_or_none(host)
+            if handle is not None:
+                drops.append(
+                    Peer(host, lambda: None, host, handle).submit(SubscriptionHost.drop, mine)
+                )
+        rpc.get(drops, what="subscription hosts")
 
     # --- cancel and stats ---------------------------------------------------------------------
 
@@ -338,9 +356,7 @@ class Topics:
         self._session.flush_acks(topic)
         parts = self.peers.call(
             lambda: [
-                self.peers.subscription_peer(topic, p, subscription).submit(
-                    SubscriptionActor.stats, p
-                )
+                self.peers.on_subscription(topic, p, subscription, SubscriptionHost.stats)
                 for p in range(n)
             ],
             "subscription",
@@ -381,11 +397,14 @@ class Topics:
         serves: dict[str, list[str]] = {}
         for key, host in sorted(self.peers.coord(CoordinatorActor.assignments).items()):
             serves.setdefault(host, []).append(key)
-        for topic, n in self.peers.coord(CoordinatorActor.topics).items():
-            for sub in self.peers.coord(CoordinatorActor.subscriptions, topic):
-                for g, parts in subscription_groups(n, self.peers.per_actor(topic, sub)).items():
-                    name = subscription_actor_name(topic, sub, g)
-                    serves[name] = [f"{topic}/{sub}/{p}" for p in parts]
+        topics = self.peers.coord(CoordinatorActor.topics)
+        for key, host in sorted(self.peers.coord(CoordinatorActor.unit_assignments).items()):
+            unit = Unit.of_key(key)
+            per_actor = self.peers.per_actor(unit.topic, unit.subscription)
+            parts = subscription_groups(topics.get(unit.topic, 0), per_actor).get(unit.group, [])
+            serves.setdefault(host, []).extend(
+                f"{unit.topic}/{unit.subscription}/{p}" for p in parts
+            )
         for r in rows:
             r["serves"] = serves.get(r["name"], [])
             r["partitions"] = len(r["serves"])

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import ray
@@ -30,7 +30,7 @@ from raydelay.cluster import placement, rpc
 from raydelay.cluster.names import (
     COORDINATOR,
     NAMESPACE,
-    SUBSCRIPTION_PREFIX,
+    SUBHOST_PREFIX,
 )
 from raydelay.errors import Unavailable
 
@@ -230,11 +230,6 @@ def stop(names: list[str], *, graceful: bool = False, timeout_s: float = 10) -> 
     return stopped
 
 
-def subscription_actors() -> list[str]:
-    """The names of the live subscription actors (of every topic and subscription)."""
-    return [n for n in named_actors() if n.startswith(SUBSCRIPTION_PREFIX)]
-
-
 def stop_all(*, graceful: bool) -> int:
     """Stop every raydelay actor: subscriptions first (they call the hosts), the
     coordinator last (everyone calls it). Returns how many were running.
@@ -244,8 +239,8 @@ def stop_all(*, graceful: bool) -> int:
     long polls standing there, which a subscription ended while it waited (a deleted
     topic's) left behind, for up to ``_LONG_POLL_S`` of its own (30 s)."""
     names = named_actors()
-    subs = [n for n in names if n.startswith(SUBSCRIPTION_PREFIX)]
-    others = [n for n in names if not n.startswith(SUBSCRIPTION_PREFIX) and n != COORDINATOR]
+    subs = [n for n in names if n.startswith(SUBHOST_PREFIX)]
+    others = [n for n in names if not n.startswith(SUBHOST_PREFIX) and n != COORDINATOR]
     coordinator = [n for n in names if n == COORDINATOR]
     return (
         stop(subs, graceful=graceful)
@@ -259,7 +254,7 @@ class PartitionPeers(Generic[ActorT]):
     waiting and retrying half of ``raydelay.client.links``'s protocols. The calls, typed
     by the actor's methods, are in ``raydelay.actors.handles``."""
 
-    def __init__(self, peers: list[Peer[ActorT]], *, deadline_s: float) -> None:
+    def __init__(self, peers: Sequence[Peer[ActorT]], *, deadline_s: float) -> None:
         self._peers = peers
         self.partitions = len(peers)
         self.deadline_s = deadline_s  # how long a retried call goes on

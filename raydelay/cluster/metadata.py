@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 
+from raydelay.cluster.names import Unit
 from raydelay.errors import CodecError, Conflict, InvalidArgument, NotFound
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import journal_key, snapshot_key, validate_name
@@ -47,6 +48,7 @@ def _empty_state() -> dict[str, Any]:
         "log_mark": {},  # "topic/p/sub" -> [ledger, entry]: the log it still needs starts after
         "progress": {},  # "topic/p/sub" -> {sealed bucket key: segments done, -1 all}
         "hosts": {},  # "topic/p" -> the name of the partition host serving it
+        "units": {},  # "topic/sub/group" -> the name of the subscription host serving it
     }
 
 
@@ -163,7 +165,7 @@ class Metadata:
             for p in range(n):
                 s["ledgers"].pop(_pk(t, p), None)
             s["subs"].pop(t, None)
-            for table in ("mark_delete", "log_mark", "progress"):
+            for table in ("mark_delete", "log_mark", "progress", "units"):
                 for key in [k for k in s[table] if k.startswith(f"{t}/")]:
                     del s[table][key]
             for name in [k for k in s["registry"] if k.startswith((f"subs/{t}/", f"topics/{t}/"))]:
@@ -185,6 +187,8 @@ class Metadata:
             for table in ("mark_delete", "log_mark", "progress"):
                 for key in [k for k in s[table] if _sub_of(k) == (t, sub)]:
                     del s[table][key]
+            for key in [k for k in s["units"] if k.startswith(f"{t}/{sub}/")]:
+                del s["units"][key]
         elif op == "roll":
             ledgers = s["ledgers"][_pk(a["topic"], a["partition"])]
             if a["closed"] is not None:
@@ -206,6 +210,11 @@ class Metadata:
             s["ledgers"][pk] = [x for x in s["ledgers"][pk] if x[0] not in drop]
         elif op == "assign":
             s["hosts"][a["key"]] = a["host"]
+        elif op == "assign_unit":
+            if a["host"] is None:
+                s["units"].pop(a["key"], None)
+            else:
+                s["units"][a["key"]] = a["host"]
         elif op == "merge":
             entries = s["registry"].setdefault(a["name"], {})
             for key in a["sources"]:
@@ -482,6 +491,69 @@ class Metadata:
                 node_load.get(node_of[h], 0),
                 same_topic[h],
                 zlib.crc32(f"{me}@{h}".encode()),
+            ),
+        )
+
+    # --- subscription hosts ------------------------------------------------------------------
+
+    def unit_host(self, unit: Unit) -> str | None:
+        """The subscription host the unit is assigned to (None: not assigned yet)."""
+        self.subscription(unit.topic, unit.subscription)  # NotFound once deleted
+        return self.state["units"].get(unit.key)
+
+    def unit_assignments(self) -> dict[str, str]:
+        """``"topic/subscription/group"`` -> subscription host, for every assigned unit."""
+        return dict(self.state["units"])
+
+    def assign_unit(self, unit: Unit, host: str) -> str:
+        """Assign the unit to ``host`` (journaled when it changes); returns ``host``."""
+        self.subscription(unit.topic, unit.subscription)
+        if self.state["units"].get(unit.key) != host:
+            self._change("assign_unit", key=unit.key, host=host)
+        return host
+
+    def release_unit(self, key: str) -> None:
+        """Unassign a unit (its host stopped serving it; the next lookup assigns it again)."""
+        if key in self.state["units"]:
+            self._change("assign_unit", key=key, host=None)
+
+    def choose_subhost(
+        self,
+        unit: Unit,
+        slots: list[str],
+        node_of: dict[str, str],
+        running: set[str],
+        served: dict[str, int],
+    ) -> str:
+        """The subscription host slot for a unit, of ``slots`` (the live and the startable
+        ones; ``node_of`` maps each to its node), by failure domain: the node holding the
+        fewest units of the unit's own subscription, then the node and the slot serving the
+        fewest units, then a slot already ``running``, then the node whose partition hosts
+        serve most of the unit's partitions (``served``: node -> how many), then a hash of
+        the unit and the slot, so that units reassigned at once spread."""
+        if not slots:
+            raise InvalidArgument("slots: no subscription host slot to assign a unit to")
+        load = dict.fromkeys(slots, 0)
+        node_load: dict[str, int] = {}
+        siblings: dict[str, int] = {}
+        family = f"{unit.topic}/{unit.subscription}/"
+        for key, host in self.state["units"].items():
+            if host not in load or key == unit.key:
+                continue  # a dead host's units count for nobody
+            load[host] += 1
+            node = node_of[host]
+            node_load[node] = node_load.get(node, 0) + 1
+            if key.startswith(family):
+                siblings[node] = siblings.get(node, 0) + 1
+        return min(
+            slots,
+            key=lambda h: (
+                siblings.get(node_of[h], 0),
+                node_load.get(node_of[h], 0),
+                load[h],
+                h not in running,
+                -served.get(node_of[h], 0),
+                zlib.crc32(f"{unit.key}@{h}".encode()),
             ),
         )
 

@@ -3,18 +3,21 @@
 - ``coordinator``: the one coordinator;
 - ``host/<node>/<slot>``: a partition host, slot ``slot`` of node ``node`` (the first 16
   hex digits of Ray's node id), holding the logs of many partitions of any topics;
-- ``sub/<topic>/<subscription>/<group>``: a subscription's actor, serving partition
-  group ``group`` (all of its partitions, group 0, unless
+- ``subhost/<node>/<slot>``: a subscription host, slot ``slot`` of node ``node``, serving
+  many subscription units of any topics. A **unit** (``<topic>/<subscription>/<group>``)
+  is partition group ``group`` of a subscription (all of its partitions, group 0, unless
   ``subscription.partitions_per_actor`` splits it);
 - ``runner/<i>``: a runner of scheduled Ray calls (``raydelay.tasks``).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 NAMESPACE = "raydelay"
 COORDINATOR = "coordinator"
 HOST_PREFIX = "host/"
-SUBSCRIPTION_PREFIX = "sub/"
+SUBHOST_PREFIX = "subhost/"
 RUNNER_PREFIX = "runner/"
 
 
@@ -22,8 +25,12 @@ def host_actor_name(node_id: str, slot: int) -> str:
     return f"{HOST_PREFIX}{node_id[:16]}/{slot}"
 
 
+def subhost_actor_name(node_id: str, slot: int) -> str:
+    return f"{SUBHOST_PREFIX}{node_id[:16]}/{slot}"
+
+
 def host_node_prefix(name: str) -> str:
-    """The node id prefix a host's name carries."""
+    """The node id prefix a host's (or a subscription host's) name carries."""
     return name.split("/")[1]
 
 
@@ -41,5 +48,19 @@ def subscription_groups(partitions: int, per_actor: int) -> dict[int, list[int]]
     return out
 
 
-def subscription_actor_name(topic: str, subscription: str, group: int = 0) -> str:
-    return f"{SUBSCRIPTION_PREFIX}{topic}/{subscription}/{group}"
+class Unit(NamedTuple):
+    """Partition group ``group`` of a subscription: what one subscription host serves as a
+    whole, and what the coordinator assigns to a host (its ``key``)."""
+
+    topic: str
+    subscription: str
+    group: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.topic}/{self.subscription}/{self.group}"
+
+    @staticmethod
+    def of_key(key: str) -> Unit:
+        topic, subscription, group = key.split("/")
+        return Unit(topic, subscription, int(group))

@@ -18,12 +18,15 @@ chooses each actor's node itself and pins it there (a hard node affinity):
   fewest partitions (then the emptier node, then the one with the fewest of its topic;
   ``Metadata.choose_host``) and starts the slot's host when it does not run, so hosts
   start only as partitions need them, and never more than the slots;
-- subscription actors are spread by failure domain: an actor goes to the node holding
-  the fewest actors of its own subscription (its other partition groups), then the fewest
-  subscription actors of any, so that one node's loss stops as few subscriptions as can
-  be; among equals, to the node whose hosts serve most of its partitions (its busiest
-  callees: every receive asks them for due rows and payloads). The coordinator goes to
-  the node with the fewest raydelay actors;
+- subscriptions live in **subscription hosts**, ``subhost/<node>/<slot>``
+  (``placement.subscription_hosts_per_node`` per node, the same way), each serving many
+  units (a unit: a subscription's partition group). The coordinator assigns a unit to a
+  slot by failure domain (``Metadata.choose_subhost``): the node holding the fewest units
+  of its own subscription, so that one node's loss stops as few subscriptions as can be,
+  then the node and the slot serving the fewest units, then a slot already running, then
+  the node whose hosts serve most of its partitions. ``placement.warm_subscription_hosts``
+  slots of every node are kept running even when idle, so that the units of a lost node
+  resume in processes already running: no process start on the recovery path;
 - the head node (it runs Ray's control service) is left out while a worker node is
   alive, unless ``placement.avoid_head = false``.
 
@@ -32,9 +35,9 @@ lost, the pinned actor cannot be scheduled and Ray ends it. raydelay does not wa
 that: after a failed call, the caller probes the raylet of the actor's node, and a node
 whose raylet refuses connections is gone at once (:func:`node_gone`). The partitions of
 a host on a gone node are assigned again, to the slots of the nodes that are left, when a
-client next looks one up (``CoordinatorActor.locate``); other actors are ended and
-re-created on the least loaded node left by whoever needs them next
-(``raydelay.cluster.handles``).
+client next looks one up (``CoordinatorActor.locate``); so are the units of a subscription host
+(``CoordinatorActor.locate_unit``); the coordinator itself is ended and re-created on the
+least loaded node left by whoever needs it next (``raydelay.cluster.handles``).
 """
 
 from __future__ import annotations
@@ -45,18 +48,18 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydelay.cluster.names import (
-    COORDINATOR,
     HOST_PREFIX,
     NAMESPACE,
+    SUBHOST_PREFIX,
     host_actor_name,
     host_node_prefix,
+    subhost_actor_name,
 )
 
 log = logging.getLogger(__name__)
@@ -69,18 +72,16 @@ _COMMON: dict[str, Any] = {
     "num_cpus": 0,  # I/O-bound shells: never hold a CPU slot
 }
 
-ACTOR_CLASSES = ("CoordinatorActor", "HostActor", "SubscriptionActor", "TaskRunner")
+ACTOR_CLASSES = ("CoordinatorActor", "HostActor", "SubscriptionHost", "TaskRunner")
+_SLOTTED = (HOST_PREFIX, SUBHOST_PREFIX)  # actors whose name says their node
 MAX_AUTO_HOSTS = 4  # hosts per node with placement.hosts_per_node = -1 (one per CPU)
 _LIVE_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING")
 
 
-def actor_options(
-    name: str, config: dict[str, Any], calls: Mapping[str, int] | None = None
-) -> dict[str, Any]:
+def actor_options(name: str, config: dict[str, Any]) -> dict[str, Any]:
     """The Ray options every raydelay actor is created with: its name, the common options
-    above, and the node it is pinned to. ``calls``: for a subscription actor, the hosts it
-    calls, with how many of its partitions each serves."""
-    return {"name": name, **_COMMON, **_pinned(name, config, calls)}
+    above, and the node it is pinned to."""
+    return {"name": name, **_COMMON, **_pinned(name, config)}
 
 
 def floating_actor_options(name: str) -> dict[str, Any]:
@@ -206,16 +207,16 @@ def actors() -> list[dict[str, Any]]:
     return out
 
 
-def live_hosts() -> dict[str, str]:
-    """The partition hosts alive or on their way: name -> node id. A host whose node is
-    gone is not among them, even while Ray still tries to restart it (it is pinned there:
-    it can never come back), so its partitions move at once."""
+def live_hosts(kind: str = "HostActor") -> dict[str, str]:
+    """The partition hosts (``kind="SubscriptionHost"``: the subscription hosts) alive or on
+    their way: name -> node id. A host whose node is gone is not among them, even while Ray
+    still tries to restart it (it is pinned there: it can never come back), so what it
+    served moves at once."""
     alive, _ = nodes()
     return {
         a["name"]: a["node"] or ""
         for a in actors()
-        if a["class"] == "HostActor"
-        and any(n.startswith(host_node_prefix(a["name"])) for n in alive)
+        if a["class"] == kind and any(n.startswith(host_node_prefix(a["name"])) for n in alive)
     }
 
 
@@ -225,7 +226,7 @@ def stranded(name: str) -> bool:
     restart it there until it declares the node dead and gives up, which takes seconds;
     raydelay ends it at once and re-creates it elsewhere. Asked after a call failed."""
     live = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in _gone}
-    if name.startswith(HOST_PREFIX):
+    if name.startswith(_SLOTTED):
         prefix = host_node_prefix(name)
         node = next((n for n in live if n.startswith(prefix)), None)
     else:
@@ -244,78 +245,64 @@ def end_stranded(name: str, handle: Any, timeout_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def hosts_per_node(config: dict[str, Any], cpus: float) -> int:
-    """How many partition hosts a node with ``cpus`` CPUs gets: ``placement.hosts_per_node``,
-    or with -1 one per CPU, at least 1 and at most MAX_AUTO_HOSTS."""
-    n = int(config.get("placement", {}).get("hosts_per_node", -1))
+def hosts_per_node(config: dict[str, Any], cpus: float, setting: str = "hosts_per_node") -> int:
+    """How many partition hosts a node with ``cpus`` CPUs gets: ``placement.hosts_per_node``
+    (or the ``setting`` named), or with -1 one per CPU, at least 1 and at most
+    MAX_AUTO_HOSTS."""
+    n = int(config.get("placement", {}).get(setting, -1))
     if n > 0:
         return n
     return max(1, min(MAX_AUTO_HOSTS, int(cpus)))
 
 
-def host_slots(config: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-    """The host slots partitions may be assigned to (every slot of every candidate node,
-    running or not) and the node of each."""
+def host_slots(
+    config: dict[str, Any], subscriptions: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    """The host slots partitions (``subscriptions``: subscription units) may be assigned
+    to, every slot of every candidate node, running or not, and the node of each."""
     avoid_head = bool(config.get("placement", {}).get("avoid_head", True))
     candidates = set(candidate_nodes(avoid_head))
+    setting = "subscription_hosts_per_node" if subscriptions else "hosts_per_node"
+    name_of = subhost_actor_name if subscriptions else host_actor_name
     slots, node_of = [], {}
     for n in ray.nodes():
         if n["NodeID"] not in candidates:
             continue
-        for slot in range(hosts_per_node(config, n.get("Resources", {}).get("CPU", 1))):
-            name = host_actor_name(n["NodeID"], slot)
+        for slot in range(hosts_per_node(config, n.get("Resources", {}).get("CPU", 1), setting)):
+            name = name_of(n["NodeID"], slot)
             slots.append(name)
             node_of[name] = n["NodeID"]
     return sorted(slots), node_of
 
 
-def choose_node(name: str, avoid_head: bool, calls: Mapping[str, int] | None = None) -> str | None:
-    """The node for a new actor called ``name`` (see the module's docstring; ``calls`` as
-    in :func:`actor_options`); None when Ray reports no node at all."""
-    candidates = candidate_nodes(avoid_head)
-    if name.startswith(HOST_PREFIX):  # a host's name says its node
+def warm_slots(config: dict[str, Any], slots: list[str]) -> list[str]:
+    """Of the subscription host ``slots``, those kept running even when idle: the first
+    ``placement.warm_subscription_hosts`` of each node."""
+    warm = int(config.get("placement", {}).get("warm_subscription_hosts", 1))
+    return [s for s in slots if int(s.rsplit("/", 1)[1]) < warm]
+
+
+def choose_node(name: str, avoid_head: bool) -> str | None:
+    """The node for a new actor called ``name`` (see the module's docstring); None when Ray
+    reports no node at all."""
+    if name.startswith(_SLOTTED):  # a host's name says its node
         prefix = host_node_prefix(name)
         alive, _ = nodes()
         return next((n for n in alive if n.startswith(prefix)), None)
+    candidates = candidate_nodes(avoid_head)
     if not candidates:
         return None
     live = [a for a in actors() if a["node"] and a["name"] != name]
-    kind = _class_of(name)
     salt = zlib.crc32(name.encode())
-
-    def spread(n: str) -> int:  # a stable, per-name order among equals
-        return zlib.crc32(n.encode()) ^ salt
-
-    if kind == "CoordinatorActor":  # (one of them: the least loaded node)
-        every = Counter(a["node"] for a in live)
-        return min(candidates, key=lambda n: (every[n], spread(n)))
-    same = Counter(a["node"] for a in live if a["class"] == kind)
-    if kind != "SubscriptionActor":
-        # by actors of its kind only: actors re-created at once after a node loss see the
-        # same counts, and the hash of their names then sends them to different nodes
-        return min(candidates, key=lambda n: (same[n], spread(n)))
-    family = name.rsplit("/", 1)[0] + "/"  # its subscription's actors: sub/<topic>/<sub>/
-    siblings = Counter(a["node"] for a in live if a["name"].startswith(family))
-    served: Counter[str] = Counter()  # its partitions per node, by the hosts serving them
-    for host, count in (calls or {}).items():
-        node = next((n for n in candidates if n.startswith(host_node_prefix(host))), None)
-        if node is not None:
-            served[node] += count
-    return min(candidates, key=lambda n: (siblings[n], same[n], -served[n], spread(n)))
+    # the least loaded node; among equals, a stable per-name order
+    every = Counter(a["node"] for a in live)
+    return min(candidates, key=lambda n: (every[n], zlib.crc32(n.encode()) ^ salt))
 
 
-def _class_of(name: str) -> str:
-    if name == COORDINATOR:
-        return "CoordinatorActor"
-    return "HostActor" if name.startswith(HOST_PREFIX) else "SubscriptionActor"
-
-
-def _pinned(
-    name: str, config: dict[str, Any], calls: Mapping[str, int] | None = None
-) -> dict[str, Any]:
+def _pinned(name: str, config: dict[str, Any]) -> dict[str, Any]:
     """The scheduling option that pins actor ``name`` to its chosen node."""
     avoid_head = bool(config.get("placement", {}).get("avoid_head", True))
-    node = choose_node(name, avoid_head, calls)
+    node = choose_node(name, avoid_head)
     if node is None:
         return {}
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}

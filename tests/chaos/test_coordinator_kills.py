@@ -8,7 +8,7 @@ import time
 
 import ray
 
-from raydelay.actors.subscription import SubscriptionActor
+from raydelay.actors.subscription import SubscriptionHost
 from raydelay.cluster.names import COORDINATOR, NAMESPACE
 from raydelay.delayed.sealed import THROUGH_KEY, decode_meta, registry_name
 from raydelay.storage import make_store
@@ -94,12 +94,12 @@ def test_bucket_seals_while_the_coordinator_dies_leave_no_half_registered_bucket
     sub = subscription_partition(topic_name, 0, "s")
     deadline = time.monotonic() + 20
     while (
-        ray.get(sub.submit(SubscriptionActor.stats))["delayed"] < n
+        ray.get(sub.submit(SubscriptionHost.stats))["delayed"] < n
         and time.monotonic() < deadline
         and now_ms() < due - 1_000
     ):
         time.sleep(0.2)
-    stats = ray.get(sub.submit(SubscriptionActor.stats))
+    stats = ray.get(sub.submit(SubscriptionHost.stats))
     # every one indexed and still waiting (a message due already would be missing here)
     assert stats["delayed"] == n and stats["buckets"] >= 3, (stats, n, due - now_ms())
     # Then every bucket the topic registered is whole in the store, and every bucket in

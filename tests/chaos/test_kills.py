@@ -15,9 +15,9 @@ import time
 
 import ray
 
-from raydelay.cluster.names import COORDINATOR, NAMESPACE, subscription_actor_name
+from raydelay.cluster.names import COORDINATOR, NAMESPACE
 from tests.chaos.workload import run_workload
-from tests.integration.helpers import host_of
+from tests.integration.helpers import host_of, unit_host_of
 
 MESSAGES = int(os.environ.get("CHAOS_MESSAGES", "30000"))
 SECONDS = float(os.environ.get("CHAOS_SECONDS", str(max(20.0, MESSAGES / 1_000))))
@@ -30,10 +30,10 @@ def test_kills_and_store_outages_lose_nothing_and_deliver_nothing_early(
     partitions, subs = 2, ["email", "push", "analytics"]
     cluster.create_topic(topic_name, partitions=partitions)
     targets = [COORDINATOR]
-    # the hosts of the topic's partitions (each holds other partitions too) and the actor
-    # of each subscription (it serves both partitions)
+    # the hosts of the topic's partitions (each holds other partitions too) and the
+    # subscription hosts serving the subscriptions (each serves both partitions of one, and
+    # other subscriptions' units too), once the workload made them
     targets += sorted({host_of(topic_name, p) for p in range(partitions)})
-    targets += [subscription_actor_name(topic_name, s) for s in subs]
     rng = random.Random(1234)
     kills: dict[str, int] = {}
     outages = 0
@@ -41,6 +41,7 @@ def test_kills_and_store_outages_lose_nothing_and_deliver_nothing_early(
     def chaos(produced):
         nonlocal outages
         time.sleep(2.0)
+        targets.extend(sorted({unit_host_of(topic_name, s) for s in subs}))
         while not produced.is_set():
             if rng.random() < 0.2:  # a short outage of the store, for every actor at once
                 outage.on()

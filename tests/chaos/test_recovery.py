@@ -8,8 +8,7 @@ import numpy as np
 import ray
 
 from raydelay.actors.host import HostActor
-from raydelay.actors.subscription import SubscriptionActor
-from raydelay.cluster.names import subscription_actor_name
+from raydelay.actors.subscription import SubscriptionHost
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
 from tests.integration.helpers import (
     now_ms,
@@ -20,6 +19,7 @@ from tests.integration.helpers import (
     send_markers,
     subscription_partition,
     topic_partition,
+    unit_host_of,
 )
 
 
@@ -60,30 +60,30 @@ def test_a_restarted_subscription_comes_back_with_its_cursor_and_its_index(clust
     acked = receive_all(consumer, 600, max_messages=600)  # some acked, the rest unacked
     held = consumer.receive(max_messages=100, timeout_s=5)
     assert len(acked) == 600 and held
-    name = subscription_actor_name(topic_name, "s")
+    name = unit_host_of(topic_name, "s")
     sub = subscription_partition(topic_name, 0, "s")
     topic = topic_partition(topic_name, 0)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # it holds every delayed one, and every sealed bucket
-        stats = ray.get(sub.submit(SubscriptionActor.stats))
+        stats = ray.get(sub.submit(SubscriptionHost.stats))
         if (
             stats["delayed"] >= 6_000
             and stats["buckets"] == ray.get(topic.submit(HostActor.stats))["buckets"]
         ):
             break
         time.sleep(0.1)
-    ray.get(sub.submit(SubscriptionActor.flush))
-    before = ray.get(sub.submit(SubscriptionActor.stats))
+    ray.get(sub.submit(SubscriptionHost.flush))
+    before = ray.get(sub.submit(SubscriptionHost.stats))
     assert before["buckets"] >= 1  # the topic sealed buckets in the store
     # When the subscription actor dies and Ray restarts it
     restart(name)
     sub = subscription_partition(topic_name, 0, "s")
     deadline = time.monotonic() + 10
-    while ray.get(sub.submit(SubscriptionActor.stats))["delayed"] < before["delayed"] and (
+    while ray.get(sub.submit(SubscriptionHost.stats))["delayed"] < before["delayed"] and (
         time.monotonic() < deadline
     ):
         time.sleep(0.1)
-    after = ray.get(sub.submit(SubscriptionActor.stats))
+    after = ray.get(sub.submit(SubscriptionHost.stats))
     # Then its cursor and delayed index are what they were,
     assert after["mark_delete"] == before["mark_delete"]
     assert after["delayed"] == before["delayed"] == 6_000

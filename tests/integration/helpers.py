@@ -14,6 +14,7 @@ from raydelay.actors.handles import (  # noqa: F401 - re-exported for the tests
     host_of,
     subscription_partition,
     topic_partition,
+    unit_host_of,
 )
 from raydelay.clock import now_ms
 from raydelay.dispatch.keys import key_hash
@@ -243,6 +244,22 @@ def restart_partition(topic: str, partition: int) -> HostPartition:
     """Kill the host of the partition (and every other partition on it); Ray restarts it."""
     restart(host_of(topic, partition))
     return topic_partition(topic, partition)
+
+
+def unit_assignments() -> dict[str, str]:
+    """Every assigned subscription unit (``topic/subscription/group``) -> its host."""
+    from raydelay.actors.coordinator import CoordinatorActor
+    from raydelay.actors.handles import coordinator_handle
+
+    return ray.get(coordinator_handle().submit(CoordinatorActor.unit_assignments))
+
+
+def restart_subscription(topic: str, subscription: str, group: int = 0) -> str:
+    """Kill the subscription host serving a unit of the subscription (and every other unit
+    on it); Ray restarts it. Returns the host's name."""
+    name = unit_host_of(topic, subscription, group)
+    restart(name)
+    return name
 
 
 def run_child(script: str, cwd, *args: str, timeout_s: float = 400) -> dict:

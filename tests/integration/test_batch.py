@@ -9,8 +9,7 @@ import pyarrow as pa
 import pytest
 
 from raydelay import InvalidArgument, MessageBatch
-from raydelay.cluster.names import subscription_actor_name
-from tests.integration.helpers import restart
+from tests.integration.helpers import restart_subscription
 
 
 def receive_batches(consumer, count: int, timeout_s: float = 20.0) -> list[MessageBatch]:
@@ -108,7 +107,7 @@ def test_acking_a_batch_after_its_subscription_restarted_sticks(cluster, topic_n
     cluster.create_producer(topic_name).send_many([b"r%d" % i for i in range(100)])
     batches = receive_batches(consumer, 100)
     # When the subscription's actor (it serves both partitions) dies and comes back first
-    restart(subscription_actor_name(topic_name, "s"))
+    restart_subscription(topic_name, "s")
     for b in batches:
         consumer.ack(b)
     # Then the acks hold: nothing is left pending or to redeliver, also once persisted

@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from raydelay.cli import main
-from tests.integration.helpers import host_of, wait_until
+from tests.integration.helpers import host_of, unit_host_of, wait_until
 
 RAYDELAY = [sys.executable, "-m", "raydelay.cli"]
 
@@ -340,7 +340,7 @@ def test_placement_lists_every_actor_with_its_node(cluster, topic_name, capsys):
     assert code == 0
     node = ray.get_runtime_context().get_node_id()
     # one node here: it holds the coordinator, the hosts of this topic's partitions and the
-    # subscription's actor (the table of nodes counts the whole session's actors, so it is
+    # subscription host of its unit (the table of nodes counts the whole session's actors, so it is
     # checked per actor), and each says what it serves
     assert f"{node[:12]}" in out and "coordinator" in out
     serves = {r["name"]: r["serves"] for r in cluster.placement()}
@@ -349,6 +349,6 @@ def test_placement_lists_every_actor_with_its_node(cluster, topic_name, capsys):
         line = next(ln for ln in out.splitlines() if ln.startswith(host))
         assert node[:12] in line and "alive" in line, line
         assert f"{topic_name}/{p}" in serves[host]  # (the table shows the first few)
-    line = next(ln for ln in out.splitlines() if ln.startswith(f"sub/{topic_name}/s/0"))
+    line = next(ln for ln in out.splitlines() if ln.startswith(unit_host_of(topic_name, "s")))
     assert node[:12] in line and "alive" in line, line
     assert f"{topic_name}/s/0" in line and f"{topic_name}/s/1" in line, line

@@ -16,11 +16,10 @@ import time
 import pytest
 import ray
 
-from raydelay.actors.subscription import SubscriptionActor
+from raydelay.actors.subscription import SubscriptionHost
 from raydelay.client.message import MessageId
-from raydelay.cluster.names import subscription_actor_name
 from raydelay.errors import ConsumerBusy, InvalidArgument
-from tests.integration.helpers import receive_all, restart, subscription_partition
+from tests.integration.helpers import receive_all, restart, subscription_partition, unit_host_of
 
 N = 30
 TYPES = {"s-shared": "shared", "s-failover": "failover", "s-exclusive": "exclusive"}
@@ -164,12 +163,12 @@ def test_redeliver_unacknowledged_on_demand(cluster, topic_name, kind):
     # the messages come again (redelivery_count raised by the restart)
     # (the acks so far are persisted first: a kill loses what the last cursor write did not
     # hold, and those messages would come back too, as at-least-once delivery allows)
-    name = subscription_actor_name(topic_name, "s")
+    name = unit_host_of(topic_name, "s")
     consumer.flush()
     ray.get(
-        [subscription_partition(topic_name, p, "s").submit(SubscriptionActor.flush) for p in (0, 1)]
+        [subscription_partition(topic_name, p, "s").submit(SubscriptionHost.flush) for p in (0, 1)]
     )
-    restart(name)  # (its actor serves both partitions: both forgot)
+    restart(name)  # (its unit serves both partitions: both forgot)
     mine = list(last)
     consumer.redeliver_unacknowledged(mine)
     back = [m for m, _ in receive_all(consumer, len(mine), ack=True)]
@@ -240,14 +239,14 @@ def test_a_partition_that_stops_answering_holds_up_only_its_own_messages(cluster
         assert sorted(m.payload for m in more) == sorted(b"more-0-%d" % i for i in range(100))
         deadline = time.monotonic() + 30
         while (
-            ray.get(actors[0].submit(SubscriptionActor.stats))["acked"] < 150
+            ray.get(actors[0].submit(SubscriptionHost.stats))["acked"] < 150
             and time.monotonic() < deadline
         ):
             time.sleep(0.1)
-        assert ray.get(actors[0].submit(SubscriptionActor.stats))["acked"] == 150
+        assert ray.get(actors[0].submit(SubscriptionHost.stats))["acked"] == 150
     finally:
         os.kill(pid, signal.SIGCONT)
     # And once partition 1 answers again, its ack (kept meanwhile) is applied
     consumer.flush()
-    assert ray.get(actors[1].submit(SubscriptionActor.stats))["acked"] == 50
+    assert ray.get(actors[1].submit(SubscriptionHost.stats))["acked"] == 50
     assert cluster.stats(topic_name, "s")["backlog"] == 0

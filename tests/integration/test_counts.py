@@ -10,10 +10,9 @@ import re
 
 from raydelay.cli import main
 from raydelay.clock import now_ms
-from raydelay.cluster.names import subscription_actor_name
 from tests.integration.helpers import (
     receive_all,
-    restart,
+    restart_subscription,
     wait_cursor_recorded,
     wait_until,
 )
@@ -103,7 +102,7 @@ def test_cancelled_and_dead_lettered_messages_are_counted_true_everywhere(
     # and the count survives a restart of the subscription's actor (it is in its cursor)
     worker.close()
     wait_cursor_recorded(cluster, source, "s")
-    restart(subscription_actor_name(source, "s"))
+    restart_subscription(source, "s")
     assert cluster.stats(source, "s")["dead_lettered"] == 3
 
     # The CLI shows the same numbers

@@ -1,20 +1,21 @@
-"""Processes follow load, not layout: partitions of many topics live in a few hosts, and a
-subscription is one actor for all its partitions. Each test checks what a user sees when
+"""Processes follow load, not layout: partitions of many topics live in a few hosts, and
+subscriptions' units in a few subscription hosts. Each test checks what a user sees when
 one of those shared processes dies under load: nothing lost, nothing early, no cancel
-broken; and that the layout costs processes by the host and the subscription, never by
-the partition."""
+broken; and that the layout costs processes by the host, never by the topic, the
+partition or the subscription."""
 
 from __future__ import annotations
 
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 
 import ray
 
-from raydelay.cluster.names import NAMESPACE, subscription_actor_name
+from raydelay.cluster.names import NAMESPACE
 from tests.chaos.workload import run_workload
-from tests.integration.helpers import host_of, run_child
+from tests.integration.helpers import host_of, run_child, unit_assignments, unit_host_of
 
 
 def _check(ledger) -> None:
@@ -23,13 +24,15 @@ def _check(ledger) -> None:
         assert r["unmarked_duplicates"] == 0, (name, r)
 
 
-def _kill_once(name: str, after_s: float, kills: list[str]):
-    """A chaos function for ``run_workload``: SIGKILL actor ``name`` once (Ray restarts it)."""
+def _kill_once(name: str | Callable[[], str], after_s: float, kills: list[str]):
+    """A chaos function for ``run_workload``: SIGKILL actor ``name`` (or the one
+    ``name()`` names then) once; Ray restarts it."""
 
     def chaos(produced: threading.Event) -> None:
         time.sleep(after_s)
-        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
-        kills.append(name)
+        target = name if isinstance(name, str) else name()
+        ray.kill(ray.get_actor(target, namespace=NAMESPACE), no_restart=False)
+        kills.append(target)
 
     return chaos
 
@@ -65,13 +68,12 @@ def test_a_host_with_partitions_of_several_topics_killed_under_load_loses_nothin
     assert {host_of(t, p) for t in topics for p in range(2)} == hosts[0] | hosts[1]
 
 
-def test_a_subscription_actor_serving_8_partitions_killed_under_load_loses_nothing(
+def test_a_subscription_host_serving_8_partitions_killed_under_load_loses_nothing(
     cluster, topic_name
 ):
     cluster.create_topic(topic_name, partitions=8)
-    # (one actor serves the 8 partitions of each subscription)
+    # (one unit serves the 8 partitions of each subscription; the host of s1's is killed)
     kills: list[str] = []
-    name = subscription_actor_name(topic_name, "s1")
     ledger = run_workload(
         cluster,
         topic_name,
@@ -79,15 +81,16 @@ def test_a_subscription_actor_serving_8_partitions_killed_under_load_loses_nothi
         messages=6_000,
         seconds=6,
         seed=11,
-        chaos=_kill_once(name, 2.5, kills),
+        chaos=_kill_once(lambda: unit_host_of(topic_name, "s1"), 2.5, kills),
     )
-    assert kills == [name]
+    assert len(kills) == 1
     _check(ledger)
     served = {r["name"]: r["serves"] for r in cluster.placement()}
-    assert served[name] == [f"{topic_name}/s1/{p}" for p in range(8)]
+    mine = [x for x in served[unit_host_of(topic_name, "s1")] if x.startswith(f"{topic_name}/")]
+    assert sorted(mine) == sorted(f"{topic_name}/s1/{p}" for p in range(8))
 
 
-def test_partitions_per_actor_splits_a_subscription_over_actors(cluster, topic_name):
+def test_partitions_per_actor_splits_a_subscription_into_units(cluster, topic_name):
     cluster.create_topic(topic_name, partitions=5)
     consumer = cluster.subscribe(topic_name, "s", partitions_per_actor=2)
     ids = cluster.create_producer(topic_name).send_many([b"%d" % i for i in range(50)])
@@ -98,14 +101,19 @@ def test_partitions_per_actor_splits_a_subscription_over_actors(cluster, topic_n
         consumer.ack(msgs)
         got += msgs
     assert sorted(m.message_id for m in got) == sorted(ids)
+    units = {
+        k: h for k, h in unit_assignments().items() if k.startswith(f"{topic_name}/")
+    }
+    assert sorted(units) == [f"{topic_name}/s/{g}" for g in range(3)]
     served = {r["name"]: r["serves"] for r in cluster.placement()}
-    groups = [served[subscription_actor_name(topic_name, "s", g)] for g in range(3)]
-    assert groups == [
-        [f"{topic_name}/s/0", f"{topic_name}/s/1"],
-        [f"{topic_name}/s/2", f"{topic_name}/s/3"],
-        [f"{topic_name}/s/4"],
-    ]
-    assert subscription_actor_name(topic_name, "s", 3) not in served
+    # each unit's partitions, on the host it is assigned to; the host holds no others of s
+    mine = {
+        h: sorted(x for x in served[h] if x.startswith(f"{topic_name}/")) for h in set(units.values())
+    }
+    groups = [["0", "1"], ["2", "3"], ["4"]]
+    for g, parts in enumerate(groups):
+        assert all(f"{topic_name}/s/{p}" in mine[units[f"{topic_name}/s/{g}"]] for p in parts)
+    assert sorted(x for v in mine.values() for x in v) == [f"{topic_name}/s/{p}" for p in range(5)]
 
 
 SHUTDOWN = textwrap.dedent(
@@ -126,7 +134,7 @@ SHUTDOWN = textwrap.dedent(
     kinds = {}
     for r in rows:
         kinds[r["class"]] = kinds.get(r["class"], 0) + 1
-    sub_partitions = sum(r["partitions"] for r in rows if r["class"] == "SubscriptionActor")
+    sub_partitions = sum(r["partitions"] for r in rows if r["class"] == "SubscriptionHost")
     cluster.shutdown()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -141,10 +149,11 @@ SHUTDOWN = textwrap.dedent(
 
 def test_shutdown_leaves_no_process_behind_with_hundreds_of_subscription_partitions(tmp_path):
     out = run_child(SHUTDOWN, tmp_path, str(tmp_path / "store"))
-    # 4 topics x 16 partitions x 4 subscriptions: 256 subscription-partitions in 16 actors
-    # (one per subscription) and the hosts of the 64 partitions (a few per node)
+    # 4 topics x 16 partitions x 4 subscriptions: 256 subscription-partitions in 16 units,
+    # in a few subscription hosts (one per CPU, at most 4), and the hosts of the 64
+    # partitions (a few per node)
     assert out["sub_partitions"] == 256
-    assert out["kinds"]["SubscriptionActor"] == 16
+    assert 1 <= out["kinds"]["SubscriptionHost"] <= 4
     assert 1 <= out["kinds"]["HostActor"] <= 4
     # and after shutdown() none of those processes runs
     assert out["left"] == [], out

@@ -136,8 +136,9 @@ def test_an_older_store_comes_up_with_nothing_lost(tmp_path, fixture):
         assert out["own"] == []
         assert out["sealed"], "the topic sealed no bucket from the retained ledgers"
     assert out["stats"]["backlog"] == (1_000 if future else 0)
-    # under the new layout: the partitions on hosts, the subscription on one actor
-    subs = [serves for kind, serves in out["placed"] if kind == "SubscriptionActor"]
+    # under the new layout: the partitions on hosts, the subscription one unit in one
+    # subscription host (the others, kept warm, serve nothing)
+    subs = [serves for kind, serves in out["placed"] if kind == "SubscriptionHost" and serves]
     assert subs == [["orders/billing/0", "orders/billing/1"]]
     hosted = sorted(k for kind, serves in out["placed"] if kind == "HostActor" for k in serves)
     assert hosted == ["orders/0", "orders/1"]

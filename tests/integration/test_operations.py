@@ -27,6 +27,7 @@ from tests.integration.helpers import (
     now_ms,
     receive_and_join,
     topic_partition,
+    unit_host_of,
     wait_cursor_recorded,
     wait_until,
 )
@@ -266,7 +267,7 @@ def test_seek_from_a_consumer_during_a_subscription_restart(cluster, topic_name,
     wait_cursor_recorded(cluster, topic_name, "s")
     # When the subscription's actor is killed (Ray restarts it) and the consumer seeks to
     # its first message, by id, while it comes back
-    actor = ray.get_actor(f"sub/{topic_name}/s/0", namespace="raydelay")
+    actor = ray.get_actor(unit_host_of(topic_name, "s"), namespace="raydelay")
     ray.kill(actor, no_restart=False)
     first = min(m for m in ids if m.partition == 0)
     consumer.seek(first, inclusive=True)
@@ -596,7 +597,7 @@ def test_a_view_with_a_shorter_retry_deadline_gives_up_on_a_dead_actor(cluster, 
     from the view, while the client itself and its other topics are untouched."""
     from datetime import timedelta
 
-    from raydelay.cluster.names import NAMESPACE, subscription_actor_name
+    from raydelay.cluster.names import NAMESPACE
     from raydelay.errors import Unavailable
 
     for bad, problem in (
@@ -612,7 +613,7 @@ def test_a_view_with_a_shorter_retry_deadline_gives_up_on_a_dead_actor(cluster, 
     cluster.subscribe(topic_name, "gone").close()
     view = cluster.with_retry_deadline(timedelta(seconds=1))
     assert view.stats(topic_name, "gone")["backlog"] == 0
-    actor = ray.get_actor(subscription_actor_name(topic_name, "gone", 0), namespace=NAMESPACE)
+    actor = ray.get_actor(unit_host_of(topic_name, "gone"), namespace=NAMESPACE)
     ray.kill(actor, no_restart=True)
     with pytest.raises(Unavailable, match="subscription"):
         view.stats(topic_name, "gone")

@@ -24,8 +24,8 @@ from tests.integration.helpers import (
     now_ms,
     receive_all,
     receive_and_join,
-    restart,
     restart_partition,
+    restart_subscription,
     topic_partition,
     wait_until,
 )
@@ -167,7 +167,7 @@ def test_restarts_of_topic_and_subscription_actors_lose_nothing(cluster, topic_n
     restart_partition(topic_name, 0)
     # ... and one subscription's actor dies half-way through delivering
     first = _by_payload(receive_all(consumers[0], 3_000, timeout_s=15, max_messages=2_000))
-    restart(f"sub/{topic_name}/s0/0")
+    restart_subscription(topic_name, "s0")
     wanted = {b"a%d" % i for i in range(3_000)} | {b"b%d" % i for i in range(3_000)}
     wanted |= {b"n%d" % i for i in range(500)}
     rest = _receive(cluster, consumers[0], wanted - set(first))
@@ -251,7 +251,7 @@ def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing
         if wave == 3:
             restart_partition(topic_name, 0)
         if wave == 5:
-            restart(f"sub/{topic_name}/s/0")
+            restart_subscription(topic_name, "s")
 
     def merged_down() -> bool:
         receive(0.2)
@@ -266,7 +266,7 @@ def test_merges_interleaved_with_delivery_acks_cancels_and_restarts_lose_nothing
     )
     consumer.ack(list(held.values()))
     receive(1.0, hold=False)
-    restart(f"sub/{topic_name}/s/0")  # ... and again while the merged buckets deliver
+    restart_subscription(topic_name, "s")  # ... and again while the merged buckets deliver
     wanted = {b"w%d-%d" % (w, i) for w in range(8) for i in range(2_000)} - cancelled
     rest = _receive(cluster, consumer, wanted - set(got))
     for k, v in rest.items():

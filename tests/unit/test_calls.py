@@ -18,16 +18,17 @@ import pytest
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.handles import (
     HostPartition,
-    SubscriptionActorPartition,
     SubscriptionHandles,
+    SubscriptionPartition,
     TopicHandles,
 )
 from raydelay.actors.host import HostActor
-from raydelay.actors.subscription import SubscriptionActor
+from raydelay.actors.subscription import SubscriptionHost, UnitPeer
 from raydelay.cluster.handles import Peer
+from raydelay.cluster.names import Unit
 
 PKG = Path(__file__).resolve().parents[2] / "raydelay"
-ACTORS = {c.__name__: c for c in (HostActor, SubscriptionActor, CoordinatorActor)}
+ACTORS = {c.__name__: c for c in (HostActor, SubscriptionHost, CoordinatorActor)}
 # the Peer (and Cluster) methods that take the actor method first
 CALLS = {"submit", "call", "call_from_thread", "once", "_coord", "actor"}
 
@@ -139,8 +140,10 @@ def _binds(actor: type, calls: list[tuple[str, tuple, dict]]) -> None:
 def recorders():
     made: list[_Recorder] = []
 
-    def peers(n: int) -> list[Peer]:
+    def peers(n: int, unit: Unit | None = None) -> list[Peer]:
         made.extend(_Recorder() for _ in range(n))
+        if unit is not None:  # a subscription's: the unit goes first in each call
+            return [UnitPeer(unit, f"p{i}", lambda: None, handle=h) for i, h in enumerate(made[-n:])]
         return [Peer(f"p{i}", lambda: None, handle=h) for i, h in enumerate(made[-n:])]
 
     return made, peers
@@ -156,9 +159,10 @@ def test_what_a_producer_submits_binds_to_the_host(recorders):
     _binds(HostActor, calls)
 
 
-def test_what_a_consumer_submits_binds_to_the_subscription_actor(recorders):
+def test_what_a_consumer_submits_binds_to_the_subscription_host(recorders):
     made, peers = recorders
-    sub = SubscriptionHandles(peers(2), deadline_s=1)
+    unit = Unit("t", "s", 0)
+    sub = SubscriptionHandles(peers(2, unit), deadline_s=1)
     keys = [1, 2]
     sub.receive(0, "c", 10, 1.0, 0)
     sub.receive_many([0, 1], "c", 10, 1.0, 0)
@@ -171,14 +175,16 @@ def test_what_a_consumer_submits_binds_to_the_subscription_actor(recorders):
     sub.redeliver(0, "c", None, 1, True)
     calls = [c for r in made for c in r.calls]
     assert len(calls) == 9
-    _binds(SubscriptionActor, calls)
+    assert all(args[0] == unit for _, args, _ in calls)  # the unit goes first
+    _binds(SubscriptionHost, calls)
 
 
 def test_one_partition_called_directly_puts_its_route_first():
     host, actor = _Recorder(), _Recorder()
     HostPartition(host, "t", 3, "host/a/0").submit(HostActor.read, (0, 0), 10)
-    SubscriptionActorPartition(actor, 3, "sub/t/s/0").submit(SubscriptionActor.stats)
+    unit = Unit("t", "s", 0)
+    SubscriptionPartition(actor, unit, 3, "subhost/a/0").submit(SubscriptionHost.stats)
     assert host.calls == [("read", ("t", 3, (0, 0), 10), {})]
-    assert actor.calls == [("stats", (3,), {})]
+    assert actor.calls == [("stats", (unit, 3), {})]
     _binds(HostActor, host.calls)
-    _binds(SubscriptionActor, actor.calls)
+    _binds(SubscriptionHost, actor.calls)

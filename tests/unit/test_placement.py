@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from raydelay.cluster import placement
+from raydelay.cluster.names import Unit
 
 HEAD, W1, W2, W3 = "head0", "w1", "w2", "w3"
 
@@ -32,13 +33,6 @@ def cluster(monkeypatch):
     monkeypatch.setattr(placement, "_gone", set())
     monkeypatch.setattr(placement, "_probed", {})
     return state
-
-
-def place(state, name: str, calls: dict[str, int] | None = None) -> str:
-    node = placement.choose_node(name, avoid_head=True, calls=calls)
-    kind = placement._class_of(name)
-    state["actors"].append({"name": name, "class": kind, "node": node})
-    return node
 
 
 def _metadata(topics: dict[str, int]):
@@ -78,52 +72,84 @@ def test_partitions_spread_evenly_over_nodes_then_slots(cluster):
     assert len({nodes["a/0"], nodes["a/1"], nodes["a/2"]}) == 3
 
 
-def test_subscription_actors_spread_over_the_workers_and_no_node_holds_most(cluster):
-    # Given every partition's host on W1 (the actors would all go there, near their hosts)
-    host = placement.host_actor_name(W1, 0)
-    # When 8 subscriptions' actors are placed
-    nodes = [place(cluster, f"sub/t{i % 4}/s{i}/0", calls={host: 4}) for i in range(8)]
+def _place_unit(meta, unit: Unit, running=(), served=None) -> str:
+    """Assign a unit (as ``CoordinatorActor.locate_unit`` does); its node."""
+    if unit.subscription not in meta.subscriptions(unit.topic):
+        meta.create_subscription(unit.topic, unit.subscription, {"type": "shared"})
+    slots, node_of = placement.host_slots({}, subscriptions=True)
+    host = meta.choose_subhost(unit, slots, node_of, set(running), served or {})
+    meta.assign_unit(unit, host)
+    return node_of[host]
+
+
+def test_subscription_host_slots_are_one_per_cpu_of_each_worker_and_named_apart(cluster):
+    slots, node_of = placement.host_slots({}, subscriptions=True)
+    assert len(slots) == 6 and all(s.startswith("subhost/") for s in slots)
+    assert sorted(set(node_of.values())) == [W1, W2, W3]
+    assert all(placement.choose_node(s, avoid_head=True) == node_of[s] for s in slots)
+    assert placement.warm_slots({}, slots) == [s for s in slots if s.endswith("/0")]
+    assert placement.warm_slots({"placement": {"warm_subscription_hosts": 0}}, slots) == []
+    slots, _ = placement.host_slots(
+        {"placement": {"subscription_hosts_per_node": 1}}, subscriptions=True
+    )
+    assert len(slots) == 3
+
+
+def test_units_spread_over_the_workers_and_no_node_holds_most(cluster):
+    topics = {f"t{i}": 4 for i in range(4)}
+    meta = _metadata(topics)
+    # Given every partition's host on W1 (the units would all go there, near their hosts)
+    served = {W1: 4}
+    # When 8 subscriptions' units are placed
+    nodes = [_place_unit(meta, Unit(f"t{i % 4}", f"s{i}", 0), served=served) for i in range(8)]
     # Then they spread 3, 3 and 2 over the workers, never on the head
     assert sorted(nodes.count(w) for w in (W1, W2, W3)) == [2, 3, 3]
     # and the first three go to three nodes, the first to its hosts' node
     assert nodes[0] == W1 and len(set(nodes[:3])) == 3
 
 
-def test_the_actors_of_one_subscription_go_to_different_nodes(cluster):
-    # Given W2 and W3 busier than W1 with other subscriptions' actors
-    cluster["actors"] += [
-        {"name": f"sub/t/other{i}/0", "class": "SubscriptionActor", "node": n}
-        for i, n in enumerate([W2, W3])
-    ]
-    # When a subscription split into three partition groups places its actors
-    nodes = [place(cluster, f"sub/t/s/{g}") for g in range(3)]
-    # Then each goes to its own node, though W1 is the least loaded
+def test_the_units_of_one_subscription_go_to_different_nodes(cluster):
+    meta = _metadata({"t": 4})
+    # Given five other subscriptions' units: two nodes hold two, one holds one
+    others = [_place_unit(meta, Unit("t", f"other{i}", 0)) for i in range(5)]
+    assert sorted(others.count(w) for w in (W1, W2, W3)) == [1, 2, 2]
+    # When a subscription split into three partition groups places its units
+    nodes = [_place_unit(meta, Unit("t", "s", g)) for g in range(3)]
+    # Then each goes to its own node, though one node is less loaded than the others
     assert sorted(nodes) == [W1, W2, W3]
     # and a fourth group shares a node only once every node has one
-    assert place(cluster, "sub/t/s/3") in (W1, W2, W3)
+    assert _place_unit(meta, Unit("t", "s", 3)) in (W1, W2, W3)
 
 
-def test_among_equally_loaded_nodes_a_subscription_actor_goes_near_its_hosts(cluster):
-    slots, node_of = placement.host_slots({})
-    a, b = slots[0], slots[3]  # on two different workers
-    assert node_of[a] != node_of[b]
-    # the host serving 3 of its partitions wins over the one serving 1
-    assert place(cluster, "sub/t/s/0", calls={a: 1, b: 3}) == node_of[b]
-    # ... but not over a node with fewer subscription actors
-    assert place(cluster, "sub/t/u/0", calls={b: 4}) != node_of[b]
+def test_among_equal_nodes_a_unit_goes_to_a_running_slot_then_near_its_hosts(cluster):
+    meta = _metadata({"t": 4})
+    slots, node_of = placement.host_slots({}, subscriptions=True)
+    # a slot already running wins over a node serving its partitions
+    running = [s for s in slots if node_of[s] == W3][:1]
+    assert _place_unit(meta, Unit("t", "a", 0), running, served={W2: 4}) == W3
+    # among nodes of equal load, the one whose hosts serve most of its partitions
+    meta2 = _metadata({"t": 4})
+    assert _place_unit(meta2, Unit("t", "s", 0), served={W1: 1, W2: 3}) == W2
+    # ... but not over a node with fewer units
+    assert _place_unit(meta2, Unit("t", "u", 0), served={W2: 4}) != W2
 
 
-def test_after_a_node_is_lost_its_subscription_actors_spread_over_the_survivors(cluster):
-    lost = [f"sub/t/s{i}/0" for i in range(3)]
-    for name, n in zip([*lost, "sub/t/s3/0"], [W1, W1, W1, W3], strict=True):
-        cluster["actors"].append({"name": name, "class": "SubscriptionActor", "node": n})
+def test_after_a_node_is_lost_its_units_go_to_running_hosts_of_the_survivors(cluster):
+    meta = _metadata({"t": 4})
+    nodes = {f"s{i}": _place_unit(meta, Unit("t", f"s{i}", 0)) for i in range(6)}
+    lost = sorted(s for s, n in nodes.items() if n == W1)
+    assert len(lost) == 2
     cluster["alive"].discard(W1)
-    cluster["actors"] = [a for a in cluster["actors"] if a["node"] != W1]
-    # When the lost node's three actors are placed again, one after the other
-    nodes = [place(cluster, name) for name in lost]
-    # Then the first goes to the empty W2, and they end two and two
-    assert nodes[0] == W2
-    assert sorted(a["node"] for a in cluster["actors"]).count(W2) == 2
+    slots, node_of = placement.host_slots({}, subscriptions=True)
+    # the warm slot of each survivor runs, and the hosts of the units placed so far
+    running = set(placement.warm_slots({}, slots)) | {
+        h for h in meta.unit_assignments().values() if h in node_of
+    }
+    # When the lost node's units are placed again, one after the other
+    again = [_place_unit(meta, Unit("t", s, 0), running) for s in lost]
+    # Then they go one to each survivor, each to a host already running
+    assert sorted(again) == [W2, W3]
+    assert all(meta.unit_host(Unit("t", s, 0)) in running for s in lost)
 
 
 def test_the_head_is_used_when_it_is_the_only_node_or_when_allowed(cluster):
@@ -156,24 +182,28 @@ def test_after_a_node_is_lost_its_partitions_spread_over_the_survivors(cluster):
 
 def test_no_node_at_all_leaves_the_choice_to_ray(cluster):
     cluster["alive"] = set()
-    assert placement.choose_node("sub/t/a/0", avoid_head=True) is None
+    assert placement.choose_node("coordinator", avoid_head=True) is None
     assert placement.host_slots({}) == ([], {})
 
 
 def test_an_actor_pinned_to_a_lost_node_is_stranded_and_its_host_not_live(cluster):
     host = placement.host_actor_name(W1, 0)
+    a, b = placement.subhost_actor_name(W1, 0), placement.subhost_actor_name(W2, 0)
     cluster["actors"] += [
         {"name": host, "class": "HostActor", "node": W1},
-        {"name": "sub/t/a/0", "class": "SubscriptionActor", "node": W1},
-        {"name": "sub/t/b/0", "class": "SubscriptionActor", "node": W2},
+        {"name": a, "class": "SubscriptionHost", "node": W1},
+        {"name": b, "class": "SubscriptionHost", "node": W2},
+        {"name": "coordinator", "class": "CoordinatorActor", "node": W1},
     ]
     assert placement.live_hosts() == {host: W1}
-    assert not placement.stranded("sub/t/a/0") and not placement.stranded(host)
+    assert placement.live_hosts("SubscriptionHost") == {a: W1, b: W2}
+    assert not placement.stranded(a) and not placement.stranded(host)
     # When W1 is lost (Ray still lists its actors while it tries to restart them there)
     cluster["alive"].discard(W1)
     assert placement.live_hosts() == {}  # its partitions are assigned elsewhere at once
-    assert placement.stranded(host) and placement.stranded("sub/t/a/0")
-    assert not placement.stranded("sub/t/b/0") and not placement.stranded("sub/t/none/0")
+    assert placement.live_hosts("SubscriptionHost") == {b: W2}  # and its units
+    assert placement.stranded(host) and placement.stranded(a) and placement.stranded("coordinator")
+    assert not placement.stranded(b) and not placement.stranded("runner/0")
 
 
 def _listening() -> socket.socket:
@@ -200,23 +230,25 @@ def test_a_node_whose_raylet_refuses_is_gone_before_ray_says_so(cluster, monkeyp
         for n, s in ((W1, w1), (W2, w2))
     }
     w2.close()
+    a, b = placement.subhost_actor_name(W1, 0), placement.subhost_actor_name(W2, 0)
     cluster["actors"] += [
-        {"name": "sub/t/a/0", "class": "SubscriptionActor", "node": W1},
-        {"name": "sub/t/b/0", "class": "SubscriptionActor", "node": W2},
+        {"name": a, "class": "SubscriptionHost", "node": W1},
+        {"name": b, "class": "SubscriptionHost", "node": W2},
     ]
     probes = []
     real = placement.refuses
     monkeypatch.setattr(placement, "refuses", lambda a, p: probes.append(p) or real(a, p))
     try:
         # Then the actor on W1 is not stranded, and W1 is probed once a PROBE_EVERY_S
-        assert not placement.stranded("sub/t/a/0") and not placement.stranded("sub/t/a/0")
+        assert not placement.stranded(a) and not placement.stranded(a)
         assert len(probes) == 1
         # while the one on W2 is: W2 is gone, for every placement from now on
-        assert placement.stranded("sub/t/b/0")
+        assert placement.stranded(b)
         assert W2 not in placement.nodes()[0] and W2 not in placement.candidate_nodes(True)
         assert placement.stranded(placement.host_actor_name(W2, 0))
-        assert all(place(cluster, f"sub/t/n{i}/0") != W2 for i in range(6))
-        slots, node_of = placement.host_slots({})
-        assert W2 not in node_of.values()
+        assert placement.choose_node("coordinator", avoid_head=True) != W2
+        for subscriptions in (False, True):
+            slots, node_of = placement.host_slots({}, subscriptions=subscriptions)
+            assert W2 not in node_of.values()
     finally:
         w1.close()

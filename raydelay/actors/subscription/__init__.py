@@ -1,7 +1,9 @@
-"""A subscription's actor, and the asyncio shell around each pure ``Subscription`` in it.
+"""Subscription hosts, the units they serve, and the asyncio shell around each pure
+``Subscription`` in them.
 
-One :class:`SubscriptionActor` process (:mod:`.actor`) serves every partition of a
-subscription (or, with ``subscription.partitions_per_actor``, a group of them): a
+A :class:`SubscriptionHost` process (:mod:`.host`) serves many units of any
+subscriptions. A unit (:mod:`.unit`) is every partition of a subscription (or, with
+``subscription.partitions_per_actor``, a group of them): a
 :class:`~raydelay.actors.subscription.shell.SubscriptionShell` per partition, each the
 actor-side owner of its own pure :class:`~raydelay.dispatch.subscription.Subscription`.
 
@@ -17,10 +19,10 @@ calls, per partition, a driver (:mod:`.driver`) runs ``Subscription.step`` and t
 asks for, and a log reader (:mod:`.log_reader`) reads the log ahead; the other parts are
 listed in :mod:`.shell`. The picture is in docs/design.md ("actors/subscription").
 
-This package re-exports what the rest of raydelay starts and calls: the actor class and
-:func:`spawn_subscription`.
+This package re-exports what the rest of raydelay calls: the host's class and
+:func:`unit_peer`.
 """
 
-from raydelay.actors.subscription.actor import SubscriptionActor, spawn_subscription
+from raydelay.actors.subscription.host import SubscriptionHost, UnitPeer, unit_peer
 
-__all__ = ["SubscriptionActor", "spawn_subscription"]
+__all__ = ["SubscriptionHost", "UnitPeer", "unit_peer"]

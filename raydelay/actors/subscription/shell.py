@@ -1,7 +1,7 @@
 """The actor-side shell of one partition of a subscription: the asyncio owner around its
 pure :class:`~raydelay.dispatch.subscription.Subscription`, held by a
-:class:`~raydelay.actors.subscription.actor.SubscriptionActor` with the subscription's
-other partitions.
+:class:`~raydelay.actors.subscription.unit.SubscriptionUnit` with the subscription's
+other partitions, in a subscription host.
 
 The shell owns the I/O; the subscription decides. It recovers the partition (see
 :mod:`~raydelay.actors.subscription.recovery`), wires the parts that do its I/O, and takes

@@ -1,15 +1,16 @@
-"""The actor of a subscription: one process that holds a
+"""One unit of a subscription in its subscription host: a
 :class:`~raydelay.actors.subscription.shell.SubscriptionShell` per partition it serves.
 
-One :class:`SubscriptionActor` serves every partition of a subscription (or, with
-``subscription.partitions_per_actor``, a group of them), recovered in parallel. Each call
-is a method of its own that names the partition first (``ack(partition, consumer_id,
-keys)``); calls for several partitions come once per actor (``receive_many``,
-``ack_many``, ``heartbeat_many``, ``cancel_many``). One loop per actor reports every
-partition's metrics once a second. :func:`spawn_subscription` starts an actor spread by
-failure domain, near the hosts of its partitions among equals.
+A :class:`SubscriptionUnit` serves every partition of a subscription (or, with
+``subscription.partitions_per_actor``, a group of them), recovered in parallel when its
+host opens it. Each call is a method of its own that names the partition first
+(``ack(partition, consumer_id, keys)``); calls for several partitions come once per unit
+(``receive_many``, ``ack_many``, ``heartbeat_many``, ``cancel_many``). One loop per unit
+reports every partition's metrics once a second. The host
+(:class:`~raydelay.actors.subscription.host.SubscriptionHost`) runs these methods for
+its callers, the unit first.
 
-The actor never blocks its event loop: recovery runs on threads, and handle lookups go
+A unit never blocks its host's event loop: recovery runs on threads, and handle lookups go
 through :class:`~raydelay.cluster.handles.Peer` off the loop.
 """
 
@@ -17,27 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
-import ray
 
 from raydelay.actors.coordinator import CoordinatorActor
-from raydelay.actors.host import coordinator_peer
 from raydelay.actors.metrics import SubscriptionMetrics
 from raydelay.actors.protocol import ReceiveReply
 from raydelay.actors.subscription.shell import SubscriptionShell
-from raydelay.cluster import placement, rpc
+from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
-from raydelay.cluster.names import subscription_actor_name, subscription_groups
-from raydelay.cluster.rpc import in_thread
+from raydelay.cluster.names import Unit, subscription_groups
 from raydelay.config import config_from_dict
 from raydelay.dispatch.wire import delivery_batch
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +41,15 @@ _REPORT_S = 1.0  # how often metrics are reported
 _OPEN_THREADS = 8  # partitions recovered at once
 
 
-class SubscriptionActor:
-    """The actor of a subscription (or of one group of its partitions): one process, a
-    :class:`SubscriptionShell` per partition it serves, recovered in parallel."""
+class SubscriptionUnit:
+    """A subscription (or one group of its partitions) in its host: a
+    :class:`SubscriptionShell` per partition it serves, recovered in parallel. Made on a
+    thread (recovery blocks), used on the host's event loop."""
 
-    def __init__(self, topic: str, subscription: str, group: int, config: dict) -> None:
-        # Recovery makes blocking calls; off the event loop's thread they block nothing else.
-        in_thread(self._init, topic, subscription, group, config)
-
-    def _init(self, topic: str, subscription: str, group: int, config: dict) -> None:
+    def __init__(self, unit: Unit, config: dict, coordinator: Peer[CoordinatorActor]) -> None:
         started = time.monotonic()
-        self._name = subscription_actor_name(topic, subscription, group)
-        coordinator = coordinator_peer(config)
+        topic, subscription, group = unit
+        self._name = f"sub/{unit.key}"
         mine = _group_partitions(coordinator, topic, subscription, group, config)
         if not mine:
             raise InvalidArgument(f"group: {topic}/{subscription} has no partition group {group}")
@@ -81,6 +74,7 @@ class SubscriptionActor:
             part.on_available = self._changed
         self._started = False
         self._reporter: asyncio.Task[None] | None = None  # the metrics loop, once started
+        self.closed = False
         self._topic, self._subscription, self._config = topic, subscription, config
         self._coordinator = coordinator
         self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
@@ -98,6 +92,8 @@ class SubscriptionActor:
             raise InvalidArgument(
                 f"partition: {self._name} serves partitions {sorted(self._parts)}, not {partition!r}"
             )
+        if self.closed:
+            raise Unavailable(f"{self._name}: closed (its host stops serving it)")
         if not self._started:  # every partition starts its loops with the first call
             self._started = True
             for each in self._parts.values():
@@ -352,17 +348,14 @@ class SubscriptionActor:
         return out
 
     async def close(self) -> None:
-        """Persist every partition's cursor and stop their loops, and the metrics loop (left
-        pending, asyncio reports it as destroyed when the process ends)."""
+        """Persist every partition's cursor and stop their loops, and the metrics loop."""
+        self.closed = True
         await asyncio.gather(*[p.close() for p in self._parts.values()])
         if self._reporter is not None:
             self._reporter.cancel()
 
-    async def partitions(self) -> list[int]:
+    def partitions(self) -> list[int]:
         return sorted(self._parts)
-
-    async def pid(self) -> int:
-        return os.getpid()
 
 
 def _group_partitions(
@@ -376,24 +369,6 @@ def _group_partitions(
         "partitions_per_actor", config_from_dict(config).subscription.partitions_per_actor
     )
     return subscription_groups(n, per_actor).get(group, [])
-
-
-def spawn_subscription(topic: str, subscription: str, group: int, config: dict) -> Any:
-    """A subscription's actor for partition group ``group``, started if it does not run,
-    spread by failure domain (see :mod:`raydelay.cluster.placement`): on the node with the
-    fewest of its subscription's actors, then of any subscription's, then near the hosts
-    serving its partitions."""
-    name = subscription_actor_name(topic, subscription, group)
-    calls: Counter[str] = Counter()
-    if placement.lookup_or_none(name) is None:
-        coordinator = coordinator_peer(config)
-        mine = _group_partitions(coordinator, topic, subscription, group, config)
-        calls.update(coordinator.call_from_thread(CoordinatorActor.locate, topic, p) for p in mine)
-    return (
-        ray.remote(SubscriptionActor)
-        .options(**placement.actor_options(name, config, calls=calls))
-        .remote(topic, subscription, group, config)
-    )
 
 
 def _record_all(batch: list[tuple[SubscriptionMetrics, dict, list]]) -> None:
