@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import ray
 
-from raydelay.actors.subscription import SubscriptionActor
+from raydelay.actors.subscription import SubscriptionHost
 from raydelay.clock import now_ms
 from raydelay.cluster.local import RAY_SYSTEM_CONFIG
 
@@ -102,10 +102,10 @@ def kill_and_recover(actor, timeout_s: float = 300.0) -> tuple[int, dict, dict]:
         if time.monotonic() > deadline:
             raise RuntimeError("the subscription actor was not restarted")
         time.sleep(0.005)
-    stats = ask(lambda: actor.submit(SubscriptionActor.stats))
+    stats = ask(lambda: actor.submit(SubscriptionHost.stats))
     while "first_delivery_at_ms" not in stats["recovery"] and time.monotonic() < deadline:
         time.sleep(0.02)
-        stats = ask(lambda: actor.submit(SubscriptionActor.stats))
+        stats = ask(lambda: actor.submit(SubscriptionHost.stats))
     return killed, stats, stats["recovery"]
 
 

@@ -10,7 +10,8 @@ waits for its send to be durable before the next. Measured over that window:
   threads never wait for anything else);
 - **send p50 / p99**: how long one ``send()`` took;
 - **host CPU per send**: the partition host's CPU time over the window, per send;
-- **subscriptions' CPU**: the K subscription actors' CPU time, per second of the window.
+- **subscriptions' CPU**: the CPU time of the subscription hosts serving the K
+  subscriptions, per second of the window.
 
 ``--baseline SRC`` runs each K with the raydelay source tree at SRC too (for example a
 ``git worktree`` of an older commit), alternating with this tree ``--rounds`` times, and
@@ -50,7 +51,9 @@ for name in subs:
     cluster.subscribe("stream", name).close()  # the subscription stays; nobody consumes
 host = topic_partition("stream", 0)
 actors = [host] + [subscription_partition("stream", 0, name) for name in subs]
-procs = [psutil.Process(pid) for pid in ray.get([a.pid() for a in actors])]
+host_pid, *sub_pids = ray.get([a.pid() for a in actors])
+# (the subscription hosts serving the K subscriptions: one process each, however many)
+procs = [psutil.Process(pid) for pid in [host_pid, *sorted(set(sub_pids) - {host_pid})]]
 time.sleep(3)  # (the subscriptions' first reads are standing)
 
 

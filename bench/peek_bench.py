@@ -38,7 +38,7 @@ import raydelay  # noqa: E402
 from bench.common import start_local_ray  # noqa: E402
 from raydelay.actors.handles import subscription_partition, topic_partition  # noqa: E402
 from raydelay.actors.host import HostActor  # noqa: E402
-from raydelay.actors.subscription import SubscriptionActor  # noqa: E402
+from raydelay.actors.subscription import SubscriptionHost  # noqa: E402
 from raydelay.clock import now_ms  # noqa: E402
 
 PAYLOAD = b"x" * 100
@@ -72,7 +72,7 @@ def wait_settled(topic: str, pending: int) -> dict:
     part = topic_partition(topic, 0)
     while True:
         t = ray.get(part.submit(HostActor.stats))
-        s = ray.get(sub.submit(SubscriptionActor.stats))
+        s = ray.get(sub.submit(SubscriptionHost.stats))
         if s["delayed"] >= pending * 0.999 and t["unsealed_delayed"] < 100_000:
             return {
                 "buckets": s["buckets"],
@@ -101,7 +101,7 @@ def backlog_segments(cluster, topic: str) -> tuple[int, int]:
 
 
 def peek_reads(topic: str) -> dict:
-    return ray.get(subscription_partition(topic, 0, "s").submit(SubscriptionActor.stats))["peek"]
+    return ray.get(subscription_partition(topic, 0, "s").submit(SubscriptionHost.stats))["peek"]
 
 
 def time_peeks(cluster, topic: str, label: str, repeat: int, **kw) -> dict:

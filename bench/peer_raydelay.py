@@ -42,9 +42,9 @@ from bench.workload import (
     sleep_until,
     spread_now,
 )
-from raydelay.actors.handles import host_of, subscription_partition, topic_partition
+from raydelay.actors.handles import host_of, subscription_partition, topic_partition, unit_host_of
 from raydelay.actors.host import HostActor
-from raydelay.cluster.names import NAMESPACE, subscription_actor_name
+from raydelay.cluster.names import NAMESPACE
 
 BATCH = 5_000
 # max_messages per receive: 40,000 asks each of the 4 partitions for 10,000 per call
@@ -88,9 +88,10 @@ class RaydelayPeer:
         self.cluster.delete_topic(topic, force=True)
 
     def _actors(self, topic: str, partitions: int) -> tuple[list, list]:
-        """The hosts of the topic's partitions, and the subscription's actor."""
+        """The hosts of the topic's partitions, and the subscription host of the
+        subscription's unit."""
         hosts = sorted({host_of(topic, p) for p in range(partitions)})
-        subs = [subscription_actor_name(topic, SUB)]
+        subs = [unit_host_of(topic, SUB)]
         return (
             [ray.get_actor(n, namespace=NAMESPACE) for n in hosts],
             [ray.get_actor(n, namespace=NAMESPACE) for n in subs],
@@ -349,13 +350,14 @@ class RaydelayPeer:
         producer = self.cluster.create_producer(topic)
         host = topic_partition(topic, 0)
         actors: list = [host]  # (its host)
-        actors += [subscription_partition(topic, 0, name) for name in subs]  # (their actors)
+        actors += [subscription_partition(topic, 0, name) for name in subs]  # (their hosts)
         if idle:  # subscriptions of a topic nothing is sent to
             self.cluster.create_topic(f"{topic}-quiet", partitions=1)
             for i in range(idle):
                 self.cluster.subscribe(f"{topic}-quiet", f"q{i}").close()
             actors += [subscription_partition(f"{topic}-quiet", 0, f"q{i}") for i in range(idle)]
-        procs = [psutil.Process(pid) for pid in ray.get([a.pid() for a in actors])]
+        # (one process each: subscription hosts serve many subscriptions)
+        procs = [psutil.Process(pid) for pid in sorted(set(ray.get([a.pid() for a in actors])))]
         if idle:
             time.sleep(3)  # (their start-up is over: only their idle cost is measured)
 

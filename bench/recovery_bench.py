@@ -50,7 +50,7 @@ from bench.common import (  # noqa: E402
     start_local_ray,
 )
 from raydelay.actors.handles import subscription_partition  # noqa: E402
-from raydelay.actors.subscription import SubscriptionActor  # noqa: E402
+from raydelay.actors.subscription import SubscriptionHost  # noqa: E402
 from raydelay.clock import now_ms  # noqa: E402
 
 PAYLOAD = b"x" * 100
@@ -87,12 +87,12 @@ def run(cluster, store: BenchStore, topic: str, pending: int) -> dict:
                 flush=True,
             )
     publish_s = time.perf_counter() - t0
-    before = ray.get(sub.submit(SubscriptionActor.stats))
+    before = ray.get(sub.submit(SubscriptionHost.stats))
     while before["read_ahead"] or before["delayed"] + before["acked"] < pending * 0.99:
         time.sleep(0.5)  # until the subscription has read everything in
-        before = ray.get(sub.submit(SubscriptionActor.stats))
+        before = ray.get(sub.submit(SubscriptionHost.stats))
     time.sleep(1.0)  # let a cursor write and the last seals land
-    before = ray.get(sub.submit(SubscriptionActor.stats))
+    before = ray.get(sub.submit(SubscriptionHost.stats))
     killed_ms, after, rec = kill_and_recover(sub, timeout_s=120)
     first_at = rec.get("first_delivery_at_ms")
     stop.set()

@@ -196,7 +196,7 @@ record_remote = ray.remote(task_funcs.record)  # ... and the lateness floor's
 # Process roles of ``bench.common.ray_processes`` -> the groups CPU time is reported in.
 CPU_GROUPS = {
     "TaskRunner": "runner",
-    "SubscriptionActor": "subscription",
+    "SubscriptionHost": "subscription",
     "HostActor": "hosts",
     "CoordinatorActor": "coordinator",
     "ray raylet": "raylet",

@@ -23,7 +23,7 @@ from raydelay.actors.host import HostActor
 from raydelay.actors.subscription import SubscriptionHost, UnitPeer
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import PartitionPeers, Peer
-from raydelay.cluster.names import COORDINATOR, Unit, subscription_group
+from raydelay.cluster.names import COORDINATOR, Unit, host_node_prefix, subscription_group
 
 P = ParamSpec("P")
 ActorT = TypeVar("ActorT")
@@ -101,8 +101,8 @@ class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
         return self._peers[partition].name
 
     def node_of(self, partition: int) -> str | None:
-        host = self._peers[partition].host
-        return None if host is None else placement.node_of(host)
+        host = self._peers[partition].host  # (its name says its node)
+        return None if host is None else host_node_prefix(host)
 
     def heartbeat(self, partitions: list[int], consumer: str) -> Any:
         return self._on(partitions[0], SubscriptionHost.heartbeat_many, consumer, list(partitions))

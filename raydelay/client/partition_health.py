@@ -170,7 +170,7 @@ class PartitionHealth:
             if o.ended is None and not o.warned and now - o.since >= SLOW_OUTAGE_S:
                 o.warned = True
                 log.warning(
-                    "%s: partitions %s down for %.1f s (their actor %s on %s: %s); their "
+                    "%s: partitions %s down for %.1f s (their unit %s on %s: %s); their "
                     "messages wait, the other partitions go on",
                     self._what, partition_ranges(o.down), now - o.since, o.actor,
                     _short(o.node), o.error,
@@ -188,7 +188,7 @@ class PartitionHealth:
                 else:
                     where = f"moved from {_short(o.node)} to {_short(after)}"
                 log.info(
-                    "%s: partitions %s answer again after %.1f s; their actor %s %s",
+                    "%s: partitions %s answer again after %.1f s; their unit %s %s",
                     self._what, partition_ranges(o.partitions), o.ended - o.since,
                     o.actor, where,
                 )  # fmt: skip

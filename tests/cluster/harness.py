@@ -11,9 +11,13 @@ test session's Ray is a single node). It prints one line ``RESULT <json>``:
   resumed);
 - ``placement`` before and after, and whether every actor is alive at the end.
 
+- ``moves``: per subscription unit whose host was on the lost node, where it went and
+  whether that host was running before the failure (no process start on the way back);
+- ``recoveries``: what re-opening each moved unit's partitions cost.
+
 Scenarios: ``placement`` (no failure), ``worker_kill``, ``worker_kill_ray_defaults`` (Ray's
-own health-check settings), ``subscription_node_kill`` (the worker holding the most
-subscription actors; ``..._ray_defaults`` likewise), ``coordinator_node_kill``,
+own health-check settings), ``subscription_node_kill`` (the worker whose subscription hosts
+serve the most units; ``..._ray_defaults`` likewise), ``coordinator_node_kill``,
 ``kill_with_store_outage``, ``drain``, ``local_refused``.
 """
 
@@ -101,7 +105,8 @@ def main(scenario: str, workdir: str) -> dict:
         ledger, fail_ms, lost_node, sends = _run(rd, consumers, chaos, finished)
         _FAILED_AT[0] = fail_ms
         after = rd.placement()
-        recovered = _recoveries(after)
+        moves = _moves(before, after, lost_node)
+        recovered = _recoveries(moves)
         out = {
             "scenario": scenario,
             "health": health,
@@ -114,6 +119,7 @@ def main(scenario: str, workdir: str) -> dict:
             "longest_receive_s": round(sends["receive"] / 1000, 2),  # a call, after the failure
             "producer_retries": ledger.producer_retries,
             "lost_node": lost_node,
+            "moves": moves,
             "recoveries": recovered,
             "placement": before,
             "placement_after": after,
@@ -150,9 +156,14 @@ def _chaos(scenario, cluster, workers, placement, s3):
     def busiest_worker() -> str:
         return max((n for n in topics if n in workers), key=lambda n: (topics[n], n))
 
-    def subscription_worker() -> str:  # the worker holding the most subscription actors
-        subs = Counter(r["node"] for r in placement if r["class"] == "SubscriptionActor")
-        return max((n for n in subs if n in workers), key=lambda n: (subs[n], n))
+    def subscription_worker() -> str:  # the worker serving the most subscription units
+        units = Counter(
+            r["node"]
+            for r in placement
+            if r["class"] == "SubscriptionHost"
+            for _ in {tuple(k.split("/")[:2]) for k in r["serves"]}
+        )
+        return max((n for n in units if n in workers), key=lambda n: (units[n], n))
 
     def kill(node: str, graceful: bool = False) -> str:
         cluster.remove_node(workers[node], allow_graceful=graceful)
@@ -284,10 +295,10 @@ def _pauses(ledger: Ledger, fail_ms: int, placement, lost_node: str) -> list[dic
         for key in r["serves"]
         if key.startswith("orders/")
     }
-    actor_node = {  # (subscription, partition) -> the node of the actor serving it
+    actor_node = {  # (subscription, partition) -> the node of the host serving its unit
         (key.split("/")[1], int(key.rsplit("/", 1)[1])): r["node"]
         for r in placement
-        if r["class"] == "SubscriptionActor"
+        if r["class"] == "SubscriptionHost"
         for key in r["serves"]
     }
     last_due: dict[int, int] = defaultdict(int)
@@ -317,23 +328,50 @@ def _pauses(ledger: Ledger, fail_ms: int, placement, lost_node: str) -> list[dic
     return rows
 
 
-def _recoveries(placement) -> dict:
-    """What the start of each subscription actor that was re-created (or restarted) cost:
-    its constructor, and its first delivery, in seconds from its start."""
+def _units(placement) -> dict[str, dict]:
+    """Subscription unit (``topic/subscription``) -> the row of the host serving it."""
+    return {
+        "/".join(key.split("/")[:2]): r
+        for r in placement
+        if r["class"] == "SubscriptionHost"
+        for key in r["serves"]
+    }
+
+
+def _moves(before, after, lost_node: str) -> dict:
+    """Per unit whose host was on the lost node: its host before and after, and whether the
+    new host's process ran before the failure (then nothing started on the way back)."""
+    was, now = _units(before), _units(after)
+    out = {}
+    for unit, r in sorted(was.items()):
+        if r["node"] != lost_node:
+            continue
+        new = now.get(unit)
+        out[unit] = {
+            "from": r["name"],
+            "to": new and new["name"],
+            "to_node": new and new["node"],
+            "to_was_running": bool(new and new["pid"] in _FIRST_PIDS),
+            "to_started_s": new and round((new["started_ms"] - _FAILED_AT[0]) / 1000, 2),
+        }
+    return out
+
+
+def _recoveries(moves: dict) -> dict:
+    """What re-opening each moved unit's partitions cost: the recovery of each (in its
+    new host), and its first delivery, in seconds."""
     import ray
 
-    from raydelay.cluster.placement import lookup
+    from raydelay.actors.handles import subscription_partition
+    from raydelay.actors.subscription import SubscriptionHost
 
     out = {}
-    for r in placement:
-        if r["class"] != "SubscriptionActor":
-            continue
-        if r["pid"] not in _FIRST_PIDS:
-            for key in r["serves"]:  # topic/subscription/partition
-                p = int(key.rsplit("/", 1)[1])
-                rec = ray.get(lookup(r["name"]).stats.remote(p))["recovery"]
-                out[key] = {k: rec.get(k) for k in ("init_s", "first_delivery_s")}
-                out[key]["started_s"] = round((r["started_ms"] - _FAILED_AT[0]) / 1000, 2)
+    for unit in moves:
+        topic, sub = unit.split("/")
+        for p in range(PARTITIONS):
+            part = subscription_partition(topic, p, sub)
+            rec = ray.get(part.submit(SubscriptionHost.stats))["recovery"]
+            out[f"{unit}/{p}"] = {k: rec.get(k) for k in ("init_s", "first_delivery_s")}
     return out
 
 
@@ -344,8 +382,9 @@ def _alive(rd) -> dict:
         rd.stats("orders", s)  # reaches every actor of the subscription and its topic
     rows = rd.placement()
     served = {k for r in rows if r["state"] == "ALIVE" for k in r["serves"]}
-    names = {"coordinator"} | {f"sub/orders/{s}/0" for s in SUBSCRIPTIONS}
+    names = {"coordinator"}
     wanted = {f"orders/{p}" for p in range(PARTITIONS)}
+    wanted |= {f"orders/{s}/{p}" for s in SUBSCRIPTIONS for p in range(PARTITIONS)}
     alive = {r["name"] for r in rows if r["state"] == "ALIVE"}
     missing = sorted((names - alive) | (wanted - served))
     return {"all_alive": not missing, "missing": missing}

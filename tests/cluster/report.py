@@ -89,16 +89,19 @@ def placement_table(rows: list[dict]) -> str:
     coordinator."""
     nodes = sorted({r["node"] for r in rows}, key=lambda n: (not _head(rows, n), n))
     out = [
-        "| node | hosts | partitions | subscription actors | coordinator |",
-        "|---|---|---|---|---|",
+        "| node | hosts | partitions | subscription hosts | subscription partitions | coordinator |",
+        "|---|---|---|---|---|---|",
     ]
     count = Counter((r["node"], r["class"]) for r in rows)
     parts = Counter(r["node"] for r in rows if r["class"] == "HostActor" for _ in r["serves"])
+    subparts = Counter(
+        r["node"] for r in rows if r["class"] == "SubscriptionHost" for _ in r["serves"]
+    )
     for i, n in enumerate(nodes):
         name = "head" if _head(rows, n) else f"worker {i + 1} ({n[:8]})"
         out.append(
             f"| {name} | {count[(n, 'HostActor')]} | {parts[n]} | "
-            f"{count[(n, 'SubscriptionActor')]} | "
+            f"{count[(n, 'SubscriptionHost')]} | {subparts[n]} | "
             f"{'yes' if count[(n, 'CoordinatorActor')] else ''} |"
         )
     return "\n".join(out)

@@ -64,11 +64,15 @@ def test_placement_is_balanced_over_the_workers_and_off_the_head(tmp_path):
     assert result["all_alive"], result["missing"]
     assert not any(r["head"] for r in rows), "an actor on the head node"
     assert sorted(served(rows).values()) == [2, 2, 2]  # 6 partitions over 3 workers
-    # one actor per subscription, each on its own node (a node's loss stops one of them),
-    # on a node whose hosts serve some of its partitions
-    subs = [r for r in rows if r["class"] == "SubscriptionActor"]
-    assert len(subs) == 2 and len({r["node"] for r in subs}) == 2
-    for r in subs:
+    # a subscription host kept warm on every worker; one unit per subscription, each on
+    # its own node (a node's loss stops one of them), on a node whose hosts serve some of
+    # its partitions
+    subhosts = [r for r in rows if r["class"] == "SubscriptionHost"]
+    assert {r["node"] for r in subhosts} == {r["node"] for r in rows if r["class"] == "HostActor"}
+    serving = [r for r in subhosts if r["serves"]]
+    assert len(serving) == 2 and len({r["node"] for r in serving}) == 2
+    for r in serving:
+        assert len({k.split("/")[1] for k in r["serves"]}) == 1, r  # one subscription each
         parts = {f"orders/{k.rsplit('/', 1)[1]}" for k in r["serves"]}
         nodes = {h["node"] for h in rows if h["class"] == "HostActor" and parts & set(h["serves"])}
         assert r["node"] in nodes, r["name"]
@@ -77,22 +81,25 @@ def test_placement_is_balanced_over_the_workers_and_off_the_head(tmp_path):
 def test_sigkill_of_a_worker_node_under_load(tmp_path):
     result = run("worker_kill", tmp_path)
     check_run(result)
-    # the lost node's actors came back on the two survivors, spread over both
+    # the lost node's partitions came back on the two survivors, spread over both, and
+    # its units in the subscription hosts running there (nothing replaces its own)
     after = [r for r in result["placement_after"] if r["node"] != result["lost_node"]]
-    assert len(after) == len(result["placement"])
     assert sorted(served(after).values()) == [3, 3]
+    assert all(m["to_was_running"] for m in result["moves"].values()), result["moves"]
+    subhosts = {r["node"] for r in after if r["class"] == "SubscriptionHost"}
+    assert len(subhosts) == 2
 
 
-def test_sigkill_of_a_subscription_actors_node_under_load(tmp_path):
+def test_sigkill_of_a_subscription_hosts_node_under_load(tmp_path):
     result = run("subscription_node_kill", tmp_path)
     check_run(result)
-    # the actors were spread: the lost node held one subscription's actor, not both
+    # the units were spread: the lost node served one subscription's unit, not both
     lost = {r["subscription"] for r in result["partitions"] if r["actor_on_lost_node"]}
     assert len(lost) == 1, result["partitions"]
-    # and that subscription's actor came back on another node
-    after = {r["name"]: r["node"] for r in result["placement_after"]}
-    (sub,) = lost
-    assert after[f"sub/orders/{sub}/0"] != result["lost_node"]
+    # and that unit moved to a host on another node that ran before the failure: no
+    # process started on the way back
+    (move,) = result["moves"].values()
+    assert move["to_node"] != result["lost_node"] and move["to_was_running"], move
 
 
 def test_sigkill_of_the_coordinators_node_under_load(tmp_path):

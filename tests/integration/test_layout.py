@@ -101,14 +101,13 @@ def test_partitions_per_actor_splits_a_subscription_into_units(cluster, topic_na
         consumer.ack(msgs)
         got += msgs
     assert sorted(m.message_id for m in got) == sorted(ids)
-    units = {
-        k: h for k, h in unit_assignments().items() if k.startswith(f"{topic_name}/")
-    }
+    units = {k: h for k, h in unit_assignments().items() if k.startswith(f"{topic_name}/")}
     assert sorted(units) == [f"{topic_name}/s/{g}" for g in range(3)]
     served = {r["name"]: r["serves"] for r in cluster.placement()}
     # each unit's partitions, on the host it is assigned to; the host holds no others of s
     mine = {
-        h: sorted(x for x in served[h] if x.startswith(f"{topic_name}/")) for h in set(units.values())
+        h: sorted(x for x in served[h] if x.startswith(f"{topic_name}/"))
+        for h in set(units.values())
     }
     groups = [["0", "1"], ["2", "3"], ["4"]]
     for g, parts in enumerate(groups):

@@ -247,7 +247,7 @@ def test_the_warning_check_sees_the_driver_and_the_actors():
             "2026-11-25 23:19:28,544\tINFO worker.py:2038 -- Started a local Ray instance.",
             "WARNING raydelay.cluster.handles: still stopping after 10 s: host/a/0",
             "INFO raydelay.client.connection: the store is owned by ...",
-            "\x1b[36m(SubscriptionActor pid=31404)\x1b[0m t/0/s: reading the log failed (x)",
+            "\x1b[36m(SubscriptionHost pid=31404)\x1b[0m t/0/s: reading the log failed (x)",
             "\x1b[36m(RayDPSparkMaster pid=6903)\x1b[0m [I gcs_client.cc:96] GcsClient ...",
             "26/11/25 23:19:24 WARN Utils: Your hostname, vm resolves to a loopback address",
         ]
@@ -255,7 +255,7 @@ def test_the_warning_check_sees_the_driver_and_the_actors():
     # Then exactly raydelay's warning and its actor's line are picked out
     assert _raydelay_warnings(stderr) == [
         "WARNING raydelay.cluster.handles: still stopping after 10 s: host/a/0",
-        "(SubscriptionActor pid=31404) t/0/s: reading the log failed (x)",
+        "(SubscriptionHost pid=31404) t/0/s: reading the log failed (x)",
     ]
 
 

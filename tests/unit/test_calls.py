@@ -143,7 +143,9 @@ def recorders():
     def peers(n: int, unit: Unit | None = None) -> list[Peer]:
         made.extend(_Recorder() for _ in range(n))
         if unit is not None:  # a subscription's: the unit goes first in each call
-            return [UnitPeer(unit, f"p{i}", lambda: None, handle=h) for i, h in enumerate(made[-n:])]
+            return [
+                UnitPeer(unit, f"p{i}", lambda: None, handle=h) for i, h in enumerate(made[-n:])
+            ]
         return [Peer(f"p{i}", lambda: None, handle=h) for i, h in enumerate(made[-n:])]
 
     return made, peers
