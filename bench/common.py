@@ -89,8 +89,8 @@ def ask(call, timeout_s: float = 120.0):
 
 
 def kill_and_recover(actor, timeout_s: float = 300.0) -> tuple[int, dict, dict]:
-    """SIGKILL a subscription actor (Ray restarts it) and wait for the new process and its
-    first delivery. Returns (kill time in epoch ms, the new process's stats, their
+    """SIGKILL the subscription host serving a partition (Ray restarts it) and wait for the
+    new process and its first delivery. Returns (kill time in epoch ms, the new process's stats, their
     ``recovery`` part); ``recovery["first_delivery_at_ms"]`` is missing if none came in
     ``timeout_s``. What a consumer receives after the kill is not looked at: its prefetch
     buffer may still hand out what the old process delivered."""
@@ -100,7 +100,7 @@ def kill_and_recover(actor, timeout_s: float = 300.0) -> tuple[int, dict, dict]:
     deadline = time.monotonic() + timeout_s
     while ask(actor.pid) == pid:  # the old process may answer until it is gone
         if time.monotonic() > deadline:
-            raise RuntimeError("the subscription actor was not restarted")
+            raise RuntimeError("the subscription host was not restarted")
         time.sleep(0.005)
     stats = ask(lambda: actor.submit(SubscriptionHost.stats))
     while "first_delivery_at_ms" not in stats["recovery"] and time.monotonic() < deadline:

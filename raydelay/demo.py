@@ -10,7 +10,7 @@
 5. Shared-subscription consumers receive the timeouts as they fall due, and ack them.
    A live line shows delivered / pending / cancelled / late and a lateness histogram.
 6. The report: delivered, cancels honoured, early (must be 0), lateness p50/p99/max,
-   buckets sealed and loaded, and the peak RSS of the subscription actors.
+   buckets sealed and loaded, and the peak RSS of the subscription hosts and partition hosts.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class DemoReport:
                 f"{late.p50_ms or 0:.0f} / {late.p99_ms or 0:.0f} / {late.max_ms or 0:,} ms",
             ],
             ["buckets sealed / segments loaded", f"{self.buckets_sealed} / {self.buckets_loaded}"],
-            ["peak RSS of the subscription actor and hosts", f"{self.peak_rss_mb:,.0f} MB"],
+            ["peak RSS of the subscription and partition hosts", f"{self.peak_rss_mb:,.0f} MB"],
             ["elapsed", f"{self.elapsed_s:.1f} s"],
         ]
         return table(["raydelay demo", ""], rows)

@@ -211,7 +211,12 @@ class CoordinatorActor:
             return current
         live = placement.live_hosts("SubscriptionHost")
         host = self._meta.choose_subhost(
-            unit, slots, node_of, set(live), self._served_by_node(unit, node_of)
+            unit,
+            slots,
+            node_of,
+            set(live),
+            self._served_by_node(unit, node_of),
+            moving=current is not None,
         )
         self._meta.assign_unit(unit, host)
         if current is not None:

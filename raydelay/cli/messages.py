@@ -117,9 +117,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
         )
     cluster = attach(args)
     consumer = cluster.subscribe(args.topic, args.subscription, args.type)
-    # The idle clock starts once every partition's subscription actor answers: a new
-    # subscription's actors start meanwhile (a Ray worker each, slow on a busy machine),
-    # then read the topic from its first entry. That wait is not idleness.
+    # The idle clock starts once every partition's subscription unit answers: a new
+    # subscription's units open meanwhile (and a subscription host may start: a Ray worker,
+    # slow on a busy machine), then read the topic from its first entry. That wait is not
+    # idleness.
     kind = cluster.stats(args.topic, args.subscription)["type"]
     got = 0
     later = ""

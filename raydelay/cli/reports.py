@@ -51,9 +51,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ["redelivery queue", s["redelivery"]],
         ["dead-lettered (over its life)", s["dead_lettered"]],
         # counters of the actors' current lives: a restart starts them again
-        ["delivered (since its actors started)", s["delivered"]],
-        ["acked, cancels and dead letters included (since its actors started)", s["acked"]],
-        ["  of them cancelled (since its actors started)", s["cancelled"]],
+        ["delivered (since its units were opened)", s["delivered"]],
+        ["acked, cancels and dead letters included (since its units were opened)", s["acked"]],
+        ["  of them cancelled (since its units were opened)", s["cancelled"]],
     ]
     print(table([f"{args.topic}/{args.subscription}", ""], [[k, num_text(v)] for k, v in rows]))
     print()

@@ -524,13 +524,16 @@ class Metadata:
         node_of: dict[str, str],
         running: set[str],
         served: dict[str, int],
+        moving: bool = False,
     ) -> str:
         """The subscription host slot for a unit, of ``slots`` (the live and the startable
         ones; ``node_of`` maps each to its node), by failure domain: the node holding the
-        fewest units of the unit's own subscription, then the node and the slot serving the
-        fewest units, then a slot already ``running``, then the node whose partition hosts
-        serve most of the unit's partitions (``served``: node -> how many), then a hash of
-        the unit and the slot, so that units reassigned at once spread."""
+        fewest units of the unit's own subscription, then the node serving the fewest
+        units, then the slot serving the fewest, then a slot already ``running``, then the
+        node whose partition hosts serve most of the unit's partitions (``served``: node
+        -> how many), then a hash of the unit and the slot, so that units reassigned at
+        once spread. ``moving`` (its host was lost): a running slot of the chosen node
+        before an emptier one, so that nothing starts on the way back."""
         if not slots:
             raise InvalidArgument("slots: no subscription host slot to assign a unit to")
         load = dict.fromkeys(slots, 0)
@@ -550,6 +553,7 @@ class Metadata:
             key=lambda h: (
                 siblings.get(node_of[h], 0),
                 node_load.get(node_of[h], 0),
+                moving and h not in running,
                 load[h],
                 h not in running,
                 -served.get(node_of[h], 0),

@@ -17,7 +17,9 @@ test session's Ray is a single node). It prints one line ``RESULT <json>``:
 
 Scenarios: ``placement`` (no failure), ``worker_kill``, ``worker_kill_ray_defaults`` (Ray's
 own health-check settings), ``subscription_node_kill`` (the worker whose subscription hosts
-serve the most units; ``..._ray_defaults`` likewise), ``coordinator_node_kill``,
+serve the most units; ``..._ray_defaults`` likewise), ``subscription_node_vanish`` (that
+worker's raylet and every process it started frozen with SIGSTOP: a machine that vanished
+without closing a socket, found only by Ray's health checks), ``coordinator_node_kill``,
 ``kill_with_store_outage``, ``drain``, ``local_refused``.
 """
 
@@ -27,6 +29,7 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -58,6 +61,7 @@ RAY_DEFAULT_HEALTH = {
 log = logging.getLogger("cluster-harness")
 _FIRST_PIDS: set[int] = set()  # the actors' processes before the failure
 _FAILED_AT = [0]  # when the failure began (ms)
+_FROZEN: list = []  # the processes of a vanished node (psutil), killed at the end
 
 
 def main(scenario: str, workdir: str) -> dict:
@@ -129,6 +133,11 @@ def main(scenario: str, workdir: str) -> dict:
         return out
     finally:
         finished.set()  # the failure's thread ends (the S3 server it resumed dies with it)
+        for proc in _FROZEN:  # (SIGKILL ends a stopped process too)
+            try:
+                proc.kill()
+            except Exception:  # noqa: BLE001 - gone already
+                pass
         ray.shutdown()
         cluster.shutdown()
         s3.stop()
@@ -173,6 +182,23 @@ def _chaos(scenario, cluster, workers, placement, s3):
         return lambda: kill(busiest_worker())
     if scenario in ("subscription_node_kill", "subscription_node_kill_ray_defaults"):
         return lambda: kill(subscription_worker())
+    if scenario == "subscription_node_vanish":
+
+        def freeze() -> str:
+            import psutil
+            from ray._private import ray_constants
+
+            node = subscription_worker()
+            info = workers[node].all_processes[ray_constants.PROCESS_TYPE_RAYLET][0]
+            raylet = psutil.Process(info.process.pid)
+            procs = [raylet, *raylet.children(recursive=True)]
+            for proc in procs:  # (its sockets stay open: connections hang, none is refused)
+                proc.send_signal(signal.SIGSTOP)
+            _FROZEN.extend(procs)
+            log.info("froze node %s: %d processes", node[:8], len(procs))
+            return node
+
+        return freeze
     if scenario == "coordinator_node_kill":
         return lambda: kill(coordinator_node)
     if scenario == "drain":

@@ -15,9 +15,12 @@ from collections import Counter
 KINDS = {
     "worker_kill": "SIGKILL of a worker node",
     "worker_kill_ray_defaults": "SIGKILL of a worker node, Ray's default health checks",
-    "subscription_node_kill": "SIGKILL of a subscription actor's worker node",
+    "subscription_node_kill": "SIGKILL of the worker node serving most subscription units",
     "subscription_node_kill_ray_defaults": (
-        "SIGKILL of a subscription actor's worker node, Ray's default health checks"
+        "SIGKILL of the worker node serving most subscription units, Ray's default health checks"
+    ),
+    "subscription_node_vanish": (
+        "the worker node serving most subscription units frozen (SIGSTOP: no socket closes)"
     ),
     "coordinator_node_kill": "SIGKILL of the coordinator's node",
     "kill_with_store_outage": "SIGKILL of a worker node, S3 down for 10 s",
@@ -33,7 +36,7 @@ def _span(values: list[float]) -> str:
 
 
 def _hit(row: dict) -> bool:
-    """Whether a (subscription, partition) row lost its host or its subscription's actor."""
+    """Whether a (subscription, partition) row lost its host or its unit's host."""
     return bool(row["on_lost_node"] or row.get("actor_on_lost_node"))
 
 
@@ -41,7 +44,8 @@ def runs_table(runs: list[dict]) -> str:
     head = (
         "| failure | health checks | lost node's partitions: pause (s) | other partitions: "
         "longest pause (s) | lost | early | cancelled delivered | duplicates (unmarked) | "
-        "longest send (s) | actors alive |\n|---|---|---|---|---|---|---|---|---|---|"
+        "longest send (s) | units moved (to a running host) | actors alive |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [head]
     for r in runs:
@@ -58,15 +62,21 @@ def runs_table(runs: list[dict]) -> str:
             f"{max(other, default=0):.1f} | {sum(x['lost'] for x in rep)} | "
             f"{sum(x['early'] for x in rep)} | {sum(x['cancelled_delivered'] for x in rep)} | "
             f"{sum(x['duplicates'] for x in rep)} ({sum(x['unmarked_duplicates'] for x in rep)}) "
-            f"| {r['longest_send_s']:.1f} | {'all' if r['all_alive'] else r['missing']} |"
+            f"| {r['longest_send_s']:.1f} | {_moved(r)} | "
+            f"{'all' if r['all_alive'] else r['missing']} |"
         )
     return "\n".join(rows)
+
+
+def _moved(run: dict) -> str:
+    moves = run.get("moves", {}).values()
+    return f"{len(moves)} ({sum(m['to_was_running'] for m in moves)})"
 
 
 def partitions_table(runs: list[dict]) -> str:
     """Per run and partition: the longest pause in delivery after the failure began (the
     larger of the two subscriptions'); * marks a partition whose host was on the lost node,
-    + one whose subscription's actor was."""
+    + one whose unit's subscription host was."""
     n = max((p["partition"] for r in runs for p in r.get("partitions", [])), default=-1) + 1
     head = "| failure | " + " | ".join(f"p{i}" for i in range(n)) + " |"
     rows = [head, "|---" * (n + 1) + "|"]
@@ -117,7 +127,7 @@ def main(path: str) -> None:
     print(runs_table(runs))
     print(
         "\nLongest pause in delivery per partition, in seconds (* its host on the lost node, "
-        "+ its subscription actor there):\n"
+        "+ its unit's subscription host there):\n"
     )
     print(partitions_table(runs))
     for r in runs:

@@ -102,6 +102,15 @@ def test_sigkill_of_a_subscription_hosts_node_under_load(tmp_path):
     assert move["to_node"] != result["lost_node"] and move["to_was_running"], move
 
 
+def test_a_subscription_hosts_node_that_vanishes_without_closing_a_socket(tmp_path):
+    # (its raylet and every process it started frozen: no call is refused, the old
+    # subscription host is a zombie that Ray's health checks alone find out)
+    result = run("subscription_node_vanish", tmp_path)
+    check_run(result)
+    (move,) = result["moves"].values()
+    assert move["to_node"] != result["lost_node"] and move["to_was_running"], move
+
+
 def test_sigkill_of_the_coordinators_node_under_load(tmp_path):
     check_run(run("coordinator_node_kill", tmp_path))
 

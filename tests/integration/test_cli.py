@@ -79,7 +79,7 @@ def test_a_topic_from_create_to_delete(cluster, topic_name, capsys, tmp_path):
     # and the consumers with what they hold and when they were last heard from, and counts
     # that say they start again with the actors
     assert "last heard from" in out and " s of 10 s" in out
-    assert "delivered (since its actors started)" in out
+    assert "delivered (since its units were opened)" in out
     # and peek shows the five scheduled ones in the order they will go out, due first
     code, out, err = run(capsys, "peek", topic_name, "audit")
     assert code == 0 and "5 scheduled messages in " in err

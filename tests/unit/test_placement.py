@@ -72,12 +72,12 @@ def test_partitions_spread_evenly_over_nodes_then_slots(cluster):
     assert len({nodes["a/0"], nodes["a/1"], nodes["a/2"]}) == 3
 
 
-def _place_unit(meta, unit: Unit, running=(), served=None) -> str:
+def _place_unit(meta, unit: Unit, running=(), served=None, moving=False) -> str:
     """Assign a unit (as ``CoordinatorActor.locate_unit`` does); its node."""
     if unit.subscription not in meta.subscriptions(unit.topic):
         meta.create_subscription(unit.topic, unit.subscription, {"type": "shared"})
     slots, node_of = placement.host_slots({}, subscriptions=True)
-    host = meta.choose_subhost(unit, slots, node_of, set(running), served or {})
+    host = meta.choose_subhost(unit, slots, node_of, set(running), served or {}, moving)
     meta.assign_unit(unit, host)
     return node_of[host]
 
@@ -146,10 +146,23 @@ def test_after_a_node_is_lost_its_units_go_to_running_hosts_of_the_survivors(clu
         h for h in meta.unit_assignments().values() if h in node_of
     }
     # When the lost node's units are placed again, one after the other
-    again = [_place_unit(meta, Unit("t", s, 0), running) for s in lost]
+    again = [_place_unit(meta, Unit("t", s, 0), running, moving=True) for s in lost]
     # Then they go one to each survivor, each to a host already running
     assert sorted(again) == [W2, W3]
     assert all(meta.unit_host(Unit("t", s, 0)) in running for s in lost)
+
+
+def test_a_moved_unit_takes_a_running_host_where_a_new_one_takes_an_empty_slot(cluster):
+    cluster["alive"] = {HEAD}  # one node, two slots: the warm one serves a unit
+    meta = _metadata({"t": 4})
+    slots, _ = placement.host_slots({}, subscriptions=True)
+    warm, empty = slots
+    meta.create_subscription("t", "a", {"type": "shared"})
+    meta.assign_unit(Unit("t", "a", 0), warm)
+    _place_unit(meta, Unit("t", "moved", 0), {warm}, moving=True)
+    _place_unit(meta, Unit("t", "new", 0), {warm})
+    assert meta.unit_host(Unit("t", "moved", 0)) == warm  # (nothing starts on the way back)
+    assert meta.unit_host(Unit("t", "new", 0)) == empty  # (spread over the node's slots)
 
 
 def test_the_head_is_used_when_it_is_the_only_node_or_when_allowed(cluster):

@@ -24,7 +24,7 @@ from raydelay.actors.subscription.reporting import PartitionReport, lateness
 from raydelay.actors.subscription.shell import _keys
 from raydelay.dispatch.cursor import Cursor
 from raydelay.dispatch.ports import Delivery
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, PartitionMoved
 from raydelay.log.entries import NO_DELAY, Entries, Rows
 from raydelay.positions import key_of
 from raydelay.storage import MemoryObjectStore
@@ -81,6 +81,52 @@ def test_cursor_writes_take_the_next_version_and_delete_the_older_ones():
     again = CursorIO(REF, store, FakeCoordinator())
     cursor, read = again.load()
     assert cursor.mark_delete == (2, 2) and tuple(read) == (2, 5) and again.version == 2
+
+
+def test_a_host_that_lost_the_partition_is_fenced_at_its_next_cursor_write():
+    # Given the old host (its node taken for lost) and the new one its unit moved to, both
+    # serving the partition from the same cursor, version 1
+    store = MemoryObjectStore()
+    asyncio.run(CursorIO(REF, store, FakeCoordinator()).write(Cursor((0, 0)).encode((0, 0))))
+    serving = {"host": "new"}
+    fenced = []
+    old = CursorIO(
+        REF, store, FakeCoordinator(), lambda: serving["host"] == "old", lambda: fenced.append(1)
+    )
+    new = CursorIO(REF, store, FakeCoordinator(), lambda: serving["host"] == "new")
+    old.load(), new.load()
+    assert old.version == new.version == 1
+    # When the new host writes version 2, and the old one then tries its own version 2
+    asyncio.run(new.write(Cursor((5, 5)).encode((5, 5))))
+    with pytest.raises(PartitionMoved, match="served by another host"):
+        asyncio.run(old.write(Cursor((3, 3)).encode((3, 3))))
+    # Then the old one is fenced: it told its host, and writes nothing more, not even
+    # what a reset needs
+    assert old.fenced and fenced == [1]
+    with pytest.raises(PartitionMoved):
+        asyncio.run(old.write(Cursor((9, 9)).encode((9, 9))))
+    with pytest.raises(PartitionMoved):
+        old.write_reset(_fake_sub((9, 9), (9, 9)), (9, 9))
+    # and the new host's cursor is the one the store holds
+    cursor, _ = CursorIO(REF, store, FakeCoordinator()).load()
+    assert cursor.mark_delete == (5, 5)
+
+
+def test_the_host_serving_the_partition_goes_past_a_version_an_old_host_took():
+    # Given the old host wrote version 2 before it learnt that it lost the partition
+    store = MemoryObjectStore()
+    old = CursorIO(REF, store, FakeCoordinator(), lambda: False)
+    new = CursorIO(REF, store, FakeCoordinator(), lambda: True)
+    asyncio.run(old.write(Cursor((1, 1)).encode((1, 1))))
+    new.load()
+    asyncio.run(old.write(Cursor((2, 2)).encode((2, 2))))  # (version 2: nobody had it)
+    # When the new host writes (its version 2 is taken), it takes the next free number
+    asyncio.run(new.write(Cursor((4, 4)).encode((4, 4))))
+    assert new.version == 3 and not new.fenced
+    # and the old host's next write meets it: fenced
+    with pytest.raises(PartitionMoved):
+        asyncio.run(old.write(Cursor((3, 3)).encode((3, 3))))
+    assert store.list(f"{new.prefix}/cursor/") == [cursor_key("orders", 3, "billing", 3)]
 
 
 def test_an_unreadable_newest_cursor_falls_back_to_an_older_one():

@@ -4,12 +4,22 @@ progress reported to the coordinator (mark-delete, the log mark, sealed-bucket p
 :class:`CursorIO` loads the newest usable cursor at recovery, is the ``write_cursor`` the
 pure ``Subscription`` writes through (the next version, on a thread, older ones deleted),
 reports progress when it changed, and writes what a reset of the cursor needs.
+
+**Fencing.** Versions are written create-only (``put_new``). Two hosts serving the
+partition at once (one whose node was taken for lost, and the one its unit moved to) meet
+on a version number: the one that finds it taken asks ``owner()`` (the coordinator's
+assignment) whether it still serves the partition. The new host takes the next free
+number; the old one is fenced: it writes no cursor from then on, and a receive that needs
+a cursor write first (one handing out delayed messages) fails, so it stops delivering
+them, and ``on_fenced()`` tells its host to drop it. Only versions older than the one
+written are deleted, never a newer one another host wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from raydelay.actors.coordinator import CoordinatorActor
@@ -18,7 +28,7 @@ from raydelay.cluster.handles import Peer
 from raydelay.delayed.sealed import parse_bucket_key
 from raydelay.dispatch.cursor import Cursor, Position
 from raydelay.dispatch.subscription import Subscription
-from raydelay.errors import CodecError, NotFound
+from raydelay.errors import CodecError, Conflict, NotFound, PartitionMoved
 from raydelay.storage import ObjectStore
 from raydelay.storage.keys import cursor_key, subscription_prefix
 
@@ -30,7 +40,12 @@ class CursorIO:
     coordinator."""
 
     def __init__(
-        self, ref: PartitionRef, store: ObjectStore, coordinator: Peer[CoordinatorActor]
+        self,
+        ref: PartitionRef,
+        store: ObjectStore,
+        coordinator: Peer[CoordinatorActor],
+        owner: Callable[[], bool] | None = None,
+        on_fenced: Callable[[], None] | None = None,
     ) -> None:
         self._ref = ref
         self._store = store
@@ -38,6 +53,11 @@ class CursorIO:
         self.prefix = subscription_prefix(ref.topic, ref.partition, ref.subscription)
         self.version = 0  # the cursor version last written (or loaded)
         self._reported_progress: tuple[Any, ...] | None = None
+        # whether this process still serves the partition (blocking: asked on a thread);
+        # None: nobody else can (tools, tests)
+        self._owner = owner
+        self._on_fenced = on_fenced
+        self.fenced = False  # another host serves it now: nothing more is written
 
     def load(self) -> tuple[Cursor, Position]:
         """The newest cursor that decodes, and the dispatch mark it was written with; with
@@ -59,17 +79,42 @@ class CursorIO:
 
     async def write(self, data: bytes) -> None:
         """The subscription's cursor writer: the next cursor version, written on a thread."""
-        version = self.version + 1
-        r = self._ref
-        key = cursor_key(r.topic, r.partition, r.subscription, version)
-        await asyncio.to_thread(self._put, key, data)
-        self.version = version
+        await asyncio.to_thread(self._put_next, data)
 
-    def _put(self, key: str, data: bytes) -> None:
-        self._store.put(key, data)
-        for old in self._store.list(f"{self.prefix}/cursor/"):
-            if old != key:
-                self._store.delete(old)
+    def _put_next(self, data: bytes) -> None:
+        """Write ``data`` as the next version (create-only; see the module's docstring on
+        fencing), then delete the older ones. PartitionMoved when fenced."""
+        self._check_fenced()
+        r = self._ref
+        version = self.version + 1
+        while True:
+            try:
+                self._store.put_new(cursor_key(r.topic, r.partition, r.subscription, version), data)
+                break
+            except Conflict:
+                if self._owner is not None and not self._owner():
+                    self.fenced = True
+                    log.warning(
+                        "%s: another host serves it now; this one writes and delivers no more",
+                        r.name,
+                    )
+                    if self._on_fenced is not None:
+                        self._on_fenced()
+                    self._check_fenced()
+                # still ours (our own write retried, or one of a fenced host): the next free
+                version = max(version, self._newest_version()) + 1
+        self.version = version
+        for key in self._store.list(f"{self.prefix}/cursor/"):
+            if int(key.rsplit("/", 1)[1]) < version:
+                self._store.delete(key)
+
+    def _newest_version(self) -> int:
+        keys = self._store.list(f"{self.prefix}/cursor/")
+        return max((int(k.rsplit("/", 1)[1]) for k in keys), default=0)
+
+    def _check_fenced(self) -> None:
+        if self.fenced:
+            raise PartitionMoved(f"{self._ref.name}: served by another host now")
 
     async def persist_and_report(self, sub: Subscription) -> bool:
         """The periodic cursor write, then the progress report to the coordinator; whether
@@ -104,6 +149,7 @@ class CursorIO:
         """What a start from mark-delete ``md`` needs (blocking: run on a thread): the
         progress through the sealed buckets from ``md``'s ledger on starts again, then the
         cursor says ``md``, with no individual acks."""
+        self._check_fenced()  # (PartitionMoved: nothing of it is written)
         r = self._ref
         progress = self._coordinator.call_from_thread(
             CoordinatorActor.progress, r.topic, r.partition, r.subscription
@@ -123,6 +169,5 @@ class CursorIO:
         cursor = Cursor(md)
         cursor.delayed_mark = sub.cursor.delayed_mark  # (what may have gone out: counted)
         cursor.dead_lettered = sub.cursor.dead_lettered  # (published: they stay counted)
-        key = cursor_key(r.topic, r.partition, r.subscription, self.version + 1)
-        self._put(key, cursor.encode(max(sub.marks.dispatch_mark, md)))
+        self._put_next(cursor.encode(max(sub.marks.dispatch_mark, md)))
         log.info("%s: cursor reset to mark-delete %s", sub.name, md)

@@ -18,9 +18,10 @@ the assignment and starts the slot's host when it does not run
   recovers the unit's partitions from the store, on a thread.
 - **Failover.** When a host's node is lost, its units are assigned again to the slots of
   the nodes left, preferring slots already running, and ``placement.warm_subscription_hosts``
-  slots of every node run even when idle: the units resume in running processes. The old
-  host is ended (``placement.end_stranded``) when its node's raylet refuses connections;
-  on a node that vanished, Ray ends it once it declares the node dead.
+  slots of every node run even when idle: the units resume in running processes. On a
+  SIGKILLed node the old host is gone with it; on a node that vanished it may run on until
+  Ray ends it, but it is fenced: its next cursor write meets the new host's (create-only versions, see
+  ``cursor_io``), it learns that the unit moved, stops delivering and drops the unit.
 """
 
 from __future__ import annotations
@@ -79,11 +80,21 @@ class SubscriptionHost:
         return await asyncio.shield(fut)
 
     async def _open_now(self, unit: Unit) -> SubscriptionUnit:
-        owner = await self._coordinator.once(CoordinatorActor.claim_unit, *unit, self._name)
-        if owner != self._name:
-            raise PartitionMoved(f"unit {unit.key} is served by {owner}")
+        claimed = await self._coordinator.once(CoordinatorActor.claim_unit, *unit, self._name)
+        if claimed != self._name:
+            raise PartitionMoved(f"unit {unit.key} is served by {claimed}")
         started = time.monotonic()
         loop = asyncio.get_running_loop()
+
+        def owner() -> bool:  # (asked on a thread when a cursor version is taken)
+            here = self._coordinator.call_from_thread(
+                CoordinatorActor.claim_unit, *unit, self._name
+            )
+            return bool(here == self._name)
+
+        def on_fenced() -> None:  # (called on a thread)
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._fenced(unit)))
+
         opened = await loop.run_in_executor(
             self._open_pool,
             lambda: rpc.recover(
@@ -91,6 +102,8 @@ class SubscriptionHost:
                 unit,
                 self._config_dict,
                 self._coordinator,
+                owner,
+                on_fenced,
                 what=f"{self._name}: unit {unit.key}",
             ),
         )
@@ -98,6 +111,16 @@ class SubscriptionHost:
         self.recovery[unit.key] = round(time.monotonic() - started, 3)
         log.info("%s: unit %s opened in %.2f s", self._name, unit.key, time.monotonic() - started)
         return opened
+
+    async def _fenced(self, unit: Unit) -> None:
+        """Another host serves ``unit`` now: stop it here, writing nothing. The next call
+        for it finds it moved (``claim_unit``) and its caller looks it up again."""
+        found = self._units.pop(unit, None)
+        if found is not None:
+            log.warning(
+                "%s: unit %s is served by another host now; dropped here", self._name, unit.key
+            )
+            await found.abandon()
 
     async def drop(self, units: Sequence[tuple[str, str, int]]) -> int:
         """Stop serving ``units`` (their subscription is being deleted): each persists its

@@ -74,6 +74,8 @@ class SubscriptionShell:
         subscription: str,
         config: dict,
         coordinator: Peer[CoordinatorActor],
+        owner: Callable[[], bool] | None = None,
+        on_fenced: Callable[[], None] | None = None,
     ) -> None:
         started = time.monotonic()
         ref = self._ref = PartitionRef(topic, partition, subscription)
@@ -86,7 +88,8 @@ class SubscriptionShell:
         host = partition_peer(topic, partition, config, coordinator)
         options = coordinator.call_from_thread(CoordinatorActor.subscription, topic, subscription)
         self._store = CountingObjectStore(make_store(self._config))
-        self._cursor_io = CursorIO(ref, self._store, coordinator)
+        # (``owner`` and ``on_fenced``: its host's, see cursor_io on fencing)
+        self._cursor_io = CursorIO(ref, self._store, coordinator, owner, on_fenced)
         self._dead_letters = DeadLetters(ref, options, config, coordinator)
         cursor, dispatched_before = self._cursor_io.load()
         self._sub = build_subscription(
@@ -332,6 +335,14 @@ class SubscriptionShell:
         self._closed = True
         if self._started:
             self._driver.close()
+
+    async def abandon(self) -> None:
+        """Stop the loops and write nothing (another host serves the partition now: see
+        cursor_io on fencing); standing receives here return empty."""
+        self._closed = True
+        if self._started:
+            self._driver.close()
+            await self._notify()
 
     async def stop_for_reset(self, md: Position) -> None:
         """Stop this state for good and write what a start from mark-delete ``md`` needs

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -46,7 +47,14 @@ class SubscriptionUnit:
     :class:`SubscriptionShell` per partition it serves, recovered in parallel. Made on a
     thread (recovery blocks), used on the host's event loop."""
 
-    def __init__(self, unit: Unit, config: dict, coordinator: Peer[CoordinatorActor]) -> None:
+    def __init__(
+        self,
+        unit: Unit,
+        config: dict,
+        coordinator: Peer[CoordinatorActor],
+        owner: Callable[[], bool] | None = None,
+        on_fenced: Callable[[], None] | None = None,
+    ) -> None:
         started = time.monotonic()
         topic, subscription, group = unit
         self._name = f"sub/{unit.key}"
@@ -62,6 +70,8 @@ class SubscriptionUnit:
                 subscription,
                 config,
                 coordinator,
+                owner,
+                on_fenced,
                 what=f"sub/{topic}/{p}/{subscription}",
             )
 
@@ -77,6 +87,7 @@ class SubscriptionUnit:
         self.closed = False
         self._topic, self._subscription, self._config = topic, subscription, config
         self._coordinator = coordinator
+        self._owner, self._on_fenced = owner, on_fenced
         self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
         self._reset_lock = asyncio.Lock()
         log.info(
@@ -323,6 +334,8 @@ class SubscriptionUnit:
                 self._subscription,
                 self._config,
                 self._coordinator,
+                self._owner,
+                self._on_fenced,
                 what=f"sub/{self._topic}/{partition}/{self._subscription}",
             )
             new.take_over(old)
@@ -351,6 +364,14 @@ class SubscriptionUnit:
         """Persist every partition's cursor and stop their loops, and the metrics loop."""
         self.closed = True
         await asyncio.gather(*[p.close() for p in self._parts.values()])
+        if self._reporter is not None:
+            self._reporter.cancel()
+
+    async def abandon(self) -> None:
+        """Stop every partition's loops, writing nothing (fenced: another host serves the
+        unit now), and the metrics loop."""
+        self.closed = True
+        await asyncio.gather(*[p.abandon() for p in self._parts.values()])
         if self._reporter is not None:
             self._reporter.cancel()
 
