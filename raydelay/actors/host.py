@@ -266,10 +266,14 @@ class HostActor:
         return sorted(self._parts)
 
     async def drop_topic(self, topic: str) -> int:
-        """Close and forget this host's partitions of ``topic`` (it is being deleted)."""
+        """Close and forget this host's partitions of ``topic`` (it is being deleted); the
+        long polls standing at them are answered first (their callers would otherwise wait
+        them out, and a process that waits on a call it made cannot end gracefully)."""
         doomed = [k for k in self._parts if k[0] == topic]
         for key in doomed:
-            self._parts.pop(key).close()
+            part = self._parts.pop(key)
+            await part.stop_reads()
+            part.close()
         return len(doomed)
 
     async def close_ledgers(self) -> int:

@@ -222,6 +222,10 @@ class HostedPartition:
     async def tail(self):
         return self._log.tail()
 
+    async def stop_reads(self) -> None:
+        """Answer the long polls standing here now (the partition is going away)."""
+        await self._reads.stop()
+
     async def close_ledger(self) -> bool:
         """Close the open ledger at its size (graceful shutdown); appends go on in a new one.
         Standing long polls are answered now (the host is about to stop)."""

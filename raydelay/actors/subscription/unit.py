@@ -361,16 +361,19 @@ class SubscriptionUnit:
         return out
 
     async def close(self) -> None:
-        """Persist every partition's cursor and stop their loops, and the metrics loop."""
+        """Persist every partition's cursor and stop their loops, and the metrics loop;
+        receives standing here return (their partitions answer Unavailable: closed)."""
         self.closed = True
+        self._changed()
         await asyncio.gather(*[p.close() for p in self._parts.values()])
         if self._reporter is not None:
             self._reporter.cancel()
 
     async def abandon(self) -> None:
         """Stop every partition's loops, writing nothing (fenced: another host serves the
-        unit now), and the metrics loop."""
+        unit now), and the metrics loop; receives standing here return."""
         self.closed = True
+        self._changed()
         await asyncio.gather(*[p.abandon() for p in self._parts.values()])
         if self._reporter is not None:
             self._reporter.cancel()
