@@ -156,7 +156,9 @@ class CoordinatorActor:
             return current
         live = placement.live_hosts()
         slots, node_of = placement.host_slots(self._config_dict())
-        host = self._meta.choose_host(topic, partition, slots, node_of)
+        # (a partition whose host was lost goes to a running host: nothing starts)
+        moving = set(live) if current is not None else None
+        host = self._meta.choose_host(topic, partition, slots, node_of, moving)
         self._meta.assign(topic, partition, host)
         if current is not None:
             log.warning("%s/%d: host %s is gone; assigned to %s", topic, partition, current, host)

@@ -464,13 +464,20 @@ class Metadata:
         return host
 
     def choose_host(
-        self, topic: str, partition: int, slots: list[str], node_of: dict[str, str]
+        self,
+        topic: str,
+        partition: int,
+        slots: list[str],
+        node_of: dict[str, str],
+        running: set[str] | None = None,
     ) -> str:
         """The host slot for a partition to go to, of ``slots`` (the live and the startable
         ones; ``node_of`` maps each to its node): the slot that serves the fewest
         partitions, then the one whose node serves the fewest, then the one that serves
         the fewest of this topic; ties go by a hash of the partition and the slot, so that
-        partitions reassigned at once spread."""
+        partitions reassigned at once spread. ``running`` (its host was lost: the slots
+        whose host runs): a running slot first, so that nothing starts on the way back,
+        unless none runs."""
         if not slots:
             raise InvalidArgument("slots: no host slot to assign a partition to")
         load = dict.fromkeys(slots, 0)
@@ -487,6 +494,7 @@ class Metadata:
         return min(
             slots,
             key=lambda h: (
+                running is not None and h not in running,
                 load[h],
                 node_load.get(node_of[h], 0),
                 same_topic[h],

@@ -193,6 +193,24 @@ def test_after_a_node_is_lost_its_partitions_spread_over_the_survivors(cluster):
     assert placement.choose_node(placement.host_actor_name(W1, 0), avoid_head=True) is None
 
 
+def test_a_lost_hosts_partition_goes_to_a_running_host_of_the_survivors(cluster):
+    topics, config = {"a": 6}, {"placement": {"hosts_per_node": 3}}
+    meta = _metadata(topics)
+    nodes = _assign_all(meta, topics, config)
+    lost = [k for k, n in nodes.items() if n == W1]
+    cluster["alive"].discard(W1)
+    slots, node_of = placement.host_slots(config)
+    # the hosts serving the survivors' partitions run; each node has an empty slot too
+    running = {h for h in meta.assignments().values() if h in node_of}
+    assert set(slots) - running
+    for key in lost:
+        topic, p = key.rsplit("/", 1)
+        meta.assign(topic, int(p), meta.choose_host(topic, int(p), slots, node_of, running))
+    moved = [meta.host_of("a", int(k.rsplit("/", 1)[1])) for k in lost]
+    assert all(h in running for h in moved)  # (nothing starts on the way back)
+    assert {node_of[h] for h in moved} == {W2, W3}  # and they spread over the survivors
+
+
 def test_no_node_at_all_leaves_the_choice_to_ray(cluster):
     cluster["alive"] = set()
     assert placement.choose_node("coordinator", avoid_head=True) is None
