@@ -107,6 +107,7 @@ class SubscriptionHost:
                 what=f"{self._name}: unit {unit.key}",
             ),
         )
+        opened.open_partitions()  # (each serves once recovered: see SubscriptionUnit)
         self._units[unit] = opened
         self.recovery[unit.key] = round(time.monotonic() - started, 3)
         log.info("%s: unit %s opened in %.2f s", self._name, unit.key, time.monotonic() - started)

@@ -17,6 +17,7 @@ through :class:`~raydelay.cluster.handles.Peer` off the loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -44,8 +45,12 @@ _OPEN_THREADS = 8  # partitions recovered at once
 
 class SubscriptionUnit:
     """A subscription (or one group of its partitions) in its host: a
-    :class:`SubscriptionShell` per partition it serves, recovered in parallel. Made on a
-    thread (recovery blocks), used on the host's event loop."""
+    :class:`SubscriptionShell` per partition it serves. Made on a thread (it asks the
+    coordinator), used on the host's event loop: :meth:`open_partitions` recovers its
+    partitions there, in parallel on threads, and each serves as soon as it is recovered
+    (a partition whose own host was lost too does not hold the others up). A call at a
+    partition still recovering waits for it; a receive at several gets what the recovered
+    ones have, and the others join it as they come."""
 
     def __init__(
         self,
@@ -62,26 +67,16 @@ class SubscriptionUnit:
         if not mine:
             raise InvalidArgument(f"group: {topic}/{subscription} has no partition group {group}")
 
-        def open_one(p: int) -> SubscriptionShell:
-            return rpc.recover(
-                SubscriptionShell,
-                topic,
-                p,
-                subscription,
-                config,
-                coordinator,
-                owner,
-                on_fenced,
-                what=f"sub/{topic}/{p}/{subscription}",
-            )
-
-        with ThreadPoolExecutor(min(_OPEN_THREADS, len(mine))) as pool:
-            self._parts = dict(zip(mine, pool.map(open_one, mine), strict=True))
+        self._mine = mine
+        self._started_at = started
+        self._parts: dict[int, SubscriptionShell] = {}  # the partitions recovered so far
+        self._opening: dict[int, asyncio.Future] = {}  # the partitions being recovered
+        self._pool = ThreadPoolExecutor(
+            min(_OPEN_THREADS, len(mine)), thread_name_prefix="raydelay-open"
+        )
         # set whenever a partition may have something for a receive (then replaced):
         # receive_many waits on it for all the partitions it asks
         self._available: asyncio.Event | None = None
-        for part in self._parts.values():
-            part.on_available = self._changed
         self._started = False
         self._reporter: asyncio.Task[None] | None = None  # the metrics loop, once started
         self.closed = False
@@ -90,18 +85,61 @@ class SubscriptionUnit:
         self._owner, self._on_fenced = owner, on_fenced
         self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
         self._reset_lock = asyncio.Lock()
-        log.info(
-            "%s: %d partitions recovered in %.2f s",
-            self._name,
-            len(mine),
-            time.monotonic() - started,
+
+    def open_partitions(self) -> None:
+        """Start recovering every partition (on the event loop: each registers there once
+        recovered)."""
+        loop = asyncio.get_running_loop()
+        for p in self._mine:
+            fut = loop.run_in_executor(self._pool, self._open_one, p)
+            self._opening[p] = fut
+            fut.add_done_callback(functools.partial(self._recovered, p))
+
+    def _open_one(self, p: int) -> SubscriptionShell:
+        return rpc.recover(
+            SubscriptionShell,
+            self._topic,
+            p,
+            self._subscription,
+            self._config,
+            self._coordinator,
+            self._owner,
+            self._on_fenced,
+            what=f"sub/{self._topic}/{p}/{self._subscription}",
         )
+
+    def _recovered(self, p: int, fut: asyncio.Future) -> None:
+        """A partition's recovery ended: it serves from now on (its loops start if the
+        unit's have), and receives standing here take it in."""
+        if fut.cancelled() or fut.exception() is not None or self.closed:
+            return  # (a failed recovery is raised to the calls that wait for it)
+        shell = fut.result()
+        shell.on_available = self._changed
+        self._parts[p] = shell
+        if self._started:
+            shell.ensure_started()
+        self._changed()
+        if len(self._parts) == len(self._mine):
+            self._pool.shutdown(wait=False)
+            log.info(
+                "%s: %d partitions recovered in %.2f s",
+                self._name,
+                len(self._mine),
+                time.monotonic() - self._started_at,
+            )
+
+    async def _ready(self, partition: int) -> None:
+        """Wait until the partition is recovered (its recovery's error is raised)."""
+        if partition not in self._parts and partition in self._opening:
+            await asyncio.shield(self._opening[partition])
 
     def _part(self, partition: int) -> SubscriptionShell:
         part = self._parts.get(partition)
         if part is None:
+            if partition in self._mine:  # (callers wait for _ready first)
+                raise Unavailable(f"{self._name}: partition {partition} is still recovering")
             raise InvalidArgument(
-                f"partition: {self._name} serves partitions {sorted(self._parts)}, not {partition!r}"
+                f"partition: {self._name} serves partitions {self._mine}, not {partition!r}"
             )
         if self.closed:
             raise Unavailable(f"{self._name}: closed (its host stops serving it)")
@@ -231,23 +269,28 @@ class SubscriptionUnit:
         soon as one has something (or fails, or answers at once), or after ``timeout_s``:
         (partition, record batch) of those with messages, and (partition, error) of those
         whose receive failed (see ReceiveReply): what the others handed out still reaches
-        the consumer."""
+        the consumer. A partition still recovering joins the receive once it is."""
         if not partitions:
             raise InvalidArgument("partitions: at least one is needed")
         failed: dict[int, BaseException] = {}
-        live = []
-        for p in dict.fromkeys(int(x) for x in partitions):
-            try:
-                await self._not_resetting(p)
-                self._part(p).begin_receive(consumer_id)
-                live.append(p)
-            except Exception as exc:  # noqa: BLE001 - handed back with that partition
-                failed[p] = exc
+        live: list[int] = []
+        waiting = list(dict.fromkeys(int(x) for x in partitions))  # not begun yet
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         while True:
             if self._available is None:
                 self._available = asyncio.Event()
             available = self._available  # (taken before looking: no change is missed)
+            for p in list(waiting):
+                opening = self._opening.get(p)
+                if p not in self._parts and opening is not None and not opening.done():
+                    continue  # (still recovering: it joins when it is)
+                waiting.remove(p)
+                try:
+                    await self._not_resetting(p)
+                    self._part(p).begin_receive(consumer_id)
+                    live.append(p)
+                except Exception as exc:  # noqa: BLE001 - handed back with that partition
+                    failed[p] = exc
             got, done = [], bool(failed)
             for p in live:
                 try:
@@ -291,8 +334,9 @@ class SubscriptionUnit:
         return failed
 
     async def _not_resetting(self, partition: int) -> None:
-        """Wait while the partition's cursor is reset (the state a call would reach is
-        being replaced)."""
+        """Wait until the partition is recovered, and while its cursor is reset (the
+        state a call would reach is being replaced)."""
+        await self._ready(int(partition))
         resetting = self._resetting.get(int(partition))
         if resetting is not None:
             await resetting.wait()
@@ -306,6 +350,7 @@ class SubscriptionUnit:
         due; cancels stay applied. Calls to those partitions wait meanwhile."""
         wanted = {int(p): (int(md[0]), int(md[1])) for p, md in marks.items()}
         for p in wanted:
+            await self._ready(p)
             self._part(p)  # (InvalidArgument for a partition it does not serve)
         async with self._reset_lock:  # (one reset at a time: a second one follows it)
             waits = {p: asyncio.Event() for p in wanted}
@@ -365,6 +410,7 @@ class SubscriptionUnit:
         receives standing here return (their partitions answer Unavailable: closed)."""
         self.closed = True
         self._changed()
+        self._pool.shutdown(wait=False, cancel_futures=True)  # (recoveries not begun)
         await asyncio.gather(*[p.close() for p in self._parts.values()])
         if self._reporter is not None:
             self._reporter.cancel()
@@ -374,12 +420,13 @@ class SubscriptionUnit:
         unit now), and the metrics loop; receives standing here return."""
         self.closed = True
         self._changed()
+        self._pool.shutdown(wait=False, cancel_futures=True)  # (recoveries not begun)
         await asyncio.gather(*[p.abandon() for p in self._parts.values()])
         if self._reporter is not None:
             self._reporter.cancel()
 
     def partitions(self) -> list[int]:
-        return sorted(self._parts)
+        return list(self._mine)
 
 
 def _group_partitions(
