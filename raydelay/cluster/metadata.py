@@ -537,7 +537,9 @@ class Metadata:
         """The subscription host slot for a unit, of ``slots`` (the live and the startable
         ones; ``node_of`` maps each to its node), by failure domain: the node holding the
         fewest units of the unit's own subscription, then the node serving the fewest
-        units, then the slot serving the fewest, then a slot already ``running``, then the
+        units, then the slot holding the fewest of its subscription's (a subscription
+        split with ``partitions_per_actor`` is split to use several processes), then the
+        slot serving the fewest, then a slot already ``running``, then the
         node whose partition hosts serve most of the unit's partitions (``served``: node
         -> how many), then a hash of the unit and the slot, so that units reassigned at
         once spread. ``moving`` (its host was lost): a running slot of the chosen node
@@ -547,6 +549,7 @@ class Metadata:
         load = dict.fromkeys(slots, 0)
         node_load: dict[str, int] = {}
         siblings: dict[str, int] = {}
+        slot_siblings = dict.fromkeys(slots, 0)
         family = f"{unit.topic}/{unit.subscription}/"
         for key, host in self.state["units"].items():
             if host not in load or key == unit.key:
@@ -556,12 +559,14 @@ class Metadata:
             node_load[node] = node_load.get(node, 0) + 1
             if key.startswith(family):
                 siblings[node] = siblings.get(node, 0) + 1
+                slot_siblings[host] += 1
         return min(
             slots,
             key=lambda h: (
                 siblings.get(node_of[h], 0),
                 node_load.get(node_of[h], 0),
                 moving and h not in running,
+                slot_siblings[h],
                 load[h],
                 h not in running,
                 -served.get(node_of[h], 0),

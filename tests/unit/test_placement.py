@@ -283,3 +283,17 @@ def test_a_node_whose_raylet_refuses_is_gone_before_ray_says_so(cluster, monkeyp
             assert W2 not in node_of.values()
     finally:
         w1.close()
+
+
+def test_the_units_of_a_split_subscription_go_to_different_processes_of_a_node(cluster):
+    cluster["alive"] = {HEAD}  # one node, two slots; the second already serves 3 units
+    meta = _metadata({"t": 4})
+    slots, _ = placement.host_slots({}, subscriptions=True)
+    for i in range(3):
+        meta.create_subscription("t", f"other{i}", {"type": "shared"})
+        meta.assign_unit(Unit("t", f"other{i}", 0), slots[1])
+    # When a subscription split into two units places them
+    for g in (0, 1):
+        _place_unit(meta, Unit("t", "split", g), set(slots))
+    # Then each has a process of its own, though one process serves more units
+    assert {meta.unit_host(Unit("t", "split", g)) for g in (0, 1)} == set(slots)
