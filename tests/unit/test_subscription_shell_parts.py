@@ -15,7 +15,7 @@ import pytest
 
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.subscription import driver as driver_module
-from raydelay.actors.subscription.cursor_io import CursorIO
+from raydelay.actors.subscription.cursor_io import CursorIO, Fence
 from raydelay.actors.subscription.dead_letters import dead_letter_entries, dead_letter_topic
 from raydelay.actors.subscription.driver import StepDriver
 from raydelay.actors.subscription.recovery import RecoveryCost, seconds_to_ms
@@ -83,6 +83,10 @@ def test_cursor_writes_take_the_next_version_and_delete_the_older_ones():
     assert cursor.mark_delete == (2, 2) and tuple(read) == (2, 5) and again.version == 2
 
 
+def _no() -> None:  # (a host that is never fenced here)
+    raise AssertionError("not fenced")
+
+
 def test_a_host_that_lost_the_partition_is_fenced_at_its_next_cursor_write():
     # Given the old host (its node taken for lost) and the new one its unit moved to, both
     # serving the partition from the same cursor, version 1
@@ -91,9 +95,12 @@ def test_a_host_that_lost_the_partition_is_fenced_at_its_next_cursor_write():
     serving = {"host": "new"}
     fenced = []
     old = CursorIO(
-        REF, store, FakeCoordinator(), lambda: serving["host"] == "old", lambda: fenced.append(1)
+        REF,
+        store,
+        FakeCoordinator(),
+        Fence(lambda: serving["host"] == "old", lambda: fenced.append(1)),
     )
-    new = CursorIO(REF, store, FakeCoordinator(), lambda: serving["host"] == "new")
+    new = CursorIO(REF, store, FakeCoordinator(), Fence(lambda: serving["host"] == "new", _no))
     old.load(), new.load()
     assert old.version == new.version == 1
     # When the new host writes version 2, and the old one then tries its own version 2
@@ -115,8 +122,9 @@ def test_a_host_that_lost_the_partition_is_fenced_at_its_next_cursor_write():
 def test_the_host_serving_the_partition_goes_past_a_version_an_old_host_took():
     # Given the old host wrote version 2 before it learnt that it lost the partition
     store = MemoryObjectStore()
-    old = CursorIO(REF, store, FakeCoordinator(), lambda: False)
-    new = CursorIO(REF, store, FakeCoordinator(), lambda: True)
+    fenced = []
+    old = CursorIO(REF, store, FakeCoordinator(), Fence(lambda: False, lambda: fenced.append(1)))
+    new = CursorIO(REF, store, FakeCoordinator(), Fence(lambda: True, _no))
     asyncio.run(old.write(Cursor((1, 1)).encode((1, 1))))
     new.load()
     asyncio.run(old.write(Cursor((2, 2)).encode((2, 2))))  # (version 2: nobody had it)
@@ -126,6 +134,7 @@ def test_the_host_serving_the_partition_goes_past_a_version_an_old_host_took():
     # and the old host's next write meets it: fenced
     with pytest.raises(PartitionMoved):
         asyncio.run(old.write(Cursor((3, 3)).encode((3, 3))))
+    assert fenced == [1]
     assert store.list(f"{new.prefix}/cursor/") == [cursor_key("orders", 3, "billing", 3)]
 
 

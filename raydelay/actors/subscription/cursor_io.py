@@ -7,12 +7,12 @@ reports progress when it changed, and writes what a reset of the cursor needs.
 
 **Fencing.** Versions are written create-only (``put_new``). Two hosts serving the
 partition at once (one whose node was taken for lost, and the one its unit moved to) meet
-on a version number: the one that finds it taken asks ``owner()`` (the coordinator's
-assignment) whether it still serves the partition. The new host takes the next free
-number; the old one is fenced: it writes no cursor from then on, and a receive that needs
-a cursor write first (one handing out delayed messages) fails, so it stops delivering
-them, and ``on_fenced()`` tells its host to drop it. Only versions older than the one
-written are deleted, never a newer one another host wrote.
+on a version number: the one that finds it taken asks its :class:`Fence` (the
+coordinator's assignment) whether it still serves the partition. The new host takes the
+next free number; the old one is fenced: it writes no cursor from then on, a receive that
+needs a cursor write first (one handing out delayed messages) fails, so it stops
+delivering them, and ``Fence.dropped()`` tells its host to drop it. Only versions older
+than the one written are deleted, never a newer one another host wrote.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from raydelay.actors.coordinator import CoordinatorActor
@@ -35,6 +36,15 @@ from raydelay.storage.keys import cursor_key, subscription_prefix
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Fence:
+    """How a host learns that another one serves its partitions now (both are called on
+    a thread, and may block)."""
+
+    owns: Callable[[], bool]  # whether this host still serves them (the coordinator says)
+    dropped: Callable[[], None]  # this host must drop them: it was fenced
+
+
 class CursorIO:
     """The versions of one partition's cursor in the store, and its reports to the
     coordinator."""
@@ -44,8 +54,7 @@ class CursorIO:
         ref: PartitionRef,
         store: ObjectStore,
         coordinator: Peer[CoordinatorActor],
-        owner: Callable[[], bool] | None = None,
-        on_fenced: Callable[[], None] | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self._ref = ref
         self._store = store
@@ -53,10 +62,7 @@ class CursorIO:
         self.prefix = subscription_prefix(ref.topic, ref.partition, ref.subscription)
         self.version = 0  # the cursor version last written (or loaded)
         self._reported_progress: tuple[Any, ...] | None = None
-        # whether this process still serves the partition (blocking: asked on a thread);
-        # None: nobody else can (tools, tests)
-        self._owner = owner
-        self._on_fenced = on_fenced
+        self._fence = fence  # None: nobody else can serve it (tools, tests)
         self.fenced = False  # another host serves it now: nothing more is written
 
     def load(self) -> tuple[Cursor, Position]:
@@ -92,14 +98,13 @@ class CursorIO:
                 self._store.put_new(cursor_key(r.topic, r.partition, r.subscription, version), data)
                 break
             except Conflict:
-                if self._owner is not None and not self._owner():
+                if self._fence is not None and not self._fence.owns():
                     self.fenced = True
                     log.warning(
                         "%s: another host serves it now; this one writes and delivers no more",
                         r.name,
                     )
-                    if self._on_fenced is not None:
-                        self._on_fenced()
+                    self._fence.dropped()
                     self._check_fenced()
                 # still ours (our own write retried, or one of a fenced host): the next free
                 version = max(version, self._newest_version()) + 1

@@ -39,6 +39,7 @@ import pyarrow as pa
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import coordinator_peer
 from raydelay.actors.protocol import ReceiveReply
+from raydelay.actors.subscription.cursor_io import Fence
 from raydelay.actors.subscription.unit import SubscriptionUnit
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import Peer
@@ -86,13 +87,13 @@ class SubscriptionHost:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
 
-        def owner() -> bool:  # (asked on a thread when a cursor version is taken)
+        def owns() -> bool:  # (asked on a thread when a cursor version is taken)
             here = self._coordinator.call_from_thread(
                 CoordinatorActor.claim_unit, *unit, self._name
             )
             return bool(here == self._name)
 
-        def on_fenced() -> None:  # (called on a thread)
+        def dropped() -> None:  # (called on a thread)
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._fenced(unit)))
 
         opened = await loop.run_in_executor(
@@ -102,8 +103,7 @@ class SubscriptionHost:
                 unit,
                 self._config_dict,
                 self._coordinator,
-                owner,
-                on_fenced,
+                Fence(owns, dropped),
                 what=f"{self._name}: unit {unit.key}",
             ),
         )

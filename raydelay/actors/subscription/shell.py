@@ -35,7 +35,7 @@ import pyarrow as pa
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import partition_peer
 from raydelay.actors.metrics import SubscriptionMetrics
-from raydelay.actors.subscription.cursor_io import CursorIO
+from raydelay.actors.subscription.cursor_io import CursorIO, Fence
 from raydelay.actors.subscription.dead_letters import DeadLetters
 from raydelay.actors.subscription.driver import StepDriver
 from raydelay.actors.subscription.log_reader import LogReader
@@ -74,8 +74,7 @@ class SubscriptionShell:
         subscription: str,
         config: dict,
         coordinator: Peer[CoordinatorActor],
-        owner: Callable[[], bool] | None = None,
-        on_fenced: Callable[[], None] | None = None,
+        fence: Fence | None = None,
     ) -> None:
         started = time.monotonic()
         ref = self._ref = PartitionRef(topic, partition, subscription)
@@ -88,8 +87,7 @@ class SubscriptionShell:
         host = partition_peer(topic, partition, config, coordinator)
         options = coordinator.call_from_thread(CoordinatorActor.subscription, topic, subscription)
         self._store = CountingObjectStore(make_store(self._config))
-        # (``owner`` and ``on_fenced``: its host's, see cursor_io on fencing)
-        self._cursor_io = CursorIO(ref, self._store, coordinator, owner, on_fenced)
+        self._cursor_io = CursorIO(ref, self._store, coordinator, fence)  # (its host's)
         self._dead_letters = DeadLetters(ref, options, config, coordinator)
         cursor, dispatched_before = self._cursor_io.load()
         self._sub = build_subscription(

@@ -20,7 +20,6 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +28,7 @@ import pyarrow as pa
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.metrics import SubscriptionMetrics
 from raydelay.actors.protocol import ReceiveReply
+from raydelay.actors.subscription.cursor_io import Fence
 from raydelay.actors.subscription.shell import SubscriptionShell
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
@@ -57,8 +57,7 @@ class SubscriptionUnit:
         unit: Unit,
         config: dict,
         coordinator: Peer[CoordinatorActor],
-        owner: Callable[[], bool] | None = None,
-        on_fenced: Callable[[], None] | None = None,
+        fence: Fence | None = None,
     ) -> None:
         started = time.monotonic()
         topic, subscription, group = unit
@@ -82,7 +81,7 @@ class SubscriptionUnit:
         self.closed = False
         self._topic, self._subscription, self._config = topic, subscription, config
         self._coordinator = coordinator
-        self._owner, self._on_fenced = owner, on_fenced
+        self._fence = fence
         self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
         self._reset_lock = asyncio.Lock()
 
@@ -96,6 +95,7 @@ class SubscriptionUnit:
             fut.add_done_callback(functools.partial(self._recovered, p))
 
     def _open_one(self, p: int) -> SubscriptionShell:
+        """Recover partition ``p`` from the store (blocking: on a thread)."""
         return rpc.recover(
             SubscriptionShell,
             self._topic,
@@ -103,8 +103,7 @@ class SubscriptionUnit:
             self._subscription,
             self._config,
             self._coordinator,
-            self._owner,
-            self._on_fenced,
+            self._fence,
             what=f"sub/{self._topic}/{p}/{self._subscription}",
         )
 
@@ -371,18 +370,7 @@ class SubscriptionUnit:
         try:
             await old.stop_for_reset(md)
         finally:
-            new = await asyncio.to_thread(
-                rpc.recover,
-                SubscriptionShell,
-                self._topic,
-                partition,
-                self._subscription,
-                self._config,
-                self._coordinator,
-                self._owner,
-                self._on_fenced,
-                what=f"sub/{self._topic}/{partition}/{self._subscription}",
-            )
+            new = await asyncio.to_thread(self._open_one, partition)
             new.take_over(old)
             self._parts[partition] = new
             new.ensure_started()
