@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,11 +35,16 @@ log = logging.getLogger(__name__)
 # Starts the host of a given name with a given config (``raydelay.actors.host.spawn_host``).
 StartHost = Callable[[str, dict[str, Any]], Any]
 
+# how often a lookup of a unit looks for warm subscription slots that do not run (the
+# lookups come in bursts after a node loss, and this one is served one call at a time)
+KEEP_WARM_EVERY_S = 2.0
+
 
 class CoordinatorActor:
     def __init__(self, config: dict[str, Any], start_host: StartHost) -> None:
         self._config = config_from_dict(config)
         self._start_host = start_host
+        self._warm_at = -KEEP_WARM_EVERY_S  # when the warm slots were last looked at
         check_store(self._config.storage)  # before anything is written where it should not be
         self._store = make_store(self._config)
         # the store is ours before anything is read or written (StoreOwned: another
@@ -147,19 +153,20 @@ class CoordinatorActor:
         """The name of the host that serves the partition, started when it is not running.
         A partition not assigned yet, or assigned to a host that ended for good (its node
         was lost), is assigned to a host slot of a live node first (journaled; see
-        ``Metadata.choose_host``)."""
-        current = self._meta.host_of(topic, partition)
+        ``Assignments.choose_host``)."""
+        current = self._meta.hosts.host_of(topic, partition)
         live = placement.live_hosts()
         # (a caller asks again after a failed call: a host whose node's raylet refuses
         # connections is lost before Ray's health checks say so)
-        if current is not None and current in live and not placement.stranded(current):
-            return current
-        live = placement.live_hosts()
+        if current is not None and current in live:
+            if not placement.stranded(current):
+                return current
+            live = placement.live_hosts()  # (without its node, gone now)
         slots, node_of = placement.host_slots(self._config_dict())
         # (a partition whose host was lost goes to a running host: nothing starts)
         moving = set(live) if current is not None else None
-        host = self._meta.choose_host(topic, partition, slots, node_of, moving)
-        self._meta.assign(topic, partition, host)
+        host = self._meta.hosts.choose_host(topic, partition, slots, node_of, moving)
+        self._meta.hosts.assign(topic, partition, host)
         if current is not None:
             log.warning("%s/%d: host %s is gone; assigned to %s", topic, partition, current, host)
         if host not in live:
@@ -170,21 +177,21 @@ class CoordinatorActor:
         """A host about to serve the partition asks whether it may: the partition's host
         after the call (``host`` itself when it was assigned to it, or to nobody, or to a
         host that ended for good)."""
-        current = self._meta.host_of(topic, partition)
+        current = self._meta.hosts.host_of(topic, partition)
         if current == host:
             return host
         if current is not None and current in placement.live_hosts():
             return current
-        return self._meta.assign(topic, partition, host)
+        return self._meta.hosts.assign(topic, partition, host)
 
     def assignments(self) -> dict[str, str]:
         """``"topic/partition"`` -> its host, for every assigned partition."""
-        return self._meta.assignments()
+        return self._meta.hosts.assignments()
 
     def host_partitions(self, host: str) -> list[tuple[str, int]]:
         """The partitions assigned to ``host``."""
         out = []
-        for key, h in self._meta.assignments().items():
+        for key, h in self._meta.hosts.assignments().items():
             if h == host:
                 topic, p = key.rsplit("/", 1)
                 out.append((topic, int(p)))
@@ -199,20 +206,24 @@ class CoordinatorActor:
         """The name of the subscription host that serves partition group ``group`` of a
         subscription. A unit not assigned yet, or assigned to a host that ended for good
         (or whose node's raylet refuses connections), is assigned to a slot first
-        (journaled; see ``Metadata.choose_subhost``): after a node loss, a slot already
+        (journaled; see ``Assignments.choose_subhost``): after a node loss, a slot already
         running, so nothing starts on the way back. NotFound once the subscription is
         deleted. Keeps the warm slots of every node running
-        (``placement.warm_subscription_hosts``)."""
+        (``placement.warm_subscription_hosts``; looked at every KEEP_WARM_EVERY_S, and
+        whenever a unit is assigned)."""
         unit = Unit(topic, subscription, int(group))
-        current = self._meta.unit_host(unit)
+        current = self._meta.hosts.unit_host(unit)
         config = self._config_dict()
         live = placement.live_hosts("SubscriptionHost")
+        if current is not None and current in live:
+            if not placement.stranded(current):
+                if time.monotonic() - self._warm_at >= KEEP_WARM_EVERY_S:
+                    self._keep_warm(config, placement.host_slots(config, True)[0], live)
+                return current
+            live = placement.live_hosts("SubscriptionHost")  # (without its node, gone now)
         slots, node_of = placement.host_slots(config, subscriptions=True)
         self._keep_warm(config, slots, live)
-        if current is not None and current in live and not placement.stranded(current):
-            return current
-        live = placement.live_hosts("SubscriptionHost")
-        host = self._meta.choose_subhost(
+        host = self._meta.hosts.choose_subhost(
             unit,
             slots,
             node_of,
@@ -220,7 +231,7 @@ class CoordinatorActor:
             self._served_by_node(unit, node_of),
             moving=current is not None,
         )
-        self._meta.assign_unit(unit, host)
+        self._meta.hosts.assign_unit(unit, host)
         if current is not None:
             log.warning(
                 "unit %s: subscription host %s is gone; assigned to %s", unit.key, current, host
@@ -230,6 +241,7 @@ class CoordinatorActor:
         return host
 
     def _keep_warm(self, config: dict[str, Any], slots: list[str], live: dict[str, str]) -> None:
+        self._warm_at = time.monotonic()
         for name in placement.warm_slots(config, slots):
             if name not in live:
                 log.info("starting subscription host %s (kept warm)", name)
@@ -241,7 +253,7 @@ class CoordinatorActor:
             "partitions_per_actor", self._config.subscription.partitions_per_actor
         )
         partitions = subscription_groups(self._meta.partitions(unit.topic), per_actor)
-        hosts = self._meta.assignments()
+        hosts = self._meta.hosts.assignments()
         nodes = set(node_of.values())
         out: dict[str, int] = {}
         for p in partitions.get(unit.group, []):
@@ -258,25 +270,27 @@ class CoordinatorActor:
         after the call (``host`` itself when it was assigned to it, or to nobody, or to a
         host that ended for good). NotFound once the subscription is deleted."""
         unit = Unit(topic, subscription, int(group))
-        current = self._meta.unit_host(unit)
+        current = self._meta.hosts.unit_host(unit)
         if current == host:
             return host
         if current is not None and current in placement.live_hosts("SubscriptionHost"):
             return current
-        return self._meta.assign_unit(unit, host)
+        return self._meta.hosts.assign_unit(unit, host)
 
     def unit_assignments(self) -> dict[str, str]:
         """``"topic/subscription/group"`` -> its subscription host, for every assigned unit."""
-        return self._meta.unit_assignments()
+        return self._meta.hosts.unit_assignments()
 
     def release_units(self, keys: list[str]) -> None:
         """Unassign units their host has stopped serving (``SubscriptionHost.drop``)."""
         for key in keys:
-            self._meta.release_unit(key)
+            self._meta.hosts.release_unit(key)
 
     def host_units(self, host: str) -> list[Unit]:
         """The units assigned to subscription host ``host``."""
-        return sorted(Unit.of_key(k) for k, h in self._meta.unit_assignments().items() if h == host)
+        return sorted(
+            Unit.of_key(k) for k, h in self._meta.hosts.unit_assignments().items() if h == host
+        )
 
     def merge_buckets(
         self,

@@ -14,12 +14,11 @@ loads the newest snapshot and replays the journal after it.
 from __future__ import annotations
 
 import logging
-import zlib
 from typing import Any
 
 import msgpack
 
-from raydelay.cluster.names import Unit
+from raydelay.cluster.assignments import Assignments
 from raydelay.errors import CodecError, Conflict, InvalidArgument, NotFound
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import journal_key, snapshot_key, validate_name
@@ -67,6 +66,8 @@ class Metadata:
         # called when a journal number is taken: raises if a newer coordinator owns the store
         self._fence = fence
         self.state = _empty_state()
+        # which host serves each partition and each subscription unit (journaled here)
+        self.hosts = Assignments(self)
         self._seq = 0  # last journal sequence written
         self._since_snapshot = 0
         self.recover()
@@ -95,7 +96,7 @@ class Metadata:
         self._since_snapshot = replayed
         log.info("metadata recovered at seq %d (%d journal records replayed)", self._seq, replayed)
 
-    def _change(self, op: str, **args: Any) -> Any:
+    def change(self, op: str, **args: Any) -> Any:
         """Journal ``op`` durably, then apply it. A failed write leaves the state unchanged."""
         self._guard()
         record = _encode({"op": op, "args": args})
@@ -254,13 +255,13 @@ class Metadata:
                     f"partitions, not {partitions}"
                 )
             return partitions
-        self._change("create_topic", topic=topic, partitions=partitions)
+        self.change("create_topic", topic=topic, partitions=partitions)
         return partitions
 
     def delete_topic(self, topic: str) -> None:
         """Forget a topic, its ledgers, subscriptions, cursors' marks and bucket registry."""
         self.partitions(topic)
-        self._change("delete_topic", topic=topic)
+        self.change("delete_topic", topic=topic)
 
     def partitions(self, topic: str) -> int:
         validate_name("topic", topic)
@@ -275,7 +276,7 @@ class Metadata:
     # --- ledgers ---------------------------------------------------------------------------
 
     def ledgers(self, topic: str, partition: int) -> list[list]:
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         return [list(x) for x in self.state["ledgers"][_pk(topic, partition)]]
 
     def roll_ledger(self, topic: str, partition: int, closed: int | None, count: int) -> int:
@@ -285,7 +286,7 @@ class Metadata:
         gets the ledger the first call opened, and nothing is journaled again. Without
         that, the first new ledger would stay open and empty between closed ones forever,
         and retention, which stops at an open ledger, would never pass it."""
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         ledgers = self.state["ledgers"][_pk(topic, partition)]
         if ledgers and ledgers[-1][1] is None:  # an open ledger: is this call a retry?
             if closed is None:
@@ -298,7 +299,7 @@ class Metadata:
                         f"{before[1]} entries, not {count}"
                     )
                 return ledgers[-1][0]
-        return self._change(
+        return self.change(
             "roll",
             topic=topic,
             partition=partition,
@@ -311,7 +312,7 @@ class Metadata:
         """Closed ledgers no subscription needs any more (none without subs): each has
         acknowledged every entry in them, or holds the rest in sealed buckets (its
         ``log_mark``)."""
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         subs = self.state["subs"].get(topic, {})
         if not subs:
             return []
@@ -330,9 +331,9 @@ class Metadata:
         return out
 
     def drop_ledgers(self, topic: str, partition: int, ledger_ids: list[int]) -> None:
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         if ledger_ids:
-            self._change("drop_ledgers", topic=topic, partition=partition, ledgers=ledger_ids)
+            self.change("drop_ledgers", topic=topic, partition=partition, ledgers=ledger_ids)
 
     # --- subscriptions ------------------------------------------------------------------------
 
@@ -358,7 +359,7 @@ class Metadata:
         if existing is None:
             if start is not None and len(start) != n:
                 raise InvalidArgument(f"start: {len(start)} positions for {n} partitions")
-            self._change(
+            self.change(
                 "create_subscription",
                 topic=topic,
                 subscription=subscription,
@@ -366,7 +367,7 @@ class Metadata:
                 start=[None if x is None else [int(x[0]), int(x[1])] for x in start or [None] * n],
             )
         elif existing != options:
-            self._change(
+            self.change(
                 "create_subscription", topic=topic, subscription=subscription, options=options
             )
         return dict(options)
@@ -374,7 +375,7 @@ class Metadata:
     def delete_subscription(self, topic: str, subscription: str) -> None:
         """Forget a subscription and its marks (its actors must be stopped first)."""
         self.subscription(topic, subscription)  # NotFound
-        self._change("delete_subscription", topic=topic, subscription=subscription)
+        self.change("delete_subscription", topic=topic, subscription=subscription)
 
     def subscriptions(self, topic: str) -> dict[str, dict]:
         self.partitions(topic)
@@ -390,11 +391,11 @@ class Metadata:
     def set_mark_delete(
         self, topic: str, partition: int, subscription: str, position: list[int]
     ) -> None:
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         key = f"{topic}/{partition}/{subscription}"
         position = [int(position[0]), int(position[1])]
         if self.state["mark_delete"].get(key) != position:
-            self._change("mark_delete", key=key, position=position)
+            self.change("mark_delete", key=key, position=position)
 
     def set_progress(
         self,
@@ -407,7 +408,7 @@ class Metadata:
     ) -> None:
         """Mark-delete, the log mark and the sealed-bucket progress of a subscription
         partition, in one journal record (only when something changed)."""
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         key = f"{topic}/{partition}/{subscription}"
         position = [int(position[0]), int(position[1])]
         log_mark = [int(log_mark[0]), int(log_mark[1])]
@@ -421,7 +422,7 @@ class Metadata:
             or s["log_mark"].get(key) != log_mark
             or s["progress"].get(key, {}) != progress
         ):
-            self._change(
+            self.change(
                 "mark_delete", key=key, position=position, log_mark=log_mark, progress=progress
             )
 
@@ -433,7 +434,7 @@ class Metadata:
     ) -> list[str]:
         """Sealed buckets (of registry ``name``) every shared subscription is done with
         (none without subscriptions; FIFO subscriptions read the log, not buckets)."""
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         subs = self.state["subs"].get(topic, {})
         if not subs:
             return []
@@ -444,135 +445,6 @@ class Metadata:
 
     def mark_delete(self, topic: str, partition: int, subscription: str) -> list[int]:
         return list(self.state["mark_delete"].get(f"{topic}/{partition}/{subscription}", [-1, -1]))
-
-    # --- partition hosts ------------------------------------------------------------------
-
-    def host_of(self, topic: str, partition: int) -> str | None:
-        """The host the partition is assigned to (None: not assigned yet)."""
-        self._check_partition(topic, partition)
-        return self.state["hosts"].get(_pk(topic, partition))
-
-    def assignments(self) -> dict[str, str]:
-        """``"topic/partition"`` -> host, for every assigned partition."""
-        return dict(self.state["hosts"])
-
-    def assign(self, topic: str, partition: int, host: str) -> str:
-        """Assign the partition to ``host`` (journaled when it changes); returns ``host``."""
-        self._check_partition(topic, partition)
-        if self.state["hosts"].get(_pk(topic, partition)) != host:
-            self._change("assign", key=_pk(topic, partition), host=host)
-        return host
-
-    def choose_host(
-        self,
-        topic: str,
-        partition: int,
-        slots: list[str],
-        node_of: dict[str, str],
-        running: set[str] | None = None,
-    ) -> str:
-        """The host slot for a partition to go to, of ``slots`` (the live and the startable
-        ones; ``node_of`` maps each to its node): the slot that serves the fewest
-        partitions, then the one whose node serves the fewest, then the one that serves
-        the fewest of this topic; ties go by a hash of the partition and the slot, so that
-        partitions reassigned at once spread. ``running`` (its host was lost: the slots
-        whose host runs): a running slot first, so that nothing starts on the way back,
-        unless none runs."""
-        if not slots:
-            raise InvalidArgument("slots: no host slot to assign a partition to")
-        load = dict.fromkeys(slots, 0)
-        node_load: dict[str, int] = {}
-        same_topic = dict.fromkeys(slots, 0)
-        for key, host in self.state["hosts"].items():
-            if host not in load:
-                continue  # a dead host's partitions count for nobody
-            load[host] += 1
-            node_load[node_of[host]] = node_load.get(node_of[host], 0) + 1
-            if key.rsplit("/", 1)[0] == topic:
-                same_topic[host] += 1
-        me = _pk(topic, partition)
-        return min(
-            slots,
-            key=lambda h: (
-                running is not None and h not in running,
-                load[h],
-                node_load.get(node_of[h], 0),
-                same_topic[h],
-                zlib.crc32(f"{me}@{h}".encode()),
-            ),
-        )
-
-    # --- subscription hosts ------------------------------------------------------------------
-
-    def unit_host(self, unit: Unit) -> str | None:
-        """The subscription host the unit is assigned to (None: not assigned yet)."""
-        self.subscription(unit.topic, unit.subscription)  # NotFound once deleted
-        return self.state["units"].get(unit.key)
-
-    def unit_assignments(self) -> dict[str, str]:
-        """``"topic/subscription/group"`` -> subscription host, for every assigned unit."""
-        return dict(self.state["units"])
-
-    def assign_unit(self, unit: Unit, host: str) -> str:
-        """Assign the unit to ``host`` (journaled when it changes); returns ``host``."""
-        self.subscription(unit.topic, unit.subscription)
-        if self.state["units"].get(unit.key) != host:
-            self._change("assign_unit", key=unit.key, host=host)
-        return host
-
-    def release_unit(self, key: str) -> None:
-        """Unassign a unit (its host stopped serving it; the next lookup assigns it again)."""
-        if key in self.state["units"]:
-            self._change("assign_unit", key=key, host=None)
-
-    def choose_subhost(
-        self,
-        unit: Unit,
-        slots: list[str],
-        node_of: dict[str, str],
-        running: set[str],
-        served: dict[str, int],
-        moving: bool = False,
-    ) -> str:
-        """The subscription host slot for a unit, of ``slots`` (the live and the startable
-        ones; ``node_of`` maps each to its node), by failure domain: the node holding the
-        fewest units of the unit's own subscription, then the node serving the fewest
-        units, then the slot holding the fewest of its subscription's (a subscription
-        split with ``partitions_per_actor`` is split to use several processes), then the
-        slot serving the fewest, then a slot already ``running``, then the
-        node whose partition hosts serve most of the unit's partitions (``served``: node
-        -> how many), then a hash of the unit and the slot, so that units reassigned at
-        once spread. ``moving`` (its host was lost): a running slot of the chosen node
-        before an emptier one, so that nothing starts on the way back."""
-        if not slots:
-            raise InvalidArgument("slots: no subscription host slot to assign a unit to")
-        load = dict.fromkeys(slots, 0)
-        node_load: dict[str, int] = {}
-        siblings: dict[str, int] = {}
-        slot_siblings = dict.fromkeys(slots, 0)
-        family = f"{unit.topic}/{unit.subscription}/"
-        for key, host in self.state["units"].items():
-            if host not in load or key == unit.key:
-                continue  # a dead host's units count for nobody
-            load[host] += 1
-            node = node_of[host]
-            node_load[node] = node_load.get(node, 0) + 1
-            if key.startswith(family):
-                siblings[node] = siblings.get(node, 0) + 1
-                slot_siblings[host] += 1
-        return min(
-            slots,
-            key=lambda h: (
-                siblings.get(node_of[h], 0),
-                node_load.get(node_of[h], 0),
-                moving and h not in running,
-                slot_siblings[h],
-                load[h],
-                h not in running,
-                -served.get(node_of[h], 0),
-                zlib.crc32(f"{unit.key}@{h}".encode()),
-            ),
-        )
 
     # --- the bucket registry ----------------------------------------------------------------
 
@@ -591,7 +463,7 @@ class Metadata:
         progress through them over to it, in one journal record. True once done (again
         when it was done already); False when a source is no longer registered (retention
         deleted it meanwhile): nothing changes."""
-        self._check_partition(topic, partition)
+        self.check_partition(topic, partition)
         if not isinstance(record, bytes):
             raise InvalidArgument("record: a merged bucket's record must be bytes")
         if len(sources) < 2 or len(runs) != len(sources):
@@ -603,7 +475,7 @@ class Metadata:
             return True  # (a retried call)
         if not all(k in entries for k in sources):
             return False
-        self._change(
+        self.change(
             "merge",
             topic=topic,
             partition=partition,
@@ -628,9 +500,9 @@ class Metadata:
             if not isinstance(name, str) or not isinstance(bucket_key, str):
                 raise InvalidArgument("ops: name and bucket_key must be str")
         if ops:
-            self._change("registry", ops=[list(op) for op in ops])
+            self.change("registry", ops=[list(op) for op in ops])
 
-    def _check_partition(self, topic: str, partition: int) -> None:
+    def check_partition(self, topic: str, partition: int) -> None:
         n = self.partitions(topic)
         if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < n:
             raise InvalidArgument(

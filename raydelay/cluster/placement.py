@@ -16,12 +16,12 @@ chooses each actor's node itself and pins it there (a hard node affinity):
   (-1: one per CPU of the node, at most MAX_AUTO_HOSTS), named ``host/<node>/<slot>``:
   the name says the node. The coordinator assigns a partition to the slot that serves the
   fewest partitions (then the emptier node, then the one with the fewest of its topic;
-  ``Metadata.choose_host``) and starts the slot's host when it does not run, so hosts
+  ``Assignments.choose_host``) and starts the slot's host when it does not run, so hosts
   start only as partitions need them, and never more than the slots;
 - subscriptions live in **subscription hosts**, ``subhost/<node>/<slot>``
   (``placement.subscription_hosts_per_node`` per node, the same way), each serving many
   units (a unit: a subscription's partition group). The coordinator assigns a unit to a
-  slot by failure domain (``Metadata.choose_subhost``): the node holding the fewest units
+  slot by failure domain (``Assignments.choose_subhost``): the node holding the fewest units
   of its own subscription, so that one node's loss stops as few subscriptions as can be,
   then the node and the slot serving the fewest units, then a slot already running, then
   the node whose hosts serve most of its partitions. ``placement.warm_subscription_hosts``

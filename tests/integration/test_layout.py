@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import ray
 
+from raydelay.cluster import placement
 from raydelay.cluster.names import NAMESPACE
 from tests.chaos.workload import run_workload
 from tests.integration.helpers import host_of, run_child, unit_assignments, unit_host_of
@@ -146,6 +147,27 @@ SHUTDOWN = textwrap.dedent(
     print("RESULT " + json.dumps({"kinds": kinds, "sub_partitions": sub_partitions, "left": left}))
     """
 )
+
+
+def test_a_warm_subscription_host_that_ended_for_good_is_started_again(cluster, topic_name):
+    # Given the warm subscription host of the node (slot 0, kept running even when idle)
+    cluster.create_topic(topic_name, partitions=1)
+    cluster.subscribe(topic_name, "s")
+    warm = [n for n in placement.live_hosts("SubscriptionHost") if n.endswith("/0")]
+    assert len(warm) == 1, warm
+    # When it ends for good (Ray will not restart it)
+    ray.kill(ray.get_actor(warm[0], namespace=NAMESPACE), no_restart=True)
+    # Then the lookups of units start it again (they look at the warm slots every few
+    # seconds), and the subscription's unit is served by a running host
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        host = unit_host_of(topic_name, "s")
+        if warm[0] in placement.live_hosts("SubscriptionHost"):
+            break
+        time.sleep(0.2)
+    assert warm[0] in placement.live_hosts("SubscriptionHost")
+    assert unit_host_of(topic_name, "s") in placement.live_hosts("SubscriptionHost")
+    assert host in placement.live_hosts("SubscriptionHost")
 
 
 def test_shutdown_leaves_no_process_behind_with_hundreds_of_subscription_partitions(tmp_path):

@@ -50,8 +50,8 @@ def _assign_all(meta, topics: dict[str, int], config=None) -> dict[str, str]:
     slots, node_of = placement.host_slots(config or {})
     for topic, n in topics.items():
         for p in range(n):
-            meta.assign(topic, p, meta.choose_host(topic, p, slots, node_of))
-    return {k: node_of[h] for k, h in meta.assignments().items()}
+            meta.hosts.assign(topic, p, meta.hosts.choose_host(topic, p, slots, node_of))
+    return {k: node_of[h] for k, h in meta.hosts.assignments().items()}
 
 
 def test_host_slots_are_one_per_cpu_of_each_worker_and_never_on_the_head(cluster):
@@ -77,8 +77,8 @@ def _place_unit(meta, unit: Unit, running=(), served=None, moving=False) -> str:
     if unit.subscription not in meta.subscriptions(unit.topic):
         meta.create_subscription(unit.topic, unit.subscription, {"type": "shared"})
     slots, node_of = placement.host_slots({}, subscriptions=True)
-    host = meta.choose_subhost(unit, slots, node_of, set(running), served or {}, moving)
-    meta.assign_unit(unit, host)
+    host = meta.hosts.choose_subhost(unit, slots, node_of, set(running), served or {}, moving)
+    meta.hosts.assign_unit(unit, host)
     return node_of[host]
 
 
@@ -143,13 +143,13 @@ def test_after_a_node_is_lost_its_units_go_to_running_hosts_of_the_survivors(clu
     slots, node_of = placement.host_slots({}, subscriptions=True)
     # the warm slot of each survivor runs, and the hosts of the units placed so far
     running = set(placement.warm_slots({}, slots)) | {
-        h for h in meta.unit_assignments().values() if h in node_of
+        h for h in meta.hosts.unit_assignments().values() if h in node_of
     }
     # When the lost node's units are placed again, one after the other
     again = [_place_unit(meta, Unit("t", s, 0), running, moving=True) for s in lost]
     # Then they go one to each survivor, each to a host already running
     assert sorted(again) == [W2, W3]
-    assert all(meta.unit_host(Unit("t", s, 0)) in running for s in lost)
+    assert all(meta.hosts.unit_host(Unit("t", s, 0)) in running for s in lost)
 
 
 def test_a_moved_unit_takes_a_running_host_where_a_new_one_takes_an_empty_slot(cluster):
@@ -158,11 +158,11 @@ def test_a_moved_unit_takes_a_running_host_where_a_new_one_takes_an_empty_slot(c
     slots, _ = placement.host_slots({}, subscriptions=True)
     warm, empty = slots
     meta.create_subscription("t", "a", {"type": "shared"})
-    meta.assign_unit(Unit("t", "a", 0), warm)
+    meta.hosts.assign_unit(Unit("t", "a", 0), warm)
     _place_unit(meta, Unit("t", "moved", 0), {warm}, moving=True)
     _place_unit(meta, Unit("t", "new", 0), {warm})
-    assert meta.unit_host(Unit("t", "moved", 0)) == warm  # (nothing starts on the way back)
-    assert meta.unit_host(Unit("t", "new", 0)) == empty  # (spread over the node's slots)
+    assert meta.hosts.unit_host(Unit("t", "moved", 0)) == warm  # (nothing starts on the way back)
+    assert meta.hosts.unit_host(Unit("t", "new", 0)) == empty  # (spread over the node's slots)
 
 
 def test_the_head_is_used_when_it_is_the_only_node_or_when_allowed(cluster):
@@ -185,8 +185,8 @@ def test_after_a_node_is_lost_its_partitions_spread_over_the_survivors(cluster):
     again = []
     for key in lost:
         topic, p = key.rsplit("/", 1)
-        host = meta.choose_host(topic, int(p), slots, node_of)
-        meta.assign(topic, int(p), host)
+        host = meta.hosts.choose_host(topic, int(p), slots, node_of)
+        meta.hosts.assign(topic, int(p), host)
         again.append(node_of[host])
     assert set(again) == {W2, W3}  # one each, not both on one survivor
     # a host's name says its node: one of the lost node has none to go to
@@ -201,12 +201,14 @@ def test_a_lost_hosts_partition_goes_to_a_running_host_of_the_survivors(cluster)
     cluster["alive"].discard(W1)
     slots, node_of = placement.host_slots(config)
     # the hosts serving the survivors' partitions run; each node has an empty slot too
-    running = {h for h in meta.assignments().values() if h in node_of}
+    running = {h for h in meta.hosts.assignments().values() if h in node_of}
     assert set(slots) - running
     for key in lost:
         topic, p = key.rsplit("/", 1)
-        meta.assign(topic, int(p), meta.choose_host(topic, int(p), slots, node_of, running))
-    moved = [meta.host_of("a", int(k.rsplit("/", 1)[1])) for k in lost]
+        meta.hosts.assign(
+            topic, int(p), meta.hosts.choose_host(topic, int(p), slots, node_of, running)
+        )
+    moved = [meta.hosts.host_of("a", int(k.rsplit("/", 1)[1])) for k in lost]
     assert all(h in running for h in moved)  # (nothing starts on the way back)
     assert {node_of[h] for h in moved} == {W2, W3}  # and they spread over the survivors
 
@@ -291,9 +293,9 @@ def test_the_units_of_a_split_subscription_go_to_different_processes_of_a_node(c
     slots, _ = placement.host_slots({}, subscriptions=True)
     for i in range(3):
         meta.create_subscription("t", f"other{i}", {"type": "shared"})
-        meta.assign_unit(Unit("t", f"other{i}", 0), slots[1])
+        meta.hosts.assign_unit(Unit("t", f"other{i}", 0), slots[1])
     # When a subscription split into two units places them
     for g in (0, 1):
         _place_unit(meta, Unit("t", "split", g), set(slots))
     # Then each has a process of its own, though one process serves more units
-    assert {meta.unit_host(Unit("t", "split", g)) for g in (0, 1)} == set(slots)
+    assert {meta.hosts.unit_host(Unit("t", "split", g)) for g in (0, 1)} == set(slots)

@@ -16,6 +16,7 @@ PKG = Path(__file__).resolve().parents[2] / "raydelay"
 PURE = ("delayed", "dispatch", "log")
 PURE_MODULES = (
     "cluster/metadata.py",
+    "cluster/assignments.py",
     "ingest/rows.py",
 )  # pure modules in packages that also hold Ray code
 FORBIDDEN = {"ray", "boto3", "botocore"}
@@ -116,6 +117,7 @@ def test_the_walk_covers_the_delayed_index():
         "raydelay.dispatch.cursor",
         "raydelay.log.partition",
         "raydelay.cluster.metadata",
+        "raydelay.cluster.assignments",
     } <= names
 
 
