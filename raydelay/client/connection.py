@@ -222,7 +222,7 @@ class Cluster(ScheduledCalls):
     def placement(self) -> list[dict[str, Any]]:
         """Which node holds which raydelay actor: one dict per live actor (``name``,
         ``class``, ``state``, ``node`` id, ``address``, ``head``, ``pid``, ``restarts``, and
-        ``serves``: a host's partitions, ``topic/partition``, a subscription actor's
+        ``serves``: a host's partitions, ``topic/partition``, a subscription host's
         ``topic/subscription/partition``; ``partitions``: how many), sorted by node then
         name."""
         self._check_open()

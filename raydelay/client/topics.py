@@ -400,7 +400,10 @@ class Topics:
         topics = self.peers.coord(CoordinatorActor.topics)
         for key, host in sorted(self.peers.coord(CoordinatorActor.unit_assignments).items()):
             unit = Unit.of_key(key)
-            per_actor = self.peers.per_actor(unit.topic, unit.subscription)
+            try:
+                per_actor = self.peers.per_actor(unit.topic, unit.subscription)
+            except NotFound:
+                continue  # (deleted since the assignments were read)
             parts = subscription_groups(topics.get(unit.topic, 0), per_actor).get(unit.group, [])
             serves.setdefault(host, []).extend(
                 f"{unit.topic}/{unit.subscription}/{p}" for p in parts

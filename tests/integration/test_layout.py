@@ -15,6 +15,7 @@ import ray
 
 from raydelay.cluster import placement
 from raydelay.cluster.names import NAMESPACE
+from raydelay.errors import NotFound
 from tests.chaos.workload import run_workload
 from tests.integration.helpers import host_of, run_child, unit_assignments, unit_host_of
 
@@ -208,3 +209,25 @@ def test_a_committed_object_reaches_every_reader_by_one_reference(cluster, topic
         consumer.ack(batch)
         got += len(batch)
     assert got == 2_000
+
+
+def test_placement_skips_a_subscription_deleted_while_it_is_read(cluster, topic_name, monkeypatch):
+    # Given two subscriptions, one of them deleted between the reads of the placement
+    # (its unit still in the assignments read first)
+    cluster.create_topic(topic_name, partitions=2)
+    for name in ("kept", "gone"):
+        cluster.subscribe(topic_name, name)
+        unit_host_of(topic_name, name)
+    peers = cluster._topics.peers
+    per_actor = peers.per_actor
+
+    def deleted_meanwhile(topic: str, subscription: str) -> int:
+        if (topic, subscription) == (topic_name, "gone"):
+            raise NotFound(f"subscription {topic}/{subscription} does not exist")
+        return per_actor(topic, subscription)
+
+    monkeypatch.setattr(peers, "per_actor", deleted_meanwhile)
+    # Then the placement answers, with the kept one's partitions and none of the other's
+    units = (f"{topic_name}/kept/", f"{topic_name}/gone/")
+    served = [x for r in cluster.placement() for x in r["serves"] if x.startswith(units)]
+    assert sorted(served) == [f"{topic_name}/kept/0", f"{topic_name}/kept/1"]
