@@ -13,6 +13,7 @@ hosts call the coordinator, so this module imports no other actor's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -40,8 +41,38 @@ StartHost = Callable[[str, dict[str, Any]], Any]
 KEEP_WARM_EVERY_S = 2.0
 
 
+def _timed_calls(cls: type) -> type:
+    """Each public method of ``cls`` counts its calls and their time (``call_times``)."""
+    for name, fn in list(vars(cls).items()):
+        if name.startswith("_") or not callable(fn) or name == "call_times":
+            continue
+
+        def timed(self: Any, *args: Any, __fn: Any = fn, **kwargs: Any) -> Any:
+            began = time.monotonic()
+            try:
+                return __fn(self, *args, **kwargs)
+            finally:
+                self._times.add(__fn.__name__, time.monotonic() - began)
+
+        setattr(cls, name, functools.wraps(fn)(timed))
+    return cls
+
+
+class _CallTimes:
+    def __init__(self) -> None:
+        self.by_method: dict[str, list[float]] = {}  # name -> [calls, seconds, longest]
+
+    def add(self, name: str, seconds: float) -> None:
+        row = self.by_method.setdefault(name, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += seconds
+        row[2] = max(row[2], seconds)
+
+
+@_timed_calls
 class CoordinatorActor:
     def __init__(self, config: dict[str, Any], start_host: StartHost) -> None:
+        self._times = _CallTimes()
         self._config = config_from_dict(config)
         self._start_host = start_host
         self._warm_at = -KEEP_WARM_EVERY_S  # when the warm slots were last looked at
@@ -55,6 +86,14 @@ class CoordinatorActor:
             lambda: Metadata(self._store, guard=self._owner.check, fence=self._owner.fence),
             what="coordinator",
         )
+
+    def call_times(self) -> dict[str, dict[str, float]]:
+        """Per method, since this process started: its calls, the seconds they took in all,
+        and the longest (calls are served one at a time: the sum is how busy it was)."""
+        return {
+            name: {"calls": int(n), "seconds": round(total, 3), "longest_s": round(top, 3)}
+            for name, (n, total, top) in sorted(self._times.by_method.items())
+        }
 
     def owner(self) -> dict[str, Any]:
         """This cluster's claim on the store."""

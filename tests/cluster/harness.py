@@ -106,11 +106,13 @@ def main(scenario: str, workdir: str) -> dict:
             return {"scenario": scenario, "placement": before, **_alive(rd)}
         by_address = {w.node_id: w for w in workers}
         chaos = _chaos(scenario, cluster, by_address, before, s3)
+        calls_before = _coordinator_calls()
         ledger, fail_ms, lost_node, sends = _run(rd, consumers, chaos, finished)
         _FAILED_AT[0] = fail_ms
         after = rd.placement()
         moves = _moves(before, after, lost_node)
-        recovered = _recoveries(moves)
+        recovered = _recoveries(moves, fail_ms)
+        coordinator = _busiest(calls_before, _coordinator_calls())
         out = {
             "scenario": scenario,
             "health": health,
@@ -125,6 +127,7 @@ def main(scenario: str, workdir: str) -> dict:
             "lost_node": lost_node,
             "moves": moves,
             "recoveries": recovered,
+            "coordinator_calls": coordinator,
             "placement": before,
             "placement_after": after,
             **_alive(rd),
@@ -383,9 +386,10 @@ def _moves(before, after, lost_node: str) -> dict:
     return out
 
 
-def _recoveries(moves: dict) -> dict:
-    """What re-opening each moved unit's partitions cost: the recovery of each (in its
-    new host), and its first delivery, in seconds."""
+def _recoveries(moves: dict, fail_ms: int) -> dict:
+    """What re-opening each moved unit's partitions cost: when the recovery began in the
+    new host (seconds after the failure), when each of its steps ended and the recovery
+    itself (``init_s``), and the first delivery, in seconds from its beginning."""
     import ray
 
     from raydelay.actors.handles import subscription_partition
@@ -397,8 +401,42 @@ def _recoveries(moves: dict) -> dict:
         for p in range(PARTITIONS):
             part = subscription_partition(topic, p, sub)
             rec = ray.get(part.submit(SubscriptionHost.stats))["recovery"]
-            out[f"{unit}/{p}"] = {k: rec.get(k) for k in ("init_s", "first_delivery_s")}
+            row = {k: rec.get(k) for k in ("steps", "init_s", "first_delivery_s")}
+            if rec.get("began_at_ms") is not None:
+                row["began_s"] = round((rec["began_at_ms"] - fail_ms) / 1000, 2)
+            out[f"{unit}/{p}"] = row
     return out
+
+
+def _coordinator_calls() -> dict:
+    """The coordinator's calls so far, per method ({} when it cannot be asked)."""
+    import ray
+
+    from raydelay.actors.coordinator import CoordinatorActor
+    from raydelay.actors.handles import coordinator_handle
+
+    try:
+        return ray.get(coordinator_handle().submit(CoordinatorActor.call_times), timeout=30)
+    except Exception:  # noqa: BLE001 - a figure, not a check
+        return {}
+
+
+def _busiest(before: dict, after: dict, top: int = 8) -> dict:
+    """The coordinator's methods that took most of its time between two readings (all of
+    ``after`` when it restarted in between), with their calls, seconds, and the longest call since it started."""
+    restarted = any(after.get(m, {}).get("calls", 0) < r["calls"] for m, r in before.items())
+    rows = {}
+    for method, r in after.items():
+        b = {} if restarted else before.get(method, {})
+        calls = r["calls"] - b.get("calls", 0)
+        if calls:
+            rows[method] = {
+                "calls": calls,
+                "seconds": round(r["seconds"] - b.get("seconds", 0.0), 3),
+                "longest_s": r["longest_s"],
+            }
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1]["seconds"])[:top]
+    return {"restarted": restarted, "methods": dict(ranked)}
 
 
 def _alive(rd) -> dict:

@@ -94,6 +94,35 @@ def partitions_table(runs: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def recovery_table(runs: list[dict]) -> str:
+    """Per run whose units moved: when the moved partitions' recovery began in their new
+    host (seconds after the failure), when its steps ended (seconds from its beginning:
+    peers found, cursor loaded, sealed buckets read, log caught up = recovered), its first
+    delivery, and the coordinator's busiest methods meanwhile (calls, seconds)."""
+    rows = [
+        "| failure | began (s after the failure) | peers | cursor | sealed | recovered | "
+        "first delivery | coordinator's busiest methods: calls, s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        rec = [x for x in r.get("recoveries", {}).values() if x.get("began_s") is not None]
+        if r["scenario"] not in KINDS or not rec:
+            continue
+        steps = [x.get("steps") or {} for x in rec]
+        cells = [_span([x["began_s"] for x in rec])]
+        cells += [_span([s[k] for s in steps if k in s]) for k in ("peers", "cursor", "sealed")]
+        cells += [
+            _span([x[k] for x in rec if x.get(k) is not None])
+            for k in ("init_s", "first_delivery_s")
+        ]
+        calls = r.get("coordinator_calls", {}).get("methods", {})
+        busy = ", ".join(
+            f"{m} {c['calls']}, {c['seconds']:.2f}" for m, c in list(calls.items())[:4]
+        )
+        rows.append(f"| {KINDS[r['scenario']]} | " + " | ".join(cells) + f" | {busy or '-'} |")
+    return "\n".join(rows)
+
+
 def placement_table(rows: list[dict]) -> str:
     """Actors per node: hosts (and the partitions they serve), subscription actors,
     coordinator."""
@@ -130,6 +159,8 @@ def main(path: str) -> None:
         "+ its unit's subscription host there):\n"
     )
     print(partitions_table(runs))
+    print("\nThe moved units' recovery, in seconds:\n")
+    print(recovery_table(runs))
     for r in runs:
         if r["scenario"] == "placement":
             print("\nPlacement of 6 partitions x 2 subscriptions on a head and 3 workers:\n")

@@ -250,3 +250,17 @@ def _unavailable():
     from raydelay.errors import Unavailable
 
     raise Unavailable("host restarting")
+
+
+def test_the_coordinator_counts_each_methods_calls_and_their_time(cluster, topic_name):
+    from raydelay.actors.coordinator import CoordinatorActor
+    from raydelay.actors.handles import coordinator_handle
+
+    def times() -> dict:
+        return rpc.get(coordinator_handle().submit(CoordinatorActor.call_times))
+
+    before = times().get("create_topic", {"calls": 0})["calls"]
+    cluster.create_topic(topic_name, partitions=2)
+    row = times()["create_topic"]
+    assert row["calls"] >= before + 1
+    assert row["seconds"] >= row["longest_s"] > 0

@@ -6,6 +6,7 @@ properties), lateness counts (PartitionReport) and the driver's I/O tasks (StepD
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from types import SimpleNamespace
 from typing import Any
@@ -174,6 +175,21 @@ def test_recovery_cost_counts_log_bytes_until_the_first_delivery():
     assert got["log_bytes"] == 15 and got["loose"] == 2 and got["read_from"] == [5, 0]
     assert got["delayed"] == 7 and got["first_delivery_at_ms"] == 1_000
     assert got["store_bytes"] == 99 and "first_receive_s" in got
+
+
+def test_recovery_cost_says_when_it_began_and_when_each_step_ended():
+    # Given a recovery that began 2 s ago (by the monotonic clock)
+    started = time.monotonic() - 2.0
+    before_ms = time.time() * 1000
+    cost = RecoveryCost(started)
+    # When two of its steps end
+    cost.step("peers")
+    cost.step("cursor")
+    got = cost.as_dict()
+    # Then it began 2 s before it was made, in epoch ms, and each step ended after that
+    assert before_ms - 2_500 < got["began_at_ms"] < before_ms - 1_500
+    assert list(got["steps"]) == ["peers", "cursor"]
+    assert 2.0 <= got["steps"]["peers"] <= got["steps"]["cursor"]
 
 
 def test_seconds_to_ms_rounds_and_keeps_none():

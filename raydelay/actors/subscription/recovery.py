@@ -140,22 +140,32 @@ def drop_legacy_buckets(
 class RecoveryCost:
     """What one recovery cost, filled in until the first delivery after it: init and
     first-receive and first-delivery seconds, loose positions re-read, where the log read
-    resumed, delayed messages tracked, bytes read from the log and from the store."""
+    resumed, delayed messages tracked, bytes read from the log and from the store; when it
+    began (``began_at_ms``, epoch ms) and the seconds at which each step of the
+    constructor ended (``steps``: its peers found, its cursor loaded, its sealed buckets
+    read; the log is what follows until ``init_s``)."""
 
     def __init__(self, started: float) -> None:
-        self._cost: dict[str, Any] = {"started": started, "log_bytes": 0}
+        began = int(time.time() * 1000 - (time.monotonic() - started) * 1000)
+        self._cost: dict[str, Any] = {
+            "started": started,
+            "began_at_ms": began,
+            "steps": {},
+            "log_bytes": 0,
+        }
+
+    def step(self, name: str) -> None:
+        """Step ``name`` of the constructor is done."""
+        self._cost["steps"][name] = round(time.monotonic() - self._cost["started"], 3)
 
     def recovered(self, loose: int, read_from: Position, delayed: int) -> None:
         """The constructor's part is done."""
-        started = self._cost["started"]
-        self._cost = {
-            "started": started,
-            "init_s": round(time.monotonic() - started, 3),
-            "loose": loose,
-            "read_from": list(read_from),
-            "delayed": delayed,
-            "log_bytes": self._cost["log_bytes"],
-        }
+        self._cost.update(
+            init_s=round(time.monotonic() - self._cost["started"], 3),
+            loose=loose,
+            read_from=list(read_from),
+            delayed=delayed,
+        )
 
     @property
     def delivered(self) -> bool:

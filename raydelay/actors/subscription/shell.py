@@ -87,9 +87,11 @@ class SubscriptionShell:
         host = partition_peer(topic, partition, config, coordinator)
         options = coordinator.call_from_thread(CoordinatorActor.subscription, topic, subscription)
         self._store = CountingObjectStore(make_store(self._config))
+        self._recovery.step("peers")
         self._cursor_io = CursorIO(ref, self._store, coordinator, fence)  # (its host's)
         self._dead_letters = DeadLetters(ref, options, config, coordinator)
         cursor, dispatched_before = self._cursor_io.load()
+        self._recovery.step("cursor")
         self._sub = build_subscription(
             ref,
             self._config,
@@ -104,6 +106,7 @@ class SubscriptionShell:
         self._sealed_io = SealedIO(ref, self._sub, self._store, host, coordinator, count)
         if self._sub.sealed is not None:
             self._sealed_io.recover(self._sub.sealed)
+        self._recovery.step("sealed")
         self._rewinds: dict[str, int] = {}  # consumer -> its redeliver-all calls so far
         self._started = False
         self._closed = False
