@@ -230,6 +230,27 @@ class PartitionHealth:
             self.down[p] = 0.0  # may be asked now; a success brings it up
         return True
 
+    def _refresh_all(self, lapsed: list[int]) -> None:
+        """Look the actors of ``lapsed`` partitions up again, each actor once: the other
+        down partitions that actor serves (a unit's) share its lookup, lapsed or not, and
+        a failed lookup counts for its lapsed ones."""
+        failed: dict[str, Exception] = {}
+        for p in lapsed:
+            actor = self._link.actor_of(p)
+            if actor in failed:
+                self.failed(p, failed[actor])
+                continue
+            with self.lock:
+                if self.down.get(p) == 0.0:
+                    continue  # (looked up with another partition of its actor)
+            if not self._refresh(p):
+                failed[actor] = Unavailable(f"{actor}: its lookup failed")
+                continue
+            with self.lock:
+                for q in self.down:
+                    if self._link.actor_of(q) == actor:
+                        self.down[q] = 0.0
+
     def retry_loop(self) -> None:
         """The retry thread: look the actors of down partitions up again once their
         backoff ran out (receive asks them again after that), and send the acks and nacks
@@ -250,8 +271,7 @@ class PartitionHealth:
             now = time.monotonic()
             with self.lock:
                 lapsed = [p for p, at in self.down.items() if 0 < at <= now]
-            for p in lapsed:
-                self._refresh(p)
+            self._refresh_all(lapsed)
             with self.lock:
                 due = [p for p in self.deferred if self.down.get(p, 0.0) == 0.0]
             for p in due:

@@ -184,6 +184,7 @@ class FakeSubscription(FakeLink):
     def reconnect(self, partition: int) -> None:
         super().reconnect(partition)
         actor = self.actor_of(partition)
+        self.down -= {q for q in range(self.partitions) if self.actor_of(q) == actor}
         if actor in self.moves:
             self.nodes[actor] = self.moves.pop(actor)
 

@@ -285,6 +285,24 @@ def test_a_failover_is_said_in_one_info_line_naming_what_moved_and_where(caplog)
     assert "sub/t/s/0 moved from node aaaaaaaa to node bbbbbbbb" in text
 
 
+def test_a_lost_actor_is_looked_up_once_for_all_the_partitions_it_serves():
+    # Given two actors serving 3 partitions each, both lost (every call fails)
+    sub = FakeSubscription(partitions=6, actors=2)
+    consumer = consumer_of(sub)
+    try:
+        sub.down |= set(range(6))
+        for p in range(6):
+            sub.publish(p, f"m{p}".encode())
+        assert consumer.receive(max_messages=10, timeout_s=0) == []
+        # When they come back, and the consumer receives on
+        got = _receive_until(consumer, 6)
+        # Then every message came, and each actor was looked up once, not once per partition
+        assert sorted(m.payload for m in got) == [f"m{p}".encode() for p in range(6)]
+        assert sorted(sub.actor_of(p) for p in sub.reconnects) == ["sub/t/s/0", "sub/t/s/1"]
+    finally:
+        consumer.close()
+
+
 def test_an_outage_that_lasts_is_warned_of_once_while_it_lasts(caplog, monkeypatch):
     from raydelay.client import partition_health
 
