@@ -62,7 +62,9 @@ def unit(monkeypatch):
     gates = {p: threading.Event() for p in range(3)}
     fail: set[int] = set()
 
-    def open_one(self, p: int) -> _Shell:
+    def open_one(self, p: int, options: dict | None = None) -> _Shell:
+        # (an open hands each partition the options the unit read: one coordinator call)
+        assert options == {"type": "shared"}
         assert gates[p].wait(10)
         if p in fail:
             raise NotFound(f"partition {p}: gone")

@@ -75,7 +75,10 @@ class SubscriptionShell:
         config: dict,
         coordinator: Peer[CoordinatorActor],
         fence: Fence | None = None,
+        options: dict | None = None,
     ) -> None:
+        """``options``: the subscription's, when the caller has just read them (else they
+        are read from the coordinator)."""
         started = time.monotonic()
         ref = self._ref = PartitionRef(topic, partition, subscription)
         self._config: Config = config_from_dict(config)
@@ -85,7 +88,10 @@ class SubscriptionShell:
         self._clock = SystemClock()
         self._coordinator = coordinator
         host = partition_peer(topic, partition, config, coordinator)
-        options = coordinator.call_from_thread(CoordinatorActor.subscription, topic, subscription)
+        if options is None:
+            options = coordinator.call_from_thread(
+                CoordinatorActor.subscription, topic, subscription
+            )
         self._store = CountingObjectStore(make_store(self._config))
         self._recovery.step("peers")
         self._cursor_io = CursorIO(ref, self._store, coordinator, fence)  # (its host's)

@@ -62,7 +62,7 @@ class SubscriptionUnit:
         started = time.monotonic()
         topic, subscription, group = unit
         self._name = f"sub/{unit.key}"
-        mine = _group_partitions(coordinator, topic, subscription, group, config)
+        mine, self._options = _group_partitions(coordinator, topic, subscription, group, config)
         if not mine:
             raise InvalidArgument(f"group: {topic}/{subscription} has no partition group {group}")
 
@@ -90,12 +90,14 @@ class SubscriptionUnit:
         recovered)."""
         loop = asyncio.get_running_loop()
         for p in self._mine:
-            fut = loop.run_in_executor(self._pool, self._open_one, p)
+            # (the options read to open the unit: a reset later reads them again)
+            fut = loop.run_in_executor(self._pool, self._open_one, p, self._options)
             self._opening[p] = fut
             fut.add_done_callback(functools.partial(self._recovered, p))
 
-    def _open_one(self, p: int) -> SubscriptionShell:
-        """Recover partition ``p`` from the store (blocking: on a thread)."""
+    def _open_one(self, p: int, options: dict | None = None) -> SubscriptionShell:
+        """Recover partition ``p`` from the store (blocking: on a thread); ``options``: the
+        subscription's, read just now (else the shell reads them)."""
         return rpc.recover(
             SubscriptionShell,
             self._topic,
@@ -104,6 +106,7 @@ class SubscriptionUnit:
             self._config,
             self._coordinator,
             self._fence,
+            options,
             what=f"sub/{self._topic}/{p}/{self._subscription}",
         )
 
@@ -419,15 +422,16 @@ class SubscriptionUnit:
 
 def _group_partitions(
     coordinator: Peer[CoordinatorActor], topic: str, subscription: str, group: int, config: dict
-) -> list[int]:
+) -> tuple[list[int], dict]:
     """The partitions the actor of partition group ``group`` of a subscription serves (by
-    its ``partitions_per_actor``, the config's when it has none)."""
+    its ``partitions_per_actor``, the config's when it has none), and the subscription's
+    options."""
     n = coordinator.call_from_thread(CoordinatorActor.partitions, topic)
     options = coordinator.call_from_thread(CoordinatorActor.subscription, topic, subscription)
     per_actor = options.get(
         "partitions_per_actor", config_from_dict(config).subscription.partitions_per_actor
     )
-    return subscription_groups(n, per_actor).get(group, [])
+    return subscription_groups(n, per_actor).get(group, []), options
 
 
 def _record_all(batch: list[tuple[SubscriptionMetrics, dict, list]]) -> None:
