@@ -227,6 +227,9 @@ class ClientConfig(_Section):
     retry_deadline_s: PositiveSeconds = 30.0  # calls are retried (with backoff) this long
 
 
+MAX_HOSTS_PER_NODE = 64  # placement.hosts_per_node and subscription_hosts_per_node
+
+
 class PlacementConfig(_Section):
     """``placement``: which nodes raydelay's actors go to (see raydelay/cluster/placement.py)."""
 
@@ -243,7 +246,16 @@ class PlacementConfig(_Section):
     # that what a lost node served resumes in a running process (0: start them as needed)
     warm_subscription_hosts: NonNegative = 1
 
-    _limits = _limit_fields("placement", "hosts_per_node", "subscription_hosts_per_node")
+    @field_validator("hosts_per_node", "subscription_hosts_per_node")
+    @classmethod
+    def _per_node(cls, value: int, info: ValidationInfo) -> int:
+        # (a host is a whole worker process: more than a few dozen on one node is a typo)
+        if value != -1 and not 1 <= value <= MAX_HOSTS_PER_NODE:
+            raise InvalidArgument(
+                f"placement.{info.field_name}: must be 1..{MAX_HOSTS_PER_NODE}, or -1 for one "
+                f"per CPU; got {value}"
+            )
+        return value
 
 
 class TasksConfig(_Section):

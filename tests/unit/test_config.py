@@ -91,6 +91,17 @@ def test_out_of_range_values_are_named(tmp_path):
         load_config(write(tmp_path, '[storage]\nkind = "s3"\n'), env={})
 
 
+def test_hosts_per_node_is_one_per_cpu_or_a_sane_count(tmp_path):
+    # (each host is a whole process: 10**12 of them would hang the coordinator's choice)
+    for key in ("hosts_per_node", "subscription_hosts_per_node"):
+        for bad in (0, -2, 65, 10**12):
+            with pytest.raises(InvalidArgument, match=rf"placement\.{key}: must be 1\.\.64"):
+                load_config(write(tmp_path, f"[placement]\n{key} = {bad}\n"), env={})
+        for good in (-1, 1, 64):
+            got = load_config(write(tmp_path, f"[placement]\n{key} = {good}\n"), env={})
+            assert getattr(got.placement, key) == good
+
+
 def test_env_overrides_are_typed_by_the_field():
     env = {
         "RAYDELAY_DELAYED__TICK_TIME_MS": "25",
