@@ -16,6 +16,8 @@ def live_nodes() -> int:
 def check_store(storage: StorageConfig) -> None:
     """Refuse a store that cannot serve this Ray cluster (see ``store_refusal``): an
     InvalidArgument that names the fix."""
+    if storage.kind != "local" or storage.local.shared:
+        return  # (without asking Ray for its nodes: every actor's recovery checks this)
     why = store_refusal(storage, live_nodes())
     if why is not None:
         raise InvalidArgument(why)

@@ -6,6 +6,7 @@ the pure core does, for the protocol and keys) pulls in neither boto3 nor the co
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "FaultyObjectStore",
     "CountingObjectStore",
     "make_store",
+    "shared_store",
     "make_s3_client",
     "validate_key",
     "validate_name",
@@ -48,6 +50,28 @@ def make_store(config: Config | StorageConfig, *, s3_client: Any = None) -> Obje
         faulty.set_failure_rate(storage.faults.failure_rate, seed=storage.faults.seed or None)
         faulty.set_outage_file(storage.faults.outage_file)
         return faulty
+    return store
+
+
+_shared: dict[str, ObjectStore] = {}  # storage config (JSON) -> its store, in this process
+_shared_lock = threading.Lock()
+
+
+def shared_store(config: Config | StorageConfig) -> ObjectStore:
+    """The store a config names, made once per process and storage config and then shared:
+    a host's partitions all use one (an S3 client costs tens of milliseconds of CPU to
+    make, more while a failover starts many at once, and it is thread-safe). A memory
+    store is never shared (each is a separate store)."""
+    from raydelay.config import Config
+
+    storage = config.storage if isinstance(config, Config) else config
+    if storage.kind == "memory":
+        return make_store(storage)
+    key = storage.model_dump_json()
+    with _shared_lock:
+        store = _shared.get(key)
+        if store is None:
+            store = _shared[key] = make_store(storage)
     return store
 
 

@@ -31,8 +31,8 @@ KINDS = {
 def _span(values: list[float]) -> str:
     if not values:
         return "-"
-    lo, hi = min(values), max(values)
-    return f"{lo:.1f}" if hi - lo < 0.05 else f"{lo:.1f}-{hi:.1f}"
+    lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _hit(row: dict) -> bool:

@@ -21,3 +21,29 @@ def test_make_store_builds_each_kind(tmp_path, moto_server):
     s3.put("k", b"v")
     assert s3.get("k") == b"v"
     assert s3._client.get_object(Bucket="made", Key="p/k")["Body"].read() == b"v"
+
+
+def test_a_process_shares_one_store_per_storage_config_but_never_a_memory_one(tmp_path):
+    import threading
+
+    from raydelay.storage import shared_store
+
+    def local(name: str) -> StorageConfig:
+        return StorageConfig(kind="local", local=LocalStorageConfig(root=str(tmp_path / name)))
+
+    # Given many partitions of one host opening at once with the same storage config
+    got: list = []
+    threads = [
+        threading.Thread(target=lambda: got.append(shared_store(local("a")))) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then they share one store (one client made), a Config naming it gets it too
+    assert len({id(s) for s in got}) == 1
+    assert shared_store(Config(storage=local("a"))) is got[0]
+    # and another root is another store; a memory store is never shared
+    assert shared_store(local("b")) is not got[0]
+    memory = StorageConfig(kind="memory")
+    assert shared_store(memory) is not shared_store(memory)

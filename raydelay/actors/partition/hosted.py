@@ -51,7 +51,7 @@ from raydelay.config import config_from_dict
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.peek import PeekRange
 from raydelay.log.partition import LedgerInfo, PartitionLog
-from raydelay.storage import make_store
+from raydelay.storage import shared_store
 
 
 class HostedPartition:
@@ -72,7 +72,7 @@ class HostedPartition:
         threads = PartitionThreads()
         self._coordinator = coordinator  # its host's
         ledgers = coordinator.call_from_thread(CoordinatorActor.ledgers, topic, partition)
-        store = make_store(cfg)
+        store = shared_store(cfg)  # (its host's)
         self._log = PartitionLog(
             store=store,
             topic=topic,

@@ -46,6 +46,7 @@ from raydelay.cluster.handles import Peer
 from raydelay.cluster.names import Unit
 from raydelay.config import config_from_dict
 from raydelay.errors import PartitionMoved, Unavailable
+from raydelay.storage import shared_store
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class SubscriptionHost:
         self._opening: dict[Unit, asyncio.Future] = {}
         self._open_pool = ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="raydelay-unit")
         self.recovery: dict[str, float] = {}  # unit key -> seconds its opening took
+        # its store is made now, idle or not: a warm host adopts units without making it
+        # (an S3 client, and importing boto3, cost a second of CPU while a failover runs)
+        shared_store(config_from_dict(config))
 
     # --- units --------------------------------------------------------------------------------
 

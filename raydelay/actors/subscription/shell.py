@@ -57,7 +57,7 @@ from raydelay.config import Config, config_from_dict
 from raydelay.dispatch.cursor import Position
 from raydelay.dispatch.subscription import Delivery
 from raydelay.errors import ConsumerBusy, InvalidArgument
-from raydelay.storage import CountingObjectStore, make_store
+from raydelay.storage import CountingObjectStore, shared_store
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class SubscriptionShell:
             options = coordinator.call_from_thread(
                 CoordinatorActor.subscription, topic, subscription
             )
-        self._store = CountingObjectStore(make_store(self._config))
+        self._store = CountingObjectStore(shared_store(self._config))  # (its host's)
         self._recovery.step("peers")
         self._cursor_io = CursorIO(ref, self._store, coordinator, fence)  # (its host's)
         self._dead_letters = DeadLetters(ref, options, config, coordinator)
