@@ -45,7 +45,7 @@ from raydelay.cluster.names import COORDINATOR, SUBHOST_PREFIX
 from raydelay.cluster.nodes import check_store
 from raydelay.config import config_from_dict
 from raydelay.dispatch.peek import PeekRange
-from raydelay.errors import PartitionMoved, Unavailable
+from raydelay.errors import NotFound, PartitionMoved, Unavailable
 from raydelay.positions import Position
 
 log = logging.getLogger(__name__)
@@ -256,6 +256,8 @@ class HostActor:
                 try:
                     await part.trim()
                     r.ok()
+                except NotFound:
+                    continue  # (its topic is being deleted, drop_topic takes it off next: not a failure)
                 except Exception as exc:  # noqa: BLE001 - reported; retried next interval
                     r.failed(exc)
 
