@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -249,17 +250,13 @@ class HostActor:
         """Every ``topic.retention_interval_ms``: trim each partition this host holds."""
         interval_s = self._config.topic.retention_interval_ms / 1000
         retries: dict[tuple[str, int], rpc.Retries] = {}
+
+        async def topic_exists(topic: str) -> bool:
+            return topic in await self._coordinator.once(CoordinatorActor.topics)
+
         while True:
             await asyncio.sleep(interval_s)
-            for key, part in list(self._parts.items()):
-                r = retries.setdefault(key, rpc.Retries(log, f"retention of {key[0]}/{key[1]}"))
-                try:
-                    await part.trim()
-                    r.ok()
-                except NotFound:
-                    continue  # (its topic is being deleted, drop_topic takes it off next: not a failure)
-                except Exception as exc:  # noqa: BLE001 - reported; retried next interval
-                    r.failed(exc)
+            await retention_pass(self._parts, retries, topic_exists)
 
     # --- the host ---------------------------------------------------------------------------
 
@@ -347,3 +344,27 @@ def partition_peer(
         resolve=resolve,
         deadline_s=config_from_dict(config).client.retry_deadline_s,
     )
+
+
+async def retention_pass(
+    parts: dict[tuple[str, int], Any],
+    retries: dict[tuple[str, int], rpc.Retries],
+    topic_exists: Callable[[str], Awaitable[bool]],
+) -> None:
+    """Trim each of ``parts`` once (``trim()``), a failure reported by its ``retries``. A
+    NotFound of a topic the coordinator no longer has (deleted during the pass; the host's
+    ``drop_topic`` takes its partitions off next) is no failure; any other NotFound is."""
+    for key, part in list(parts.items()):
+        r = retries.setdefault(key, rpc.Retries(log, f"retention of {key[0]}/{key[1]}"))
+        try:
+            await part.trim()
+            r.ok()
+        except NotFound as exc:
+            try:
+                gone = key not in parts or not await topic_exists(key[0])
+            except Exception:  # noqa: BLE001 - unknown: reported as the failure it was
+                gone = False
+            if not gone:
+                r.failed(exc)
+        except Exception as exc:  # noqa: BLE001 - reported; retried next interval
+            r.failed(exc)

@@ -5,16 +5,35 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from typing import Any
 
 from raydelay.errors import Unavailable
 
 
-def attach_address(args: argparse.Namespace) -> str:
-    """--address, else RAYDELAY_ADDRESS, else the Ray that `raydelay up` started, else auto."""
-    from raydelay.cluster.local import up_address
+def attach_address(args: argparse.Namespace) -> tuple[str, str | None]:
+    """Where the command attaches, and a note for stderr when the user did not name it:
+    --address, else RAYDELAY_ADDRESS, else the Ray that `raydelay up` started, else
+    RAY_ADDRESS or the last `ray start` on this machine while it runs (the note says which
+    Ray was joined). Never a Ray merely found running (Ray's "auto" would join any):
+    Unavailable when none of these names one, as `raydelay down` refuses without a marker."""
+    from raydelay.cluster.local import running_ray_address, up_address
 
-    return args.address or os.environ.get("RAYDELAY_ADDRESS") or up_address() or "auto"
+    named = args.address or os.environ.get("RAYDELAY_ADDRESS") or up_address()
+    if named:
+        return named, None
+    found = running_ray_address()
+    if found is None:
+        raise Unavailable(
+            "no Ray cluster is running here that `raydelay up` started (nor one named by "
+            "--address, RAYDELAY_ADDRESS or RAY_ADDRESS); start one with `raydelay up`"
+        )
+    if os.environ.get("RAY_ADDRESS"):
+        return found, None  # (named by the user, through Ray's own variable)
+    return found, (
+        f"raydelay: no `raydelay up` here; joined the Ray at {found} that the last "
+        "`ray start` on this machine left running (pass --address to choose another)"
+    )
 
 
 def attach(args: argparse.Namespace) -> Any:
@@ -25,18 +44,21 @@ def attach(args: argparse.Namespace) -> Any:
     from raydelay.client.bootstrap import attach_ray
     from raydelay.client.connection import connect
 
-    address = attach_address(args)
+    joined = not ray.is_initialized()  # (main() called in a process that runs Ray: no)
+    address: str | None = None
     try:
-        joined = not ray.is_initialized()  # (main() called in a process that runs Ray: no)
         if joined:
+            address, note = attach_address(args)
+            if note:
+                print(note, file=sys.stderr)
             # The actors' log lines are not the command's output; and with none to print,
             # leaving need not wait for them (see detach)
             attach_ray(address, log_to_driver=False)
         cluster = connect(args.config, address=address)
     except ConnectionError as exc:
-        where = "here" if address == "auto" else f"at {address}"
         raise Unavailable(
-            f"no Ray cluster is running {where}; start one with `raydelay up` (or pass --address)"
+            f"no Ray cluster is running at {address}; start one with `raydelay up` "
+            "(or pass --address)"
         ) from exc
     if joined:
         args.detach = cluster.shutdown

@@ -28,13 +28,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ]
         heads = ["partition", "ledgers", "messages held", "entries appended (this run)", "tail"]
         print(table(heads, rows))
-        print(f"{args.topic} holds {num_text(info['held'])} messages (entries of its log)")
+        held = info["held"]
+        noun = "message" if held == 1 else "messages"
+        print(f"{args.topic} holds {num_text(held)} {noun} (entries of its log)")
         subs = []
         for name in info["subscriptions"]:
             s = cluster.stats(args.topic, name)
             subs.append(
                 [name, s["type"]]
-                + [s[k] for k in ("delayed", "backlog", "pending_ack", "buckets", "dead_lettered")]
+                + [num_text(s["delayed"]) + (" (counting)" if s.get("counting") else "")]
+                + [s[k] for k in ("backlog", "pending_ack", "buckets", "dead_lettered")]
             )
         if subs:
             print()
@@ -44,7 +47,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     s = cluster.stats(args.topic, args.subscription)
     rows = [
         ["type", s["type"]],
-        ["delayed", s["delayed"]],
+        ["delayed", _delayed_text(s)],
         ["backlog", s["backlog"]],
         ["pending ack", s["pending_ack"]],
         ["buckets", s["buckets"]],
@@ -52,7 +55,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ["dead-lettered (over its life)", s["dead_lettered"]],
         # counters of the actors' current lives: a restart starts them again
         ["delivered (since its units were opened)", s["delivered"]],
-        ["acked, cancels and dead letters included (since its units were opened)", s["acked"]],
+        ["acked (cancels and dead letters among them; since its units were opened)", s["acked"]],
         ["  of them cancelled (since its units were opened)", s["cancelled"]],
     ]
     print(table([f"{args.topic}/{args.subscription}", ""], [[k, num_text(v)] for k, v in rows]))
@@ -76,6 +79,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _delayed_text(s: dict) -> str:
+    """The delayed count, said to be partial while partitions are recovering."""
+    counting = s.get("counting") or []
+    if not counting:
+        return num_text(s["delayed"])
+    parts = len(s.get("partitions", ())) or len(counting)
+    return (
+        f"{num_text(s['delayed'])} so far ({len(counting)} of {parts} partitions recovering: "
+        "not all counted yet, nor in the due windows below)"
+    )
 
 
 def num_text(v: object) -> str:

@@ -363,6 +363,8 @@ class Topics:
         )
         out: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in parts) for k in _SUMMED}
         out["mark_delete"] = [s["mark_delete"] for s in parts]
+        # partitions whose delayed count is not complete yet (recovering; see counts)
+        out["counting"] = [p for p, s in enumerate(parts) if s.get("counting")]
         out["type"] = options["type"]
         # per consumer: unacknowledged messages over every partition, and the oldest lease
         # age (seconds since a partition last heard from it)

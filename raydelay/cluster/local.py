@@ -140,9 +140,9 @@ def stop_started_ray() -> int | None:
     if not UP_MARKER.exists():
         return None
     marker = json.loads(UP_MARKER.read_text() or "{}")
-    stopped = _stop_session(marker.get("session", ""))
-    UP_MARKER.unlink(missing_ok=True)
     address = marker.get("address")
+    stopped = _stop_session(marker.get("session", ""), address)
+    UP_MARKER.unlink(missing_ok=True)
     note = ray_address_file()
     if address and note is not None and note.exists() and note.read_text().strip() == address:
         note.unlink(missing_ok=True)
@@ -188,10 +188,12 @@ def running_ray_address(
     return noted if noted in live else None
 
 
-def _stop_session(session: str) -> int:
+def _stop_session(session: str, address: str | None = None) -> int:
     """Stop the Ray cluster of one session (``session_<date>_<pid>``): its head processes
     carry the session's directory on their command lines, and its workers end with its
-    raylet. A bare ``ray stop`` would stop every Ray of this user on the machine."""
+    raylet. Its Ray Client server (``python -m ray.util.client.server``) does not: it is
+    known by ``address``, the GCS address it serves (else it outlives every ``down``). A
+    bare ``ray stop`` would stop every Ray of this user on the machine."""
     import psutil
 
     if not session.startswith("session_"):
@@ -201,7 +203,8 @@ def _stop_session(session: str) -> int:
         try:
             if proc.info["uids"] and proc.info["uids"].real != os.getuid():
                 continue
-            if any(session in part for part in proc.info["cmdline"] or ()):
+            cmdline = proc.info["cmdline"] or ()
+            if any(session in part for part in cmdline) or _is_client_server_of(cmdline, address):
                 procs.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -228,3 +231,12 @@ def _stop_session(session: str) -> int:
         except psutil.NoSuchProcess:
             pass
     return len(procs)
+
+
+def _is_client_server_of(cmdline: Any, address: str | None) -> bool:
+    """Whether ``cmdline`` is the Ray Client server of the GCS at ``address``."""
+    return (
+        bool(address)
+        and "ray.util.client.server" in cmdline
+        and (f"--address={address}" in cmdline)
+    )

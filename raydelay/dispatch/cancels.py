@@ -111,4 +111,4 @@ class Cancels:
         done = bm & self.ahead
         if done:
             self.ahead -= done
-            self._marks.ack(bitmap64_values(done))
+            self._ack_keys(bitmap64_values(done))  # (counted as acked, as any cancel is)

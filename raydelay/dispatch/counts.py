@@ -13,6 +13,9 @@ the console, the metrics and the dashboard cannot each count in their own way:
   settled before they fell due (:mod:`raydelay.dispatch.settled`: cancelled). Never more
   than ``backlog`` once the log's tail is known: the host's index may already hold rows committed after this
   subscription's last read of the log's tail; they count once the read reaches them.
+- ``counting``: True while ``delayed`` is not complete yet: the host has not answered the
+  subscription's first query of its unsealed index (a partition recovering after a
+  restart). ``delayed`` then counts only what is known, and so do the due histograms.
 - ``dead_lettered``: messages published to the dead-letter topic, over the subscription's
   whole life (persisted with the cursor: a restart does not reset it).
 - ``delivered``, ``acked``, ``redelivered``, ``cancelled``, ``dead_lettered_since_start``:
@@ -63,6 +66,7 @@ def subscription_stats(sub: Subscription) -> dict:
     return {
         "type": sub.type,
         "delayed": delayed if reading.tail is None else min(delayed, backlog),
+        "counting": sealed is not None and not sub.unsealed.answered,
         "backlog": backlog,
         "pending_ack": sub.consumer_table.pending_count(),
         "buckets": buckets,

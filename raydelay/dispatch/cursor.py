@@ -49,6 +49,9 @@ class Cursor:
         # raydelay.dispatch.settled), and messages published to the dead-letter topic so
         # far: persisted with the cursor, so the counts survive a restart.
         self.settled = BitMap64()
+        # the settled rows' deliver_at where known (None: gone from the log), persisted with
+        # the bitmap: a restart after retention deleted their ledgers still charts them right
+        self.settled_due: dict[int, int | None] = {}
         self.dead_lettered = 0
 
     def copy(self) -> Cursor:
@@ -215,6 +218,14 @@ class Cursor:
             obj["dmark"] = int(self.delayed_mark)
         if self.settled:  # (likewise)
             obj["settled"] = self.settled.serialize()
+        if self.settled_due:
+            keys = np.fromiter(self.settled_due, dtype=np.int64, count=len(self.settled_due))
+            dues = np.fromiter(
+                (-1 if d is None else d for d in self.settled_due.values()),
+                dtype=np.int64,
+                count=len(keys),
+            )
+            obj["sdue"] = [keys.tobytes(), dues.tobytes()]
         if self.dead_lettered:
             obj["dl"] = int(self.dead_lettered)
         return msgpack.packb(obj, use_bin_type=True)
@@ -236,6 +247,16 @@ class Cursor:
             cursor.delayed_mark = int(raw.get("dmark", -1))
             if "settled" in raw:
                 cursor.settled = BitMap64.deserialize(raw["settled"])
+            if "sdue" in raw:
+                keys = np.frombuffer(raw["sdue"][0], dtype=np.int64)
+                dues = np.frombuffer(raw["sdue"][1], dtype=np.int64)
+                if len(keys) != len(dues):
+                    raise CodecError(f"{what}: settled rows' deliver_at: lengths differ")
+                cursor.settled_due = {
+                    k: (None if d < 0 else d)
+                    for k, d in zip(keys.tolist(), dues.tolist())
+                    if k in cursor.settled
+                }
             cursor.dead_lettered = int(raw.get("dl", 0))
             return cursor, (int(raw["read"][0]), int(raw["read"][1]))
         except CodecError:

@@ -51,7 +51,7 @@ class CursorMarks:
         self.persist_interval_ms = persist_interval_ms
         # what was last written: (mark-delete, individual acks, dispatch mark, delayed mark,
         # settled delayed rows, dead letters)
-        self._persisted: tuple[Position, int, Position, int, int, int] | None = None
+        self._persisted: tuple[Position, int, Position, int, int, int, int] | None = None
         # the delayed mark the store holds: delayed rows due after it wait for a write
         self._delayed_durable = cursor.delayed_mark
         self.lock = asyncio.Lock()  # one cursor write at a time, in order
@@ -153,6 +153,7 @@ class CursorMarks:
                 target,
                 delayed_mark,
                 len(self.cursor.settled),
+                len(self.cursor.settled_due),
                 self.cursor.dead_lettered,
             )
             wrote = False

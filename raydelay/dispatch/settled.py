@@ -6,28 +6,38 @@ until they fall due and are popped (:mod:`raydelay.dispatch.tail`,
 :class:`~raydelay.delayed.reader.SealedReader`). A row cancelled (or otherwise
 acknowledged) before that is still in those counts and in their due histograms, though it
 will never go out. :class:`SettledDelayed` keeps those rows, so that the counts
-(:mod:`raydelay.dispatch.counts`) leave them out: a bitmap of their positions (persisted
-with the cursor: a restarted subscription's stores count them again), and the deliver_at
-of the ones known, for the due histogram. A row leaves it when a store pops it (it falls
-due and is dropped as acknowledged).
+(:mod:`raydelay.dispatch.counts`) leave them out: a bitmap of their positions, and the
+deliver_at of the ones known, for the due histogram. Both are persisted with the cursor:
+a restarted subscription's stores count the rows again, and retention may have deleted
+the ledgers their deliver_at would be read from. So the deliver_at of a row settled
+without it (a cancel ahead of a read of delayed rows only) is read from the log before
+the next cursor write (:meth:`SettledDelayed.learn_unknown`). A row leaves it when a store
+pops it (it falls due and is dropped as acknowledged).
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 from pyroaring import BitMap64
 
 from raydelay.delayed.index import bitmap64_of, bitmap64_values
+from raydelay.log.entries import Rows
+
+# the most settled rows whose deliver_at one cursor write reads from the log first
+LEARN_AT_ONCE = 65_536
 
 
 class SettledDelayed:
     """Positions acknowledged while a delayed store still counts them (:attr:`keys`, the
-    cursor's own bitmap, persisted with it), and their deliver_at where known."""
+    cursor's own bitmap), and their deliver_at where known (``due_ms``, the cursor's own
+    dict; both persisted with it)."""
 
-    def __init__(self, keys: BitMap64) -> None:
+    def __init__(self, keys: BitMap64, due_ms: dict[int, int | None] | None = None) -> None:
         self.keys = keys
         # key -> deliver_at (epoch ms), where known (None: not in the log any more)
-        self._due_ms: dict[int, int | None] = {}
+        self._due_ms: dict[int, int | None] = {} if due_ms is None else due_ms
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -82,6 +92,18 @@ class SettledDelayed:
         for k in asked.tolist():
             if k in self.keys:
                 self._due_ms[k] = found.get(k)
+
+    async def learn_unknown(
+        self, read_rows: Callable[[np.ndarray], Awaitable[Rows]], limit: int = LEARN_AT_ONCE
+    ) -> bool:
+        """Read from the log the deliver_at of up to ``limit`` settled rows not known yet
+        (the cursor then persists it); whether there were any."""
+        unknown = self.unknown_due()[:limit]
+        if not len(unknown):
+            return False
+        rows = await read_rows(unknown)
+        self.learn_due(unknown, rows.positions, rows.entries.deliver_at_ms)
+        return True
 
     def due_histogram(self, edges: np.ndarray) -> np.ndarray:
         """The settled rows of known deliver_at per due window, as the trackers count them

@@ -196,7 +196,7 @@ class Subscription:
             counters=self.counters,
         )
         self.unsealed = UnsealedTail(lookahead_ms=lookahead_ms)
-        self.settled = SettledDelayed(cursor.settled)
+        self.settled = SettledDelayed(cursor.settled, cursor.settled_due)
         self.staging = Staging()
         self.reading = LogReading(
             name=name,

@@ -72,6 +72,9 @@ class UnsealedTail:
         self._seen: int | None = None
         self._asked_ms: int | None = None  # the last due query
         self._in_flight = False
+        # whether the host answered a due query yet: until then ``waiting`` is not known
+        # (after a restart, the host may still be rebuilding its index from the log)
+        self.answered = False
 
     # --- what the log reader saw --------------------------------------------------------------
 
@@ -157,6 +160,7 @@ class UnsealedTail:
         due by ``through_ms`` (the query's ``now_ms``); returns the rows taken. They are
         held until they are due (:meth:`release`)."""
         self._in_flight = False
+        self.answered = True
         self.taken = (max(self.taken[0], int(below)), max(self.taken[1], int(through_ms)))
         nxt = [t for t in (None if next_d < 0 else int(next_d), self._seen) if t is not None]
         self.next_ms = min(nxt) if nxt else None

@@ -68,6 +68,22 @@ class OwnRay:
 
     def down(self) -> None:
         self.run("down")
+        # nothing of it is left running: its Ray Client server carries no session directory
+        # on its command line, and once outlived every `down`
+        assert self.client_servers() == [], self.client_servers()
+
+    def client_servers(self) -> list[int]:
+        """The pids of Ray Client servers serving this Ray's GCS port."""
+        import psutil
+
+        out = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if "ray.util.client.server" in cmdline and any(
+                a.startswith("--address=") and a.endswith(f":{self.port}") for a in cmdline
+            ):
+                out.append(proc.pid)
+        return out
 
 
 @pytest.fixture

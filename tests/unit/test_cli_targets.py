@@ -68,3 +68,54 @@ def test_a_wait_is_said_as_a_reader_says_it(seconds, said):
     from raydelay.cli.messages import duration_text
 
     assert duration_text(seconds) == said
+
+
+def test_a_read_command_with_no_ray_named_refuses_rather_than_join_any(no_target, monkeypatch):
+    # Given no marker (a failed `up`), no RAY_ADDRESS and no live `ray start` noted: Ray's
+    # "auto" would join whatever Ray runs on the machine (another user's, a test suite's)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(local, "running_ray_address", lambda: None)
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+
+    def joined(*_a, **_k):
+        raise AssertionError("stats joined a Ray nothing named")
+
+    monkeypatch.setattr("raydelay.client.bootstrap.attach_ray", joined)
+    # Then stats says there is none to read, as down does, and joins nothing
+    with pytest.raises(Unavailable, match="no Ray cluster is running here that `raydelay up`"):
+        from raydelay.cli.attach import attach
+
+        attach(_args())
+
+
+def test_a_read_command_says_which_ray_it_joined_when_only_ray_start_named_it(
+    no_target, monkeypatch
+):
+    from raydelay.cli.attach import attach_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(local, "running_ray_address", lambda: "10.0.0.1:6379")
+    address, note = attach_address(_args())
+    assert address == "10.0.0.1:6379"
+    assert note is not None and "joined the Ray at 10.0.0.1:6379" in note and "--address" in note
+    # named by the user (RAY_ADDRESS, RAYDELAY_ADDRESS, --address, `up`): no note
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert attach_address(_args()) == ("10.0.0.1:6379", None)
+    assert attach_address(_args(address="10.0.0.2:6379")) == ("10.0.0.2:6379", None)
+
+
+def _args(address=None):
+    import argparse
+
+    return argparse.Namespace(address=address, config=None)
+
+
+def test_stats_says_the_delayed_count_is_partial_while_partitions_recover():
+    from raydelay.cli.reports import _delayed_text
+
+    s = {"delayed": 1_200, "counting": [1], "partitions": [{}, {}, {}]}
+    assert _delayed_text(s) == (
+        "1,200 so far (1 of 3 partitions recovering: not all counted yet, nor in the due "
+        "windows below)"
+    )
+    assert _delayed_text({"delayed": 3_500, "counting": [], "partitions": [{}, {}]}) == "3,500"

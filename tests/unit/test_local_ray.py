@@ -34,18 +34,30 @@ def test_down_removes_ray_s_note_of_the_ray_it_stopped_and_only_that(tmp_path, m
     monkeypatch.setattr(local, "UP_MARKER", marker)
     monkeypatch.setattr(local, "ray_address_file", lambda: note)
     stopped_sessions = []
-    monkeypatch.setattr(local, "_stop_session", lambda s: stopped_sessions.append(s) or 3)
+    monkeypatch.setattr(
+        local, "_stop_session", lambda s, a=None: stopped_sessions.append((s, a)) or 3
+    )
     # Given `raydelay up` started the Ray at 10.0.0.1:6379, and Ray noted that address
     marker.write_text(json.dumps({"address": "10.0.0.1:6379", "session": "session_x"}))
     note.write_text("10.0.0.1:6379\n")
     # When `raydelay down` stops it, the note goes with it
-    assert local.stop_started_ray() == 3 and stopped_sessions == ["session_x"]
+    assert local.stop_started_ray() == 3 and stopped_sessions == [("session_x", "10.0.0.1:6379")]
     assert not marker.exists() and not note.exists()
     # but a note of another Ray (started later by someone else) stays
     marker.write_text(json.dumps({"address": "10.0.0.1:6379", "session": "session_y"}))
     note.write_text("10.0.0.7:6379")
     assert local.stop_started_ray() == 3
     assert note.read_text() == "10.0.0.7:6379"
+
+
+def test_the_client_server_of_the_stopped_ray_is_known_by_its_address_only():
+    server = ["python", "-m", "ray.util.client.server", "--address=10.0.0.1:6379", "--port=10001"]
+    assert local._is_client_server_of(server, "10.0.0.1:6379")
+    assert not local._is_client_server_of(server, "10.0.0.1:6380")
+    assert not local._is_client_server_of(server, None)
+    assert not local._is_client_server_of(
+        ["python", "x.py", "--address=10.0.0.1:6379"], "10.0.0.1:6379"
+    )
 
 
 def test_up_reads_its_session_where_ray_start_keeps_it(monkeypatch):
@@ -68,7 +80,7 @@ def test_a_ray_start_that_failed_half_way_is_stopped(tmp_path, monkeypatch):
     old.mkdir(parents=True)
     (root / "session_latest").symlink_to(old)
     stopped: list[str] = []
-    monkeypatch.setattr(local, "_stop_session", lambda s: stopped.append(s) or 3)
+    monkeypatch.setattr(local, "_stop_session", lambda s, a=None: stopped.append(s) or 3)
     monkeypatch.setattr(local, "ray_binary", lambda: "ray")
     monkeypatch.setattr(local, "UP_MARKER", tmp_path / "up.json")
 

@@ -170,7 +170,19 @@ class StepDriver:
             flush = self._sub.flush_dead_letters(self._reader.read_rows)
             self._start("publishing dead letters", flush)
         if step.persist:
-            self._start("persisting the cursor", self._cursor_io.persist_and_report(self._sub))
+            self._start("persisting the cursor", self._persist())
+
+    async def _persist(self) -> bool:
+        """The periodic cursor write (and progress report), the deliver_at of rows settled
+        without it read from the log first: it is persisted with them, before retention
+        may delete their ledgers (see :mod:`raydelay.dispatch.settled`)."""
+        learned = False
+        if self._sub.sealed is not None:
+            try:
+                learned = await self._sub.settled.learn_unknown(self._reader.read_rows)
+            except Exception as exc:  # noqa: BLE001 - the cursor is written all the same
+                log.info("%s: reading settled rows' deliver_at: %s", self._sub.name, exc)
+        return await self._cursor_io.persist_and_report(self._sub) or learned
 
     def _start(self, kind: str, coro: Coroutine[Any, Any, Any], once: bool = True) -> None:
         """Run ``coro`` as a task reported under ``kind``; with ``once``, not while another

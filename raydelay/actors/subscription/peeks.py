@@ -57,10 +57,8 @@ class Peeks:
         edges_arr = np.asarray(edges, dtype=np.int64)
         unsealed: list[int] = []
         if self._sub.sealed is not None:
-            unknown = self._sub.settled.unknown_due()
-            if len(unknown):
-                rows = await self._reader.read_rows(unknown)
-                self._sub.settled.learn_due(unknown, rows.positions, rows.entries.deliver_at_ms)
+            settled = self._sub.settled
+            await settled.learn_unknown(self._reader.read_rows, limit=len(settled))
             unsealed = await self._host.once(
                 HostActor.unsealed_histogram,
                 self._ref.topic,
