@@ -188,9 +188,10 @@ class PartitionHealth:
                 else:
                     where = f"moved from {_short(o.node)} to {_short(after)}"
                 log.info(
-                    "%s: partitions %s answer again after %.1f s; their unit %s %s",
+                    "%s: partitions %s answer again after %.1f s; their unit %s %s (down "
+                    "on: %s)",
                     self._what, partition_ranges(o.partitions), o.ended - o.since,
-                    o.actor, where,
+                    o.actor, where, o.error,
                 )  # fmt: skip
 
     def _node_of(self, outage: Outage) -> str | None:

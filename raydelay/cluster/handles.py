@@ -120,6 +120,9 @@ class Peer(Generic[ActorT]):
         handle looked up again) while the actor is unavailable or the store fails
         retriably, for up to ``deadline_s`` (default: the peer's). Only for idempotent
         calls. ``wait``: see :func:`raydelay.cluster.rpc.call`."""
+        wait = wait or rpc.get
+        if self._resolve is None and wait in (rpc.get, rpc.get_blocking):
+            wait = rpc.probing(wait, self.node_lost)
         return rpc.call(
             submit,
             what=self.what,
@@ -128,6 +131,14 @@ class Peer(Generic[ActorT]):
             wait=wait,
             on_failure=self.lost,
         )
+
+    def node_lost(self) -> bool:
+        """Whether the named actor's node is lost (asked while a call to it is late: see
+        :data:`raydelay.cluster.rpc.OVERDUE_PROBE_S`); never raises."""
+        try:
+            return placement.stranded(self.name)
+        except Exception:  # noqa: BLE001 - Ray's control service in trouble: wait on
+            return False
 
     @overload
     def call(
@@ -185,7 +196,10 @@ class Peer(Generic[ActorT]):
         if self._handle is None:  # looking up (or creating) asks Ray's control service:
             await asyncio.to_thread(lambda: self.handle)  # never on the event loop
         try:
-            return await rpc.wait(self.submit(method, *args, **kwargs), what=self.what)
+            ref = self.submit(method, *args, **kwargs)
+            if self._resolve is None:
+                return await rpc.wait_probing(ref, self.node_lost, what=self.what)
+            return await rpc.wait(ref, what=self.what)
         except Unavailable:
             self.lost()
             raise

@@ -7,9 +7,11 @@ raised (not as a Ray traceback); a dead or unreachable actor becomes
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import ray
@@ -60,6 +62,57 @@ async def wait(ref: Any, *, what: str = "") -> Any:
         return await ref
     except _RAY_ERRORS as exc:
         raise translate(exc, what) from None
+
+
+# A call to a named actor unanswered this long has its actor's node looked at, and again
+# as often while it stays unanswered: Ray holds a call to an actor on a lost node until it
+# declares the node dead (about 3 s with raydelay's health checks, 15 s with Ray's own),
+# while a node whose raylet refuses connections is known lost at once (see
+# placement.node_gone).
+OVERDUE_PROBE_S = 0.5
+
+
+def probing(wait: Any, gone: Any, every_s: float = OVERDUE_PROBE_S) -> Any:
+    """``wait`` (:func:`get` or :func:`get_blocking`) for one ObjectRef, asking ``gone()``
+    every ``every_s`` while the reply is late whether the actor's node is lost: then the
+    call is given up with Unavailable (for the caller's retry, which looks the actor up
+    again and re-creates it elsewhere). A list of refs is waited for as ``wait`` does."""
+
+    def waiting(ref: Any, *, what: str = "") -> Any:
+        if not isinstance(ref, ray.ObjectRef):
+            return wait(ref, what=what)
+        future = ref.future() if wait is get_blocking else None
+        while True:
+            if future is not None:
+                try:
+                    return future.result(timeout=every_s)
+                except FutureTimeout:
+                    pass
+                except _RAY_ERRORS as exc:
+                    raise translate(exc, what) from None
+            else:
+                ready, _ = ray.wait([ref], timeout=every_s, fetch_local=False)
+                if ready:
+                    return get(ref, what=what)
+            if gone():
+                raise Unavailable(f"{what or 'actor'} is unavailable: its node is lost")
+
+    return waiting
+
+
+async def wait_probing(
+    ref: Any, gone: Any, *, what: str = "", every_s: float = OVERDUE_PROBE_S
+) -> Any:
+    """:func:`wait` inside an async actor, with ``gone()`` (blocking: run on a thread) asked
+    while the reply is late, as :func:`probing` does."""
+    task = asyncio.ensure_future(wait(ref, what=what))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=every_s)
+        if done:
+            return task.result()
+        if await asyncio.to_thread(gone):
+            task.cancel()
+            raise Unavailable(f"{what or 'actor'} is unavailable: its node is lost")
 
 
 def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from raydelay.cluster import metadata
 from raydelay.cluster.metadata import JOURNAL_PREFIX, SNAPSHOT_PREFIX, Metadata
 from raydelay.errors import InvalidArgument, NotFound, StorageError
 from raydelay.storage import FaultyObjectStore, MemoryObjectStore
@@ -165,3 +166,38 @@ def test_a_retried_roll_gets_the_ledger_the_first_call_opened():
     assert c > b and again.ledgers("t", 0) == [[a, 3], [b, 5], [c, None]]
     with pytest.raises(InvalidArgument, match="count: ledger .* was closed at 5 entries, not 4"):
         again.roll_ledger("t", 0, b, 4)
+
+
+def test_the_journal_a_recovery_replays_stays_short_under_a_stream_of_progress_reports():
+    # Given the default snapshot rule and a small state (a topic, a subscription)
+    store = MemoryObjectStore()
+    m = Metadata(store)
+    m.create_topic("orders", 2)
+    m.create_subscription("orders", "billing", SHARED)
+    assert m.snapshot_after() == metadata.MIN_SNAPSHOT_EVERY
+    longest = 0
+    # When the subscription reports its progress 500 times (each a journal record)
+    for i in range(500):
+        m.set_mark_delete("orders", i % 2, "billing", [1, i])
+        longest = max(longest, len(store.list(JOURNAL_PREFIX)))
+    # Then a recovery never had more than the rule's records to read one by one (not the
+    # 1,000 of snapshot_every), and it rebuilds the same state from snapshot + journal
+    assert longest < metadata.MIN_SNAPSHOT_EVERY
+    again = Metadata(store)
+    assert again.state == m.state and again.seq == m.seq == 502
+
+
+def test_a_larger_state_is_snapshotted_less_often_and_never_past_snapshot_every(monkeypatch):
+    monkeypatch.setattr(metadata, "SNAPSHOT_BYTES_PER_RECORD", 2)
+    store = MemoryObjectStore()
+    m = Metadata(store, snapshot_every=300)
+    for i in range(20):
+        m.create_topic(f"orders-{i}", 2)
+    m.snapshot()
+    size = len(store.get(store.list(SNAPSHOT_PREFIX)[-1]))
+    # a snapshot of some hundreds of bytes: one record per 2 bytes of it, capped at 300
+    assert size // 2 > metadata.MIN_SNAPSHOT_EVERY
+    assert m.snapshot_after() == min(300, size // 2)
+    assert Metadata(store, snapshot_every=300).snapshot_after() == m.snapshot_after()
+    monkeypatch.setattr(metadata, "SNAPSHOT_BYTES_PER_RECORD", 1 << 30)
+    assert m.snapshot_after() == metadata.MIN_SNAPSHOT_EVERY
