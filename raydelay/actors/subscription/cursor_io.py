@@ -121,12 +121,6 @@ class CursorIO:
         if self.fenced:
             raise PartitionMoved(f"{self._ref.name}: served by another host now")
 
-    async def persist_and_report(self, sub: Subscription) -> bool:
-        """The periodic cursor write, then the progress report to the coordinator; whether
-        either wrote anything."""
-        wrote = await sub.persist()
-        return await self.report_progress(sub) or wrote
-
     async def report_progress(self, sub: Subscription) -> bool:
         """Tell the coordinator mark-delete, the log mark and the progress through each
         sealed bucket (what retention goes by), when they changed."""

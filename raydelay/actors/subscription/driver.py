@@ -41,6 +41,7 @@ _KINDS = (
     "querying the unsealed index",
     "publishing dead letters",
     "persisting the cursor",
+    "reporting progress",
 )
 
 
@@ -173,16 +174,21 @@ class StepDriver:
             self._start("persisting the cursor", self._persist())
 
     async def _persist(self) -> bool:
-        """The periodic cursor write (and progress report), the deliver_at of rows settled
-        without it read from the log first: it is persisted with them, before retention
-        may delete their ledgers (see :mod:`raydelay.dispatch.settled`)."""
+        """The periodic cursor write, the deliver_at of rows settled without it read from
+        the log first: it is persisted with them, before retention may delete their
+        ledgers (see :mod:`raydelay.dispatch.settled`). Then the progress report to the
+        coordinator, as I/O of its own: a coordinator that is being replaced (seconds,
+        after a lost node) must not hold up the next cursor write, which moves the delayed
+        mark that due delayed rows wait for."""
         learned = False
         if self._sub.sealed is not None:
             try:
                 learned = await self._sub.settled.learn_unknown(self._reader.read_rows)
             except Exception as exc:  # noqa: BLE001 - the cursor is written all the same
                 log.info("%s: reading settled rows' deliver_at: %s", self._sub.name, exc)
-        return await self._cursor_io.persist_and_report(self._sub) or learned
+        wrote = await self._sub.persist()
+        self._start("reporting progress", self._cursor_io.report_progress(self._sub))
+        return wrote or learned
 
     def _start(self, kind: str, coro: Coroutine[Any, Any, Any], once: bool = True) -> None:
         """Run ``coro`` as a task reported under ``kind``; with ``once``, not while another
