@@ -87,9 +87,10 @@ def _delayed_text(s: dict) -> str:
     if not counting:
         return num_text(s["delayed"])
     parts = len(s.get("partitions", ())) or len(counting)
+    noun = "partition" if parts == 1 else "partitions"
     return (
-        f"{num_text(s['delayed'])} so far ({len(counting)} of {parts} partitions recovering: "
-        "not all counted yet, nor in the due windows below)"
+        f"{num_text(s['delayed'])} so far ({len(counting)} of {parts} {noun} recovering: "
+        "not all counted yet)"
     )
 
 

@@ -5,7 +5,8 @@ One definition, read from the subscription's parts, so that the actor's stats, t
 the console, the metrics and the dashboard cannot each count in their own way:
 
 - ``backlog``: entries up to the log's tail (as of the subscription's last read) not
-  acknowledged. A cancelled message is acknowledged once its cancel is durable (its
+  acknowledged; with no tail (a log retention emptied while delayed rows wait in the
+  sealed buckets), the delayed ones. A cancelled message is acknowledged once its cancel is durable (its
   marker in the log), so it leaves the backlog then.
 - ``delayed``: messages of the backlog not due yet: in the tracker (nacked with a delay,
   or every delayed message without sealed buckets), or, with sealed buckets, in the host's
@@ -61,11 +62,17 @@ def subscription_stats(sub: Subscription) -> dict:
     if sealed is not None:
         buckets += len(sealed.buckets)
     cursor, reading = sub.cursor, sub.reading
-    backlog = cursor.unacked_between(reading.tail)
     delayed = delayed_count(sub)
+    if reading.tail is None:
+        # a log with nothing in it (none written yet, or retention deleted every ledger
+        # while its delayed rows wait in the sealed buckets): those rows are the backlog
+        backlog = delayed
+    else:
+        backlog = cursor.unacked_between(reading.tail)
+        delayed = min(delayed, backlog)
     return {
         "type": sub.type,
-        "delayed": delayed if reading.tail is None else min(delayed, backlog),
+        "delayed": delayed,
         "counting": sealed is not None and not sub.unsealed.answered,
         "backlog": backlog,
         "pending_ack": sub.consumer_table.pending_count(),

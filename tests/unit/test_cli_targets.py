@@ -114,8 +114,7 @@ def test_stats_says_the_delayed_count_is_partial_while_partitions_recover():
     from raydelay.cli.reports import _delayed_text
 
     s = {"delayed": 1_200, "counting": [1], "partitions": [{}, {}, {}]}
-    assert _delayed_text(s) == (
-        "1,200 so far (1 of 3 partitions recovering: not all counted yet, nor in the due "
-        "windows below)"
-    )
+    assert _delayed_text(s) == "1,200 so far (1 of 3 partitions recovering: not all counted yet)"
+    one = {"delayed": 4, "counting": [0], "partitions": [{}]}
+    assert _delayed_text(one) == "4 so far (1 of 1 partition recovering: not all counted yet)"
     assert _delayed_text({"delayed": 3_500, "counting": [], "partitions": [{}, {}]}) == "3,500"

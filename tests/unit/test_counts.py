@@ -205,6 +205,25 @@ def test_a_restart_after_retention_deleted_a_cancelled_rows_ledger_still_leaves_
     assert again.stats()["delayed"] == 1
 
 
+def test_a_log_emptied_by_retention_still_counts_the_delayed_rows_in_the_backlog():
+    # Given a delayed row read as a stand-in, whose ledger retention then deleted: the log
+    # holds nothing (no tail), the host's index holds the row until it falls due
+    clock, host = ManualClock(1_000), Host()
+    sub, writes = writing_subscription(clock)
+    host.append([61_000], publish_ms=1_000)
+    sub.offer_read([DelayedRun(1, 0, 1, 61_000)], [(1, None)], host.tail())
+    step(sub, host, 1_000)
+    asyncio.run(sub.persist(force=True))
+    host.objects.clear()
+    cursor, _ = Cursor.decode(writes[-1])
+    again = sealed_subscription(clock, cursor=cursor)
+    again.offer_read([], [], None)
+    step(again, host, 1_000)
+    # Then the pending row is in the backlog as well as delayed (delayed <= backlog)
+    s = again.stats()
+    assert (s["delayed"], s["backlog"]) == (1, 1)
+
+
 def test_the_settled_rows_deliver_at_round_trips_with_the_cursor_gone_ones_included():
     cursor = Cursor()
     cursor.settled.update([key_of(1, 0), key_of(1, 1), key_of(2, 5)])
