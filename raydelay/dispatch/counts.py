@@ -74,6 +74,8 @@ def subscription_stats(sub: Subscription) -> dict:
         "type": sub.type,
         "delayed": delayed,
         "counting": sealed is not None and not sub.unsealed.answered,
+        # settled rows whose deliver_at was read from the log (point reads), since the start
+        "settled_due_read": sub.settled.rows_read,
         "backlog": backlog,
         "pending_ack": sub.consumer_table.pending_count(),
         "buckets": buckets,

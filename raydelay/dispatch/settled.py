@@ -38,6 +38,7 @@ class SettledDelayed:
         self.keys = keys
         # key -> deliver_at (epoch ms), where known (None: not in the log any more)
         self._due_ms: dict[int, int | None] = {} if due_ms is None else due_ms
+        self.rows_read = 0  # rows whose deliver_at was read from the log (since the start)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -102,6 +103,7 @@ class SettledDelayed:
         if not len(unknown):
             return False
         rows = await read_rows(unknown)
+        self.rows_read += len(unknown)
         self.learn_due(unknown, rows.positions, rows.entries.deliver_at_ms)
         return True
 

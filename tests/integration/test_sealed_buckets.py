@@ -76,6 +76,13 @@ def _done_with_every_bucket(topic: str, subscription: str) -> bool:
     return bool(keys) and all(progress.get(k) == -1 for k in keys)
 
 
+def _settled_due_read(cluster, topic: str, subscriptions: list[str]) -> int:
+    """Rows the subscriptions read from the log to learn settled rows' deliver_at."""
+    return sum(
+        p["settled_due_read"] for s in subscriptions for p in cluster.stats(topic, s)["partitions"]
+    )
+
+
 def _bucket_objects(cluster, topic: str) -> list[str]:
     return make_store(cluster.config).list(f"topics/{topic}/0/buckets/")
 
@@ -94,6 +101,8 @@ def test_every_subscription_gets_each_message_once_from_one_index(cluster, topic
     # When the topic has sealed, and a fourth subscription is made after it
     wait_until("a sealed bucket", lambda: _topic_stats(topic_name)["buckets"] >= 2)
     late = cluster.subscribe(topic_name, "late")
+    names = [f"s{i}" for i in range(3)] + ["late"]
+    learned_before = _settled_due_read(cluster, topic_name, names)
     reads_before = _topic_stats(topic_name)["point_reads"]
     # Then each subscription gets every uncancelled message exactly once, none early
     wanted = {b"d%d" % i for i in range(100, 6_000)} | {b"n%d" % i for i in range(1_000)}
@@ -102,8 +111,12 @@ def test_every_subscription_gets_each_message_once_from_one_index(cluster, topic
         assert set(got) == wanted
         assert all(len(v) == 1 and v[0][0] == 0 for v in got.values()), "a duplicate"
         assert all(t >= d for v in got.values() for _, t, d in v if d is not None), "early"
-    # ... and the due messages came from the buckets, not from point reads of the log
-    assert _topic_stats(topic_name)["point_reads"] == reads_before
+    # ... and the due messages came from the buckets, not from point reads of the log: the
+    # only ones are of cancelled rows' deliver_at, read once each so that the due chart
+    # leaves them out after a restart (a read under way at the first count is counted in
+    # the subscriptions' figure only: at most, then)
+    learned = _settled_due_read(cluster, topic_name, names) - learned_before
+    assert _topic_stats(topic_name)["point_reads"] - reads_before <= learned
     # The buckets stay while the late subscription has not acknowledged them: once the
     # other three are recorded done with every bucket, a retention pass keeps them
     for i in range(3):
