@@ -106,13 +106,16 @@ async def wait_probing(
     """:func:`wait` inside an async actor, with ``gone()`` (blocking: run on a thread) asked
     while the reply is late, as :func:`probing` does."""
     task = asyncio.ensure_future(wait(ref, what=what))
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=every_s)
-        if done:
-            return task.result()
-        if await asyncio.to_thread(gone):
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every_s)
+            if done:
+                return task.result()
+            if await asyncio.to_thread(gone):
+                raise Unavailable(f"{what or 'actor'} is unavailable: its node is lost")
+    finally:
+        if not task.done():  # (given up, or the caller was cancelled: nothing waits on)
             task.cancel()
-            raise Unavailable(f"{what or 'actor'} is unavailable: its node is lost")
 
 
 def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
