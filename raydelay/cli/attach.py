@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
@@ -17,19 +16,16 @@ def attach_address(args: argparse.Namespace) -> tuple[str, str | None]:
     RAY_ADDRESS or the last `ray start` on this machine while it runs (the note says which
     Ray was joined). Never a Ray merely found running (Ray's "auto" would join any):
     Unavailable when none of these names one, as `raydelay down` refuses without a marker."""
-    from raydelay.cluster.local import running_ray_address, up_address
+    from raydelay.cluster.local import attach_target
 
-    named = args.address or os.environ.get("RAYDELAY_ADDRESS") or up_address()
-    if named:
-        return named, None
-    found = running_ray_address()
+    found, unnamed = attach_target(args.address)
     if found is None:
         raise Unavailable(
             "no Ray cluster is running here that `raydelay up` started (nor one named by "
             "--address, RAYDELAY_ADDRESS or RAY_ADDRESS); start one with `raydelay up`"
         )
-    if os.environ.get("RAY_ADDRESS"):
-        return found, None  # (named by the user, through Ray's own variable)
+    if not unnamed:
+        return found, None
     return found, (
         f"raydelay: no `raydelay up` here; joined the Ray at {found} that the last "
         "`ray start` on this machine left running (pass --address to choose another)"

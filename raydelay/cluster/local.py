@@ -188,6 +188,19 @@ def running_ray_address(
     return noted if noted in live else None
 
 
+def attach_target(address: str | None = None) -> tuple[str | None, bool]:
+    """Where a command or the console attaches: ``address`` (``--address``), else
+    ``RAYDELAY_ADDRESS``, else the Ray that ``raydelay up`` started, else ``RAY_ADDRESS`` or
+    the last ``ray start`` on this machine while it runs (never a Ray merely found running);
+    None when none of these names one. The flag: the address came from that last
+    ``ray start`` alone, which the user did not name (a command says which Ray it joined)."""
+    named = address or os.environ.get("RAYDELAY_ADDRESS") or up_address()
+    if named:
+        return named, False
+    found = running_ray_address()
+    return found, found is not None and not os.environ.get("RAY_ADDRESS")
+
+
 def _stop_session(session: str, address: str | None = None) -> int:
     """Stop the Ray cluster of one session (``session_<date>_<pid>``): its head processes
     carry the session's directory on their command lines, and its workers end with its

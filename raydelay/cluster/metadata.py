@@ -151,7 +151,7 @@ class Metadata:
         coordinator; returns how many."""
         applied = 0
         for key in self._store.list(JOURNAL_PREFIX):
-            seq = int(key.rsplit("/", 1)[1])
+            seq = _seq_of(key)
             if seq != self._seq + 1:
                 continue
             record = _decode(self._store.get(key), key)
@@ -167,7 +167,7 @@ class Metadata:
         self._store.put(snapshot_key(seq), data)
         self._since_snapshot, self._snapshot_bytes = 0, len(data)
         for key in self._store.list(JOURNAL_PREFIX):
-            if int(key.rsplit("/", 1)[1]) <= seq:
+            if _seq_of(key) <= seq:
                 self._store.delete(key)
         for key in self._store.list(SNAPSHOT_PREFIX)[:-1]:
             self._store.delete(key)

@@ -99,6 +99,8 @@ class SettledDelayed:
     ) -> bool:
         """Read from the log the deliver_at of up to ``limit`` settled rows not known yet
         (the cursor then persists it); whether there were any."""
+        if len(self._due_ms) >= len(self.keys):  # (every settled key's is known: no scan)
+            return False
         unknown = self.unknown_due()[:limit]
         if not len(unknown):
             return False

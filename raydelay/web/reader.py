@@ -29,7 +29,7 @@ import ray
 
 from raydelay.client.bootstrap import attach_ray, not_listening
 from raydelay.client.connection import Cluster, connect
-from raydelay.cluster.local import running_ray_address, up_address
+from raydelay.cluster.local import attach_target
 from raydelay.config import Config
 from raydelay.errors import RaydelayError, Unavailable
 
@@ -55,12 +55,7 @@ class AttachTarget:
 
     def resolve(self) -> str | None:
         """The address to attach to now, or None when none is known."""
-        return (
-            self.address
-            or os.environ.get("RAYDELAY_ADDRESS")
-            or up_address()
-            or running_ray_address()
-        )
+        return attach_target(self.address)[0]
 
 
 @dataclass(frozen=True)
