@@ -6,8 +6,11 @@ served one at a time; every change is journaled in the store before it returns.
 It assigns partitions to partition hosts (:meth:`CoordinatorActor.locate`) and
 subscription units to subscription hosts (:meth:`CoordinatorActor.locate_unit`), and
 starts those hosts through the ``start_host`` it is given when created
-(``raydelay.actors.host.spawn_host``, passed by ``raydelay.actors.host.coordinator_peer``):
-hosts call the coordinator, so this module imports no other actor's.
+(``raydelay.actors.host.spawn_host``, passed by ``raydelay.actors.host.coordinator_peer``).
+When a node is lost, every partition and unit of its hosts moves at once, and the new
+hosts are told to open them through the ``adopt`` it is given the same way
+(``raydelay.actors.host.adopt_on_host``): hosts call the coordinator, so this module
+imports no other actor's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from raydelay.cluster.names import COORDINATOR, Unit, host_node_prefix, subscrip
 from raydelay.cluster.nodes import check_store
 from raydelay.cluster.owner import StoreOwner
 from raydelay.config import config_from_dict, config_to_dict
+from raydelay.errors import NotFound
 from raydelay.storage import make_store
 from raydelay.storage.keys import subscription_prefix
 
@@ -35,6 +39,14 @@ log = logging.getLogger(__name__)
 
 # Starts the host of a given name with a given config (``raydelay.actors.host.spawn_host``).
 StartHost = Callable[[str, dict[str, Any]], Any]
+# Has the running host of a given name open the given partitions (a subscription host: units)
+# now, without waiting (``raydelay.actors.host.adopt_on_host``).
+Adopt = Callable[[str, list], None]
+
+
+def _no_adopt(host: str, keys: list) -> None:
+    """Without an ``Adopt``, moved work is opened by its callers' next calls."""
+
 
 # how often a lookup of a unit looks for warm subscription slots that do not run (the
 # lookups come in bursts after a node loss, and this one is served one call at a time)
@@ -71,10 +83,13 @@ class _CallTimes:
 
 @_timed_calls
 class CoordinatorActor:
-    def __init__(self, config: dict[str, Any], start_host: StartHost) -> None:
+    def __init__(
+        self, config: dict[str, Any], start_host: StartHost, adopt: Adopt = _no_adopt
+    ) -> None:
         self._times = _CallTimes()
         self._config = config_from_dict(config)
         self._start_host = start_host
+        self._adopt = adopt
         self._warm_at = -KEEP_WARM_EVERY_S  # when the warm slots were last looked at
         check_store(self._config.storage)  # before anything is written where it should not be
         self._store = make_store(self._config)
@@ -192,17 +207,22 @@ class CoordinatorActor:
         """The name of the host that serves the partition, started when it is not running.
         A partition not assigned yet, or assigned to a host that ended for good (its node
         was lost), is assigned to a host slot of a live node first (journaled; see
-        ``Assignments.choose_host``)."""
+        ``Assignments.choose_host``). A lost node's partitions and units all move at once
+        (:meth:`_evacuate`)."""
         current = self._meta.hosts.host_of(topic, partition)
         live = placement.live_hosts()
         # (a caller asks again after a failed call: a host whose node's raylet refuses
         # connections is lost before Ray's health checks say so)
-        if current is not None and current in live:
-            if not placement.stranded(current):
-                return current
-            live = placement.live_hosts()  # (without its node, gone now)
+        if current is not None and current in live and not placement.stranded(current):
+            return current
+        if current is not None and self._evacuate(current):
+            return str(self._meta.hosts.host_of(topic, partition))
+        return self._place(topic, partition, current, placement.live_hosts())
+
+    def _place(self, topic: str, partition: int, current: str | None, live: dict) -> str:
+        """Assign the partition to a host slot (journaled), starting its host if it does not
+        run; one whose host was lost goes to a running host, so nothing starts."""
         slots, node_of = placement.host_slots(self._config_dict())
-        # (a partition whose host was lost goes to a running host: nothing starts)
         moving = set(live) if current is not None else None
         host = self._meta.hosts.choose_host(topic, partition, slots, node_of, moving)
         self._meta.hosts.assign(topic, partition, host)
@@ -210,7 +230,49 @@ class CoordinatorActor:
             log.warning("%s/%d: host %s is gone; assigned to %s", topic, partition, current, host)
         if host not in live:
             self._start_host(host, self._config_dict())
+            live[host] = node_of[host]  # (an evacuation's next partition sees it running)
         return host
+
+    def _evacuate(self, lost: str) -> bool:
+        """When the node of host ``lost`` (a partition host or a subscription host) is gone
+        (Ray says it is dead, or its raylet refuses connections; a node of an earlier Ray
+        session is not: see :func:`placement.node_lost`), assign every partition and unit
+        of that node's hosts to hosts of the nodes left now, rather than each when its
+        callers come back, and have each new host open what it got at once, in parallel
+        (``adopt``: fire and forget; the host claims each as on a first call, so fencing is
+        unchanged). Returns whether the node was lost."""
+        if not placement.node_lost(lost):
+            return False
+        prefix = host_node_prefix(lost)
+        adopted: dict[str, list] = {}
+        live = placement.live_hosts()
+        for key, host in self._meta.hosts.assignments().items():
+            if host_node_prefix(host) == prefix and host not in live:
+                topic, p = key.rsplit("/", 1)
+                new = self._place(topic, int(p), host, live)
+                adopted.setdefault(new, []).append((topic, int(p)))
+        config = self._config_dict()
+        live = placement.live_hosts("SubscriptionHost")
+        for key, host in self._meta.hosts.unit_assignments().items():
+            if host_node_prefix(host) == prefix and host not in live:
+                unit = Unit.of_key(key)
+                try:
+                    new = self._place_unit(unit, host, live, config)
+                except NotFound:  # (its subscription is being deleted)
+                    continue
+                adopted.setdefault(new, []).append(tuple(unit))
+        if adopted:
+            log.warning(
+                "node %s lost: its work moved at once (%s)",
+                prefix,
+                ", ".join(f"{len(v)} to {h}" for h, v in sorted(adopted.items())),
+            )
+        for host, keys in adopted.items():
+            try:
+                self._adopt(host, keys)
+            except Exception as exc:  # noqa: BLE001 - their callers open them anyway
+                log.warning("%s: cannot have it adopt %d item(s): %s", host, len(keys), exc)
+        return True
 
     def claim_partition(self, topic: str, partition: int, host: str) -> str:
         """A host about to serve the partition asks whether it may: the partition's host
@@ -254,12 +316,19 @@ class CoordinatorActor:
         current = self._meta.hosts.unit_host(unit)
         config = self._config_dict()
         live = placement.live_hosts("SubscriptionHost")
-        if current is not None and current in live:
-            if not placement.stranded(current):
-                if time.monotonic() - self._warm_at >= KEEP_WARM_EVERY_S:
-                    self._keep_warm(config, placement.host_slots(config, True)[0], live)
-                return current
-            live = placement.live_hosts("SubscriptionHost")  # (without its node, gone now)
+        if current is not None and current in live and not placement.stranded(current):
+            if time.monotonic() - self._warm_at >= KEEP_WARM_EVERY_S:
+                self._keep_warm(config, placement.host_slots(config, True)[0], live)
+            return current
+        if current is not None and self._evacuate(current):
+            return str(self._meta.hosts.unit_host(unit))
+        return self._place_unit(unit, current, placement.live_hosts("SubscriptionHost"), config)
+
+    def _place_unit(
+        self, unit: Unit, current: str | None, live: dict[str, str], config: dict[str, Any]
+    ) -> str:
+        """Assign the unit to a subscription host slot (journaled), starting its host if it
+        does not run; one whose host was lost goes to a running host, so nothing starts."""
         slots, node_of = placement.host_slots(config, subscriptions=True)
         self._keep_warm(config, slots, live)
         host = self._meta.hosts.choose_subhost(
@@ -277,6 +346,7 @@ class CoordinatorActor:
             )
         if host not in live:
             self._start_host(host, config)
+            live[host] = node_of[host]  # (an evacuation's next unit sees it running)
         return host
 
     def _keep_warm(self, config: dict[str, Any], slots: list[str], live: dict[str, str]) -> None:
@@ -285,6 +355,7 @@ class CoordinatorActor:
             if name not in live:
                 log.info("starting subscription host %s (kept warm)", name)
                 self._start_host(name, config)
+                live[name] = ""  # (started: not started again by this lookup)
 
     def _served_by_node(self, unit: Unit, node_of: dict[str, str]) -> dict[str, int]:
         """Node -> how many of the unit's partitions the partition hosts there serve."""
@@ -350,9 +421,12 @@ class CoordinatorActor:
         self._meta.registry_apply(ops)
 
 
-def spawn_coordinator(config: dict[str, Any], start_host: StartHost) -> Any:
+def spawn_coordinator(
+    config: dict[str, Any], start_host: StartHost, adopt: Adopt = _no_adopt
+) -> Any:
     """The cluster's coordinator, created from ``config`` if it does not exist yet; it starts
-    hosts with ``start_host`` (a module-level function: Ray pickles it by reference)."""
+    hosts with ``start_host`` and hands a lost node's work to running hosts with ``adopt``
+    (module-level functions: Ray pickles them by reference)."""
     return (
         ray.remote(CoordinatorActor)
         # Its calls are idempotent (or harmless when repeated: an extra empty ledger), so
@@ -360,5 +434,5 @@ def spawn_coordinator(config: dict[str, Any], start_host: StartHost) -> Any:
         .options(
             max_concurrency=1, max_task_retries=-1, **placement.actor_options(COORDINATOR, config)
         )
-        .remote(config, start_host)
+        .remote(config, start_host, adopt)
     )

@@ -258,6 +258,20 @@ class HostActor:
             await asyncio.sleep(interval_s)
             await retention_pass(self._parts, retries, topic_exists)
 
+    async def adopt(self, partitions: list[tuple[str, int]]) -> int:
+        """Open ``partitions`` now, in the background (they were assigned here when their
+        node was lost: ``CoordinatorActor._evacuate``), so that they recover before their
+        callers come back. Each is claimed as on a first call. Returns how many it began."""
+        self._ensure_started()
+        began = 0
+        for topic, p in partitions:
+            if (topic, int(p)) not in self._parts:
+                began += 1
+                asyncio.ensure_future(self._open(topic, int(p))).add_done_callback(
+                    log_failed(f"{self._name}: adopting {topic}/{p}")
+                )
+        return began
+
     # --- the host ---------------------------------------------------------------------------
 
     async def partitions(self) -> list[tuple[str, int]]:
@@ -306,12 +320,41 @@ def spawn_host(name: str, config: dict[str, Any]) -> Any:
     return ray.remote(cls).options(**placement.actor_options(name, config)).remote(name, config)
 
 
+def log_failed(what: str) -> Callable[[asyncio.Future], None]:
+    """A done callback that logs the failure of a task nobody awaits (an adoption: its
+    callers open what it could not)."""
+
+    def done(fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            log.info("%s failed: %s", what, fut.exception())
+
+    return done
+
+
+def adopt_on_host(name: str, keys: list) -> None:
+    """Have the host called ``name`` open ``keys`` now (a partition host its
+    ``(topic, partition)``s, a subscription host its units), without waiting for it: the
+    coordinator's ``adopt`` after a node loss. A host that does not run is left alone: it
+    opens what it serves on its first calls."""
+    handle = placement.lookup_or_none(name)
+    if handle is None:
+        return
+    if name.startswith(SUBHOST_PREFIX):
+        from raydelay.actors.subscription.host import SubscriptionHost
+
+        Peer[SubscriptionHost](name, lambda: handle, handle=handle).submit(
+            SubscriptionHost.adopt, keys
+        )
+    else:
+        Peer[HostActor](name, lambda: handle, handle=handle).submit(HostActor.adopt, keys)
+
+
 def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer[CoordinatorActor]:
     """The cluster's coordinator (created from ``config`` if it does not run, and again if it
     ended for good), which starts this module's hosts."""
     return Peer(
         COORDINATOR,
-        lambda: spawn_coordinator(config, spawn_host),
+        lambda: spawn_coordinator(config, spawn_host, adopt_on_host),
         "coordinator",
         handle,
         deadline_s=config_from_dict(config).client.retry_deadline_s,

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from raydelay.actors.coordinator import spawn_coordinator
-from raydelay.actors.host import spawn_host
+from raydelay.actors.host import adopt_on_host, spawn_host
 from raydelay.cluster import owner, placement, rpc
 from raydelay.cluster.local import ray_system_config, running_ray_address
 from raydelay.cluster.names import COORDINATOR, NAMESPACE
@@ -137,7 +137,7 @@ def _coordinator(cfg: Config) -> tuple[Any, Config]:
     if coordinator is None:
         check_store(cfg.storage)  # a local store on several nodes: refused, nothing created
         _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
-        coordinator = spawn_coordinator(config_to_dict(cfg), spawn_host)
+        coordinator = spawn_coordinator(config_to_dict(cfg), spawn_host, adopt_on_host)
         # a coordinator refused the store dies in its constructor: the store says why
         on_failure = functools.partial(_refuse_if_owned, cfg)
     running = config_from_dict(

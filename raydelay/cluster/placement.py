@@ -162,6 +162,16 @@ def node_gone(node_id: str, info: dict[str, Any] | None = None) -> bool:
     return False
 
 
+def node_lost(host: str) -> bool:
+    """Whether the node of ``host`` (a slotted name, ``host/<node>/<slot>`` or
+    ``subhost/<node>/<slot>``) is a node of this Ray that is gone (:func:`node_gone`). A node
+    this Ray never had (one of an earlier session, before the cluster was started again) is
+    not lost: nothing there ran in this session."""
+    prefix = host_node_prefix(host)
+    rows = [n for n in ray.nodes() if n["NodeID"].startswith(prefix)]
+    return bool(rows) and all(node_gone(n["NodeID"], n) for n in rows)
+
+
 # --- choosing a node ---------------------------------------------------------------------------
 
 

@@ -231,3 +231,55 @@ def test_placement_skips_a_subscription_deleted_while_it_is_read(cluster, topic_
     units = (f"{topic_name}/kept/", f"{topic_name}/gone/")
     served = [x for r in cluster.placement() for x in r["serves"] if x.startswith(units)]
     assert sorted(served) == [f"{topic_name}/kept/0", f"{topic_name}/kept/1"]
+
+
+def test_a_running_host_adopts_what_it_is_handed_without_a_call_for_it(cluster, topic_name):
+    # (what the coordinator does with a lost node's partitions and units: CoordinatorActor
+    # ._evacuate hands each to a running host, which opens it before its callers come back)
+    from raydelay.actors.coordinator import CoordinatorActor
+    from raydelay.actors.handles import coordinator_handle
+    from raydelay.actors.host import HostActor, adopt_on_host
+    from raydelay.actors.subscription.host import SubscriptionHost
+    from raydelay.cluster.handles import Peer
+    from raydelay.cluster.names import Unit
+    from tests.integration.helpers import wait_until
+
+    # Given a topic whose partition's host ended for good, and other hosts running
+    cluster.create_topic(topic_name + "-a")
+    consumer = cluster.subscribe(topic_name + "-a", "s")
+    subhost = unit_host_of(topic_name + "-a", "s")
+    cluster.create_topic(topic_name)
+    coordinator = coordinator_handle()
+    gone = ray.get(coordinator.submit(CoordinatorActor.assignments))[topic_name + "/0"]
+    ray.kill(ray.get_actor(gone, namespace=NAMESPACE), no_restart=True)
+    wait_until("the host to end", lambda: gone not in placement.live_hosts())
+    host = sorted(placement.live_hosts())[0]
+    # When a running host is handed the partition
+    adopt_on_host(host, [(topic_name, 0)])
+    peer = Peer[HostActor](host, lambda: None, handle=ray.get_actor(host, namespace=NAMESPACE))
+    # Then it opens it at once, claimed from the coordinator as on a first call
+    wait_until(
+        "the host to open the partition",
+        lambda: (topic_name, 0) in [tuple(k) for k in ray.get(peer.submit(HostActor.partitions))],
+    )
+    assert ray.get(coordinator.submit(CoordinatorActor.assignments))[topic_name + "/0"] == host
+    # (a unit is released first: a subscription's units are assigned when it is created)
+    sub = cluster.subscribe(topic_name, "t")
+    unit = Unit(topic_name, "t", 0)
+    serving = unit_host_of(topic_name, "t")
+    sub_peer = Peer[SubscriptionHost](
+        serving, lambda: None, handle=ray.get_actor(serving, namespace=NAMESPACE)
+    )
+    sub.close()
+    ray.get(sub_peer.submit(SubscriptionHost.drop, [tuple(unit)]))
+    ray.get(coordinator.submit(CoordinatorActor.release_units, [unit.key]))
+    adopt_on_host(subhost, [tuple(unit)])
+    sub_peer = Peer[SubscriptionHost](
+        subhost, lambda: None, handle=ray.get_actor(subhost, namespace=NAMESPACE)
+    )
+    wait_until(
+        "the subscription host to open the unit",
+        lambda: unit.key in ray.get(sub_peer.submit(SubscriptionHost.units)),
+    )
+    assert unit_assignments()[unit.key] == subhost
+    consumer.close()

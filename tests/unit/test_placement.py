@@ -299,3 +299,106 @@ def test_the_units_of_a_split_subscription_go_to_different_processes_of_a_node(c
         _place_unit(meta, Unit("t", "split", g), set(slots))
     # Then each has a process of its own, though one process serves more units
     assert {meta.hosts.unit_host(Unit("t", "split", g)) for g in (0, 1)} == set(slots)
+
+
+def _coordinator(meta, started: list, adopted: dict):
+    """A CoordinatorActor over ``meta`` without Ray or a store (its lookups are what is
+    tested): the hosts it starts go to ``started``, what it hands over to ``adopted``."""
+    from raydelay.actors.coordinator import KEEP_WARM_EVERY_S, CoordinatorActor, _CallTimes
+    from raydelay.config import config_from_dict
+
+    coord = CoordinatorActor.__new__(CoordinatorActor)
+    coord._times, coord._meta, coord._config = _CallTimes(), meta, config_from_dict({})
+    coord._warm_at = -KEEP_WARM_EVERY_S
+    coord._start_host = lambda name, config: started.append(name)
+    coord._adopt = lambda host, keys: adopted.setdefault(host, []).extend(keys)
+    return coord
+
+
+def _running(cluster, meta) -> None:
+    """Every assigned host, and the first subscription host slot of every node, runs."""
+    hosts = set(meta.hosts.assignments().values())
+    subhosts = set(meta.hosts.unit_assignments().values())
+    subhosts |= {placement.subhost_actor_name(n, 0) for n in (W1, W2, W3)}
+    cluster["actors"] += [
+        {"name": h, "class": "HostActor", "node": placement.host_node_prefix(h)} for h in hosts
+    ] + [{"name": h, "class": "SubscriptionHost", "node": h.split("/")[1]} for h in subhosts]
+
+
+def _with_units(topics: dict[str, int], subscriptions: list[str]):
+    meta = _metadata(topics)
+    nodes = _assign_all(meta, topics)
+    slots, node_of = placement.host_slots({}, subscriptions=True)
+    for topic in topics:
+        for s in subscriptions:
+            meta.create_subscription(topic, s, {"type": "shared"})
+            unit = Unit(topic, s, 0)
+            meta.hosts.assign_unit(unit, meta.hosts.choose_subhost(unit, slots, node_of, set(), {}))
+    return meta, nodes
+
+
+def test_one_lookup_after_a_node_loss_moves_all_its_work_and_has_it_adopted(cluster):
+    # Given 6 partitions and 4 subscriptions' units spread over three workers, all running
+    topics = {"a": 6}
+    meta, nodes = _with_units(topics, ["s0", "s1", "s2", "s3"])
+    _running(cluster, meta)
+    lost_parts = sorted(k for k, n in nodes.items() if n == W1)
+    lost_units = sorted(k for k, h in meta.hosts.unit_assignments().items() if W1 in h)
+    assert lost_parts and lost_units
+    started, adopted = [], {}
+    coord = _coordinator(meta, started, adopted)
+    # When W1 is lost and one caller looks up one of its partitions
+    cluster["alive"].discard(W1)
+    topic, p = lost_parts[0].rsplit("/", 1)
+    host = coord.locate(topic, int(p))
+    # Then every partition and unit W1 served moved at once to running hosts of the others
+    assert W1 not in host and host == meta.hosts.host_of(topic, int(p))
+    hosts, units = meta.hosts.assignments(), meta.hosts.unit_assignments()
+    assert all(W1 not in hosts[k] for k in lost_parts)
+    assert all(W1 not in units[k] for k in lost_units)
+    assert started == []  # nothing started: each went to a host that runs
+    # and each new host was told to open what it got, once
+    got = sorted(
+        f"{t}/{p}" for keys in adopted.values() for t, p in [k[:2] for k in keys if len(k) == 2]
+    )
+    got_units = sorted(
+        "/".join(map(str, k)) for keys in adopted.values() for k in keys if len(k) == 3
+    )
+    assert got == lost_parts and got_units == lost_units
+    assert all(
+        hosts[f"{t}/{p}"] == h
+        for h, keys in adopted.items()
+        for t, p in [k for k in keys if len(k) == 2]
+    )
+    # And the next lookups find them where they went, handing nothing over again
+    adopted.clear()
+    for key in lost_parts:
+        t, q = key.rsplit("/", 1)
+        assert coord.locate(t, int(q)) == hosts[key]
+    for key in lost_units:
+        u = Unit.of_key(key)
+        assert coord.locate_unit(u.topic, u.subscription, u.group) == units[key]
+    assert adopted == {}
+
+
+def test_a_host_ended_on_a_live_node_or_a_node_of_another_session_moves_alone(cluster):
+    topics = {"a": 6}
+    meta, nodes = _with_units(topics, ["s0"])
+    _running(cluster, meta)
+    started, adopted = [], {}
+    coord = _coordinator(meta, started, adopted)
+    on_w1 = sorted(k for k, n in nodes.items() if n == W1)
+    assert len(on_w1) >= 2
+    # When one host of W1 ends for good while W1 lives, only what is looked up moves
+    gone = meta.hosts.host_of("a", int(on_w1[0].rsplit("/", 1)[1]))
+    cluster["actors"] = [a for a in cluster["actors"] if a["name"] != gone]
+    before = meta.hosts.assignments()
+    coord.locate("a", int(on_w1[0].rsplit("/", 1)[1]))
+    after = meta.hosts.assignments()
+    assert [k for k in before if before[k] != after[k]] == [on_w1[0]] and adopted == {}
+    # And a node this Ray never had (the cluster was started again): the same
+    meta.hosts.assign("a", 5, placement.host_actor_name("old-node", 0))
+    meta.hosts.assign("a", 4, placement.host_actor_name("old-node", 1))
+    coord.locate("a", 5)
+    assert "old-node" in meta.hosts.host_of("a", 4) and adopted == {}
+    assert "old-node" not in meta.hosts.host_of("a", 5)

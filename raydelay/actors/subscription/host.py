@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from raydelay.actors.coordinator import CoordinatorActor
-from raydelay.actors.host import coordinator_peer
+from raydelay.actors.host import coordinator_peer, log_failed
 from raydelay.actors.protocol import ReceiveReply
 from raydelay.actors.subscription.cursor_io import Fence
 from raydelay.actors.subscription.unit import SubscriptionUnit
@@ -116,6 +116,21 @@ class SubscriptionHost:
         self.recovery[unit.key] = round(time.monotonic() - started, 3)
         log.info("%s: unit %s opened in %.2f s", self._name, unit.key, time.monotonic() - started)
         return opened
+
+    async def adopt(self, units: Sequence[tuple[str, str, int]]) -> int:
+        """Open ``units`` now, in the background (they were assigned here when their node
+        was lost: ``CoordinatorActor._evacuate``), so that they recover before their
+        consumers come back. Each is claimed as on a first call. Returns how many it
+        began."""
+        began = 0
+        for u in units:
+            unit = Unit(*u)
+            if unit not in self._units:
+                began += 1
+                asyncio.ensure_future(self._open(unit)).add_done_callback(
+                    log_failed(f"{self._name}: adopting unit {unit.key}")
+                )
+        return began
 
     async def _fenced(self, unit: Unit) -> None:
         """Another host serves ``unit`` now: stop it here, writing nothing. The next call
