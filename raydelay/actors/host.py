@@ -336,17 +336,15 @@ def adopt_on_host(name: str, keys: list) -> None:
     ``(topic, partition)``s, a subscription host its units), without waiting for it: the
     coordinator's ``adopt`` after a node loss. A host that does not run is left alone: it
     opens what it serves on its first calls."""
-    handle = placement.lookup_or_none(name)
-    if handle is None:
+    peer = Peer.of_running(name)
+    if peer is None:
         return
     if name.startswith(SUBHOST_PREFIX):
         from raydelay.actors.subscription.host import SubscriptionHost
 
-        Peer[SubscriptionHost](name, lambda: handle, handle=handle).submit(
-            SubscriptionHost.adopt, keys
-        )
+        peer.submit(SubscriptionHost.adopt, keys)
     else:
-        Peer[HostActor](name, lambda: handle, handle=handle).submit(HostActor.adopt, keys)
+        peer.submit(HostActor.adopt, keys)
 
 
 def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer[CoordinatorActor]:

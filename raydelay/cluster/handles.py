@@ -75,6 +75,13 @@ class Peer(Generic[ActorT]):
         self._lock = threading.Lock()
         self.re_resolved = 0  # how many times a lost handle was looked up again
 
+    @classmethod
+    def of_running(cls, name: str, what: str | None = None) -> Peer[Any] | None:
+        """A Peer of the running actor called ``name`` (looked up, never created here);
+        None when it does not run."""
+        handle = placement.lookup_or_none(name)
+        return None if handle is None else cls(name, lambda: handle, what, handle)
+
     @property
     def handle(self) -> Any:
         h = self._handle

@@ -256,7 +256,8 @@ def test_a_running_host_adopts_what_it_is_handed_without_a_call_for_it(cluster, 
     host = sorted(placement.live_hosts())[0]
     # When a running host is handed the partition
     adopt_on_host(host, [(topic_name, 0)])
-    peer = Peer[HostActor](host, lambda: None, handle=ray.get_actor(host, namespace=NAMESPACE))
+    peer = Peer.of_running(host)
+    assert peer is not None
     # Then it opens it at once, claimed from the coordinator as on a first call
     wait_until(
         "the host to open the partition",
@@ -267,16 +268,14 @@ def test_a_running_host_adopts_what_it_is_handed_without_a_call_for_it(cluster, 
     sub = cluster.subscribe(topic_name, "t")
     unit = Unit(topic_name, "t", 0)
     serving = unit_host_of(topic_name, "t")
-    sub_peer = Peer[SubscriptionHost](
-        serving, lambda: None, handle=ray.get_actor(serving, namespace=NAMESPACE)
-    )
+    sub_peer = Peer.of_running(serving)
+    assert sub_peer is not None
     sub.close()
     ray.get(sub_peer.submit(SubscriptionHost.drop, [tuple(unit)]))
     ray.get(coordinator.submit(CoordinatorActor.release_units, [unit.key]))
     adopt_on_host(subhost, [tuple(unit)])
-    sub_peer = Peer[SubscriptionHost](
-        subhost, lambda: None, handle=ray.get_actor(subhost, namespace=NAMESPACE)
-    )
+    sub_peer = Peer.of_running(subhost)
+    assert sub_peer is not None
     wait_until(
         "the subscription host to open the unit",
         lambda: unit.key in ray.get(sub_peer.submit(SubscriptionHost.units)),
