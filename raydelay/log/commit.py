@@ -62,6 +62,7 @@ class Committer:
         self._on_written = on_written
         self._on_rolled = on_rolled
         self._unsure: set[str] = set()  # object keys whose write failed and may have landed
+        self._closing: tuple[int, int] | None = None  # (ledger, count) of a close not done yet
         # (the callers retry a failed commit: one line per bout of failures, not per try)
         self._retries = Retries(log, f"commit to {topic}/{partition}")
         self.counters = {
@@ -82,6 +83,8 @@ class Committer:
         placed = 0  # entries placed in that object
         staged: dict[str, set[int]] = {}  # producer -> sequence ids placed in this commit
         try:
+            if self._closing is not None:  # a close that failed: finished before any write
+                self.roll()
             for i, batch in enumerate(batches):
                 n = len(batch.entries)
                 known = self._dedup.known(batch, staged)
@@ -162,11 +165,21 @@ class Committer:
         self._on_written(obj, data)
 
     def roll(self) -> None:
-        """Close the current ledger (snapshotting the dedup table first) and open a new one."""
-        closing, count = self._ledgers.current, self._ledgers.open_count
+        """Close the current ledger (snapshotting the dedup table first) and open a new one.
+
+        Once a close has been asked for, the ledger takes no more entries, and a close that
+        failed is asked again, at the same count, before anything else is written (see
+        :meth:`commit`). The coordinator may have recorded the close although its answer
+        was lost: entries written to the ledger after that would be past its recorded end,
+        where readers after a restart never look (and a close asked at a larger count would
+        be refused)."""
+        if self._closing is None:
+            self._closing = (self._ledgers.current, self._ledgers.open_count)
+        closing, count = self._closing
         self._dedup.write_snapshot(closing, self._clock.now_ms())
         new_id = self._roll_fn(closing, count)
         self._ledgers.roll(new_id)
+        self._closing = None
         self._on_rolled(closing)
         log.info(
             "%s/%d: ledger %d closed at %d entries; ledger %d open",

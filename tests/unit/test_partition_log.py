@@ -145,6 +145,46 @@ def test_a_failed_write_fails_its_batches_and_leaves_nothing_visible():
     assert payloads(log) == [b"m0", b"m1", b"m2", b"m3"]
 
 
+class LostRollAnswer(Ledgers):
+    """The coordinator records its next close, then the answer is lost (it restarted)."""
+
+    lose_next = False
+    asked: list[tuple[int | None, int]] = []
+
+    def roll(self, closed: int | None, count: int) -> int:
+        self.asked = [*self.asked, (closed, count)]
+        done = next((i for i in self.infos if i.ledger_id == closed and i.count is not None), None)
+        if done is not None:  # asked again: the ledger it opened then (or a refusal)
+            if done.count != count:
+                raise InvalidArgument(f"count: ledger {closed} was closed at {done.count}")
+            return self.infos[-1].ledger_id
+        new = super().roll(closed, count)
+        if self.lose_next:
+            self.lose_next = False
+            raise StorageError("the coordinator restarted before it answered", retriable=True)
+        return new
+
+
+def test_a_close_whose_answer_was_lost_is_asked_again_before_anything_more_is_written():
+    # Given a ledger of 10 entries holding 8, whose close the coordinator records but does
+    # not answer
+    ledgers = LostRollAnswer()
+    log, _ = make_log(ledgers=ledgers)
+    log.commit([batch(8)])
+    ledgers.lose_next = True
+    # When a batch that does not fit fails on that close
+    assert isinstance(log.commit([batch(3, start=8)])[0], StorageError)
+    # Then a batch that would still fit is not written to the closed ledger: the close is
+    # asked again at the same count first, and the batch goes to the next ledger
+    assert log.commit([batch(1, start=11)]) == [[(2, 0, 1)]]
+    assert ledgers.asked == [(None, 0), (1, 8), (1, 8)]  # (the first: the log opened)
+    assert log.ledgers[0] == LedgerInfo(1, 8) and log.tail() == (2, 0)
+    # and what every reader after a restart sees holds it
+    again, _ = make_log(log._store, ledgers)  # noqa: SLF001 - the same store
+    assert again.ledgers[0] == LedgerInfo(1, 8)
+    assert payloads(again)[-1] == b"m11"
+
+
 class LostAnswers(MemoryObjectStore):
     """Its next create-only write lands, then fails as if its answer was lost."""
 
