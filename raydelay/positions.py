@@ -30,6 +30,11 @@ def position_of(key: int) -> Position:
     return (key >> SHIFT, key & LOW)
 
 
+def key_text(key: int | None) -> str:
+    """A position key as people read it, ``ledger:entry`` ("nothing" for None)."""
+    return "nothing" if key is None else "{}:{}".format(*position_of(int(key)))
+
+
 def position_keys(ledger_ids: np.ndarray, entry_ids: np.ndarray) -> np.ndarray:
     """The key column (:data:`KEY_DTYPE`) of (ledger id, entry id) columns."""
     ls = np.asarray(ledger_ids).astype(KEY_DTYPE, copy=False)

@@ -527,6 +527,12 @@ class SealedReader:
                 out[k] = per_run[0] if len(per_run) == 1 else per_run
         return out
 
+    def short_of_finished(self, key: str) -> Progress:
+        """Bucket ``key``'s progress as if the last segment of each run were not done yet
+        (a restart from it reads those again; what they hold was acknowledged)."""
+        per_run = [max(0, len(r.info.segments) - 1) for r in self.buckets[key].runs]
+        return per_run[0] if len(per_run) == 1 else per_run
+
     def remaining(self) -> int:
         """Rows not popped yet (cancelled ones included until they are reached)."""
         return sum(b.loaded_rows() + sum(r.left() for r in b.runs) for b in self.buckets.values())

@@ -8,6 +8,7 @@ Cancels, dead letters and positions gone from the log are acknowledged the same 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from raydelay.dispatch.ports import keys_of
 from raydelay.dispatch.reading import LogReading
 from raydelay.dispatch.redelivery import Redelivery
 from raydelay.errors import InvalidArgument
-from raydelay.positions import position_of
+from raydelay.positions import key_text
 
 
 class Acks:
@@ -42,16 +43,24 @@ class Acks:
         self.reading: LogReading | None = None  # wired after it (the end of the log)
         self.key_pool: KeyPool | None = None  # key_shared only, wired after it
 
+    def past_end(self, keys: np.ndarray) -> bool:
+        """Whether a position of ``keys`` lies past the last one this subscription knows to
+        exist. That end is only what it has seen so far: a consumer may ack what an earlier
+        life of it delivered before this one has read that far, so its owner learns the
+        log's tail before an ack that this answers True for (see :meth:`ack`)."""
+        end = self.reading.end_key if self.reading is not None else None
+        return end is not None and len(keys) > 0 and int(keys.max()) > end
+
     def ack(self, keys: Iterable[int] | np.ndarray) -> int:
         """A consumer's ack of positions (int64 keys); returns how many were newly
-        acknowledged. A position past the end of the log is an InvalidArgument, and nothing
-        is acked."""
+        acknowledged. A position past the end of the log (as far as this subscription
+        knows it: see :meth:`past_end`) is an InvalidArgument, and nothing is acked."""
         ks = keys_of(keys)
-        end = self.reading.end_key if self.reading is not None else None
-        if end is not None and len(ks) and int(ks.max()) > end:
+        if self.past_end(ks):
+            end = cast(LogReading, self.reading).end_key
             bad = ks[ks > end][:3]
-            shown = ", ".join("{}:{}".format(*position_of(int(k))) for k in bad)
-            last = "{}:{}".format(*position_of(end))
+            shown = ", ".join(key_text(int(k)) for k in bad)
+            last = key_text(end)
             raise InvalidArgument(
                 f"messages: {shown} past the end of {self.name} (its last entry is {last}): "
                 "no such message"

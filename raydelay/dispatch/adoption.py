@@ -12,13 +12,15 @@ import numpy as np
 from pyroaring import BitMap64
 
 from raydelay.delayed.index import bitmap64_values
-from raydelay.delayed.reader import Progress, SealedReader
+from raydelay.delayed.reader import FINISHED, Progress, SealedReader
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.dispatch.cancels import Cancels
 from raydelay.dispatch.marks import CursorMarks
 from raydelay.dispatch.reading import LogReading
 from raydelay.dispatch.tail import UnsealedTail
 from raydelay.positions import SHIFT, key_of
+
+_NOTHING_AHEAD = BitMap64()
 
 
 class BucketAdoption:
@@ -38,6 +40,8 @@ class BucketAdoption:
         self._marks = marks
         self._cancels = cancels
         self._reading = reading
+        # finished buckets whose cancel markers' targets were seen acknowledged in the cursor
+        self._confirmed: set[str] = set()
 
     def adopt(
         self,
@@ -105,6 +109,27 @@ class BucketAdoption:
         returns the buckets this subscription is now done with."""
         self.sealed.trim_covered(key_of(*self._reading.read_position))
         return self.sealed.advance(self._all_acked)
+
+    def progress(self) -> dict[str, Progress]:
+        """The progress through each bucket, as retention is to go by it. A bucket counts as
+        finished only once the targets of its cancel markers are acknowledged in the
+        cursor as well (not only cancelled ahead of the read): every subscription's
+        finishing it lets retention delete it, and with it the markers, which a restart
+        of this one, its read resuming past the bucket's ledgers, learns from nowhere
+        else. Until then it is reported as short of its last segments."""
+        out = self.sealed.progress()
+        for key, b in self.sealed.buckets.items():
+            if out.get(key) != FINISHED or not b.meta.markers or key in self._confirmed:
+                continue
+            targets = np.fromiter(
+                (t for _, t in b.meta.markers), dtype=np.int64, count=len(b.meta.markers)
+            )
+            if self._marks.all_acked(targets, _NOTHING_AHEAD):
+                self._confirmed.add(key)
+            else:
+                out[key] = self.sealed.short_of_finished(key)
+        self._confirmed &= self.sealed.buckets.keys()
+        return out
 
     def _all_acked(self, keys: np.ndarray) -> bool:
         return self._marks.all_acked(keys, self._cancels.ahead)

@@ -73,6 +73,12 @@ class ReadUnsealed(Protocol):
     ) -> Rows: ...
 
 
+class LogTail(Protocol):
+    """The log's tail as its host knows it now: the last position's key (None: empty)."""
+
+    async def __call__(self) -> int | None: ...
+
+
 class CursorWriter(Protocol):
     """Writes one cursor snapshot (:meth:`Cursor.encode` bytes) durably; returns once it is."""
 

@@ -67,12 +67,14 @@ from raydelay.dispatch.ports import (
     Delivery,
     Fetch,
     Group,
+    LogTail,
     ReadSegments,
     ReadUnsealed,
     Source,
     Step,
     TailQuery,
     Tracker,
+    keys_of,
 )
 from raydelay.dispatch.reading import LogReading
 from raydelay.dispatch.redelivery import Redelivery
@@ -81,6 +83,7 @@ from raydelay.dispatch.staging import Staging
 from raydelay.dispatch.tail import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, UnsealedTail
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import DelayedRun, LedgerObject, Rows
+from raydelay.positions import key_text
 from raydelay.subscription_types import check_subscription_type
 
 __all__ = [
@@ -516,6 +519,32 @@ class Subscription:
         """Acknowledge positions (see :meth:`Acks.ack`): any consumer may ack any message,
         as with Pulsar's ack by id (it need not hold it)."""
         return self.acks.ack(keys)
+
+    async def ack_learning_tail(
+        self,
+        consumer_id: str,
+        keys: Iterable[int] | np.ndarray,
+        log_tail: LogTail,
+    ) -> int:
+        """:meth:`ack`, but a position past the end this subscription knows first has the
+        log's tail asked for (``log_tail()``: its key, None for an empty log). A consumer
+        may ack what an earlier life of this subscription delivered before this one has
+        read that far (or when only the host's index has answered it yet): that ack names
+        a message, and is not refused."""
+        ks = keys_of(keys)
+        if self.acks.past_end(ks):
+            known = self.reading.end_key
+            tail = await log_tail()
+            if tail is not None:
+                self.reading.see_end(tail)
+            log.info(
+                "%s: an ack names %s, past %s read so far; the log's tail is %s",
+                self.name,
+                key_text(int(ks.max())),
+                key_text(known),
+                key_text(tail),
+            )
+        return self.acks.ack(ks)
 
     def nack(
         self, consumer_id: str, keys: Iterable[int] | np.ndarray, delay_ms: int, now_ms: int

@@ -20,6 +20,8 @@ from tests.integration.helpers import send_markers
 class Ledger:
     sent: dict[MessageId, int | None] = field(default_factory=dict)  # id -> deliver_at
     cancelled: set[MessageId] = field(default_factory=set)  # cancel() said True
+    # id -> (cancel called, cancel answered) in epoch ms, for the cancels that said True
+    cancel_times: dict[MessageId, tuple[int, int]] = field(default_factory=dict)
     # every cancel tried: after a restart a retried cancel may say False for a cancel that
     # did take effect, so only these may be missing without counting as lost
     cancel_attempts: set[MessageId] = field(default_factory=set)
@@ -76,6 +78,26 @@ class Ledger:
                 )
             }
         return report
+
+    def cancelled_delivered(self, name: str) -> list[dict]:
+        """Each delivery to ``name`` of a message whose cancel said True: the message, when
+        it was due, when its cancel was called and answered, when it was received and at
+        what redelivery count (epoch ms), to find the path that let it through."""
+        out = []
+        for mid, at, t, count in self.received[name]:
+            if mid in self.cancelled:
+                called, answered = self.cancel_times.get(mid, (None, None))
+                out.append(
+                    {
+                        "id": str(mid),
+                        "deliver_at": at,
+                        "cancel_called": called,
+                        "cancel_answered": answered,
+                        "received": t,
+                        "redelivery_count": count,
+                    }
+                )
+        return out
 
 
 def run_workload(
@@ -135,11 +157,15 @@ def run_workload(
                 if at is not None and at > late and rng.random() < cancel_share
             ]
             ledger.cancel_attempts.update(doomed)
+            called = now_ms()
             if r % 25 == 0:
                 honoured = [producer.cancel(mid) for mid in doomed]
             else:
                 honoured = producer.cancel_many(doomed) if doomed else []
-            ledger.cancelled.update(m for m, ok in zip(doomed, honoured, strict=True) if ok)
+            answered = now_ms()
+            kept = [m for m, ok in zip(doomed, honoured, strict=True) if ok]
+            ledger.cancelled.update(kept)
+            ledger.cancel_times.update((m, (called, answered)) for m in kept)
             time.sleep(max(0.0, seconds / rounds - (now_ms() - base) / 1000))
         produced.set()
         ledger.producer_retries = producer.retries

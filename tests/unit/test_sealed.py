@@ -441,6 +441,45 @@ def test_cancel_markers_travel_with_the_bucket_that_covers_them():
     assert keys == [key_of(1, 0), key_of(2, 1)]  # 1:1 was cancelled
 
 
+def test_a_bucket_holding_a_cancel_is_not_finished_until_its_target_is_acked_in_the_cursor():
+    # Given bucket 1 with the cancelled message 1:1 (and 1:0), and bucket 2 with the cancel
+    # marker 2:0 of 1:1 and a row of its own, 2:1, due first
+    index = TopicIndex(min_index_count=1)
+    index.add(_object(1, 0, [9_000, 9_000], publish_ms=0))
+    job1 = index.ledger_closed(1)
+    cancels = Entries.build([b""], np.array([NO_DELAY]), cancels={0: (1, 1)})
+    index.add(LedgerObject(2, 0, 0, cancels, {}))
+    index.add(_object(2, 1, [5_000], publish_ms=0))
+    job2 = index.ledger_closed(2)
+    metas = []
+    for job, (lo, hi, bid) in ((job1, (0, 1, 1)), (job2, (2, 2, 2))):
+        meta, segs, _ = seal(job.rows, start_ledger=lo, end_ledger=hi, bucket_id=bid,
+                             max_indexes=10, max_step_ms=10**9, markers=job.markers)  # fmt: skip
+        metas.append((meta, segs))
+    reader = SealedReader()
+    sub = _subscription(reader, ManualClock(5_000))
+    sub.add_consumer("c")
+    for meta, _ in metas:
+        sub.adopt(meta)  # (the marker is learnt here, ahead of the log read)
+    segs = {m.key: {0: decode_segment(s)} for m, s in metas}
+    _load_all(reader, segs, now=5_000)
+    sub.collect_due(5_000, 10)
+    groups, _ = sub.staged(sub.keys_to_fetch(10))
+    assert np.concatenate([g[2] for g in groups]).tolist() == [key_of(2, 1)]
+    sub.ack("c", [key_of(2, 1)])
+    sub.advance_buckets()
+    b2 = metas[1][0].key
+    # When every row of bucket 2 is acknowledged but 1:1 is cancelled only ahead of the
+    # read (not in the cursor a restart loads), bucket 2 is not reported finished: every
+    # subscription finishing it would let retention delete the marker with it
+    assert reader.progress()[b2] == FINISHED
+    assert sub.buckets.progress()[b2] == 0
+    # Then once the read passes 1:1 and the cursor holds its ack, it is
+    sub.on_read([DelayedRun(1, 0, 2, 9_000)], [(1, 2), (2, 2), (3, None)], (2, 1))
+    assert sub.cursor.is_acked(1, 1)
+    assert sub.buckets.progress()[b2] == FINISHED
+
+
 def test_a_subscription_made_after_a_bucket_ledger_was_deleted_waits_only_for_the_bucket():
     index = TopicIndex(min_index_count=1)
     index.add(_object(1, 0, [NO_DELAY, 5_000, NO_DELAY], publish_ms=0))

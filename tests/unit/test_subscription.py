@@ -380,6 +380,28 @@ def test_an_ack_past_the_end_of_the_log_names_no_message_and_acks_nothing():
     assert c.sub.counters["acked"] == 3
 
 
+def test_an_ack_past_what_this_life_has_read_asks_the_log_tail_and_is_not_refused():
+    # A consumer acks what an earlier life of the subscription delivered: this life knows
+    # the log only as far as it has read (1:2), but the log goes on to 1:5
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY] * 3), tail=(1, 2))
+    asked = []
+
+    async def log_tail(at=(1, 5)):
+        asked.append(at)
+        return key_of(*at)
+
+    assert asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 4)]), log_tail)) == 1
+    assert asked == [(1, 5)] and c.sub.counters["acked"] == 1
+    # within what is known now: the tail is not asked again
+    assert asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 5)]), log_tail)) == 1
+    assert len(asked) == 1
+    # past the tail the host gives too: still no such message, and nothing acked
+    with pytest.raises(InvalidArgument, match=r"1:9 past the end of t/0/s .*1:5"):
+        asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 0), (1, 9)]), log_tail))
+    assert len(asked) == 2 and c.sub.counters["acked"] == 2
+
+
 def test_read_ahead_is_bounded():
     c = make(read_ahead_entries=5)
     assert c.sub.wants_read()

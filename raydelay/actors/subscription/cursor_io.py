@@ -35,6 +35,9 @@ from raydelay.storage.keys import cursor_key, subscription_prefix
 
 log = logging.getLogger(__name__)
 
+# (mark-delete, log mark, (bucket, progress) pairs): what retention goes by
+ProgressReport = tuple[Position, Position, tuple[tuple[str, Any], ...]]
+
 
 @dataclass(frozen=True)
 class Fence:
@@ -61,7 +64,7 @@ class CursorIO:
         self._coordinator = coordinator
         self.prefix = subscription_prefix(ref.topic, ref.partition, ref.subscription)
         self.version = 0  # the cursor version last written (or loaded)
-        self._reported_progress: tuple[Any, ...] | None = None
+        self._reported_progress: ProgressReport | None = None
         self._fence = fence  # None: nobody else can serve it (tools, tests)
         self.fenced = False  # another host serves it now: nothing more is written
 
@@ -121,16 +124,26 @@ class CursorIO:
         if self.fenced:
             raise PartitionMoved(f"{self._ref.name}: served by another host now")
 
-    async def report_progress(self, sub: Subscription) -> bool:
-        """Tell the coordinator mark-delete, the log mark and the progress through each
-        sealed bucket (what retention goes by), when they changed."""
+    @staticmethod
+    def progress_report(sub: Subscription) -> ProgressReport:
+        """Mark-delete, the log mark and the progress through each sealed bucket, as they
+        stand now. Take it *before* the cursor write that is to cover it, and report it
+        after: retention goes by it (it deletes the ledgers before mark-delete and the
+        buckets every subscription is done with, and with them the cancel markers they
+        hold), so it must never run ahead of what the persisted cursor says was
+        acknowledged. A restart would find neither the ack of a cancelled message nor
+        the marker that cancels it."""
         sub.advance_buckets()
-        sealed = sub.sealed
-        progress = sealed.progress() if sealed is not None else {}
+        progress = sub.buckets.progress() if sub.buckets is not None else {}
         md, lm = sub.cursor.mark_delete, sub.marks.log_cursor.mark_delete
-        report = (md, lm, tuple(sorted(progress.items())))
+        return (md, lm, tuple(sorted(progress.items())))
+
+    async def report_progress(self, report: ProgressReport) -> bool:
+        """Tell the coordinator a :meth:`progress_report` (taken before the cursor write
+        that covers it), when it changed."""
         if report == self._reported_progress:
             return False
+        md, lm, progress = report
         r = self._ref
         await self._coordinator.once(
             CoordinatorActor.set_progress,
@@ -139,7 +152,7 @@ class CursorIO:
             r.subscription,
             list(md),
             list(lm),
-            progress,
+            dict(progress),
         )
         self._reported_progress = report
         return True

@@ -186,8 +186,9 @@ class StepDriver:
                 learned = await self._sub.settled.learn_unknown(self._reader.read_rows)
             except Exception as exc:  # noqa: BLE001 - the cursor is written all the same
                 log.info("%s: reading settled rows' deliver_at: %s", self._sub.name, exc)
+        report = self._cursor_io.progress_report(self._sub)  # (what this write covers)
         wrote = await self._sub.persist()
-        self._start("reporting progress", self._cursor_io.report_progress(self._sub))
+        self._start("reporting progress", self._cursor_io.report_progress(report))
         return wrote or learned
 
     def _start(self, kind: str, coro: Coroutine[Any, Any, Any], once: bool = True) -> None:

@@ -26,6 +26,7 @@ from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
 from raydelay.dispatch.subscription import Subscription
 from raydelay.log.entries import Rows, decode_object
+from raydelay.positions import key_of
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,11 @@ class LogReader:
     def make_room(self) -> None:
         """Read-ahead may have room: look again."""
         self._space.set()
+
+    async def tail_key(self) -> int | None:
+        """The log's tail as the host knows it now (its position key; None: empty)."""
+        tail = await self._host.once(HostActor.tail, self._ref.topic, self._ref.partition)
+        return None if tail is None else key_of(*tail)
 
     async def read_rows(self, keys: np.ndarray) -> Rows:
         """The fetch given to the subscription: the host's rows at ``keys``."""

@@ -239,7 +239,7 @@ class SubscriptionShell:
         """Acknowledge positions: one int64 array of keys ``ledger << 32 | entry``."""
         self.ensure_started()
         self._sub.touch(consumer_id, self._clock.now_ms())
-        n = self._sub.ack(consumer_id, _keys(keys))
+        n = await self._sub.ack_learning_tail(consumer_id, _keys(keys), self._reader.tail_key)
         if n and self._sub.type == "key_shared" and self._sub.redelivery.redeliver:
             await self._notify()  # the acks may free keys another consumer waits for
         return n
@@ -333,8 +333,9 @@ class SubscriptionShell:
     async def flush(self) -> None:
         """Persist the cursor now (and report mark-delete)."""
         self.ensure_started()
+        report = self._cursor_io.progress_report(self._sub)  # (what this write covers)
         await self._sub.persist(force=True)
-        await self._cursor_io.report_progress(self._sub)
+        await self._cursor_io.report_progress(report)
 
     async def close(self) -> None:
         """Persist the cursor, then stop the loops (a standing log read among them)."""
