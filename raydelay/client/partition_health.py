@@ -37,10 +37,11 @@ Work = list[tuple[np.ndarray, Nack | None]]  # kept calls of a partition: (keys,
 
 # the waits before a down partition is tried again: every 50 ms (jittered) for its first
 # RESTART_POLL_S, the time a restarted actor takes to come back, then 0.1 s doubling up
-# to 2 s (a poll is one name lookup and one call: it costs little)
+# to 0.5 s (a poll is one name lookup and one call: it costs little), so a partition back
+# after a long outage is found within 0.75 s (jittered)
 RESTART_POLL = Backoff(first_s=0.05, max_s=0.05)
 RESTART_POLL_S = 3.0
-DOWN_BACKOFF = Backoff(first_s=0.1, max_s=2.0)
+DOWN_BACKOFF = Backoff(first_s=0.1, max_s=0.5)
 IDLE_RETRY_S = 1.0  # the retry thread's wait while no partition is down
 SLOW_OUTAGE_S = 10.0  # an outage is said while it lasts (a warning) once it is this long
 # An outage is said this long after its partitions answered again, and a failure within it

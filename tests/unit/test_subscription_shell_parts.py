@@ -57,6 +57,7 @@ def _fake_sub(md: tuple[int, int], lm: tuple[int, int]) -> Any:
     return SimpleNamespace(
         name=REF.name,
         sealed=None,
+        buckets=None,
         advance_buckets=lambda: None,
         cursor=SimpleNamespace(mark_delete=md),
         marks=SimpleNamespace(log_cursor=SimpleNamespace(mark_delete=lm)),
@@ -151,9 +152,13 @@ def test_an_unreadable_newest_cursor_falls_back_to_an_older_one():
 def test_progress_is_reported_only_when_it_changed():
     coordinator = FakeCoordinator()
     io = CursorIO(REF, MemoryObjectStore(), coordinator)
-    assert asyncio.run(io.report_progress(_fake_sub((1, 1), (1, 2)))) is True
-    assert asyncio.run(io.report_progress(_fake_sub((1, 1), (1, 2)))) is False
-    assert asyncio.run(io.report_progress(_fake_sub((1, 3), (1, 3)))) is True
+
+    def report(md, lm) -> bool:
+        return asyncio.run(io.report_progress(io.progress_report(_fake_sub(md, lm))))
+
+    assert report((1, 1), (1, 2)) is True
+    assert report((1, 1), (1, 2)) is False
+    assert report((1, 3), (1, 3)) is True
     reported = [args for name, args in coordinator.calls if name == "set_progress"]
     assert reported == [
         ("orders", 3, "billing", [1, 1], [1, 2], {}),
