@@ -21,7 +21,7 @@ one.
 or stops answering is *down* for this consumer: ``receive`` returns what the other
 partitions have, and its acks and nacks are kept and sent again in the background
 (they are idempotent) once it answers, while those of the other partitions go out at
-once. It is tried again with a growing backoff (0.25 s up to 2 s), its handle
+once. It is tried every 50 ms for 3 s, then with a growing backoff (0.1 s up to 0.5 s), its handle
 re-resolved by name.
 
 A consumer holds a lease on each subscription partition (``subscription.consumer_lease_s``):

@@ -5,7 +5,7 @@ A partition whose actor fails a call (a restart, a lost node) or stops answering
 actor up again by name, and sends the acks and nacks kept for it meanwhile (they are
 idempotent), in their order. The other partitions go on. For its first few seconds down
 a partition is tried every 50 ms (an actor Ray restarts is back within about a second),
-then with a growing backoff (0.1 s up to 2 s).
+then with a growing backoff (0.1 s up to 0.5 s).
 
 A failover is said in one line, at INFO, once every partition of the actor answers
 again (and a second after, so that a late failure of a call sent before it counts in):

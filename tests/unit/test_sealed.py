@@ -480,6 +480,33 @@ def test_a_bucket_holding_a_cancel_is_not_finished_until_its_target_is_acked_in_
     assert sub.buckets.progress()[b2] == FINISHED
 
 
+def test_a_restart_acks_the_targets_of_the_markers_its_buckets_carry_as_it_resumes_past_them():
+    # Given, as a restarted subscription finds them, bucket 1 holding 1:0 and the cancelled
+    # 1:1, and bucket 2 holding the marker 2:0 of 1:1 and the row 2:1
+    index = TopicIndex(min_index_count=1)
+    index.add(_object(1, 0, [9_000, 9_000], publish_ms=0))
+    job1 = index.ledger_closed(1)
+    cancels = Entries.build([b""], np.array([NO_DELAY]), cancels={0: (1, 1)})
+    index.add(LedgerObject(2, 0, 0, cancels, {}))
+    index.add(_object(2, 1, [5_000], publish_ms=0))
+    job2 = index.ledger_closed(2)
+    reader = SealedReader()
+    sub = _subscription(reader, ManualClock(0))
+    for job, lo, hi, bid in ((job1, 0, 1, 1), (job2, 2, 2, 2)):
+        meta, _, _ = seal(job.rows, start_ledger=lo, end_ledger=hi, bucket_id=bid,
+                          max_indexes=10, max_step_ms=10**9, markers=job.markers,
+                          ledgers=((lo if lo else 1, 2),))  # fmt: skip
+        sub.adopt(meta)
+    assert key_of(1, 1) in sub.cancels.ahead  # (learnt on adoption, ahead of the read)
+    # When its read resumes after the buckets (it will never pass 1:1)
+    reader.sealed_through = 2
+    sub.resume_after_buckets([(1, 2), (2, 2), (3, None)])
+    # Then the cancelled target is acknowledged in the cursor, not held ahead forever
+    assert sub.reading.read_position == (3, 0)
+    assert sub.cursor.is_acked(1, 1) and not sub.cursor.is_acked(1, 0)
+    assert key_of(1, 1) not in sub.cancels.ahead
+
+
 def test_a_subscription_made_after_a_bucket_ledger_was_deleted_waits_only_for_the_bucket():
     index = TopicIndex(min_index_count=1)
     index.add(_object(1, 0, [NO_DELAY, 5_000, NO_DELAY], publish_ms=0))

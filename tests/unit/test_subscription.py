@@ -25,7 +25,7 @@ from raydelay.dispatch.subscription import (
     Subscription,
 )
 from raydelay.dispatch.wire import delivery_batch
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, PartitionMoved, Unavailable
 from raydelay.log.entries import NO_DELAY, Entries, LedgerObject, Rows
 from raydelay.positions import key_of, position_of
 from raydelay.storage import MemoryObjectStore
@@ -400,6 +400,26 @@ def test_an_ack_past_what_this_life_has_read_asks_the_log_tail_and_is_not_refuse
     with pytest.raises(InvalidArgument, match=r"1:9 past the end of t/0/s .*1:5"):
         asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 0), (1, 9)]), log_tail))
     assert len(asked) == 2 and c.sub.counters["acked"] == 2
+
+
+def test_an_ack_whose_log_tail_cannot_be_asked_fails_retriably_and_acks_nothing(monkeypatch):
+    import raydelay.dispatch.subscription as subscription_module
+
+    monkeypatch.setattr(subscription_module, "ACK_TAIL_TIMEOUT_S", 0.05)
+    c = make()
+    read(c, obj(1, 0, [NO_DELAY] * 3), tail=(1, 2))
+
+    async def silent():  # a host that does not answer
+        await asyncio.sleep(3600)
+
+    async def moved():  # the partition's host moved: not the subscription's
+        raise PartitionMoved("t/0 is served elsewhere")
+
+    for log_tail in (silent, moved):
+        with pytest.raises(Unavailable, match=r"1:4, past what .* sent again") as info:
+            asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 0), (1, 4)]), log_tail))
+        assert type(info.value) is Unavailable
+    assert c.sub.counters["acked"] == 0
 
 
 def test_read_ahead_is_bounded():
