@@ -95,26 +95,15 @@ def main():
                 {"pid": [os.getpid()], "mods": [len(sys.modules)], "ray": ["ray" in sys.modules]}
             )
 
-        t = time.perf_counter()
-        out = (
-            spark.range(0, 2, numPartitions=2)
-            .mapInArrow(nothing, "pid long, mods long, ray boolean")
-            .collect()
-        )
-        print(
-            f"python-only job {time.perf_counter() - t:.1f} s {[r.asDict() for r in out]}",
-            flush=True,
-        )
-        t = time.perf_counter()
-        out = (
-            spark.range(0, 2, numPartitions=2)
-            .mapInArrow(nothing, "pid long, mods long, ray boolean")
-            .collect()
-        )
-        print(
-            f"python-only job again {time.perf_counter() - t:.1f} s {[r.asDict() for r in out]}",
-            flush=True,
-        )
+        for label in ("python-only job", "python-only job again"):
+            t = time.perf_counter()
+            out = (
+                spark.range(0, 2, numPartitions=2)
+                .mapInArrow(nothing, "pid long, mods long, ray boolean")
+                .collect()
+            )
+            took = time.perf_counter() - t
+            print(f"{label} {took:.1f} s {[r.asDict() for r in out]}", flush=True)
     if WARM:
         import functools
 

@@ -7,6 +7,8 @@ Cancels, dead letters and positions gone from the log are acknowledged the same 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
 from typing import cast
 
@@ -16,11 +18,17 @@ from raydelay.delayed.index import bitmap64_of
 from raydelay.dispatch.consumers import ConsumerTable
 from raydelay.dispatch.keypool import KeyPool
 from raydelay.dispatch.marks import CursorMarks
-from raydelay.dispatch.ports import keys_of
+from raydelay.dispatch.ports import LogTail, keys_of
 from raydelay.dispatch.reading import LogReading
 from raydelay.dispatch.redelivery import Redelivery
-from raydelay.errors import InvalidArgument
+from raydelay.errors import InvalidArgument, Unavailable
 from raydelay.positions import key_text
+
+log = logging.getLogger(__name__)
+
+# How long an ack past what a subscription has read waits for the log's tail (then it
+# fails as Unavailable, and the consumer's client sends it again)
+ACK_TAIL_TIMEOUT_S = 2.0
 
 
 class Acks:
@@ -66,6 +74,36 @@ class Acks:
                 "no such message"
             )
         return self.ack_keys(ks)
+
+    async def ack_learning_tail(self, keys: Iterable[int] | np.ndarray, log_tail: LogTail) -> int:
+        """:meth:`ack`, but a position past the end this subscription knows first has the
+        log's tail asked for (``log_tail()``: its key, None for an empty log), for at most
+        ``ACK_TAIL_TIMEOUT_S`` (else Unavailable: the client sends the ack again). A
+        consumer may ack what an earlier life of this subscription delivered before this
+        one has read that far (or when only the host's index has answered it yet): that
+        ack names a message, and is not refused."""
+        ks = keys_of(keys)
+        if self.past_end(ks):
+            reading = cast(LogReading, self.reading)
+            known = reading.end_key
+            try:  # (bounded: an ack must not wait on a host that does not answer)
+                tail = await asyncio.wait_for(log_tail(), ACK_TAIL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - any failure: the ack is tried again
+                raise Unavailable(
+                    f"{self.name}: an ack names {key_text(int(ks.max()))}, past what this "
+                    f"subscription has read, and the log's tail cannot be asked now "
+                    f"({type(exc).__name__}: {exc}); the ack is kept and sent again"
+                ) from None
+            if tail is not None:
+                reading.see_end(tail)
+            log.info(
+                "%s: an ack names %s, past %s read so far; the log's tail is %s",
+                self.name,
+                key_text(int(ks.max())),
+                key_text(known),
+                key_text(tail),
+            )
+        return self.ack(ks)
 
     def ack_keys(self, ks: np.ndarray) -> int:
         """Acknowledge ``ks`` everywhere; returns how many the cursor had not."""

@@ -102,6 +102,17 @@ class Cancels:
         self._ack_keys(np.array([k], dtype=np.int64))  # out of the redelivery set, read-ahead
         return True
 
+    def read_jumped(self, before: Position, after: Position) -> None:
+        """At startup the read jumped from ``before`` to ``after``, past the buckets. The
+        markers they carry, applied on adoption, left their targets cancelled ahead of a
+        read that will never pass them: they are acknowledged now (else they hold
+        mark-delete and, unacknowledged in the cursor, the buckets of their markers: see
+        ``BucketAdoption.progress``)."""
+        if after > before and self.ahead:
+            skipped = BitMap64()
+            skipped.add_range(max(0, key_of(*before)), key_of(*after))  # (-1: none read)
+            self.passed(skipped)
+
     def passed(self, keys: np.ndarray | BitMap64) -> None:
         """The read passed ``keys`` (sorted keys, or their bitmap): those cancelled ahead
         of it are acknowledged now."""

@@ -40,12 +40,10 @@ are int64 keys (:func:`raydelay.positions.key_of`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from pyroaring import BitMap64
 
 from raydelay.clock import Clock
 from raydelay.delayed.reader import Progress, SealedReader
@@ -69,23 +67,20 @@ from raydelay.dispatch.ports import (
     Delivery,
     Fetch,
     Group,
-    LogTail,
     ReadSegments,
     ReadUnsealed,
     Source,
     Step,
     TailQuery,
     Tracker,
-    keys_of,
 )
 from raydelay.dispatch.reading import LogReading
 from raydelay.dispatch.redelivery import Redelivery
 from raydelay.dispatch.settled import SettledDelayed
 from raydelay.dispatch.staging import Staging
 from raydelay.dispatch.tail import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, UnsealedTail
-from raydelay.errors import ConsumerBusy, InvalidArgument, Unavailable
+from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import DelayedRun, LedgerObject, Rows
-from raydelay.positions import key_of, key_text
 from raydelay.subscription_types import check_subscription_type
 
 __all__ = [
@@ -111,10 +106,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# How long an ack past what a subscription has read waits for the log's tail (then it
-# fails as Unavailable, and the consumer's client sends it again)
-ACK_TAIL_TIMEOUT_S = 2.0
 
 
 class Subscription:
@@ -362,15 +353,7 @@ class Subscription:
             self.buckets.ack_gone_ledgers({i for i, _ in ledgers})
         before = self.reading.read_position
         loose = self.reading.resume_after_buckets(ledgers)
-        after = self.reading.read_position
-        if after > before and self.cancels.ahead:
-            # The buckets' markers, applied on adoption, left their targets cancelled ahead
-            # of the read; it has jumped past them now and will never pass them: they are
-            # acknowledged here (else they hold mark-delete and, unacknowledged in the
-            # cursor, the buckets of their markers: BucketAdoption.progress)
-            skipped = BitMap64()
-            skipped.add_range(max(0, key_of(*before)), key_of(*after))  # (-1: none read)
-            self.cancels.passed(skipped)
+        self.cancels.read_jumped(before, self.reading.read_position)
         return loose
 
     def next_unread(self, max_positions: int) -> list[int]:
@@ -536,39 +519,6 @@ class Subscription:
         """Acknowledge positions (see :meth:`Acks.ack`): any consumer may ack any message,
         as with Pulsar's ack by id (it need not hold it)."""
         return self.acks.ack(keys)
-
-    async def ack_learning_tail(
-        self,
-        consumer_id: str,
-        keys: Iterable[int] | np.ndarray,
-        log_tail: LogTail,
-    ) -> int:
-        """:meth:`ack`, but a position past the end this subscription knows first has the
-        log's tail asked for (``log_tail()``: its key, None for an empty log). A consumer
-        may ack what an earlier life of this subscription delivered before this one has
-        read that far (or when only the host's index has answered it yet): that ack names
-        a message, and is not refused."""
-        ks = keys_of(keys)
-        if self.acks.past_end(ks):
-            known = self.reading.end_key
-            try:  # (bounded: an ack must not wait on a host that does not answer)
-                tail = await asyncio.wait_for(log_tail(), ACK_TAIL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - any failure: the ack is tried again
-                raise Unavailable(
-                    f"{self.name}: an ack names {key_text(int(ks.max()))}, past what this "
-                    f"subscription has read, and the log's tail cannot be asked now "
-                    f"({type(exc).__name__}: {exc}); the ack is kept and sent again"
-                ) from None
-            if tail is not None:
-                self.reading.see_end(tail)
-            log.info(
-                "%s: an ack names %s, past %s read so far; the log's tail is %s",
-                self.name,
-                key_text(int(ks.max())),
-                key_text(known),
-                key_text(tail),
-            )
-        return self.acks.ack(ks)
 
     def nack(
         self, consumer_id: str, keys: Iterable[int] | np.ndarray, delay_ms: int, now_ms: int

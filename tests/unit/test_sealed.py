@@ -441,16 +441,22 @@ def test_cancel_markers_travel_with_the_bucket_that_covers_them():
     assert keys == [key_of(1, 0), key_of(2, 1)]  # 1:1 was cancelled
 
 
-def test_a_bucket_holding_a_cancel_is_not_finished_until_its_target_is_acked_in_the_cursor():
-    # Given bucket 1 with the cancelled message 1:1 (and 1:0), and bucket 2 with the cancel
-    # marker 2:0 of 1:1 and a row of its own, 2:1, due first
+def _jobs_with_a_cancel_in_the_second():
+    """The seal jobs of ledger 1 (1:0 and 1:1, due at 9 s) and of ledger 2 (the cancel
+    marker 2:0 of 1:1, and 2:1 due at 5 s)."""
     index = TopicIndex(min_index_count=1)
     index.add(_object(1, 0, [9_000, 9_000], publish_ms=0))
     job1 = index.ledger_closed(1)
     cancels = Entries.build([b""], np.array([NO_DELAY]), cancels={0: (1, 1)})
     index.add(LedgerObject(2, 0, 0, cancels, {}))
     index.add(_object(2, 1, [5_000], publish_ms=0))
-    job2 = index.ledger_closed(2)
+    return job1, index.ledger_closed(2)
+
+
+def test_a_bucket_holding_a_cancel_is_not_finished_until_its_target_is_acked_in_the_cursor():
+    # Given bucket 1 with the cancelled message 1:1 (and 1:0), and bucket 2 with the cancel
+    # marker 2:0 of 1:1 and a row of its own, 2:1, due first
+    job1, job2 = _jobs_with_a_cancel_in_the_second()
     metas = []
     for job, (lo, hi, bid) in ((job1, (0, 1, 1)), (job2, (2, 2, 2))):
         meta, segs, _ = seal(job.rows, start_ledger=lo, end_ledger=hi, bucket_id=bid,
@@ -483,13 +489,7 @@ def test_a_bucket_holding_a_cancel_is_not_finished_until_its_target_is_acked_in_
 def test_a_restart_acks_the_targets_of_the_markers_its_buckets_carry_as_it_resumes_past_them():
     # Given, as a restarted subscription finds them, bucket 1 holding 1:0 and the cancelled
     # 1:1, and bucket 2 holding the marker 2:0 of 1:1 and the row 2:1
-    index = TopicIndex(min_index_count=1)
-    index.add(_object(1, 0, [9_000, 9_000], publish_ms=0))
-    job1 = index.ledger_closed(1)
-    cancels = Entries.build([b""], np.array([NO_DELAY]), cancels={0: (1, 1)})
-    index.add(LedgerObject(2, 0, 0, cancels, {}))
-    index.add(_object(2, 1, [5_000], publish_ms=0))
-    job2 = index.ledger_closed(2)
+    job1, job2 = _jobs_with_a_cancel_in_the_second()
     reader = SealedReader()
     sub = _subscription(reader, ManualClock(0))
     for job, lo, hi, bid in ((job1, 0, 1, 1), (job2, 2, 2, 2)):

@@ -391,21 +391,21 @@ def test_an_ack_past_what_this_life_has_read_asks_the_log_tail_and_is_not_refuse
         asked.append(at)
         return key_of(*at)
 
-    assert asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 4)]), log_tail)) == 1
+    assert asyncio.run(c.sub.acks.ack_learning_tail(keys([(1, 4)]), log_tail)) == 1
     assert asked == [(1, 5)] and c.sub.counters["acked"] == 1
     # within what is known now: the tail is not asked again
-    assert asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 5)]), log_tail)) == 1
+    assert asyncio.run(c.sub.acks.ack_learning_tail(keys([(1, 5)]), log_tail)) == 1
     assert len(asked) == 1
     # past the tail the host gives too: still no such message, and nothing acked
     with pytest.raises(InvalidArgument, match=r"1:9 past the end of t/0/s .*1:5"):
-        asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 0), (1, 9)]), log_tail))
+        asyncio.run(c.sub.acks.ack_learning_tail(keys([(1, 0), (1, 9)]), log_tail))
     assert len(asked) == 2 and c.sub.counters["acked"] == 2
 
 
 def test_an_ack_whose_log_tail_cannot_be_asked_fails_retriably_and_acks_nothing(monkeypatch):
-    import raydelay.dispatch.subscription as subscription_module
+    import raydelay.dispatch.acks as acks_module
 
-    monkeypatch.setattr(subscription_module, "ACK_TAIL_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(acks_module, "ACK_TAIL_TIMEOUT_S", 0.05)
     c = make()
     read(c, obj(1, 0, [NO_DELAY] * 3), tail=(1, 2))
 
@@ -417,7 +417,7 @@ def test_an_ack_whose_log_tail_cannot_be_asked_fails_retriably_and_acks_nothing(
 
     for log_tail in (silent, moved):
         with pytest.raises(Unavailable, match=r"1:4, past what .* sent again") as info:
-            asyncio.run(c.sub.ack_learning_tail("c1", keys([(1, 0), (1, 4)]), log_tail))
+            asyncio.run(c.sub.acks.ack_learning_tail(keys([(1, 0), (1, 4)]), log_tail))
         assert type(info.value) is Unavailable
     assert c.sub.counters["acked"] == 0
 

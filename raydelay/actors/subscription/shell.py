@@ -239,7 +239,7 @@ class SubscriptionShell:
         """Acknowledge positions: one int64 array of keys ``ledger << 32 | entry``."""
         self.ensure_started()
         self._sub.touch(consumer_id, self._clock.now_ms())
-        n = await self._sub.ack_learning_tail(consumer_id, _keys(keys), self._reader.tail_key)
+        n = await self._sub.acks.ack_learning_tail(_keys(keys), self._reader.tail_key)
         if n and self._sub.type == "key_shared" and self._sub.redelivery.redeliver:
             await self._notify()  # the acks may free keys another consumer waits for
         return n
