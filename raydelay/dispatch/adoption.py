@@ -42,6 +42,13 @@ class BucketAdoption:
         self._reading = reading
         # finished buckets whose cancel markers' targets were seen acknowledged in the cursor
         self._confirmed: set[str] = set()
+        marks.watch(self.generation)  # (the cursor's periodic write reports the progress)
+
+    def generation(self) -> tuple[int, ...]:
+        """Changes whenever a bucket is adopted, merged or finished (with the cursor's
+        acknowledgements, what the progress reported depends on)."""
+        c = self.sealed.counters
+        return (len(self.sealed.buckets), c["adopted"], c["merged"], c["finished"])
 
     def adopt(
         self,

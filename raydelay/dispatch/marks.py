@@ -15,7 +15,7 @@ Write ahead, then apply: :meth:`CursorMarks.persist` writes a mark before it is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from pyroaring import BitMap64
@@ -26,6 +26,9 @@ from raydelay.dispatch.ports import CursorWriter
 
 DISPATCH_MARK_STEP = 10_000  # entries the dispatch mark moves ahead at a time
 DELAYED_MARK_STEP_MS = 5_000  # how far ahead the persisted delayed mark moves
+# The periodic write looks again this long after one that found nothing changed, while
+# nothing it covers changes (an idle subscription does not wake once an interval for it).
+QUIET_WRITE_MS = 30_000
 
 
 class CursorMarks:
@@ -56,6 +59,11 @@ class CursorMarks:
         self._delayed_durable = cursor.delayed_mark
         self.lock = asyncio.Lock()  # one cursor write at a time, in order
         self._due_ms: int | None = None  # the next periodic write (None: at once)
+        self._checked_ms: int | None = None  # the last periodic write's start
+        # what the subscription's state was when a periodic write found nothing to write
+        # (see :meth:`quiet`; None: it changed since, or no such write yet)
+        self._quiet_state: tuple | None = None
+        self._watched: list[Callable[[], tuple]] = []  # more state the periodic write reports
 
     # --- acknowledgements -------------------------------------------------------------------
 
@@ -114,11 +122,20 @@ class CursorMarks:
         """Whether the background step writes the cursor at ``now_ms`` (epoch ms): its
         periodic write, or the delayed mark moved ahead because delayed rows fall due at
         ``soon_ms`` (before receive would have to: a write on the delivery path, at their
-        instant)."""
+        instant). After a write that found nothing to do, the periodic one waits longer
+        (see :meth:`quiet`)."""
         persist = False
+        interval = self.persist_interval_ms
+        if self._quiet_state is not None:
+            if self._quiet_state == self.state():
+                interval = max(interval, QUIET_WRITE_MS)
+            else:
+                self._quiet_state = None
+        self._due_ms = None if self._checked_ms is None else self._checked_ms + interval
         if not self.lock.locked() and (self._due_ms is None or now_ms >= self._due_ms):
             persist = True
-            self._due_ms = now_ms + self.persist_interval_ms
+            self._checked_ms = now_ms
+            self._due_ms = now_ms + interval
         if (
             soon_ms is not None
             and not self.lock.locked()
@@ -128,6 +145,35 @@ class CursorMarks:
             self.cursor.delayed_mark = max(now_ms, soon_ms) + DELAYED_MARK_STEP_MS
             persist = True
         return persist
+
+    def watch(self, state: Callable[[], tuple]) -> None:
+        """The periodic write reports more than the cursor (the progress through sealed
+        buckets): ``state()`` sums that up, for :meth:`state`."""
+        self._watched.append(state)
+
+    def state(self) -> tuple:
+        """A cheap summary of everything a periodic write writes or reports: equal
+        summaries, nothing new to write. (Acknowledgements only add positions until
+        mark-delete passes them, so a count and mark-delete tell whether any came.)"""
+        c, log = self.cursor, self.log_cursor
+        return (
+            c.mark_delete,
+            len(c.acked_keys),
+            self.dispatch_mark,
+            c.delayed_mark,
+            len(c.settled),
+            len(c.settled_due),
+            c.dead_lettered,
+            log.mark_delete,
+            len(log.acked_keys),
+            *(each() for each in self._watched),
+        )
+
+    def quiet(self, state: tuple) -> None:
+        """A periodic write found nothing to write or report, the subscription's state
+        summed up as ``state`` (:meth:`state`, taken before it): the next one comes after
+        QUIET_WRITE_MS instead of the interval, unless that state changes first."""
+        self._quiet_state = state
 
     def next_write_ms(self) -> int | None:
         return self._due_ms

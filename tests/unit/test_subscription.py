@@ -17,7 +17,9 @@ from raydelay.delayed import (
     InMemoryDelayedDeliveryTracker,
 )
 from raydelay.delayed.reader import SealedReader
+from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.cursor import Cursor
+from raydelay.dispatch.marks import QUIET_WRITE_MS
 from raydelay.dispatch.objects import ObjectCache
 from raydelay.dispatch.subscription import (
     DISPATCH_MARK_STEP,
@@ -459,6 +461,39 @@ def test_a_step_asks_for_a_cursor_write_once_per_interval_and_only_a_change_is_w
     assert asyncio.run(c.sub.persist()) is True
     back, _ = Cursor.decode(c.cursor_writes[-1])
     assert back.is_acked(1, 0)
+
+
+def test_an_idle_subscription_looks_for_a_cursor_write_rarely_until_something_changes():
+    c = make(cursor_persist_interval_ms=1_000)
+    marks = c.sub.marks
+    assert c.sub.step(T0).persist and asyncio.run(c.sub.persist()) is True
+    assert c.sub.step(T0 + 1_000).persist
+    state = marks.state()
+    assert asyncio.run(c.sub.persist()) is False  # nothing to write: the driver says quiet
+    marks.quiet(state)
+    # Quiet: no step asks, and none wakes, until QUIET_WRITE_MS after the last look
+    assert not c.sub.step(T0 + 5_000).persist
+    assert marks.next_write_ms() == T0 + 1_000 + QUIET_WRITE_MS
+    assert c.sub.step(T0 + 1_000 + QUIET_WRITE_MS).persist
+    # ... unless what a write holds changes: an ack is written at the next interval
+    marks.quiet(marks.state())
+    read(c, obj(1, 0, [NO_DELAY]))
+    c.sub.ack("c1", keys(take(c)))
+    assert c.sub.step(T0 + 1_000 + QUIET_WRITE_MS + 1_000).persist
+    assert asyncio.run(c.sub.persist()) is True
+    back, _ = Cursor.decode(c.cursor_writes[-1])
+    assert back.is_acked(1, 0)
+
+
+def test_the_write_state_sees_a_bucket_adopted_as_a_change():
+    from tests.unit.test_merges import _bucket
+
+    c = make(sealed=SealedReader())
+    before = c.sub.marks.state()
+    c.sub.adopt(_bucket(SealedStore(MemoryObjectStore(), "t", 0), 1, [T0 + 60_000] * 3))
+    after = c.sub.marks.state()
+    # (the buckets' own part changed, not only the log cursor's acks of their ledger)
+    assert after[-1] == c.sub.buckets.generation() != before[-1]
 
 
 def test_a_restarted_subscription_marks_possibly_delivered_messages_and_skips_acked_ones():

@@ -138,10 +138,14 @@ class CursorIO:
         md, lm = sub.cursor.mark_delete, sub.marks.log_cursor.mark_delete
         return (md, lm, tuple(sorted(progress.items())))
 
+    def to_report(self, report: ProgressReport) -> bool:
+        """Whether ``report`` tells the coordinator anything new."""
+        return report != self._reported_progress
+
     async def report_progress(self, report: ProgressReport) -> bool:
         """Tell the coordinator a :meth:`progress_report` (taken before the cursor write
         that covers it), when it changed."""
-        if report == self._reported_progress:
+        if not self.to_report(report):
             return False
         md, lm, progress = report
         r = self._ref

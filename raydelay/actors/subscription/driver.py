@@ -30,9 +30,10 @@ from raydelay.dispatch.subscription import Step, Subscription
 
 log = logging.getLogger(__name__)
 
-# The driver's longest sleep: segment loads coming within the lookahead and failed
-# loads are looked at again at least this often.
-_IDLE_WAIT_S = 1.0
+# The driver's longest sleep with nothing scheduled: every time-driven thing it does says
+# when it comes (Step.wake_at_ms), and every change sets its event, so this is only a
+# backstop (an idle subscription's loop wakes this seldom).
+_IDLE_WAIT_S = 30.0
 _ALARM_SLACK_S = 0.002  # the loop's own timer, a fallback should the alarm be late
 # the kinds of background I/O, each reported (and its failures retried) on its own
 _KINDS = (
@@ -78,9 +79,7 @@ class StepDriver:
 
     def start(self) -> None:
         """Start the driver and the log reader (on the running loop)."""
-        self._alarm = Alarm(
-            asyncio.get_running_loop(), self._wake, f"raydelay-alarm-{self._sub.name}"
-        )
+        self._alarm = Alarm(asyncio.get_running_loop(), self._wake)
         self._loops = [
             self.spawn(self._drive()),
             # The log reader long-polls the host for up to a long poll: beside the driver.
@@ -116,12 +115,12 @@ class StepDriver:
     async def _drive(self) -> None:
         """Step the subscription whenever something changed or its wake time comes; start
         the I/O the step asks for; wake receivers. It never spins: with nothing scheduled
-        it waits for a change (or _IDLE_WAIT_S)."""
+        it waits for a change (or _IDLE_WAIT_S, a backstop)."""
         assert self._alarm is not None  # (started)
         retries = self._retries["step"]
         while not self._closed:
             self._wake.clear()  # (a change while this step runs makes the next one at once)
-            wait_s = _IDLE_WAIT_S
+            wait_s, at_s = _IDLE_WAIT_S, None
             try:
                 now = self._clock.now_ms()
                 step = self._sub.step(now)
@@ -132,15 +131,15 @@ class StepDriver:
                     await self._notify()
                 retries.ok()
                 if step.wake_at_ms is not None:
-                    wait_s = min(step.wake_at_ms / 1000 - time.time(), _IDLE_WAIT_S)
+                    at_s = step.wake_at_ms / 1000
             except Exception as exc:  # noqa: BLE001 - reported and retried
                 retries.failed(exc)
                 wait_s = RETRY_S
-            if wait_s < _IDLE_WAIT_S:
-                # a due instant: the alarm thread wakes the loop on the dot (the loop's own
-                # timer, a whole-ms epoll timeout rounded up, would be up to 1 ms late)
-                self._alarm.at(time.time() + max(wait_s, 0.0))
-                wait_s += _ALARM_SLACK_S
+            if at_s is not None:
+                # the alarm thread wakes the loop on the dot (the loop's own timer, a
+                # whole-ms epoll timeout rounded up, would be up to 1 ms late)
+                self._alarm.at(at_s)
+                wait_s = min(max(at_s - time.time(), 0.0) + _ALARM_SLACK_S, _IDLE_WAIT_S)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
             except asyncio.TimeoutError:
@@ -187,7 +186,10 @@ class StepDriver:
             except Exception as exc:  # noqa: BLE001 - the cursor is written all the same
                 log.info("%s: reading settled rows' deliver_at: %s", self._sub.name, exc)
         report = self._cursor_io.progress_report(self._sub)  # (what this write covers)
+        state = self._sub.marks.state()
         wrote = await self._sub.persist()
+        if not (wrote or learned or self._cursor_io.to_report(report)):
+            self._sub.marks.quiet(state)  # (an idle subscription: look again much later)
         self._start("reporting progress", self._cursor_io.report_progress(report))
         return wrote or learned
 

@@ -22,6 +22,7 @@ from raydelay.actors.host import HostActor
 from raydelay.actors.protocol import ReadReply
 from raydelay.actors.subscription.ref import RETRY_S, PartitionRef
 from raydelay.actors.subscription.sealed_io import SealedIO
+from raydelay.actors.subscription.shared_calls import SHARED
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
 from raydelay.dispatch.subscription import Subscription
@@ -31,9 +32,9 @@ from raydelay.positions import key_of
 log = logging.getLogger(__name__)
 
 # A log read that is caught up waits at its host this long for new entries (an idle
-# partition costs a call per this long); a shared subscription's reads wait only for
+# partition costs a call per this long, per process reading it; the host's cap); a shared subscription's reads wait only for
 # entries due within a lookahead plus this margin (for the call's own trips).
-_LONG_POLL_S = 30.0
+_LONG_POLL_S = 60.0
 _POLL_MARGIN_MS = 250
 _READ_CHUNK = 5_000
 _READ_LINGER_S = 0.005
@@ -101,24 +102,18 @@ class LogReader:
                 # the read when one it passed over comes that close): a steady stream of
                 # messages due later does not wake the reader at every commit.
                 within = self._sub.lookahead_ms + _POLL_MARGIN_MS if sealed else None
-                reply: ReadReply = await self._host.once(
-                    HostActor.read,
+                args = (
                     self._ref.topic,
                     self._ref.partition,
-                    self._sub.reading.read_position,
+                    tuple(self._sub.reading.read_position),
                     room,
                     _LONG_POLL_S,
                     sealed,
                     within,
                 )
+                reply, objects, nbytes = await SHARED.call(("read", *args), self._read, args)
                 retries.ok()
-                raw = await fetch_shared(reply.objects)
-                self._count_log_bytes(
-                    sum(len(b) for b in raw if isinstance(b, (bytes, np.ndarray)))
-                )
-                objects = [
-                    decode_object(b) if isinstance(b, (bytes, np.ndarray)) else b for b in raw
-                ]
+                self._count_log_bytes(nbytes)
                 self._sub.offer_read(
                     objects,
                     reply.ledgers,
@@ -138,6 +133,15 @@ class LogReader:
                     return
                 retries.failed(exc)
                 await asyncio.sleep(RETRY_S)
+
+    async def _read(self, args: tuple) -> tuple[ReadReply, list, int]:
+        """One log read at the host (``args`` as :meth:`HostActor.read` takes them), its
+        objects fetched and decoded: the reply, the objects, their bytes."""
+        reply: ReadReply = await self._host.once(HostActor.read, *args)
+        raw = await fetch_shared(reply.objects)
+        nbytes = sum(len(b) for b in raw if isinstance(b, (bytes, np.ndarray)))
+        objects = [decode_object(b) if isinstance(b, (bytes, np.ndarray)) else b for b in raw]
+        return reply, objects, nbytes
 
 
 async def fetch_shared(objects: list) -> list:

@@ -10,10 +10,13 @@ segment loads its steps ask for (ranged reads on threads, in parallel).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -21,12 +24,14 @@ from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import HostActor
 from raydelay.actors.protocol import BucketList, DueReply
 from raydelay.actors.subscription.ref import RETRY_S, PartitionRef
+from raydelay.actors.subscription.shared_calls import SHARED
 from raydelay.cluster.handles import Peer
 from raydelay.delayed.reader import SealedReader, SegmentLoad
 from raydelay.delayed.sealed import SealedMeta
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.subscription import Subscription, TailQuery
 from raydelay.errors import NotFound, Unavailable
+from raydelay.log.cache import LruCache
 from raydelay.log.entries import Rows
 from raydelay.storage import ObjectStore
 
@@ -39,6 +44,16 @@ _CHANGING = "the partition's buckets kept changing while they were read (merges)
 # each listing cost more than the reads. Up to 32 reads at once, for all the partitions
 # an actor recovers in parallel (S3 reads wait on the network, not the CPU).
 _META_POOL = ThreadPoolExecutor(32, thread_name_prefix="raydelay-meta")
+# The bucket metas this process read, per store, for all its units: (topic, partition,
+# bucket key) -> meta. A bucket's objects never change once written (a merge writes
+# another bucket) and its key is never used again in a store (ledger ids are never
+# reused), so the subscriptions of a partition that one host serves adopt a bucket from
+# one read of its meta, not one each.
+_METAS: weakref.WeakKeyDictionary[Any, LruCache[tuple[str, int, str], SealedMeta]] = (
+    weakref.WeakKeyDictionary()
+)
+_METAS_LOCK = threading.Lock()
+_METAS_KEPT = 256
 
 
 class SealedIO:
@@ -56,6 +71,7 @@ class SealedIO:
     ) -> None:
         self._ref = ref
         self._sub = sub
+        self._raw_store = store
         self.store = SealedStore(store, ref.topic, ref.partition)
         self._host = host
         self._coordinator = coordinator
@@ -86,11 +102,24 @@ class SealedIO:
         """The metas of ``keys`` (read in parallel), in ledger order; a bucket deleted
         meanwhile is left out."""
 
+        base = getattr(self._raw_store, "inner", self._raw_store)  # (not a counting wrapper)
+        with _METAS_LOCK:
+            metas = _METAS.get(base)
+            if metas is None:
+                metas = _METAS[base] = LruCache(_METAS_KEPT)
+
         def one(key: str) -> SealedMeta | None:
-            try:
-                return self.store.meta(key)
-            except NotFound:
-                return None
+            where = (self._ref.topic, self._ref.partition, key)
+            with _METAS_LOCK:
+                found = metas.get(where)
+            if found is None:
+                try:
+                    found = self.store.meta(key)
+                except NotFound:
+                    return None
+                with _METAS_LOCK:
+                    metas.put(where, found)
+            return found
 
         # (one key, as a bucket seals: no thread for it)
         found = [one(k) for k in keys] if len(keys) <= 1 else list(_META_POOL.map(one, keys))
@@ -138,20 +167,42 @@ class SealedIO:
             sealed.forget(gone)
         self.version = info.version
 
+    async def _ask_due(
+        self, query: TailQuery, version: int, through: int
+    ) -> tuple[DueReply, TailQuery]:
+        """One due query at the host: its answer, and the query it answers."""
+        reply: DueReply = await self._host.once(
+            HostActor.due_unsealed,
+            self._ref.topic,
+            self._ref.partition,
+            query.below,
+            query.through_ms,
+            query.now_ms,
+            version,
+            through,
+        )
+        return reply, query
+
     async def query_tail(self, sealed: SealedReader, query: TailQuery) -> None:
         """Take the due rows of the host's unsealed index; adopt first the buckets its
-        answer reports sealed."""
+        answer reports sealed. Units of this process that ask the same (caught up alike)
+        share one query (``SHARED``): each takes its answer in as asked by the first of
+        them, a few ms earlier."""
         try:
-            reply: DueReply = await self._host.once(
-                HostActor.due_unsealed,
-                self._ref.topic,
-                self._ref.partition,
+            version = -1 if self.version is None else self.version
+            through = sealed.sealed_through
+            r, ahead = self._ref, self._sub.lookahead_ms
+            key = (
+                "due",
+                r.topic,
+                r.partition,
                 query.below,
                 query.through_ms,
-                query.now_ms,
-                -1 if self.version is None else self.version,
-                sealed.sealed_through,
+                version,
+                through,
+                ahead,
             )
+            reply, query = await SHARED.call(key, self._ask_due, query, version, through)
             if reply.through > sealed.sealed_through or reply.version != self.version:
                 below, through = self._sub.unsealed.taken  # (what take_unsealed will make it)
                 after = (max(below, int(reply.below)), max(through, int(query.now_ms)))

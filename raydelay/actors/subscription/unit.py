@@ -20,6 +20,7 @@ import asyncio
 import functools
 import logging
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -77,7 +78,6 @@ class SubscriptionUnit:
         # receive_many waits on it for all the partitions it asks
         self._available: asyncio.Event | None = None
         self._started = False
-        self._reporter: asyncio.Task[None] | None = None  # the metrics loop, once started
         self.closed = False
         self._topic, self._subscription, self._config = topic, subscription, config
         self._coordinator = coordinator
@@ -149,22 +149,13 @@ class SubscriptionUnit:
             self._started = True
             for each in self._parts.values():
                 each.ensure_started()
-            self._reporter = asyncio.get_running_loop().create_task(self._report_metrics())
+            MetricsLoop.of_loop().add(self)
         return part
 
-    async def _report_metrics(self) -> None:
-        """Once a second, one loop for the process: what changed in each partition goes to
-        Ray's metrics, recorded on a thread (hundreds of histogram samples, recorded on the
-        event loop, held a due delivery up by 10-20 ms)."""
-        while True:
-            await asyncio.sleep(_REPORT_S)
-            batch = [m for m in (p.metrics_snapshot() for p in self._parts.values()) if m]
-            if not batch:
-                continue
-            try:
-                await asyncio.to_thread(_record_all, batch)
-            except Exception:  # noqa: BLE001 - metrics must never stop the subscription
-                log.exception("%s: reporting metrics failed", self._name)
+    def metrics_snapshots(self) -> list[tuple[SubscriptionMetrics, dict, list]]:
+        """What each partition has to report to Ray's metrics (those where something
+        changed; see :meth:`PartitionReport.snapshot`)."""
+        return [m for m in (p.metrics_snapshot() for p in self._parts.values()) if m]
 
     async def _serving(self, partition: int) -> SubscriptionShell:
         """The partition, once no reset of its cursor is under way."""
@@ -403,8 +394,7 @@ class SubscriptionUnit:
         self._changed()
         self._pool.shutdown(wait=False, cancel_futures=True)  # (recoveries not begun)
         await asyncio.gather(*[p.close() for p in self._parts.values()])
-        if self._reporter is not None:
-            self._reporter.cancel()
+        MetricsLoop.of_loop().discard(self)
 
     async def abandon(self) -> None:
         """Stop every partition's loops, writing nothing (fenced: another host serves the
@@ -413,8 +403,7 @@ class SubscriptionUnit:
         self._changed()
         self._pool.shutdown(wait=False, cancel_futures=True)  # (recoveries not begun)
         await asyncio.gather(*[p.abandon() for p in self._parts.values()])
-        if self._reporter is not None:
-            self._reporter.cancel()
+        MetricsLoop.of_loop().discard(self)
 
     def partitions(self) -> list[int]:
         return list(self._mine)
@@ -432,6 +421,49 @@ def _group_partitions(
         "partitions_per_actor", config_from_dict(config).subscription.partitions_per_actor
     )
     return subscription_groups(n, per_actor).get(group, []), options
+
+
+class MetricsLoop:
+    """One loop per process (per event loop) that reports every started unit's metrics
+    once a second: what changed in each partition goes to Ray's metrics, recorded on a
+    thread (hundreds of histogram samples, recorded on the event loop, held a due delivery
+    up by 10-20 ms). A host of a hundred idle units wakes once a second for them all, and
+    not at all once the last one closed."""
+
+    _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MetricsLoop] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self) -> None:
+        self._units: dict[SubscriptionUnit, None] = {}  # (in the order they started)
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of_loop(cls) -> MetricsLoop:
+        loop = asyncio.get_running_loop()
+        found = cls._loops.get(loop)
+        if found is None:
+            found = cls._loops[loop] = cls()
+        return found
+
+    def add(self, unit: SubscriptionUnit) -> None:
+        self._units[unit] = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def discard(self, unit: SubscriptionUnit) -> None:
+        self._units.pop(unit, None)
+
+    async def _run(self) -> None:
+        while self._units:
+            await asyncio.sleep(_REPORT_S)
+            batch = [m for unit in list(self._units) for m in unit.metrics_snapshots()]
+            if not batch:
+                continue
+            try:
+                await asyncio.to_thread(_record_all, batch)
+            except Exception:  # noqa: BLE001 - metrics must never stop the subscriptions
+                log.exception("reporting subscription metrics failed")
 
 
 def _record_all(batch: list[tuple[SubscriptionMetrics, dict, list]]) -> None:
