@@ -5,9 +5,10 @@ For each K, in a process of its own with a new local Ray on the machine's 2 core
 local-dir store: a one-partition topic with K shared subscriptions and no consumer, and a
 bare Ray actor (a class with one method) beside them. Then:
 
-1. **Idle.** After a settle, the CPU of every Ray worker process over ``--idle-s`` seconds,
-   per second: the layout's idle floor. In the same window, the idle CPU per subscription
-   host process (the actors that serve subscriptions) and the bare actor's.
+1. **Idle.** After a 5 s settle, the CPU of every Ray worker process over ``--idle-s``
+   seconds, per second (from each thread's schedstat, in ns): the layout's idle floor. In
+   the same window, the idle CPU per subscription host process (the actors that serve
+   subscriptions) and the bare actor's.
 2. **Send.** ``--n`` delayed messages of 100 B, due in an hour, in ``send_many`` batches of
    ``--batch`` from one thread: the producer's time.
 3. **Indexed.** Until every subscription counts all of them as delayed (asked one
@@ -39,13 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.child import run_child  # noqa: E402
 
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np, psutil, ray
 import raydelay
 from raydelay.cluster.local import RAY_SYSTEM_CONFIG
 
-k, n, batch, idle_s, root = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
-                             float(sys.argv[4]), sys.argv[5])
+k, n, batch, idle_s, settle_store, root = (int(sys.argv[1]), int(sys.argv[2]),
+    int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6])
 ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
          log_to_driver=False, _system_config=RAY_SYSTEM_CONFIG)
 
@@ -90,11 +91,27 @@ def cpu(procs):
     return total
 
 
+def cpu_ns(procs):
+    # CPU seconds so far per process, from its threads' schedstat (nanoseconds, where
+    # psutil's counts are 10 ms ticks: too coarse for an idle process over seconds)
+    out = {}
+    for pid in procs:
+        total = 0
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        except OSError:
+            continue
+        out[pid] = total / 1e9
+    return out
+
+
 time.sleep(5)  # settle: the subscriptions' first reads stand, start-up is over
 procs = workers()
-c0, t0 = cpu(procs), time.monotonic()
+c0, t0 = cpu_ns(procs), time.monotonic()
 time.sleep(idle_s)
-c1, idle_wall = cpu(procs), time.monotonic() - t0
+c1, idle_wall = cpu_ns(procs), time.monotonic() - t0
 idle = {pid: (c1[pid] - c0[pid]) / idle_wall for pid in c1 if pid in c0}
 floor = sum(idle.values())
 sub_hosts = [pid for pid, (_, role) in procs.items() if "Subscription" in role]
@@ -124,7 +141,18 @@ roles = {}
 for pid, (_, role) in procs.items():
     if pid in c1 and pid in c0:
         roles[role] = roles.get(role, 0.0) + c1[pid] - c0[pid]
+store = written = None
+if settle_store > 0:  # the store's bytes once retention deleted the sealed ledgers
+    from raydelay.actors.handles import topic_partition
+    from raydelay.actors.host import HostActor
+    time.sleep(settle_store)
+    store = sum(os.path.getsize(os.path.join(d, f)) for base in ("topics", "subs")
+                for d, _, fs in os.walk(os.path.join(root, base)) for f in fs)
+    t = ray.get(topic_partition("fan", 0).submit(HostActor.stats))
+    written = t["bytes_written"] + t["sealed_bytes"] + t.get("merged_bytes", 0)
 print("RESULT " + json.dumps({
+    "store_per_payload": None if store is None else store / (n * len(payload)),
+    "written_per_appended": None if written is None else written / (n * len(payload)),
     "k": k, "n": n, "complete": i == k, "send_s": send_s, "indexed_s": wall,
     "cpu_s": load, "floor_per_s": floor, "net_cpu_s": load - floor * wall,
     "workers": len(procs), "sub_hosts": len(sub_hosts),
@@ -136,12 +164,22 @@ cluster.shutdown()
 """
 
 
-def run(k: int, args: argparse.Namespace, src: str | None) -> dict:
-    argv = [str(k), str(args.n), str(args.batch), str(args.idle_s)]
+def run(
+    k: int, n: int, batch: int, idle_s: float, src: str | None, settle_store: float = 0.0
+) -> dict:
+    """One run (a process of its own, with its own Ray) at K = ``k``; ``settle_store``:
+    seconds to wait after the load before the store's bytes are measured (0: not)."""
+    argv = [str(k), str(n), str(batch), str(idle_s), str(settle_store)]
     result = run_child(CHILD, argv, src, timeout_s=900)
     if not result["complete"]:
-        raise SystemExit(f"K={k}: not every subscription indexed all {args.n:,} in 600 s")
+        raise SystemExit(f"K={k}: not every subscription indexed all {n:,} in 600 s")
     return result
+
+
+def measure(ks: list[int], n: int, batch: int = 5_000, idle_s: float = 3.0) -> list[dict]:
+    """One run per K (bench/compare.py's fanout scenario), with the store's bytes 12 s
+    after the load (retention runs every 5 s)."""
+    return [run(k, n, batch, idle_s, None, settle_store=12.0) for k in sorted(set(ks))]
 
 
 def mean_of(rows: list[dict], key: str) -> float:
@@ -216,9 +254,9 @@ def main() -> None:
     for rnd in range(args.rounds):  # alternating: a slow minute of the machine hits both
         for k in ks:
             print(f"round {rnd + 1}, K={k}", file=sys.stderr)
-            ours[k].append(run(k, args, None))
+            ours[k].append(run(k, args.n, args.batch, args.idle_s, None))
             if args.baseline:
-                base[k].append(run(k, args, args.baseline))
+                base[k].append(run(k, args.n, args.batch, args.idle_s, args.baseline))
     print(
         f"\n{args.n:,} delayed messages into one partition, `send_many` of {args.batch:,}, read "
         f"by K shared subscriptions (no consumer); idle floor over {args.idle_s:g} s; "

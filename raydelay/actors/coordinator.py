@@ -190,6 +190,11 @@ class CoordinatorActor:
     ) -> None:
         self._meta.set_progress(topic, partition, subscription, position, log_mark, progress)
 
+    def set_progress_many(self, reports: list) -> int:
+        """Many ``set_progress`` reports in one journal record (see
+        ``Metadata.set_progress_many``); returns how many changed."""
+        return self._meta.set_progress_many(reports)
+
     def progress(self, topic: str, partition: int, subscription: str) -> dict:
         return self._meta.progress(topic, partition, subscription)
 

@@ -223,11 +223,10 @@ class Metadata:
             s["next_ledger"] = max(s["next_ledger"], a["new"] + 1)
             return a["new"]
         elif op == "mark_delete":
-            s["mark_delete"][a["key"]] = a["position"]
-            if a.get("log_mark") is not None:
-                s["log_mark"][a["key"]] = a["log_mark"]
-            if a.get("progress") is not None:
-                s["progress"][a["key"]] = a["progress"]
+            _apply_mark(s, a)
+        elif op == "mark_delete_many":
+            for mark in a["marks"]:
+                _apply_mark(s, mark)
         elif op == "drop_ledgers":
             pk = _pk(a["topic"], a["partition"])
             drop = set(a["ledgers"])
@@ -431,6 +430,36 @@ class Metadata:
     ) -> None:
         """Mark-delete, the log mark and the sealed-bucket progress of a subscription
         partition, in one journal record (only when something changed)."""
+        record = self._progress_record(
+            [topic, partition, subscription, position, log_mark, progress]
+        )
+        if record is not None:
+            self.change("mark_delete", **record)
+
+    def set_progress_many(self, reports: list) -> int:
+        """:meth:`set_progress` for many subscription partitions at once (each report
+        ``[topic, partition, subscription, position, log_mark, progress]``), the ones that
+        changed in one journal record: what one subscription host's units report together.
+        A report of a partition that no longer exists (its topic deleted, or made again
+        with fewer partitions, meanwhile) is left out: it must not hold up the others.
+        Returns how many changed."""
+        records = []
+        for report in reports:
+            try:
+                record = self._progress_record(report)
+            except (NotFound, InvalidArgument) as exc:
+                log.info("metadata: a progress report left out: %s", exc)
+                continue
+            if record is not None:
+                records.append(record)
+        if records:
+            self.change("mark_delete_many", marks=records)
+        return len(records)
+
+    def _progress_record(self, report: list) -> dict[str, Any] | None:
+        """The journal record of a progress report (``[topic, partition, subscription,
+        position, log_mark, progress]``), or None when nothing changed."""
+        topic, partition, subscription, position, log_mark, progress = report
         self.check_partition(topic, partition)
         key = f"{topic}/{partition}/{subscription}"
         position = [int(position[0]), int(position[1])]
@@ -445,9 +474,8 @@ class Metadata:
             or s["log_mark"].get(key) != log_mark
             or s["progress"].get(key, {}) != progress
         ):
-            self.change(
-                "mark_delete", key=key, position=position, log_mark=log_mark, progress=progress
-            )
+            return {"key": key, "position": position, "log_mark": log_mark, "progress": progress}
+        return None
 
     def progress(self, topic: str, partition: int, subscription: str) -> dict[str, Any]:
         return dict(self.state["progress"].get(f"{topic}/{partition}/{subscription}", {}))
@@ -577,3 +605,12 @@ def _sub_of(key: str) -> tuple[str, str]:
 def _seq_of(key: str) -> int:
     """The sequence number of a journal key."""
     return int(key.rsplit("/", 1)[1])
+
+
+def _apply_mark(s: dict[str, Any], a: dict[str, Any]) -> None:
+    """Apply one progress record (a ``mark_delete`` journal record's arguments)."""
+    s["mark_delete"][a["key"]] = a["position"]
+    if a.get("log_mark") is not None:
+        s["log_mark"][a["key"]] = a["log_mark"]
+    if a.get("progress") is not None:
+        s["progress"][a["key"]] = a["progress"]

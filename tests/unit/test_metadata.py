@@ -201,3 +201,25 @@ def test_a_larger_state_is_snapshotted_less_often_and_never_past_snapshot_every(
     assert Metadata(store, snapshot_every=300).snapshot_after() == m.snapshot_after()
     monkeypatch.setattr(metadata, "SNAPSHOT_BYTES_PER_RECORD", 1 << 30)
     assert m.snapshot_after() == metadata.MIN_SNAPSHOT_EVERY
+
+
+def test_many_progress_reports_are_one_journal_record_and_a_gone_topics_is_left_out():
+    store = MemoryObjectStore()
+    m = Metadata(store)
+    m.create_topic("orders", 2)
+    seq = m.seq
+    changed = m.set_progress_many(
+        [
+            ["orders", 0, "billing", [1, 5], [1, 5], {"b1": 2}],
+            ["orders", 1, "billing", [1, 7], [1, 6], {}],
+            ["gone", 0, "billing", [1, 1], [1, 1], {}],  # (deleted meanwhile)
+            ["orders", 9, "billing", [1, 1], [1, 1], {}],  # (no such partition now)
+        ]
+    )
+    assert changed == 2 and m.seq == seq + 1  # one record for both
+    assert m.progress("orders", 0, "billing") == {"b1": 2}
+    assert m.set_progress_many([["orders", 1, "billing", [1, 7], [1, 6], {}]]) == 0
+    assert m.seq == seq + 1  # (nothing changed: nothing written)
+    again = Metadata(store)  # replayed from the journal
+    assert again.state["mark_delete"] == m.state["mark_delete"]
+    assert again.state["log_mark"]["orders/1/billing"] == [1, 6]

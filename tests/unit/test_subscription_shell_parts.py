@@ -159,11 +159,55 @@ def test_progress_is_reported_only_when_it_changed():
     assert report((1, 1), (1, 2)) is True
     assert report((1, 1), (1, 2)) is False
     assert report((1, 3), (1, 3)) is True
-    reported = [args for name, args in coordinator.calls if name == "set_progress"]
+    reported = [args for name, args in coordinator.calls if name == "set_progress_many"]
     assert reported == [
-        ("orders", 3, "billing", [1, 1], [1, 2], {}),
-        ("orders", 3, "billing", [1, 3], [1, 3], {}),
+        ([["orders", 3, "billing", [1, 1], [1, 2], {}]],),
+        ([["orders", 3, "billing", [1, 3], [1, 3], {}]],),
     ]
+
+
+def test_the_progress_of_a_processs_partitions_goes_in_one_call_the_latest_of_each():
+    coordinator = FakeCoordinator()
+    ios = [CursorIO(PartitionRef("orders", p, "billing"), MemoryObjectStore(), coordinator)
+           for p in range(3)]  # fmt: skip
+
+    async def main() -> None:
+        # three partitions report at once, the first of them twice: one call
+        await asyncio.gather(
+            *[
+                io.report_progress(io.progress_report(_fake_sub((1, p), (1, p))))
+                for p, io in enumerate(ios)
+            ],  # fmt: skip
+            ios[0].report_progress(ios[0].progress_report(_fake_sub((1, 9), (1, 9)))),
+        )
+
+    asyncio.run(main())
+    [(name, (reports,))] = coordinator.calls
+    assert name == "set_progress_many"
+    assert sorted(reports) == [
+        ["orders", 0, "billing", [1, 9], [1, 9], {}],  # (the later report of partition 0)
+        ["orders", 1, "billing", [1, 1], [1, 1], {}],
+        ["orders", 2, "billing", [1, 2], [1, 2], {}],
+    ]
+
+
+def test_a_failed_batch_of_progress_reports_fails_each_caller_and_the_next_sends_again():
+    class Failing(FakeCoordinator):
+        fail = True
+
+        async def once(self, method: Any, *args: Any) -> Any:
+            if self.fail:
+                raise ConnectionError("coordinator restarting")
+            return await super().once(method, *args)
+
+    coordinator = Failing()
+    io = CursorIO(REF, MemoryObjectStore(), coordinator)
+    report = io.progress_report(_fake_sub((2, 0), (2, 0)))
+    with pytest.raises(ConnectionError):
+        asyncio.run(io.report_progress(report))
+    coordinator.fail = False
+    assert asyncio.run(io.report_progress(report)) is True  # (not taken for sent)
+    assert [name for name, _ in coordinator.calls] == ["set_progress_many"]
 
 
 def test_recovery_cost_counts_log_bytes_until_the_first_delivery():

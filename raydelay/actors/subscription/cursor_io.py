@@ -25,6 +25,7 @@ from typing import Any
 
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.subscription.ref import PartitionRef
+from raydelay.actors.subscription.shared_calls import progress_reports
 from raydelay.cluster.handles import Peer
 from raydelay.delayed.sealed import parse_bucket_key
 from raydelay.dispatch.cursor import Cursor, Position
@@ -149,15 +150,9 @@ class CursorIO:
             return False
         md, lm, progress = report
         r = self._ref
-        await self._coordinator.once(
-            CoordinatorActor.set_progress,
-            r.topic,
-            r.partition,
-            r.subscription,
-            list(md),
-            list(lm),
-            dict(progress),
-        )
+        # (with the other partitions' of this process, in one call: see ProgressReports)
+        entry = [r.topic, r.partition, r.subscription, list(md), list(lm), dict(progress)]
+        await progress_reports().report(self._coordinator, entry)
         self._reported_progress = report
         return True
 

@@ -50,3 +50,68 @@ class SharedCalls:
 
 
 SHARED = SharedCalls()
+
+
+class ProgressReports:
+    """The progress reports of this process's subscription partitions, sent to the
+    coordinator together: one call and one journal record for all that came within
+    ``BATCH_S`` of each other (a bulk load adopting a bucket in a hundred subscriptions
+    of a host is one record, not a hundred). A report is sent only after the cursor write
+    that covers it (its caller awaits that first), later reports of a partition replace
+    its earlier ones not sent yet, and batches go one at a time, in order: retention
+    never sees a partition's progress go back. A failed batch fails each of its callers,
+    whose next cursor write reports again."""
+
+    BATCH_S = 0.02
+
+    def __init__(self) -> None:
+        # (topic, partition, subscription) -> the report to send, and its callers' futures
+        self._pending: dict[tuple, tuple[list, list[asyncio.Future[None]]]] = {}
+        self._sender: asyncio.Task[None] | None = None
+        self.batches = 0  # (for the tests and stats)
+
+    async def report(self, coordinator: Any, report: list) -> None:
+        """Send ``report`` (``[topic, partition, subscription, mark-delete, log mark,
+        progress]``) with the others of this moment; returns once it is journaled."""
+        done = asyncio.get_running_loop().create_future()
+        key = tuple(report[:3])
+        _, waiting = self._pending.get(key, (None, []))
+        self._pending[key] = (report, [*waiting, done])
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send(coordinator))
+        await done
+
+    async def _send(self, coordinator: Any) -> None:
+        from raydelay.actors.coordinator import CoordinatorActor
+
+        while self._pending:
+            await asyncio.sleep(self.BATCH_S)
+            batch, self._pending = self._pending, {}
+            self.batches += 1
+            try:
+                reports = [report for report, _ in batch.values()]
+                await coordinator.once(CoordinatorActor.set_progress_many, reports)
+            except BaseException as exc:  # noqa: BLE001 - each caller's to retry
+                for _, waiting in batch.values():
+                    for done in waiting:
+                        if not done.done():
+                            done.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            else:
+                for _, waiting in batch.values():
+                    for done in waiting:
+                        if not done.done():
+                            done.set_result(None)
+
+
+_PROGRESS: dict[int, ProgressReports] = {}
+
+
+def progress_reports() -> ProgressReports:
+    """This event loop's :class:`ProgressReports`."""
+    loop = asyncio.get_running_loop()
+    found = _PROGRESS.get(id(loop))
+    if found is None or found._sender is not None and found._sender.get_loop() is not loop:
+        found = _PROGRESS[id(loop)] = ProgressReports()
+    return found
