@@ -13,6 +13,8 @@ bare Ray actor (a class with one method) beside them. Then:
    ``--batch`` from one thread: the producer's time.
 3. **Indexed.** Until every subscription counts all of them as delayed (asked one
    subscription at a time, at most 5 times a second).
+4. **Idle again**, 2 s later, for ``--idle-s``: the layout's CPU per second with every
+   subscription holding the messages (they fall due in an hour).
 
 The CPU of the load is every Ray worker's CPU from the first send until every subscription
 held all; "net of the floor" takes out the idle floor times that wall time. Ratios are
@@ -141,6 +143,11 @@ roles = {}
 for pid, (_, role) in procs.items():
     if pid in c1 and pid in c0:
         roles[role] = roles.get(role, 0.0) + c1[pid] - c0[pid]
+time.sleep(2)  # (the last seals and reports of the load)
+c0, t0 = cpu_ns(procs), time.monotonic()
+time.sleep(idle_s)  # idle again, every subscription holding n pending
+c1, after_wall = cpu_ns(procs), time.monotonic() - t0
+floor_after = sum(c1[pid] - c0[pid] for pid in c1 if pid in c0) / after_wall
 store = written = None
 if settle_store > 0:  # the store's bytes once retention deleted the sealed ledgers
     from raydelay.actors.handles import topic_partition
@@ -155,6 +162,7 @@ print("RESULT " + json.dumps({
     "written_per_appended": None if written is None else written / (n * len(payload)),
     "k": k, "n": n, "complete": i == k, "send_s": send_s, "indexed_s": wall,
     "cpu_s": load, "floor_per_s": floor, "net_cpu_s": load - floor * wall,
+    "floor_after_per_s": floor_after,
     "workers": len(procs), "sub_hosts": len(sub_hosts),
     "idle_per_sub_host": per_sub_host, "idle_bare": idle.get(bare_pid, 0.0),
     "cpu_by_role": roles,
@@ -193,6 +201,7 @@ FIGURES = [
     ("s until all indexed", lambda m: m["indexed_s"], "{:.2f}"),
     ("CPU s, all workers", lambda m: m["cpu_s"], "{:.2f}"),
     ("idle floor ms/s", lambda m: 1000 * m["floor_per_s"], "{:.0f}"),
+    ("idle ms/s after the load (n pending)", lambda m: 1000 * m["floor_after_per_s"], "{:.0f}"),
     ("CPU s net of the floor", lambda m: m["net_cpu_s"], "{:.2f}"),
     ("idle ms/s per subscription host", lambda m: 1000 * m["idle_per_sub_host"], "{:.1f}"),
     ("idle ms/s, bare Ray actor", lambda m: 1000 * m["idle_bare"], "{:.1f}"),
@@ -205,7 +214,7 @@ FIGURES = [
 ]
 RATIOS = ("send s", "CPU s, all workers", "CPU s net of the floor")
 KEYS = ("n", "send_s", "indexed_s", "cpu_s", "floor_per_s", "net_cpu_s", "workers",
-        "idle_per_sub_host", "idle_bare")  # fmt: skip
+        "idle_per_sub_host", "idle_bare", "floor_after_per_s")  # fmt: skip
 
 
 def means(rows: list[dict]) -> dict:

@@ -433,15 +433,16 @@ def _fanout(results: dict) -> list[str]:
         "are the log's and the sealed buckets'.",
         "",
         "| K | send s | vs K=1 | CPU s | vs K=1 | net CPU s | vs K=1 | idle floor ms/s "
-        "| idle per sub host / bare actor (ms/s) | worker processes | store bytes / payload "
-        "byte | written / appended |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        f"| idle ms/s, {base['n']:,} pending | idle per sub host / bare actor (ms/s) | worker processes "
+        "| store bytes / payload byte | written / appended |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         out.append(
             f"| {r['k']} | {r['send_s']:.2f} | {_ratio(r['send_s'], base['send_s'])} | "
             f"{r['cpu_s']:.2f} | {_ratio(r['cpu_s'], base['cpu_s'])} | {r['net_cpu_s']:.2f} | "
             f"{_ratio(r['net_cpu_s'], base['net_cpu_s'])} | {1000 * r['floor_per_s']:.0f} | "
+            f"{1000 * r['floor_after_per_s']:.0f} | "
             f"{1000 * r['idle_per_sub_host']:.1f} / {1000 * r['idle_bare']:.1f} | "
             f"{r['workers']} | {_num(r['store_per_payload'], '.2f')} | "
             f"{_num(r['written_per_appended'], '.2f')} |"

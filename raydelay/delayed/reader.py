@@ -91,7 +91,7 @@ class _Run:
     popped: dict[int, np.ndarray] = field(default_factory=dict)  # segment -> its keys
 
     def left(self) -> int:
-        return sum(s.count for s in self.info.segments[self.next :])
+        return self.info.rows_from[min(self.next, len(self.info.segments))]
 
 
 @dataclass(eq=False)

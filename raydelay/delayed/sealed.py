@@ -108,6 +108,16 @@ class RunInfo:
     def ledgers(self) -> tuple[int, int]:
         return parse_bucket_key(self.key)[:2]
 
+    @cached_property
+    def rows_from(self) -> tuple[int, ...]:
+        """``rows_from[i]``: the rows of segments ``i`` and after (one more item, 0, at the
+        end): a subscription's count of what is left in a run, asked at every stats call,
+        without a sum over its segments each time."""
+        out = [0] * (len(self.segments) + 1)
+        for i in range(len(self.segments) - 1, -1, -1):
+            out[i] = out[i + 1] + self.segments[i].count
+        return tuple(out)
+
 
 Part = tuple[int, int]  # (run number, segment number in the run)
 

@@ -1081,3 +1081,11 @@ def test_a_stream_of_rows_due_later_is_asked_for_seldom_but_a_new_bucket_or_a_du
     index.add(soon)
     sub.offer_read([_stand_in(soon)], [(1, None)], (1, 20))
     assert not answer(t + 2_499) and answer(t + 2_500)
+
+
+def test_a_runs_rows_from_each_segment_on_are_its_suffix_sums():
+    from raydelay.delayed.sealed import RunInfo
+
+    run = RunInfo("1-1-1", tuple(SegmentInfo(0, 0, n, 0, 0) for n in (5, 0, 7, 2)))
+    assert run.rows_from == (14, 9, 9, 2, 0)
+    assert RunInfo("1-1-1", ()).rows_from == (0,)

@@ -121,3 +121,26 @@ def test_one_metrics_loop_reports_every_started_unit_and_stops_with_the_last(mon
         assert reporter._task is not None and reporter._task.done()  # nothing left to report
 
     asyncio.run(main())
+
+
+def test_the_metrics_loop_looks_less_often_while_nothing_changes(monkeypatch):
+    monkeypatch.setattr(unit_module, "_REPORT_S", 0.01)
+    monkeypatch.setattr(unit_module, "_IDLE_REPORT_S", 0.04)
+    looked: list[float] = []
+
+    class QuietUnit:
+        def metrics_snapshots(self) -> list:
+            looked.append(time.monotonic())
+            return []
+
+    async def main() -> None:
+        reporter = MetricsLoop.of_loop()
+        unit = QuietUnit()
+        reporter.add(unit)  # type: ignore[arg-type]
+        await asyncio.sleep(0.3)
+        reporter.discard(unit)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    # every 0.01 s that would be about 30 looks; backing off to 0.04 s, at most about 9
+    assert 2 <= len(looked) <= 12
+    assert looked[-1] - looked[-2] >= 0.04  # (a sleep is never shorter than asked)

@@ -308,6 +308,25 @@ def test_lateness_counts_first_deliveries_of_delayed_messages_only():
     assert report.late_counts.sum() == 1
 
 
+def test_an_idle_partition_is_not_counted_again_for_the_metrics():
+    from tests.unit.test_subscription import make
+
+    c = make()
+    counted = []
+    stats = c.sub.stats
+    c.sub.stats = lambda: counted.append(1) or stats()  # type: ignore[method-assign]
+    loads: deque = deque()
+    report = PartitionReport(SimpleNamespace(), c.sub, loads)
+    first = report.snapshot()
+    assert first is not None and first[1]["backlog"] == 0 and len(counted) == 1
+    assert report.snapshot() is None and len(counted) == 1  # nothing moved: not counted
+    c.sub.step(2_000_000)  # (a step ran: something may have changed)
+    assert report.snapshot() is None and len(counted) == 2  # counted, the same: not reported
+    loads.append(("load", 0.01))
+    again = report.snapshot()
+    assert again is not None and again[2] == [("load", 0.01)]
+
+
 def _driver(wake: asyncio.Event) -> StepDriver:
     sub = SimpleNamespace(name=REF.name)
     return StepDriver(

@@ -60,6 +60,7 @@ class PartitionReport:
         # count per LATENESS_BOUNDARIES_MS bucket (at most that many ms late), then the rest
         self.late_counts = np.zeros(len(LATENESS_BOUNDARIES_MS) + 1, dtype=np.int64)
         self._reported_stats: dict | None = None
+        self._looked_at: tuple | None = None  # what changed() saw at the last snapshot
 
     def dispatched(self, out: list[Delivery], now_ms: int) -> None:
         """``out`` went to a consumer at ``now_ms``."""
@@ -73,10 +74,17 @@ class PartitionReport:
 
     def snapshot(self) -> tuple[SubscriptionMetrics, dict, list[Any]] | None:
         """What this partition has to report to Ray's metrics (its gauges' values and the
-        bucket operations since the last time), or None when nothing changed: its actor
+        bucket operations since the last time), or None when nothing changed: its host
         records every partition's at once, on a thread, once a second."""
         try:
-            stats = self._sub.stats() | tracker_stats(self._sub)
+            # Counting (the delayed rows, the backlog) is not free: an idle partition, where
+            # no step ran and no count or cursor moved since, is not counted again.
+            sub = self._sub
+            seen = (sub.stepped_ms, *sub.counters.values(), sub.marks.state())
+            if seen == self._looked_at and not self._load_times:
+                return None
+            self._looked_at = seen
+            stats = sub.stats() | tracker_stats(sub)
             times = self._load_times
             ops = [times.popleft() for _ in range(len(times))]
         except Exception:  # noqa: BLE001 - metrics must never stop the subscription

@@ -41,6 +41,7 @@ from raydelay.errors import InvalidArgument, Unavailable
 log = logging.getLogger(__name__)
 
 _REPORT_S = 1.0  # how often metrics are reported
+_IDLE_REPORT_S = 8.0  # ... and at most how seldom, while nothing changes
 _OPEN_THREADS = 8  # partitions recovered at once
 
 
@@ -427,8 +428,9 @@ class MetricsLoop:
     """One loop per process (per event loop) that reports every started unit's metrics
     once a second: what changed in each partition goes to Ray's metrics, recorded on a
     thread (hundreds of histogram samples, recorded on the event loop, held a due delivery
-    up by 10-20 ms). A host of a hundred idle units wakes once a second for them all, and
-    not at all once the last one closed."""
+    up by 10-20 ms). While nothing changes it looks half as often each time, down to once
+    every _IDLE_REPORT_S: a host of a hundred idle units wakes that seldom for them all,
+    and not at all once the last one closed."""
 
     _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MetricsLoop] = (
         weakref.WeakKeyDictionary()
@@ -455,11 +457,14 @@ class MetricsLoop:
         self._units.pop(unit, None)
 
     async def _run(self) -> None:
+        wait_s = _REPORT_S
         while self._units:
-            await asyncio.sleep(_REPORT_S)
+            await asyncio.sleep(wait_s)
             batch = [m for unit in list(self._units) for m in unit.metrics_snapshots()]
-            if not batch:
+            if not batch:  # all idle: look less often (a change waits up to _IDLE_REPORT_S)
+                wait_s = min(wait_s * 2, _IDLE_REPORT_S)
                 continue
+            wait_s = _REPORT_S
             try:
                 await asyncio.to_thread(_record_all, batch)
             except Exception:  # noqa: BLE001 - metrics must never stop the subscriptions
