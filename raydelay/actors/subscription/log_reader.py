@@ -31,9 +31,10 @@ from raydelay.positions import key_of
 
 log = logging.getLogger(__name__)
 
-# A log read that is caught up waits at its host this long for new entries (an idle
-# partition costs a call per this long, per process reading it; the host's cap); a shared subscription's reads wait only for
-# entries due within a lookahead plus this margin (for the call's own trips).
+# A log read that is caught up waits at its host this long for new entries (the host's
+# cap: an idle partition costs a call per this long, per process reading it); a shared
+# subscription's reads wait only for entries due within a lookahead plus this margin (for
+# the call's own trips).
 _LONG_POLL_S = 60.0
 _POLL_MARGIN_MS = 250
 _READ_CHUNK = 5_000

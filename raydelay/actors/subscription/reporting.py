@@ -60,7 +60,7 @@ class PartitionReport:
         # count per LATENESS_BOUNDARIES_MS bucket (at most that many ms late), then the rest
         self.late_counts = np.zeros(len(LATENESS_BOUNDARIES_MS) + 1, dtype=np.int64)
         self._reported_stats: dict | None = None
-        self._looked_at: tuple | None = None  # what changed() saw at the last snapshot
+        self._looked_at: tuple | None = None  # the steps, counts and cursor it last saw
 
     def dispatched(self, out: list[Delivery], now_ms: int) -> None:
         """``out`` went to a consumer at ``now_ms``."""

@@ -104,9 +104,12 @@ class SealedIO:
 
         base = getattr(self._raw_store, "inner", self._raw_store)  # (not a counting wrapper)
         with _METAS_LOCK:
-            metas = _METAS.get(base)
-            if metas is None:
-                metas = _METAS[base] = LruCache(_METAS_KEPT)
+            try:
+                metas = _METAS.get(base)
+                if metas is None:
+                    metas = _METAS[base] = LruCache(_METAS_KEPT)
+            except TypeError:  # (a store that cannot be referred to weakly: no sharing)
+                metas = LruCache(_METAS_KEPT)
 
         def one(key: str) -> SealedMeta | None:
             where = (self._ref.topic, self._ref.partition, key)
