@@ -79,6 +79,21 @@ def write_input(path: Path, rows: int) -> int:
     return size
 
 
+def ingest_input(df, topic: str, cluster, rows: int, **options):
+    """``ingest_dataframe`` of ``df``, the input :func:`write_input` wrote (its columns
+    named), into ``topic``; ``options`` go to it as well."""
+    return ingest_dataframe(
+        df,
+        topic,
+        payload_col="payload",
+        deliver_at_col="deliver_at",
+        key_col="order_id",
+        cluster=cluster,
+        total_rows=rows,
+        **options,
+    )
+
+
 def driver_send_many(cluster, topic: str, path: Path) -> float:
     producer = cluster.create_producer(topic)
     start = time.perf_counter()
@@ -119,15 +134,7 @@ def _measure(args, store: str, work: Path) -> dict:
                 topic = f"bench-{label}"
                 cluster.create_topic(topic, PARTITIONS)
                 df = spark.read.parquet(str(work / "input"))
-                report = ingest_dataframe(
-                    df,
-                    topic,
-                    payload_col="payload",
-                    deliver_at_col="deliver_at",
-                    key_col="order_id",
-                    cluster=cluster,
-                    total_rows=args.rows,
-                )
+                report = ingest_input(df, topic, cluster, args.rows)
                 assert report.accepted == args.rows == entries(cluster, topic), "rows went missing"
                 results.append((f"Spark on Ray (RayDP), {label}", report.elapsed_s, report.splits))
         finally:

@@ -30,8 +30,8 @@ import ray  # noqa: E402
 import raydelay  # noqa: E402
 import raydelay.ingest.spark as spark_setup  # noqa: E402
 from bench.common import start_local_ray  # noqa: E402
-from bench.ingest_bench import write_input  # noqa: E402
-from raydelay.ingest import ingest_dataframe, start_spark, stop_spark  # noqa: E402
+from bench.ingest_bench import ingest_input, write_input  # noqa: E402
+from raydelay.ingest import start_spark, stop_spark  # noqa: E402
 
 ROWS = int(os.environ.get("ROWS", "1000000"))
 WARM = os.environ.get("WARM", "0") == "1"
@@ -139,16 +139,7 @@ def main():
         cluster.create_topic(topic, 2)
         df = spark.read.parquet(str(tmp / "input"))
         t = time.perf_counter()
-        rep = ingest_dataframe(
-            df,
-            topic,
-            payload_col="payload",
-            deliver_at_col="deliver_at",
-            key_col="order_id",
-            cluster=cluster,
-            total_rows=ROWS,
-            progress=False,
-        )
+        rep = ingest_input(df, topic, cluster, ROWS, progress=False)
         wall = time.perf_counter() - t
         print(
             f"{label}: {rep.rows} rows, elapsed {rep.elapsed_s:.1f} s ({rep.rows / rep.elapsed_s:,.0f} rows/s), wall {wall:.1f} s, splits {rep.splits}",

@@ -430,8 +430,9 @@ class Metadata:
     ) -> None:
         """Mark-delete, the log mark and the sealed-bucket progress of a subscription
         partition, in one journal record (only when something changed)."""
-        record = self._progress_record(
-            [topic, partition, subscription, position, log_mark, progress]
+        self.check_partition(topic, partition)
+        record = _progress_record(
+            self.state, [topic, partition, subscription, position, log_mark, progress]
         )
         if record is not None:
             self.change("mark_delete", **record)
@@ -446,36 +447,16 @@ class Metadata:
         records = []
         for report in reports:
             try:
-                record = self._progress_record(report)
+                self.check_partition(report[0], report[1])
             except (NotFound, InvalidArgument) as exc:
                 log.info("metadata: a progress report left out: %s", exc)
                 continue
+            record = _progress_record(self.state, report)
             if record is not None:
                 records.append(record)
         if records:
             self.change("mark_delete_many", marks=records)
         return len(records)
-
-    def _progress_record(self, report: list) -> dict[str, Any] | None:
-        """The journal record of a progress report (``[topic, partition, subscription,
-        position, log_mark, progress]``), or None when nothing changed."""
-        topic, partition, subscription, position, log_mark, progress = report
-        self.check_partition(topic, partition)
-        key = f"{topic}/{partition}/{subscription}"
-        position = [int(position[0]), int(position[1])]
-        log_mark = [int(log_mark[0]), int(log_mark[1])]
-        progress = {
-            str(k): [int(x) for x in v] if isinstance(v, (list, tuple)) else int(v)
-            for k, v in progress.items()
-        }
-        s = self.state
-        if (
-            s["mark_delete"].get(key) != position
-            or s["log_mark"].get(key) != log_mark
-            or s["progress"].get(key, {}) != progress
-        ):
-            return {"key": key, "position": position, "log_mark": log_mark, "progress": progress}
-        return None
 
     def progress(self, topic: str, partition: int, subscription: str) -> dict[str, Any]:
         return dict(self.state["progress"].get(f"{topic}/{partition}/{subscription}", {}))
@@ -614,3 +595,24 @@ def _apply_mark(s: dict[str, Any], a: dict[str, Any]) -> None:
         s["log_mark"][a["key"]] = a["log_mark"]
     if a.get("progress") is not None:
         s["progress"][a["key"]] = a["progress"]
+
+
+def _progress_record(s: dict[str, Any], report: list) -> dict[str, Any] | None:
+    """The journal record of a progress report (``[topic, partition, subscription,
+    position, log_mark, progress]``, of a partition that exists) against state ``s``, or
+    None when nothing changed."""
+    topic, partition, subscription, position, log_mark, progress = report
+    key = f"{topic}/{partition}/{subscription}"
+    position = [int(position[0]), int(position[1])]
+    log_mark = [int(log_mark[0]), int(log_mark[1])]
+    progress = {
+        str(k): [int(x) for x in v] if isinstance(v, (list, tuple)) else int(v)
+        for k, v in progress.items()
+    }
+    if (
+        s["mark_delete"].get(key) != position
+        or s["log_mark"].get(key) != log_mark
+        or s["progress"].get(key, {}) != progress
+    ):
+        return {"key": key, "position": position, "log_mark": log_mark, "progress": progress}
+    return None

@@ -68,7 +68,6 @@ class ProgressReports:
         # (topic, partition, subscription) -> the report to send, and its callers' futures
         self._pending: dict[tuple, tuple[list, list[asyncio.Future[None]]]] = {}
         self._sender: asyncio.Task[None] | None = None
-        self.batches = 0  # (for the tests and stats)
 
     async def report(self, coordinator: Any, report: list) -> None:
         """Send ``report`` (``[topic, partition, subscription, mark-delete, log mark,
@@ -87,7 +86,6 @@ class ProgressReports:
         while self._pending:
             await asyncio.sleep(self.BATCH_S)
             batch, self._pending = self._pending, {}
-            self.batches += 1
             try:
                 reports = [report for report, _ in batch.values()]
                 await coordinator.once(CoordinatorActor.set_progress_many, reports)
