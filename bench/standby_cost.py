@@ -8,6 +8,9 @@ called, Ray's own floor per process) in the same run, on a local Ray started for
 - a layout with two subscription host slots on the node, both kept warm, and one topic with
   one subscription whose consumer is attached, so that one host serves the unit and the
   other idles as a standby;
+- the coordinator's standby: a second ``CoordinatorActor`` that stands by (on a cluster
+  of several nodes the serving coordinator keeps one on another node; on this single node
+  it is started by hand), beside the serving coordinator;
 - after ``--settle`` seconds, over ``--window`` seconds: each process's CPU time per second
   and its proportional set size (PSS).
 
@@ -33,7 +36,10 @@ from raydelay.cluster import placement
 settle_s, window_s, root = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 cluster = raydelay.connect(config={
     "storage": {"kind": "local", "local": {"root": root}},
-    "placement": {"subscription_hosts_per_node": 2, "warm_subscription_hosts": 2},
+    # (no standby coordinator of its own: on one node it would be ended as sharing the
+    # coordinator's node; the bench starts one by hand)
+    "placement": {"subscription_hosts_per_node": 2, "warm_subscription_hosts": 2,
+                  "standby_coordinator": False},
 })
 cluster.create_topic("t", 1)
 consumer = cluster.subscribe("t", "s")
@@ -48,14 +54,23 @@ class Bare:
 
 bare = Bare.remote()
 bare_pid = ray.get(bare.pid.remote())
-time.sleep(settle_s)
-from raydelay.actors.coordinator import CoordinatorActor
+from raydelay.actors.coordinator import CoordinatorActor, spawn_coordinator
 from raydelay.actors.handles import coordinator_handle
+from raydelay.actors.host import adopt_on_host, spawn_host
+from raydelay.cluster.names import COORDINATORS
+from raydelay.config import config_to_dict
+standby = spawn_coordinator(
+    config_to_dict(cluster.config), spawn_host, adopt_on_host, name=COORDINATORS[1], node=None
+)
+assert ray.get(standby.role.remote()) == "standing by"
+time.sleep(settle_s)
 serving = set(ray.get(coordinator_handle().submit(CoordinatorActor.unit_assignments)).values())
 rows = {}
 for a in placement.actors():
     if a["class"] == "SubscriptionHost":
         rows["standby" if a["name"] not in serving else "serving"] = a["pid"]
+    if a["class"] == "CoordinatorActor":
+        rows["coordinator_standby" if a["name"] == COORDINATORS[1] else "coordinator"] = a["pid"]
 rows["bare"] = bare_pid
 procs = {k: psutil.Process(pid) for k, pid in rows.items()}
 
@@ -90,6 +105,8 @@ def main() -> None:
     for key, label in (
         ("standby", "warm subscription host, idle (the standby)"),
         ("serving", "subscription host serving one idle unit"),
+        ("coordinator_standby", "standby coordinator, idle"),
+        ("coordinator", "serving coordinator, idle"),
         ("bare", "bare Ray actor (the floor)"),
     ):
         r = out.get(key)

@@ -245,6 +245,9 @@ class PlacementConfig(_Section):
     # subscription hosts kept running on every node that may hold one, idle or not, so
     # that what a lost node served resumes in a running process (0: start them as needed)
     warm_subscription_hosts: NonNegative = 1
+    # a second coordinator kept warm on another node, which takes over at once when the
+    # coordinator's node is lost (false: a new coordinator is started then)
+    standby_coordinator: bool = True
 
     @field_validator("hosts_per_node", "subscription_hosts_per_node")
     @classmethod

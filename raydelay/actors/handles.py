@@ -20,6 +20,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.host import HostActor
+from raydelay.actors.standby import find_coordinator
 from raydelay.actors.subscription import SubscriptionHost, UnitPeer
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import PartitionPeers, Peer
@@ -266,9 +267,14 @@ class SubscriptionPartition(_OnePartition[SubscriptionHost]):
 
 
 def coordinator_handle() -> Peer[CoordinatorActor]:
-    """The running coordinator (looked up, never created here)."""
-    handle = placement.lookup(COORDINATOR)
-    return Peer(COORDINATOR, lambda: handle, "coordinator", handle)
+    """The coordinator that serves (looked up, never created here; ValueError when none
+    runs)."""
+    found = find_coordinator()
+    if found is None:
+        raise ValueError("no raydelay coordinator runs")
+    return Peer(
+        COORDINATOR, lambda: found.handle, "coordinator", found.handle, actor_name=found.name
+    )
 
 
 def host_of(topic: str, partition: int) -> str:

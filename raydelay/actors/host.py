@@ -40,6 +40,7 @@ import ray
 from raydelay.actors.coordinator import CoordinatorActor, spawn_coordinator
 from raydelay.actors.partition.hosted import HostedPartition
 from raydelay.actors.protocol import BucketList, DueReply, ReadReply
+from raydelay.actors.standby import FoundCoordinator, find_coordinator
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import Peer
 from raydelay.cluster.names import COORDINATOR, SUBHOST_PREFIX
@@ -347,14 +348,19 @@ def adopt_on_host(name: str, keys: list) -> None:
         peer.submit(HostActor.adopt, keys)
 
 
-def coordinator_peer(config: dict[str, Any], handle: Any = None) -> Peer[CoordinatorActor]:
-    """The cluster's coordinator (created from ``config`` if it does not run, and again if it
-    ended for good), which starts this module's hosts."""
+def coordinator_peer(
+    config: dict[str, Any], found: FoundCoordinator | None = None
+) -> Peer[CoordinatorActor]:
+    """The cluster's coordinator, which starts this module's hosts: the one that serves
+    (``found``, or :func:`find_coordinator` after a failure), or its standby once it was
+    lost; created from ``config`` when neither runs."""
     return Peer(
         COORDINATOR,
         lambda: spawn_coordinator(config, spawn_host, adopt_on_host),
         "coordinator",
-        handle,
+        None if found is None else found.handle,
+        find=find_coordinator,
+        actor_name=None if found is None else found.name,
         deadline_s=config_from_dict(config).client.retry_deadline_s,
     )
 

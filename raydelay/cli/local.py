@@ -134,7 +134,11 @@ def cmd_placement(args: argparse.Namespace) -> int:
             sum(r.get("partitions", 0) for r in rs if r["class"] == "HostActor"),
             sum(r["class"] == "SubscriptionHost" for r in rs),
             sum(r.get("partitions", 0) for r in rs if r["class"] == "SubscriptionHost"),
-            "yes" if any(r["class"] == "CoordinatorActor" for r in rs) else "",
+            " ".join(
+                "yes" if r.get("role") == "serving" else "standby"
+                for r in rs
+                if r["class"] == "CoordinatorActor"
+            ),
         ]
         for node, rs in sorted(nodes.items())
     ]
@@ -160,7 +164,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
             r["state"].lower(),
             r["pid"],
             r["restarts"],
-            _serves(r.get("serves", [])),
+            r.get("role") or _serves(r.get("serves", [])),
         ]
         for r in rows
     ]

@@ -21,7 +21,8 @@ import ray
 
 from raydelay.actors.coordinator import spawn_coordinator
 from raydelay.actors.host import adopt_on_host, spawn_host
-from raydelay.cluster import owner, placement, rpc
+from raydelay.actors.standby import FoundCoordinator, find_coordinator
+from raydelay.cluster import owner, rpc
 from raydelay.cluster.local import ray_system_config, running_ray_address
 from raydelay.cluster.names import COORDINATOR, NAMESPACE
 from raydelay.cluster.nodes import check_store
@@ -40,11 +41,11 @@ START_TURN_POLL_S = 0.1
 
 @dataclasses.dataclass(frozen=True)
 class Attached:
-    """What :func:`attach` found: the coordinator's handle, the cluster's (the
+    """What :func:`attach` found: the coordinator that serves, the cluster's (the
     coordinator's) config, this client's own settings, and whether this process started
     the Ray it is in."""
 
-    coordinator: Any
+    coordinator: FoundCoordinator
     config: Config
     client: ClientConfig
     started_ray: bool
@@ -129,26 +130,28 @@ def attach_ray(address: str, *, log_to_driver: bool = True) -> None:
         raise Unavailable(_unreachable(address, exc)) from None
 
 
-def _coordinator(cfg: Config) -> tuple[Any, Config]:
+def _coordinator(cfg: Config) -> tuple[FoundCoordinator, Config]:
     """The coordinator of the Ray this process is in (created if there is none) and the
     config it runs with. StoreOwned if a coordinator created here is refused the store."""
-    coordinator = placement.lookup_or_none(COORDINATOR)
+    found = find_coordinator()
     on_failure = None
-    if coordinator is None:
+    if found is None:
         check_store(cfg.storage)  # a local store on several nodes: refused, nothing created
         _refuse_if_owned(cfg)  # before a coordinator of this Ray claims the store
-        coordinator = spawn_coordinator(config_to_dict(cfg), spawn_host, adopt_on_host)
+        found = FoundCoordinator(
+            COORDINATOR, spawn_coordinator(config_to_dict(cfg), spawn_host, adopt_on_host)
+        )
         # a coordinator refused the store dies in its constructor: the store says why
         on_failure = functools.partial(_refuse_if_owned, cfg)
     running = config_from_dict(
         rpc.call(
-            coordinator.config.remote,
+            found.handle.config.remote,
             what="coordinator",
             deadline_s=cfg.client.retry_deadline_s,
             on_failure=on_failure,
         )
     )
-    return coordinator, running
+    return found, running
 
 
 def _take_start_turn(cfg: Config, turn: contextlib.ExitStack) -> str | None:

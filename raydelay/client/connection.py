@@ -223,8 +223,9 @@ class Cluster(ScheduledCalls):
         """Which node holds which raydelay actor: one dict per live actor (``name``,
         ``class``, ``state``, ``node`` id, ``address``, ``head``, ``pid``, ``restarts``, and
         ``serves``: a host's partitions, ``topic/partition``, a subscription host's
-        ``topic/subscription/partition``; ``partitions``: how many), sorted by node then
-        name."""
+        ``topic/subscription/partition``; ``partitions``: how many; a coordinator's
+        ``role``: ``serving``, or ``standby`` for the one kept warm on another node), sorted
+        by node then name."""
         self._check_open()
         return self._topics.placement()
 

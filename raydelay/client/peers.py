@@ -59,7 +59,7 @@ class ClusterPeers:
         self.config = config  # the cluster's (the coordinator's) config
         self.client = client  # this client's own settings
         self.config_dict = config_to_dict(config)
-        self.coordinator = coordinator_peer(self.config_dict, handle=coordinator)
+        self.coordinator = coordinator_peer(self.config_dict, found=coordinator)
         self._peers: dict[tuple, Peer] = {}  # (topic, partition[, subscription]) -> its peer
         self._per_actors: dict[tuple[str, str], int] = {}  # partitions_per_actor of a sub
 

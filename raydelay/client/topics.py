@@ -410,7 +410,10 @@ class Topics:
             serves.setdefault(host, []).extend(
                 f"{unit.topic}/{unit.subscription}/{p}" for p in parts
             )
+        serving = self.peers.coordinator.actor_name  # (the one just asked)
         for r in rows:
             r["serves"] = serves.get(r["name"], [])
             r["partitions"] = len(r["serves"])
+            if r["class"] == "CoordinatorActor":
+                r["role"] = "serving" if r["name"] == serving else "standby"
         return rows

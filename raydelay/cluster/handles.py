@@ -16,7 +16,6 @@ method name: see :class:`Peer`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -28,7 +27,7 @@ from ray.exceptions import RayError
 
 from raydelay.cluster import placement, rpc
 from raydelay.cluster.names import (
-    COORDINATOR,
+    COORDINATORS,
     NAMESPACE,
     SUBHOST_PREFIX,
 )
@@ -52,7 +51,10 @@ class Peer(Generic[ActorT]):
 
     With ``resolve``, the handle is what ``resolve()`` returns instead of a lookup by name
     (a partition's host is found through the coordinator's assignment, again after a
-    failure). A blocking call is retried for up to ``deadline_s`` seconds."""
+    failure). With ``find``, the actor is the one ``find()`` names, ``(name, handle)`` or
+    None to create it (the coordinator, which goes by either of two names:
+    ``raydelay.actors.standby``). A blocking call is retried for up to ``deadline_s``
+    seconds."""
 
     def __init__(
         self,
@@ -62,14 +64,18 @@ class Peer(Generic[ActorT]):
         handle: Any = None,
         *,
         resolve: Callable[[], Any] | None = None,
+        find: Callable[[], tuple[str, Any] | None] | None = None,
+        actor_name: str | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.name = name
+        self.actor_name = actor_name or name  # the actor behind the handle
         self.what = what or name
         self.deadline_s = deadline_s  # how long a blocking call is retried
         self._create = create
         self._resolve = resolve
+        self._find = find or self._by_name
         self._sleep = sleep
         self._handle: Any = handle
         self._lock = threading.Lock()
@@ -88,19 +94,45 @@ class Peer(Generic[ActorT]):
         if h is None:
             with self._lock:
                 if self._handle is None:
-                    try:
-                        if self._resolve is not None:
-                            self._handle = self._resolve()
-                        else:
-                            found = placement.lookup_or_none(self.name)
-                            if found is not None and placement.stranded(self.name):
-                                placement.end_stranded(self.name, found)
-                                found = None
-                            self._handle = found or self._create()
-                    except (RayError, ValueError) as exc:  # Ray's control service in trouble
-                        raise Unavailable(f"{self.what}: cannot look it up: {exc}") from None
+                    self.actor_name, self._handle = self._look_up()
                 h = self._handle
         return h
+
+    def _look_up(self) -> tuple[str, Any]:
+        """The actor's name and a handle to it, found (resolved, or created) now."""
+        try:
+            if self._resolve is not None:
+                return self.actor_name, self._resolve()
+            found = self._find()
+            return (self.name, self._create()) if found is None else found
+        except (RayError, ValueError) as exc:  # Ray's control service in trouble
+            raise Unavailable(f"{self.what}: cannot look it up: {exc}") from None
+
+    def refresh(self) -> None:
+        """Look the actor up again now, and call what is found from then on. Calls meanwhile
+        go on with the handle held: a partition that failed at an actor that answers for
+        its other partitions must not hold those up while its actor is looked up (through
+        the coordinator, which may be being replaced)."""
+        name, handle = self._look_up()
+        with self._lock:
+            self.actor_name, self._handle = name, handle
+            self.re_resolved += 1
+
+    def _by_name(self) -> tuple[str, Any] | None:
+        """The live actor called ``name``; one stranded on a lost node is ended first."""
+        found = placement.lookup_or_none(self.name)
+        if found is not None and placement.stranded(self.name):
+            placement.end_stranded(self.name, found)
+            found = None
+        return None if found is None else (self.name, found)
+
+    def refresh_or_drop(self) -> None:
+        """:meth:`refresh`, or when that fails, :meth:`lost` (after a failed call of one
+        partition of an actor that may serve others: they go on meanwhile)."""
+        try:
+            self.refresh()
+        except Exception:  # noqa: BLE001 - the next use looks it up again
+            self.lost()
 
     def lost(self) -> None:
         """A call found the actor unavailable: the next use looks it up again."""
@@ -143,7 +175,7 @@ class Peer(Generic[ActorT]):
         """Whether the named actor's node is lost (asked while a call to it is late: see
         :data:`raydelay.cluster.rpc.OVERDUE_PROBE_S`); never raises."""
         try:
-            return placement.stranded(self.name)
+            return placement.stranded(self.actor_name)
         except Exception:  # noqa: BLE001 - Ray's control service in trouble: wait on
             return False
 
@@ -201,7 +233,7 @@ class Peer(Generic[ActorT]):
         """One call of ``method`` from an async actor; an unavailable actor marks the handle
         lost (and the error is raised for the caller's own retry loop)."""
         if self._handle is None:  # looking up (or creating) asks Ray's control service:
-            await asyncio.to_thread(lambda: self.handle)  # never on the event loop
+            await rpc.off_loop(lambda: self.handle)  # never on the event loop
         try:
             ref = self.submit(method, *args, **kwargs)
             if self._resolve is None:
@@ -232,7 +264,7 @@ def stop(names: list[str], *, graceful: bool = False, timeout_s: float = 10) -> 
         handle = placement.lookup_or_none(name)
         if handle is None:
             continue  # not running
-        if graceful and name != COORDINATOR:
+        if graceful and name not in COORDINATORS:
             handle.__ray_terminate__.remote()
         else:
             ray.kill(handle, no_restart=True)
@@ -261,8 +293,8 @@ def stop_all(*, graceful: bool) -> int:
     topic's) left behind, for up to ``_LONG_POLL_S`` of its own (30 s)."""
     names = named_actors()
     subs = [n for n in names if n.startswith(SUBHOST_PREFIX)]
-    others = [n for n in names if not n.startswith(SUBHOST_PREFIX) and n != COORDINATOR]
-    coordinator = [n for n in names if n == COORDINATOR]
+    others = [n for n in names if not n.startswith(SUBHOST_PREFIX) and n not in COORDINATORS]
+    coordinator = [n for n in names if n in COORDINATORS]
     return (
         stop(subs, graceful=graceful)
         + stop(others, graceful=False)
@@ -308,13 +340,11 @@ class PartitionPeers(Generic[ActorT]):
             what=what,
             deadline_s=self.deadline_s if deadline_s is None else deadline_s,
             wait=wait,
-            on_failure=None if partition is None else self._peers[partition].lost,
+            on_failure=None if partition is None else self._peers[partition].refresh_or_drop,
         )
 
     def reconnect(self, partition: int) -> None:
-        peer = self._peers[partition]
-        peer.lost()
-        peer.handle  # noqa: B018 - looks it up (or re-creates it) now; raises if that fails
+        self._peers[partition].refresh()  # (raises if the lookup fails)
 
     def connected(self) -> bool:
         return ray.is_initialized()

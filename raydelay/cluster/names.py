@@ -1,6 +1,8 @@
 """Actor names (one place, so every client and actor agrees on them).
 
-- ``coordinator``: the one coordinator;
+- ``coordinator`` and ``coordinator/1``: the coordinator and its warm standby on another
+  node, in either order (the names do not say which serves: each actor says,
+  ``CoordinatorActor.role``; see ``raydelay.actors.standby``);
 - ``host/<node>/<slot>``: a partition host, slot ``slot`` of node ``node`` (the first 16
   hex digits of Ray's node id), holding the logs of many partitions of any topics;
 - ``subhost/<node>/<slot>``: a subscription host, slot ``slot`` of node ``node``, serving
@@ -16,6 +18,9 @@ from typing import NamedTuple
 
 NAMESPACE = "raydelay"
 COORDINATOR = "coordinator"
+# the coordinator's two names: one serves, the other stands by on another node (a lone
+# coordinator is the first to be created, and the first to be looked at)
+COORDINATORS = (COORDINATOR, f"{COORDINATOR}/1")
 HOST_PREFIX = "host/"
 SUBHOST_PREFIX = "subhost/"
 RUNNER_PREFIX = "runner/"

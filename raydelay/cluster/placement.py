@@ -84,6 +84,17 @@ def actor_options(name: str, config: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, **_COMMON, **_pinned(name, config)}
 
 
+def pinned_actor_options(name: str, node: str | None) -> dict[str, Any]:
+    """The common options, pinned to ``node`` (chosen by the caller; None: Ray places it)."""
+    if node is None:
+        return floating_actor_options(name)
+    return {
+        "name": name,
+        **_COMMON,
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
+    }
+
+
 def floating_actor_options(name: str) -> dict[str, Any]:
     """The common options without a pinned node: Ray places the actor, and places it again
     elsewhere when its node dies (a task runner holds no partition state)."""

@@ -64,6 +64,18 @@ async def wait(ref: Any, *, what: str = "") -> Any:
         raise translate(exc, what) from None
 
 
+# Waits that may last seconds while an actor is replaced (a handle looked up through the
+# coordinator, a node probed) run on threads of their own, not on the event loop's default
+# executor: that one has 6 threads on a 2-core node (CPUs + 4) and the store's I/O shares
+# it (cursor writes), which a few partitions waiting for their lost host must not take.
+LOOKUPS = ThreadPoolExecutor(32, thread_name_prefix="raydelay-lookup")
+
+
+async def off_loop(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on a LOOKUPS thread, awaited (from an async actor's event loop)."""
+    return await asyncio.get_running_loop().run_in_executor(LOOKUPS, fn, *args)
+
+
 # A call to a named actor unanswered this long has its actor's node looked at, and again
 # as often while it stays unanswered: Ray holds a call to an actor on a lost node until it
 # declares the node dead (about 3 s with raydelay's health checks, 15 s with Ray's own),
@@ -111,7 +123,7 @@ async def wait_probing(
             done, _ = await asyncio.wait({task}, timeout=every_s)
             if done:
                 return task.result()
-            if await asyncio.to_thread(gone):
+            if await off_loop(gone):
                 raise Unavailable(f"{what or 'actor'} is unavailable: its node is lost")
     finally:
         if not task.done():  # (given up, or the caller was cancelled: nothing waits on)

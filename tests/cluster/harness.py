@@ -19,7 +19,8 @@ Scenarios: ``placement`` (no failure), ``worker_kill``, ``worker_kill_ray_defaul
 own health-check settings), ``subscription_node_kill`` (the worker whose subscription hosts
 serve the most units; ``..._ray_defaults`` likewise), ``subscription_node_vanish`` (that
 worker's raylet and every process it started frozen with SIGSTOP: a machine that vanished
-without closing a socket, found only by Ray's health checks), ``coordinator_node_kill``,
+without closing a socket, found only by Ray's health checks), ``coordinator_node_kill``
+(``..._ray_defaults`` likewise),
 ``kill_with_store_outage``, ``drain``, ``local_refused``.
 """
 
@@ -61,6 +62,7 @@ RAY_DEFAULT_HEALTH = {
 log = logging.getLogger("cluster-harness")
 _FIRST_PIDS: set[int] = set()  # the actors' processes before the failure
 _FAILED_AT = [0]  # when the failure began (ms)
+_SERVING_BEFORE: dict = {}  # the coordinator serving as the failure began
 _FROZEN: list = []  # the processes of a vanished node (psutil), killed at the end
 
 
@@ -103,14 +105,21 @@ def main(scenario: str, workdir: str) -> dict:
         before = rd.placement()
         _FIRST_PIDS.update(r["pid"] for r in before)
         if scenario == "placement":
+            deadline = time.monotonic() + 30  # (the standby coordinator starts meanwhile)
+            while time.monotonic() < deadline and not any(
+                r.get("role") == "standby" for r in before
+            ):
+                time.sleep(0.2)
+                before = rd.placement()
             return {"scenario": scenario, "placement": before, **_alive(rd)}
         by_address = {w.node_id: w for w in workers}
-        chaos = _chaos(scenario, cluster, by_address, before, s3)
+        chaos = lambda: _chaos(scenario, cluster, by_address, rd, s3)  # noqa: E731 - at FAIL_AT_S
         calls_before = _coordinator_calls()
         ledger, fail_ms, lost_node, sends = _run(rd, consumers, chaos, finished)
         _FAILED_AT[0] = fail_ms
         after = rd.placement()
         moves = _moves(before, after, lost_node)
+        serving = _serving_coordinator(after)
         recovered = _recoveries(moves, fail_ms)
         coordinator = _busiest(calls_before, _coordinator_calls())
         out = {
@@ -128,6 +137,14 @@ def main(scenario: str, workdir: str) -> dict:
             "moves": moves,
             "recoveries": recovered,
             "coordinator_calls": coordinator,
+            "coordinator": {  # the one serving at the end; did its process run before?
+                "before": _SERVING_BEFORE.get("name"),
+                "moved": _SERVING_BEFORE.get("pid") != serving["pid"],
+                "name": serving["name"],
+                "node": serving["node"],
+                "was_running": serving["pid"] in _FIRST_PIDS,
+                "standbys": [r["name"] for r in after if r.get("role") == "standby"],
+            },
             "placement": before,
             "placement_after": after,
             **_alive(rd),
@@ -156,14 +173,19 @@ def _local_refused(raydelay, work: Path) -> dict:
         return {"scenario": "local_refused", "refused": str(exc)}
 
 
-def _chaos(scenario, cluster, workers, placement, s3):
-    """The failure of ``scenario``: a function that injects it and returns the lost node."""
+def _chaos(scenario, cluster, workers, rd, s3):
+    """The failure of ``scenario``: a function that injects it and returns the lost node.
+    Where things are is looked at as the failure begins (the standby coordinator, say,
+    starts a second after the coordinator)."""
+    placement = rd.placement()
+    _FIRST_PIDS.update(r["pid"] for r in placement)
     # partitions per node (of the hosts there): the busiest worker holds the most
     topics = Counter()
     for r in placement:
         if r["class"] == "HostActor":
             topics[r["node"]] += len(r["serves"])
-    coordinator_node = next(r["node"] for r in placement if r["class"] == "CoordinatorActor")
+    _SERVING_BEFORE.update(_serving_coordinator(placement))
+    coordinator_node = _SERVING_BEFORE["node"]
 
     def busiest_worker() -> str:
         return max((n for n in topics if n in workers), key=lambda n: (topics[n], n))
@@ -202,7 +224,7 @@ def _chaos(scenario, cluster, workers, placement, s3):
             return node
 
         return freeze
-    if scenario == "coordinator_node_kill":
+    if scenario in ("coordinator_node_kill", "coordinator_node_kill_ray_defaults"):
         return lambda: kill(coordinator_node)
     if scenario == "drain":
         return lambda: kill(busiest_worker(), graceful=True)
@@ -252,10 +274,11 @@ def _run(rd, consumers, chaos, finished: threading.Event):
 
     def inject() -> None:
         time.sleep(FAIL_AT_S)
-        log.warning("the failure begins")
-        fail["ms"] = now_ms()
         try:
-            fail["node"] = chaos()
+            inject_it = chaos()  # (where things are, looked at before the clock starts)
+            log.warning("the failure begins")
+            fail["ms"] = now_ms()
+            fail["node"] = inject_it()
         except BaseException as exc:  # the run reports it instead of waiting forever
             fail["error"] = exc
             raise
@@ -439,6 +462,10 @@ def _busiest(before: dict, after: dict, top: int = 8) -> dict:
     return {"restarted": restarted, "methods": dict(ranked)}
 
 
+def _serving_coordinator(placement) -> dict:
+    return next(r for r in placement if r.get("role") == "serving")
+
+
 def _alive(rd) -> dict:
     """Whether every actor raydelay needs is alive (they are re-created on demand: ask
     each once, as a client would)."""
@@ -446,11 +473,11 @@ def _alive(rd) -> dict:
         rd.stats("orders", s)  # reaches every actor of the subscription and its topic
     rows = rd.placement()
     served = {k for r in rows if r["state"] == "ALIVE" for k in r["serves"]}
-    names = {"coordinator"}
+    roles = {"serving"}
     wanted = {f"orders/{p}" for p in range(PARTITIONS)}
     wanted |= {f"orders/{s}/{p}" for s in SUBSCRIPTIONS for p in range(PARTITIONS)}
-    alive = {r["name"] for r in rows if r["state"] == "ALIVE"}
-    missing = sorted((names - alive) | (wanted - served))
+    alive = {r.get("role") for r in rows if r["state"] == "ALIVE"}
+    missing = sorted((roles - alive) | (wanted - served))
     return {"all_alive": not missing, "missing": missing}
 
 

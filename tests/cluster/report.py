@@ -23,6 +23,9 @@ KINDS = {
         "the worker node serving most subscription units frozen (SIGSTOP: no socket closes)"
     ),
     "coordinator_node_kill": "SIGKILL of the coordinator's node",
+    "coordinator_node_kill_ray_defaults": (
+        "SIGKILL of the coordinator's node, Ray's default health checks"
+    ),
     "kill_with_store_outage": "SIGKILL of a worker node, S3 down for 10 s",
     "drain": "graceful removal of a worker node",
 }
@@ -44,8 +47,8 @@ def runs_table(runs: list[dict]) -> str:
     head = (
         "| failure | health checks | lost node's partitions: pause (s) | other partitions: "
         "longest pause (s) | lost | early | cancelled delivered | duplicates (unmarked) | "
-        "longest send (s) | units moved (to a running host) | actors alive |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|"
+        "longest send (s) | units moved (to a running host) | coordinator | actors alive |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = [head]
     for r in runs:
@@ -62,7 +65,7 @@ def runs_table(runs: list[dict]) -> str:
             f"{max(other, default=0):.1f} | {sum(x['lost'] for x in rep)} | "
             f"{sum(x['early'] for x in rep)} | {sum(x['cancelled_delivered'] for x in rep)} | "
             f"{sum(x['duplicates'] for x in rep)} ({sum(x['unmarked_duplicates'] for x in rep)}) "
-            f"| {r['longest_send_s']:.1f} | {_moved(r)} | "
+            f"| {r['longest_send_s']:.1f} | {_moved(r)} | {_coordinator(r)} | "
             f"{'all' if r['all_alive'] else r['missing']} |"
         )
     return "\n".join(rows)
@@ -71,6 +74,17 @@ def runs_table(runs: list[dict]) -> str:
 def _moved(run: dict) -> str:
     moves = run.get("moves", {}).values()
     return f"{len(moves)} ({sum(m['to_was_running'] for m in moves)})"
+
+
+def _coordinator(run: dict) -> str:
+    """Whether the coordinator moved, and to a process that ran before the failure (its
+    standby) or to a new one."""
+    c = run.get("coordinator")
+    if c is None or "moved" not in c:
+        return "-"
+    if not c["moved"]:
+        return "stayed"
+    return "standby took over" if c["was_running"] else "new process"
 
 
 def partitions_table(runs: list[dict]) -> str:
@@ -141,9 +155,18 @@ def placement_table(rows: list[dict]) -> str:
         out.append(
             f"| {name} | {count[(n, 'HostActor')]} | {parts[n]} | "
             f"{count[(n, 'SubscriptionHost')]} | {subparts[n]} | "
-            f"{'yes' if count[(n, 'CoordinatorActor')] else ''} |"
+            f"{_roles(rows, n)} |"
         )
     return "\n".join(out)
+
+
+def _roles(rows: list[dict], node: str) -> str:
+    """The coordinators on ``node``: serving, standby."""
+    return " ".join(
+        "yes" if r.get("role", "serving") == "serving" else "standby"
+        for r in rows
+        if r["node"] == node and r["class"] == "CoordinatorActor"
+    )
 
 
 def _head(rows: list[dict], node: str) -> bool:

@@ -62,6 +62,10 @@ def test_placement_is_balanced_over_the_workers_and_off_the_head(tmp_path):
     result = run("placement", tmp_path)
     rows = result["placement"]
     assert result["all_alive"], result["missing"]
+    # the coordinator and its standby on two nodes
+    coordinators = [r for r in rows if r["class"] == "CoordinatorActor"]
+    assert sorted(r["role"] for r in coordinators) == ["serving", "standby"], coordinators
+    assert len({r["node"] for r in coordinators}) == 2
     assert not any(r["head"] for r in rows), "an actor on the head node"
     assert sorted(served(rows).values()) == [2, 2, 2]  # 6 partitions over 3 workers
     # a subscription host kept warm on every worker; one unit per subscription, each on
@@ -112,7 +116,13 @@ def test_a_subscription_hosts_node_that_vanishes_without_closing_a_socket(tmp_pa
 
 
 def test_sigkill_of_the_coordinators_node_under_load(tmp_path):
-    check_run(run("coordinator_node_kill", tmp_path))
+    result = run("coordinator_node_kill", tmp_path)
+    check_run(result)
+    # the standby took over: the coordinator serving now ran before the failure, on
+    # another node, and a new standby runs beside it on a node left
+    coordinator = result["coordinator"]
+    assert coordinator["was_running"] and coordinator["node"] != result["lost_node"], coordinator
+    assert coordinator["standbys"], result["placement_after"]
 
 
 def test_a_node_loss_while_the_store_is_down_for_10_s(tmp_path):

@@ -128,3 +128,29 @@ def test_a_lookup_that_fails_is_unavailable(monkeypatch):
     peer = handles.Peer("coordinator", lambda: None, "coordinator")
     with pytest.raises(Unavailable, match="coordinator: cannot look it up"):
         peer.submit(Actor.ping)
+
+
+def test_a_refresh_lets_the_actors_other_calls_go_on_with_the_handle_held():
+    # Given a peer of an actor that serves several partitions, whose lookup is slow (its
+    # host is found through a coordinator being replaced)
+    import threading
+
+    answers = iter(["old", "new"])
+    release = threading.Event()
+
+    def resolve():
+        handle = next(answers)
+        if handle == "new":
+            release.wait(5)
+        return handle
+
+    peer = handles.Peer("sub/t/s/0", lambda: None, resolve=resolve)
+    assert peer.handle == "old"
+    # When one partition's failure has it looked up again
+    refreshing = threading.Thread(target=peer.refresh)
+    refreshing.start()
+    # Then the other partitions' calls meanwhile get the handle held, without waiting
+    assert peer.handle == "old"
+    release.set()
+    refreshing.join(5)
+    assert peer.handle == "new" and peer.re_resolved == 1

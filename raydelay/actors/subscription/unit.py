@@ -30,6 +30,7 @@ from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.metrics import SubscriptionMetrics
 from raydelay.actors.protocol import ReceiveReply
 from raydelay.actors.subscription.cursor_io import Fence
+from raydelay.actors.subscription.receives import PartitionReceives
 from raydelay.actors.subscription.shell import SubscriptionShell
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
@@ -85,6 +86,7 @@ class SubscriptionUnit:
         self._fence = fence
         self._resetting: dict[int, asyncio.Event] = {}  # partitions whose cursor is reset now
         self._reset_lock = asyncio.Lock()
+        self._receives = PartitionReceives()
 
     def open_partitions(self) -> None:
         """Start recovering every partition (on the event loop: each registers there once
@@ -286,27 +288,38 @@ class SubscriptionUnit:
                 except Exception as exc:  # noqa: BLE001 - handed back with that partition
                     failed[p] = exc
             got, done = [], bool(failed)
+            # (each partition on a task of its own: a slow one does not hold the others)
+            answers, errors, running = await self._receives.collect(
+                consumer_id,
+                live,
+                functools.partial(self._receive_one, consumer_id, int(max_messages), rewinds),
+            )
             for p in live:
-                try:
-                    await self._not_resetting(p)
-                    out, answer = await self._part(p).receive_now(
-                        consumer_id, int(max_messages), rewinds
-                    )
-                except Exception as exc:  # noqa: BLE001 - handed back with that partition
-                    failed[p] = exc
+                if p in errors:  # handed back with that partition
+                    failed[p] = errors[p]
                     done = True
-                    continue
-                if out:
-                    got.append((p, delivery_batch(out)))
-                done = done or answer
+                elif p in answers:
+                    out, answer = answers[p]
+                    if out:
+                        got.append((p, delivery_batch(out)))
+                    done = done or answer
             live = [p for p in live if p not in failed]
             remaining = deadline - time.monotonic()
             if done or remaining <= 0:
                 return ReceiveReply(got, list(failed.items()))
-            try:
-                await asyncio.wait_for(available.wait(), timeout=remaining)
-            except asyncio.TimeoutError:
-                pass
+            changed = asyncio.ensure_future(available.wait())
+            try:  # (until something may be there, or a slow partition's receive ends)
+                await asyncio.wait(
+                    [changed, *running], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                changed.cancel()
+
+    async def _receive_one(
+        self, consumer_id: str, max_messages: int, rewinds: int, partition: int
+    ) -> tuple[list, bool]:
+        await self._not_resetting(partition)
+        return await self._part(partition).receive_now(consumer_id, max_messages, rewinds)
 
     async def ack_many(
         self, consumer_id: str, acks: list[tuple[int, Any]], nack: tuple | None = None
@@ -393,6 +406,7 @@ class SubscriptionUnit:
         receives standing here return (their partitions answer Unavailable: closed)."""
         self.closed = True
         self._changed()
+        self._receives.forget_all()
         self._pool.shutdown(wait=False, cancel_futures=True)  # (recoveries not begun)
         await asyncio.gather(*[p.close() for p in self._parts.values()])
         MetricsLoop.of_loop().discard(self)
@@ -402,6 +416,7 @@ class SubscriptionUnit:
         unit now), and the metrics loop; receives standing here return."""
         self.closed = True
         self._changed()
+        self._receives.forget_all()
         self._pool.shutdown(wait=False, cancel_futures=True)  # (recoveries not begun)
         await asyncio.gather(*[p.abandon() for p in self._parts.values()])
         MetricsLoop.of_loop().discard(self)
