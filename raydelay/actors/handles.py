@@ -163,9 +163,12 @@ def fan_out_cancel(
         ]
 
     def lost_all(peers: list[Peer]) -> Callable[[], None]:
+        # (looked up again in place: the peers are the client's, which its consumers share,
+        # and one partition failing, its host lost, must not leave a consumer's thread
+        # looking its unit up through the coordinator while the others wait)
         def lost() -> None:
-            for peer in peers:
-                peer.lost()
+            for peer in {id(p): p for p in peers}.values():  # (a unit's partitions share one)
+                peer.refresh_or_drop()
 
         return lost
 
