@@ -229,8 +229,8 @@ def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cl
                 return _unavailable.remote()
             return real.submit(method, *args)
 
-        def lost(self):
-            real.lost()
+        def refresh_or_drop(self):  # (what a failed send asks of its peers)
+            real.refresh_or_drop()
 
     peer = FirstSendFails()
     out, resent = fan_out_cancel(
