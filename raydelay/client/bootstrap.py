@@ -42,13 +42,14 @@ START_TURN_POLL_S = 0.1
 @dataclasses.dataclass(frozen=True)
 class Attached:
     """What :func:`attach` found: the coordinator that serves, the cluster's (the
-    coordinator's) config, this client's own settings, and whether this process started
-    the Ray it is in."""
+    coordinator's) config, this client's own settings, whether this process started the
+    Ray it is in, and whether it joined a running one (either is left at shutdown)."""
 
     coordinator: FoundCoordinator
     config: Config
     client: ClientConfig
     started_ray: bool
+    joined_ray: bool = False
 
 
 def attach(
@@ -59,7 +60,7 @@ def attach(
     Cluster (see there)."""
     cfg = resolve_config(config)
     with contextlib.ExitStack() as turn:
-        started = False
+        started = joined = False
         if not ray.is_initialized():
             if address is None:
                 # a store another live cluster owns: attach to that cluster, not a new Ray
@@ -72,6 +73,7 @@ def attach(
                 started = True
             else:
                 attach_ray(address)
+                joined = True
         try:
             coordinator, running = _coordinator(cfg)
         except StoreOwned as exc:
@@ -86,6 +88,7 @@ def attach(
             ray.shutdown()
             started = False
             attach_ray(exc.owner["address"])
+            joined = True
             coordinator, running = _coordinator(cfg)
     check_store(running.storage)  # (the cluster may have grown since it started)
     if running.storage != cfg.storage:
@@ -95,7 +98,7 @@ def attach(
             running.storage,
             cfg.storage,
         )
-    return Attached(coordinator, running, cfg.client, started)
+    return Attached(coordinator, running, cfg.client, started, joined)
 
 
 def _start_ray(cfg: Config) -> None:

@@ -57,7 +57,11 @@ def connect(
     runs with another storage config, its config wins (a warning says so)."""
     found = attach(config, address)
     cluster = Cluster(
-        found.coordinator, found.config, client=found.client, started_ray=found.started_ray
+        found.coordinator,
+        found.config,
+        client=found.client,
+        started_ray=found.started_ray,
+        joined_ray=found.joined_ray,
     )
     resume_runners(cluster._topics)  # scheduled calls wait in the store: their runners come back
     return cluster
@@ -69,9 +73,16 @@ class Cluster(ScheduledCalls):
     config: Config  # the cluster's (the coordinator's) config
 
     def __init__(
-        self, coordinator: Any, config: Config, *, client: ClientConfig, started_ray: bool
+        self,
+        coordinator: Any,
+        config: Config,
+        *,
+        client: ClientConfig,
+        started_ray: bool,
+        joined_ray: bool = False,
     ) -> None:
-        self._compose(ClusterPeers(coordinator, config, client), Session(started_ray), None)
+        session = Session(started_ray, joined_ray)
+        self._compose(ClusterPeers(coordinator, config, client), session, None)
 
     def _compose(self, peers: ClusterPeers, session: Session, origin: Cluster | None) -> None:
         """Build this client's parts over ``peers`` and ``session`` (a view's are its
@@ -334,7 +345,9 @@ class Cluster(ScheduledCalls):
     def shutdown(self) -> None:
         """Close this client's producers (flushing them) and consumers. If ``connect`` started
         Ray, also persist every subscription's cursor, close every partition's open ledger
-        (so a later start has nothing to fence), and stop Ray."""
+        (so a later start has nothing to fence), and stop Ray. If it joined a running Ray,
+        leave it (that Ray goes on): this process no longer depends on it, so the Ray's
+        later stop cannot take this process down."""
         if self._origin is not None:
             raise InvalidArgument(
                 "cluster: this is a view (with_retry_deadline); shut down "

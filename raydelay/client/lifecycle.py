@@ -43,6 +43,11 @@ class Lifecycle:
                 handles.stop_all(graceful=True)
             finally:
                 ray.shutdown()
+        elif self._session.joined_ray:
+            # Ray's own exit hook would leave it too, but after this process's last line:
+            # by then the Ray may be stopped, and a worker that finds its GCS gone waits
+            # 60 s for it and then ends the process with an error
+            ray.shutdown()
 
     def stop_everything(self) -> int:
         """``raydelay down``: persist every subscription's cursor, close every partition's

@@ -31,9 +31,11 @@ R = TypeVar("R")
 @dataclasses.dataclass
 class Session:
     """One client's producers and consumers (closed when it shuts down), whether it is shut
-    down, and whether ``connect`` started the Ray it is in (stopped then too)."""
+    down, and whether ``connect`` started the Ray it is in (stopped then too) or joined a
+    running one (left then)."""
 
     started_ray: bool = False
+    joined_ray: bool = False
     closed: bool = False
     producers: list[Producer] = dataclasses.field(default_factory=list)
     consumers: list[Consumer] = dataclasses.field(default_factory=list)

@@ -108,14 +108,18 @@ AT_ONCE = LOGGING + textwrap.dedent(
         consumer.ack(msgs)
         got |= {m.payload.decode() for m in msgs}
     address = ray.get_runtime_context().gcs_address
-    # the process that started Ray stops it at its shutdown: it goes after the others
+    # the process that started Ray stops it at its shutdown: it goes after the others, which
+    # leave that Ray at theirs (else its stop could end them before they exit)
     meet("done")
     if not cluster._started_ray:
         cluster.shutdown()
     meet("closed")
-    if cluster._started_ray:
+    started = cluster._started_ray
+    if started:
         cluster.shutdown()
-    print(json.dumps({"address": address, "mine": sum(g.startswith(me + "-") for g in got)}))
+    mine = sum(g.startswith(me + "-") for g in got)
+    left = not ray.is_initialized()
+    print(json.dumps({"address": address, "mine": mine, "started": started, "left": left}))
     """
 )
 
@@ -143,7 +147,9 @@ def _start_at_once(storage: dict, n: int, env: dict, barrier: Path) -> list[tupl
                 proc.wait()
     for proc, (out, err) in zip(procs, outs, strict=True):
         assert proc.returncode == 0, err[-3000:]
-        assert json.loads(out.strip().splitlines()[-1])["mine"] == 100, err[-3000:]
+        last = json.loads(out.strip().splitlines()[-1])
+        assert last["mine"] == 100, err[-3000:]
+        assert last["left"], "a client's shutdown left its process attached to Ray"
     return outs
 
 
@@ -158,8 +164,10 @@ def test_processes_started_at_once_on_one_store_attach_to_one_owner(tmp_path, ow
     for _, err in outs:
         assert "StoreOwned" not in err and "Traceback" not in err, err[-3000:]
         assert _raydelay_warnings(err) == [], err[-3000:]
-    addresses = {json.loads(out.strip().splitlines()[-1])["address"] for out, _ in outs}
-    assert len(addresses) == 1, addresses
+    lasts = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert len({last["address"] for last in lasts}) == 1, lasts
+    assert sum(last["started"] for last in lasts) == 1, lasts
+    addresses = {last["address"] for last in lasts}
     claim = current_claim(LocalDirObjectStore(root))
     assert claim is not None and claim.address in addresses
     assert claim.epoch == 1
