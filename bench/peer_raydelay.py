@@ -41,10 +41,12 @@ from bench.workload import (
     run_steady,
     sleep_until,
     spread_now,
+    stages_line,
 )
 from raydelay.actors.handles import host_of, subscription_partition, topic_partition, unit_host_of
 from raydelay.actors.host import HostActor
 from raydelay.cluster.names import NAMESPACE
+from raydelay.dispatch import stages
 
 BATCH = 5_000
 # max_messages per receive: 40,000 asks each of the 4 partitions for 10,000 per call
@@ -250,6 +252,14 @@ class RaydelayPeer:
             try:
                 label = "raydelay steady" + (" (prefetch)" if prefetch else "")
                 result = run_steady(send, receive, rate, seconds, label=label)
+                # where the lateness went: the subscription's stages and the consumer's
+                result["stages"] = stages.merge(
+                    [
+                        self.cluster.stats(topic, SUB)["lateness"]["stages"],
+                        consumer.lateness_stages(),
+                    ]
+                )
+                progress(f"{label} {rate:,}/s by stage: {stages_line(result['stages'])}")
             finally:
                 self._close(topic, producer, consumer)
             out["prefetch" if prefetch else "default"].append(result)

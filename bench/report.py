@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from raydelay.accounting import Lateness  # noqa: E402
+from raydelay.dispatch import stages  # noqa: E402
 
 NAMES = {"raydelay": "raydelay", "redis": "Redis sorted set", "heapq": "heapq"}
 COLORS = {"raydelay": "tab:blue", "redis": "tab:red", "heapq": "tab:gray"}
@@ -247,6 +248,9 @@ def _steady_rows(results: dict) -> list[tuple]:
             _line("4c steady", f"producer reached msg/s at {rate // 1000}k/s", cond,
                   vals("sent_rate"), text=none),
         ]  # fmt: skip
+        by_stage = (by_rate["raydelay"].get(rate) or {}).get("stages")
+        if by_stage:
+            out += _stage_rows(f"at {rate // 1000}k/s", cond, by_stage)
         if rate in fetched:
             r = fetched[rate]
             out.append(
@@ -256,6 +260,21 @@ def _steady_rows(results: dict) -> list[tuple]:
                             f"{_num(r['p999'], '.1f')} / {_num(r['max'], ',')}",
                             "redis": "", "heapq": ""})
             )  # fmt: skip
+    return out
+
+
+def _stage_rows(where: str, cond: str, by_stage: dict) -> list[tuple]:
+    """4c: raydelay's lateness of one stream by stage (raydelay.dispatch.stages): p50 and
+    p99 as the lateness bucket edges they lie under, the mean and the stage's share."""
+    out = []
+    for r in stages.summary(by_stage):
+        p50, p99 = (stages.edge_label(r[k]) for k in ("p50_ms", "p99_ms"))
+        share = None if r["share"] is None else 100 * r["share"]
+        cell = f"{p50} / {p99} / {_num(r['mean_ms'], '.1f')} ({_num(share, '.0f')}%)"
+        out.append(
+            _line("4c steady", f"lateness {where} in stage {r['stage']}: p50 / p99 / mean ms "
+                  "(share)", cond, {}, text={"raydelay": cell, "redis": "", "heapq": ""})
+        )  # fmt: skip
     return out
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from raydelay.accounting import Lateness
 from raydelay.clock import now_ms
+from raydelay.dispatch import stages
 
 PAYLOAD_BYTES = 100
 HEADER = np.dtype([("seq", "<i8"), ("at", "<i8"), ("pad", "V84")])
@@ -336,6 +337,18 @@ def run_send(
         progress(f"{label}: send_async {async_n / async_s:,.0f} msg/s")
     out["async"] = {"rate": async_n / async_s, "calls_rate": async_n / calls_s, "n": async_n}
     return out
+
+
+def stages_line(by_stage: dict) -> str:
+    """Lateness by stage (raydelay.dispatch.stages) in one line: each stage's p50 / p99
+    bucket edges, mean and share."""
+    parts = []
+    for r in stages.summary(by_stage):
+        p50, p99 = (stages.edge_label(r[k]) for k in ("p50_ms", "p99_ms"))
+        mean = "-" if r["mean_ms"] is None else f"{r['mean_ms']:.1f}"
+        share = "-" if r["share"] is None else f"{100 * r['share']:.0f}%"
+        parts.append(f"{r['stage']} {p50} / {p99} / {mean} ms ({share})")
+    return "; ".join(parts)
 
 
 def run_steady(

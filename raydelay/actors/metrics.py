@@ -22,9 +22,11 @@ every metric raydelay makes; this table says the same for readers.
 | raydelay_bucket_ops | counter | bucket operations by ``op``: create and delete (the topic's, with an empty ``subscription`` tag), load (a subscription's segment loads) |
 | raydelay_bucket_op_seconds | histogram | their latency, by ``op`` |
 | raydelay_dispatch_lateness_ms | histogram | dispatch time minus deliver_at, first deliveries of delayed messages |
+| raydelay_lateness_stage_ms | histogram | the part of that lateness spent in each ``stage`` (written, reached, waited: the subscription's; returned: the consumer's, from its process), see :mod:`raydelay.dispatch.stages` |
 
 The lateness histogram observes at most ``LATENESS_SAMPLES_PER_S`` dispatches a second per
-subscription partition (a uniform sample beyond that): one observation costs about 1.4 us
+subscription partition (a uniform sample beyond that; the stage histogram observes the
+stages of the same sample, and the consumer's ``returned`` stage as many of its own): one observation costs about 1.4 us
 here, plus the work of Ray's metrics agent to aggregate it. At 20k a second, a burst spent
 17% of the subscription actor's time and a core's fifth in the agent on it; a thousand
 samples a second keep the percentiles and cost neither. They are recorded on a thread, off
@@ -44,7 +46,9 @@ from typing import Any, Literal
 import numpy as np
 from ray.util import metrics
 
-LATENESS_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000]
+from raydelay.dispatch.stages import CONSUMER_STAGE, LATENESS_EDGES_MS, SUBSCRIPTION_STAGES
+
+LATENESS_BOUNDARIES_MS = list(LATENESS_EDGES_MS)
 OP_BOUNDARIES_S = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 LATENESS_SAMPLES_PER_S = 1_000
 _PART = ("topic", "partition")
@@ -84,6 +88,12 @@ METRICS: dict[str, MetricSpec] = {
         "histogram",
         "dispatch lateness of delayed messages (ms)",
         _SUB,
+        tuple(LATENESS_BOUNDARIES_MS),
+    ),
+    "raydelay_lateness_stage_ms": MetricSpec(
+        "histogram",
+        "the part of a delayed message's lateness spent in one stage (ms)",
+        (*_SUB, "stage"),
         tuple(LATENESS_BOUNDARIES_MS),
     ),
 }
@@ -144,19 +154,20 @@ class SubscriptionMetrics:
         self._consumers = _metric("raydelay_consumers")
         self._ops, self._op_s = _bucket_ops()
         self._lateness = _metric("raydelay_dispatch_lateness_ms")
+        self._stage = _metric("raydelay_lateness_stage_ms")
+        self._stage_tags = [{**self._tags, "stage": s} for s in SUBSCRIPTION_STAGES]
         self._late: list[np.ndarray] = []
         self._last: dict[str, int] = {}
-        self._rng = np.random.default_rng()
-        self._window_start = time.monotonic()
-        self._observed = 0
+        self._sample = Sampler(LATENESS_SAMPLES_PER_S)
 
-    def dispatched(self, n: int, lateness_ms: np.ndarray) -> None:
-        """``n`` messages went out; ``lateness_ms`` of the delayed first deliveries among them
-        (kept until ``report`` observes them, off the delivery path)."""
+    def dispatched(self, n: int, lateness_ms: np.ndarray, stages_ms: np.ndarray) -> None:
+        """``n`` messages went out; ``lateness_ms`` of the delayed first deliveries among them,
+        and their stages (a row per SUBSCRIPTION_STAGES), kept until ``report`` observes
+        them, off the delivery path."""
         if n:
             self._dispatched.inc(n, self._tags)
         if len(lateness_ms):
-            self._late.append(lateness_ms)
+            self._late.append(np.vstack([lateness_ms, stages_ms]))
 
     def report(self, stats: dict, op_times: list[tuple[str, float]]) -> None:
         tags = self._tags
@@ -185,15 +196,50 @@ class SubscriptionMetrics:
         if not self._late:
             return
         late, self._late = self._late, []  # (dispatched() appends on the event loop)
-        values = np.concatenate(late)
+        values = self._sample(np.concatenate(late, axis=1))
+        for v in values[0].tolist():
+            self._lateness.observe(v, self._tags)
+        for row, tags in zip(values[1:], self._stage_tags, strict=True):
+            for v in row.tolist():
+                self._stage.observe(v, tags)
+
+
+class Sampler:
+    """At most ``per_s`` columns a second of what it is given (a uniform sample of each
+    lot beyond the room left in the second)."""
+
+    def __init__(self, per_s: int) -> None:
+        self._per_s = per_s
+        self._rng = np.random.default_rng()
+        self._window_start = time.monotonic()
+        self._observed = 0
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
         now = time.monotonic()
         if now - self._window_start >= 1.0:
             self._window_start, self._observed = now, 0
-        room = LATENESS_SAMPLES_PER_S - self._observed
-        if room <= 0:
-            return
-        if len(values) > room:
-            values = self._rng.choice(values, size=room, replace=False)
-        self._observed += len(values)
-        for v in values.tolist():
-            self._lateness.observe(v, self._tags)
+        room = max(0, self._per_s - self._observed)
+        n = values.shape[-1]
+        if n > room:
+            values = values[..., np.sort(self._rng.choice(n, size=room, replace=False))]
+        self._observed += values.shape[-1]
+        return values
+
+
+class ConsumerMetrics:
+    """A consumer's ``returned`` stage (see :mod:`raydelay.dispatch.stages`), observed
+    from its own process at most ``LATENESS_SAMPLES_PER_S`` times a second."""
+
+    def __init__(self, topic: str, subscription: str) -> None:
+        self._tags = {
+            "topic": topic,
+            "partition": "",
+            "subscription": subscription,
+            "stage": CONSUMER_STAGE,
+        }
+        self._stage = _metric("raydelay_lateness_stage_ms")
+        self._sample = Sampler(LATENESS_SAMPLES_PER_S)
+
+    def returned(self, values_ms: np.ndarray) -> None:
+        for v in self._sample(values_ms).tolist():
+            self._stage.observe(v, self._tags)

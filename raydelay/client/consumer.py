@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from raydelay.actors.metrics import ConsumerMetrics
 from raydelay.client.ack_queue import AckQueue, group_by_partition
 from raydelay.client.message import (
     Message,
@@ -53,12 +54,25 @@ from raydelay.client.partition_health import PartitionHealth
 from raydelay.client.reader import last_ids, only_id
 from raydelay.client.receiving import HUNG_S, Receiver
 from raydelay.clock import now_ms as _now_ms
+from raydelay.dispatch import stages
+from raydelay.dispatch.wire import handed_ms_of
 from raydelay.errors import InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
     from raydelay.client.links import SubscriptionLink
 
 log = logging.getLogger(__name__)
+
+
+def consumer_metrics(topic: str, subscription: str) -> Any:
+    """The ``returned`` stage's Ray metric for a consumer of this process, or False where
+    Ray's metrics cannot be recorded (a process not connected to Ray)."""
+    try:
+        return ConsumerMetrics(topic, subscription)
+    except Exception as exc:  # noqa: BLE001 - metrics must never stop a consumer
+        log.debug("no Ray metrics for %s/%s: %s", topic, subscription, exc)
+        return False
+
 
 MAX_RECEIVE = 100_000
 
@@ -100,6 +114,9 @@ class Consumer:
         self._groups = [tuple(g) for g in link.heartbeat_groups()]
         self._closed = False
         self._rewinds = 0  # redeliver_unacknowledged() calls without messages so far
+        self._stages = stages.StageCounts((stages.CONSUMER_STAGE,))
+        self._stage_lock = threading.Lock()
+        self._metrics: Any = None  # made on the first count (False: this process has none)
         self._stop = threading.Event()
         self._health = PartitionHealth(
             link, f"{topic}/{subscription}", lambda p, work: self._acks.send(p, work), self._stop
@@ -189,7 +206,45 @@ class Consumer:
 
     def _take(self, max_messages: int, timeout_s: float) -> list[tuple[int, pa.RecordBatch]]:
         self._check_open()
-        return self.receiver.take(max_messages, check_receive(max_messages, timeout_s))
+        got = self.receiver.take(max_messages, check_receive(max_messages, timeout_s))
+        if got:
+            self._returned(got)
+        return got
+
+    def _returned(self, got: list[tuple[int, pa.RecordBatch]]) -> None:
+        """Count the ``returned`` stage of the first deliveries of delayed messages among
+        ``got`` (see :mod:`raydelay.dispatch.stages`)."""
+        now = _now_ms()
+        parts = []
+        for _, rb in got:
+            handed = handed_ms_of(rb)
+            if handed is not None:
+                parts.append(
+                    stages.returned(
+                        rb.column("deliver_at_ms").to_numpy(),
+                        rb.column("redelivery_count").to_numpy(),
+                        handed,
+                        now,
+                    )
+                )
+        values = np.concatenate(parts) if parts else None
+        if values is None or not len(values):
+            return
+        with self._stage_lock:
+            self._stages.add(values[np.newaxis, :])
+        if self._metrics is None:
+            self._metrics = consumer_metrics(self.topic, self.subscription)
+        if self._metrics:
+            self._metrics.returned(values)
+
+    def lateness_stages(self) -> dict[str, dict]:
+        """The ``returned`` stage of the delayed messages this consumer received the first
+        time (see :mod:`raydelay.dispatch.stages`): ``{"returned": {"counts": [...],
+        "sum_ms": n}}``, counts per ``stats()["lateness"]["edges_ms"]`` bucket. The other
+        stages are the subscription's: ``Cluster.stats(topic, subscription)["lateness"]
+        ["stages"]``."""
+        with self._stage_lock:
+            return self._stages.as_dict()
 
     def _register(self, p: int) -> None:
         """Join partition ``p`` (idempotent; also after its actor restarted and forgot us)."""

@@ -24,6 +24,7 @@ from raydelay.cluster import placement, rpc
 from raydelay.cluster.handles import Peer
 from raydelay.cluster.names import Unit, subscription_groups
 from raydelay.config import Config
+from raydelay.dispatch import stages
 from raydelay.dispatch.counts import partition_entries
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.limits import check_limit
@@ -383,6 +384,9 @@ class Topics:
             "counts": [sum(c) for c in zip(*counts, strict=True)]
             if counts
             else [0] * (len(LATENESS_BOUNDARIES_MS) + 1),
+            # the same first deliveries' lateness by stage (raydelay.dispatch.stages): the
+            # subscription's three; a consumer's ``returned`` is its own (Consumer.stages)
+            "stages": stages.merge(s.get("lateness_stages", {}) for s in parts),
         }
         out["partitions"] = parts
         return out

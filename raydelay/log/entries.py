@@ -22,7 +22,9 @@ A decode failure raises CodecError naming what was decoded, with the cause chain
 
 from __future__ import annotations
 
+import dataclasses
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -282,6 +284,8 @@ class LedgerObject:
     publish_time_ms: int
     entries: Entries
     dedup: dict[str, tuple[int, list[tuple[int, int, int]]]]  # producer -> (seq, ranges)
+    # when a subscription's process received it (epoch ms; 0: not noted): note_arrival
+    arrived_ms: int = dataclasses.field(default=0, compare=False, repr=False)
 
     @property
     def count(self) -> int:
@@ -289,6 +293,15 @@ class LedgerObject:
 
     def publish_times(self, idx: np.ndarray) -> np.ndarray:
         return np.full(len(idx), self.publish_time_ms, dtype=np.int64)
+
+
+def note_arrival(sources: Iterable[object], now_ms: int) -> None:
+    """Note ``now_ms`` as the time this process received each ledger object or rows of
+    ``sources`` that has none yet (a subscription's lateness stages start from it; a shared
+    read's objects keep the first)."""
+    for source in sources:
+        if getattr(source, "arrived_ms", None) == 0:
+            object.__setattr__(source, "arrived_ms", now_ms)  # (frozen: set once, here)
 
 
 @dataclass(frozen=True)
@@ -312,6 +325,7 @@ class Rows:
     positions: np.ndarray
     publish_time_ms: np.ndarray
     entries: Entries
+    arrived_ms: int = dataclasses.field(default=0, compare=False, repr=False)  # as LedgerObject's
 
     def __len__(self) -> int:
         return len(self.positions)

@@ -17,7 +17,7 @@ from raydelay.client.message import MessageId
 from raydelay.client.producer import check_cancel_target
 from raydelay.client.redrive import SUBSCRIPTION as REDRIVE_SUBSCRIPTION
 from raydelay.client.redrive import check_redrive_target
-from raydelay.dispatch import counts
+from raydelay.dispatch import counts, stages
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.subscription_types import spreads
 
@@ -316,6 +316,12 @@ class ConsoleData:
             "consumers": consumers,
             "lateness": [
                 {"label": label, "count": int(n)} for label, n in zip(labels, counts, strict=True)
+            ],
+            "stages": [
+                row
+                | {"p50": stages.edge_label(row["p50_ms"]), "p99": stages.edge_label(row["p99_ms"])}
+                for row in stages.summary(s["lateness"].get("stages", {}))
+                if row["measured"]
             ],
             "schedulable": spreads(s["type"]),
         }

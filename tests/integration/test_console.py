@@ -518,6 +518,11 @@ def test_the_lateness_chart_counts_first_deliveries(scene, page):
     counts = page.locator("#lateness .bar").evaluate_all("els => els.map(e => +e.dataset.count)")
     assert sum(counts) == 3
     assert page.locator("#lateness-empty").count() == 0  # (measured: no "why empty" note)
+    # and where it went, stage by stage (the consumer's own stage is measured in its process)
+    rows = page.locator("#stages tbody tr").evaluate_all("els => els.map(e => e.id)")
+    assert rows == ["stage-written", "stage-reached", "stage-waited"]
+    shares = page.locator("#stages tbody tr td:last-child").all_inner_texts()
+    assert all(s.endswith("%") or s == "-" for s in shares), shares
     assert page.locator("#consumers tbody tr").count() == 1
     consumer.close()
 

@@ -22,6 +22,7 @@ EXPECTED = [
     "ray_raydelay_bucket_ops_total",
     "ray_raydelay_bucket_op_seconds_bucket",
     "ray_raydelay_dispatch_lateness_ms_bucket",
+    "ray_raydelay_lateness_stage_ms_bucket",
 ]
 
 
@@ -67,6 +68,13 @@ def test_the_metrics_endpoint_has_raydelays_metrics(cluster, topic_name):
     assert sum(series(body, "ray_raydelay_published_messages_total", topic_name)) >= 5_300
     assert max(series(body, "ray_raydelay_immutable_buckets", topic_name)) >= 1
     assert sum(series(body, "ray_raydelay_dispatch_lateness_ms_count", topic_name)) >= 300
+    # every stage of those first deliveries: the subscription's, and the consumer's
+    # (recorded by this process, the driver)
+    stages = {
+        m.group(1)
+        for m in re.finditer(r'ray_raydelay_lateness_stage_ms_count\{[^}]*stage="(\w+)"', body)
+    }
+    assert stages == {"written", "reached", "waited", "returned"}, stages
     ops = {
         m.group(1)
         for m in re.finditer(r'ray_raydelay_bucket_ops_total\{[^}]*op="(\w+)"[^}]*\}', body)

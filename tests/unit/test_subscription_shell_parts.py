@@ -21,10 +21,11 @@ from raydelay.actors.subscription.dead_letters import dead_letter_entries, dead_
 from raydelay.actors.subscription.driver import StepDriver
 from raydelay.actors.subscription.recovery import RecoveryCost, seconds_to_ms
 from raydelay.actors.subscription.ref import PartitionRef
-from raydelay.actors.subscription.reporting import PartitionReport, lateness
+from raydelay.actors.subscription.reporting import PartitionReport
 from raydelay.actors.subscription.shell import _keys
 from raydelay.dispatch.cursor import Cursor
 from raydelay.dispatch.ports import Delivery
+from raydelay.dispatch.stages import handed_out
 from raydelay.errors import InvalidArgument, PartitionMoved
 from raydelay.log.entries import NO_DELAY, Entries, Rows
 from raydelay.positions import key_of
@@ -292,20 +293,22 @@ def _delivery(deliver_at: list[int], counts: list[int]) -> Delivery:
 def test_lateness_counts_first_deliveries_of_delayed_messages_only():
     # due at 900 (first), due at 990 (redelivered), not delayed
     out = [_delivery([900, 990, NO_DELAY], [0, 1, 0])]
-    assert lateness(out, 1_000).tolist() == [100]
+    assert handed_out(out, 1_000)[0].tolist() == [100]
 
     class Metrics:
         def __init__(self) -> None:
-            self.seen: list[tuple[int, list[int]]] = []
+            self.seen: list[tuple[int, list[int], list[list[int]]]] = []
 
-        def dispatched(self, n: int, late: np.ndarray) -> None:
-            self.seen.append((n, late.tolist()))
+        def dispatched(self, n: int, late: np.ndarray, stages: np.ndarray) -> None:
+            self.seen.append((n, late.tolist(), stages.tolist()))
 
     metrics = Metrics()
     report = PartitionReport(metrics, SimpleNamespace(), deque())
     report.dispatched(out, 1_000)
-    assert metrics.seen == [(3, [100])]
+    # (rows whose arrival was not noted: all of the lateness is the subscription's wait)
+    assert metrics.seen == [(3, [100], [[0], [0], [100]])]
     assert report.late_counts.sum() == 1
+    assert report.stages.as_dict()["waited"]["sum_ms"] == 100
 
 
 def test_an_idle_partition_is_not_counted_again_for_the_metrics():

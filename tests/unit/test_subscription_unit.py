@@ -71,7 +71,7 @@ def unit(monkeypatch):
         return _Shell(p)
 
     monkeypatch.setattr(SubscriptionUnit, "_open_one", open_one)
-    monkeypatch.setattr(unit_module, "delivery_batch", lambda rows: list(rows))
+    monkeypatch.setattr(unit_module, "delivery_batch", lambda rows, handed_ms=None: list(rows))
     made = SubscriptionUnit(Unit("t", "s", 0), {}, _Coordinator())  # type: ignore[arg-type]
     return made, gates, fail
 

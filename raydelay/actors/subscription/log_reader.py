@@ -23,10 +23,11 @@ from raydelay.actors.protocol import ReadReply
 from raydelay.actors.subscription.ref import RETRY_S, PartitionRef
 from raydelay.actors.subscription.sealed_io import SealedIO
 from raydelay.actors.subscription.shared_calls import SHARED
+from raydelay.clock import now_ms
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
 from raydelay.dispatch.subscription import Subscription
-from raydelay.log.entries import Rows, decode_object
+from raydelay.log.entries import Rows, decode_object, note_arrival
 from raydelay.positions import key_of
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ class LogReader:
             HostActor.read_positions, self._ref.topic, self._ref.partition, keys.astype(np.int64)
         )
         self._count_log_bytes(int(batch.nbytes))
-        return Rows.from_batch(batch)
+        rows = Rows.from_batch(batch)
+        note_arrival([rows], now_ms())
+        return rows
 
     async def run(self) -> None:
         """Read the log ahead while the subscription wants more; the next step applies it."""
@@ -113,6 +116,7 @@ class LogReader:
                     within,
                 )
                 reply, objects, nbytes = await SHARED.call(("read", *args), self._read, args)
+                note_arrival(objects, now_ms())
                 retries.ok()
                 self._count_log_bytes(nbytes)
                 self._sub.offer_read(

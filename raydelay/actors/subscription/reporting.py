@@ -3,7 +3,8 @@ snapshot its actor's metrics loop records to Ray's metrics once a second.
 
 Lateness is how long after its due instant a delayed message went out the first time
 (redeliveries are not counted); :class:`PartitionReport` keeps a count per
-``LATENESS_BOUNDARIES_MS`` bucket since the partition's state started.
+``LATENESS_BOUNDARIES_MS`` bucket since the partition's state started, and the same
+counts of each of its stages (:mod:`raydelay.dispatch.stages`).
 """
 
 from __future__ import annotations
@@ -15,23 +16,10 @@ from typing import Any
 import numpy as np
 
 from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS, SubscriptionMetrics
+from raydelay.dispatch.stages import SUBSCRIPTION_STAGES, StageCounts, bucket_counts, handed_out
 from raydelay.dispatch.subscription import Delivery, Subscription
-from raydelay.log.entries import NO_DELAY
 
 log = logging.getLogger(__name__)
-
-_LATE_EDGES = np.asarray(LATENESS_BOUNDARIES_MS, dtype=np.int64)
-
-
-def lateness(out: list[Delivery], now_ms: int) -> np.ndarray:
-    """Dispatch lateness (ms) of the first deliveries of delayed messages in ``out``."""
-    parts = []
-    for dv in out:
-        d = dv.source.entries.deliver_at_ms[dv.indexes]
-        first = (d != NO_DELAY) & (dv.counts == 0)
-        if first.any():
-            parts.append(now_ms - d[first])
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def tracker_stats(sub: Subscription) -> dict:
@@ -59,18 +47,18 @@ class PartitionReport:
         # first deliveries of delayed messages by lateness, since this state started: one
         # count per LATENESS_BOUNDARIES_MS bucket (at most that many ms late), then the rest
         self.late_counts = np.zeros(len(LATENESS_BOUNDARIES_MS) + 1, dtype=np.int64)
+        # and the same first deliveries' lateness stage by stage (raydelay.dispatch.stages)
+        self.stages = StageCounts(SUBSCRIPTION_STAGES)
         self._reported_stats: dict | None = None
         self._looked_at: tuple | None = None  # the steps, counts and cursor it last saw
 
     def dispatched(self, out: list[Delivery], now_ms: int) -> None:
         """``out`` went to a consumer at ``now_ms``."""
-        late = lateness(out, now_ms)
-        self._metrics.dispatched(sum(map(len, out)), late)
+        late, stages = handed_out(out, now_ms)
+        self._metrics.dispatched(sum(map(len, out)), late, stages)
         if len(late):
-            self.late_counts += np.bincount(
-                np.searchsorted(_LATE_EDGES, late, side="left"),
-                minlength=len(self.late_counts),
-            )
+            self.late_counts += bucket_counts(late)
+            self.stages.add(stages)
 
     def snapshot(self) -> tuple[SubscriptionMetrics, dict, list[Any]] | None:
         """What this partition has to report to Ray's metrics (its gauges' values and the

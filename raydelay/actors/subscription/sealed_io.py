@@ -25,6 +25,7 @@ from raydelay.actors.host import HostActor
 from raydelay.actors.protocol import BucketList, DueReply
 from raydelay.actors.subscription.ref import RETRY_S, PartitionRef
 from raydelay.actors.subscription.shared_calls import SHARED
+from raydelay.clock import now_ms
 from raydelay.cluster.handles import Peer
 from raydelay.delayed.reader import SealedReader, SegmentLoad
 from raydelay.delayed.sealed import SealedMeta
@@ -32,7 +33,7 @@ from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.subscription import Subscription, TailQuery
 from raydelay.errors import NotFound, Unavailable
 from raydelay.log.cache import LruCache
-from raydelay.log.entries import Rows
+from raydelay.log.entries import Rows, note_arrival
 from raydelay.storage import ObjectStore
 
 # Listings of a partition's buckets tried before a refresh gives up for now (each one that
@@ -211,6 +212,7 @@ class SealedIO:
                 after = (max(below, int(reply.below)), max(through, int(query.now_ms)))
                 await self._refresh(sealed, reply.through, after, reply.buckets)
             rows = Rows.from_batch(reply.rows)
+            note_arrival([rows], now_ms())
             self._count_log_bytes(int(reply.rows.nbytes))
             self._sub.take_unsealed(rows, reply.below, query.now_ms, reply.next_d, reply.waiting)
         except Exception:
@@ -249,6 +251,7 @@ class SealedIO:
         rows = await asyncio.gather(
             *(asyncio.to_thread(store.segment, p.run_key, p.offset, p.length) for p in ld.reads)
         )
+        note_arrival(rows, now_ms())
         bucket = sealed.buckets.get(ld.key)
         if not ld.keys_only or bucket is None:
             return list(rows), []  # (forgotten meanwhile: install ignores it)

@@ -306,6 +306,7 @@ class SubscriptionShell:
             "peek": dict(self._peeks.counts),
             "consumer_leases": self._sub.consumer_leases(self._clock.now_ms()),
             "lateness_counts": self._report.late_counts.tolist(),
+            "lateness_stages": self._report.stages.as_dict(),
         }
 
     def metrics_snapshot(self) -> tuple[SubscriptionMetrics, dict, list] | None:

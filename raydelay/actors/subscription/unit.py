@@ -32,6 +32,7 @@ from raydelay.actors.protocol import ReceiveReply
 from raydelay.actors.subscription.cursor_io import Fence
 from raydelay.actors.subscription.receives import PartitionReceives
 from raydelay.actors.subscription.shell import SubscriptionShell
+from raydelay.clock import now_ms
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
 from raydelay.cluster.names import Unit, subscription_groups
@@ -301,7 +302,7 @@ class SubscriptionUnit:
                 elif p in answers:
                     out, answer = answers[p]
                     if out:
-                        got.append((p, delivery_batch(out)))
+                        got.append((p, delivery_batch(out, handed_ms=now_ms())))
                     done = done or answer
             live = [p for p in live if p not in failed]
             remaining = deadline - time.monotonic()
