@@ -44,11 +44,27 @@ def test_times_a_python_user_brings_are_accepted(deliver_at, deliver_after, expe
         (None, "5", "deliver_after: expected seconds .* or a timedelta, got str"),
         (None, True, "got bool"),
         (1.5, None, "deliver_at: expected epoch milliseconds"),
+        # (the plain cases' fast path refuses what the full checks refuse)
+        (None, float("nan"), "deliver_after: must be a finite number of seconds >= 0"),
+        (None, -0.001, "deliver_after: must be a finite number of seconds >= 0"),
+        (None, -1, "deliver_after: must be a finite number of seconds >= 0"),
+        (-1, None, "deliver_at: must be >= 0"),
+        (True, None, "deliver_at: expected epoch milliseconds .* got bool"),
+        (NOW, 1.0, "give deliver_at or deliver_after, not both"),
     ],
 )
 def test_absurd_times_are_invalid_arguments_naming_the_field(deliver_at, deliver_after, words):
     with pytest.raises(InvalidArgument, match=words):
         deliver_at_of(deliver_at, deliver_after, NOW, 0)
+
+
+@pytest.mark.parametrize(
+    "deliver_at, deliver_after", [(None, 3_601), (None, 3_600.5), (NOW + 3_600_001, None)]
+)
+def test_a_time_beyond_max_delay_ms_is_refused_on_every_path(deliver_at, deliver_after):
+    assert deliver_at_of(None, 3_600, NOW, 3_600_000) == NOW + 3_600_000  # (at the limit)
+    with pytest.raises(InvalidArgument, match="beyond delayed.max_delay_ms"):
+        deliver_at_of(deliver_at, deliver_after, NOW, 3_600_000)
 
 
 def test_durations_take_a_timedelta_or_numpy_numbers():
