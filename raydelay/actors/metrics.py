@@ -26,8 +26,8 @@ every metric raydelay makes; this table says the same for readers.
 
 The lateness histogram observes at most ``LATENESS_SAMPLES_PER_S`` dispatches a second per
 subscription partition (a uniform sample beyond that; the stage histogram observes the
-stages of the same sample, and the consumer's ``returned`` stage as many of its own): one observation costs about 1.4 us
-here, plus the work of Ray's metrics agent to aggregate it. At 20k a second, a burst spent
+stages of the same sample, and a consumer as many of its ``returned`` stage): one
+observation costs about 1.4 us here, plus the work of Ray's metrics agent to aggregate it. At 20k a second, a burst spent
 17% of the subscription actor's time and a core's fifth in the agent on it; a thousand
 samples a second keep the percentiles and cost neither. They are recorded on a thread, off
 the event loop, once a second. ``raydelay_dispatched_messages``
