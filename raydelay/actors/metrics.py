@@ -26,7 +26,7 @@ every metric raydelay makes; this table says the same for readers.
 
 The lateness histogram observes at most ``LATENESS_SAMPLES_PER_S`` dispatches a second per
 subscription partition (a uniform sample beyond that; the stage histogram observes the
-stages of the same sample, and a consumer as many of its ``returned`` stage): one
+stages of the same sample, and a consumer its ``returned`` stage once per reply): one
 observation costs about 1.4 us here, plus the work of Ray's metrics agent to aggregate it. At 20k a second, a burst spent
 17% of the subscription actor's time and a core's fifth in the agent on it; a thousand
 samples a second keep the percentiles and cost neither. They are recorded on a thread, off
@@ -46,7 +46,12 @@ from typing import Any, Literal
 import numpy as np
 from ray.util import metrics
 
-from raydelay.dispatch.stages import CONSUMER_STAGE, LATENESS_EDGES_MS, SUBSCRIPTION_STAGES
+from raydelay.dispatch.stages import (
+    CONSUMER_STAGE,
+    LATENESS_EDGES_MS,
+    SUBSCRIPTION_STAGES,
+    Handed,
+)
 
 LATENESS_BOUNDARIES_MS = list(LATENESS_EDGES_MS)
 OP_BOUNDARIES_S = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
@@ -160,14 +165,15 @@ class SubscriptionMetrics:
         self._last: dict[str, int] = {}
         self._sample = Sampler(LATENESS_SAMPLES_PER_S)
 
-    def dispatched(self, n: int, lateness_ms: np.ndarray, stages_ms: np.ndarray) -> None:
-        """``n`` messages went out; ``lateness_ms`` of the delayed first deliveries among them,
-        and their stages (a row per SUBSCRIPTION_STAGES), kept until ``report`` observes
-        them, off the delivery path."""
+    def dispatched(self, n: int, handed: Handed) -> None:
+        """``n`` messages went out; ``handed``, the lateness and stages of the delayed first
+        deliveries among them: the sample of them this second still has room for is kept
+        until ``report`` observes it, off the delivery path."""
         if n:
             self._dispatched.inc(n, self._tags)
-        if len(lateness_ms):
-            self._late.append(np.vstack([lateness_ms, stages_ms]))
+        pick = self._sample.pick(len(handed.lateness_ms), handed.weights)
+        if pick is not None:
+            self._late.append(np.vstack([handed.lateness_ms[pick], handed.stages_ms[:, pick]]))
 
     def report(self, stats: dict, op_times: list[tuple[str, float]]) -> None:
         tags = self._tags
@@ -196,7 +202,7 @@ class SubscriptionMetrics:
         if not self._late:
             return
         late, self._late = self._late, []  # (dispatched() appends on the event loop)
-        values = self._sample(np.concatenate(late, axis=1))
+        values = np.concatenate(late, axis=1)
         for v in values[0].tolist():
             self._lateness.observe(v, self._tags)
         for row, tags in zip(values[1:], self._stage_tags, strict=True):
@@ -214,21 +220,41 @@ class Sampler:
         self._window_start = time.monotonic()
         self._observed = 0
 
-    def __call__(self, values: np.ndarray) -> np.ndarray:
+    def room(self, n: int) -> int:
+        """How many of ``n`` new values may be observed now (counted as observed)."""
         now = time.monotonic()
         if now - self._window_start >= 1.0:
             self._window_start, self._observed = now, 0
-        room = max(0, self._per_s - self._observed)
-        n = values.shape[-1]
-        if n > room:
-            values = values[..., np.sort(self._rng.choice(n, size=room, replace=False))]
-        self._observed += values.shape[-1]
-        return values
+        k = min(n, max(0, self._per_s - self._observed))
+        self._observed += k
+        return k
+
+    def pick(self, n: int, weights: np.ndarray | None = None) -> np.ndarray | slice | None:
+        """Which of ``n`` new values to observe: all of them, or a uniform sample when there
+        is room for fewer (indexes), or None for none. With ``weights``, value ``i`` stands
+        for ``weights[i]`` values, each of which counts: it may be picked that many times."""
+        if weights is None:
+            k = self.room(n)
+            if k == 0:
+                return None
+            if k == n:
+                return slice(None)
+            return np.sort(self._rng.choice(n, size=k, replace=False))
+        total = int(weights.sum())
+        k = self.room(total)
+        if k == 0:
+            return None
+        every = np.repeat(np.arange(n), weights)  # (only while this second has room)
+        if k == total:
+            return every
+        return every[np.sort(self._rng.choice(total, size=k, replace=False))]
 
 
 class ConsumerMetrics:
     """A consumer's ``returned`` stage (see :mod:`raydelay.dispatch.stages`), observed
-    from its own process at most ``LATENESS_SAMPLES_PER_S`` times a second."""
+    from its own process once per reply (every message of a reply has the same), at most
+    ``LATENESS_SAMPLES_PER_S`` times a second: an observation per message cost a burst's
+    consumer a tenth of its time."""
 
     def __init__(self, topic: str, subscription: str) -> None:
         self._tags = {
@@ -240,6 +266,7 @@ class ConsumerMetrics:
         self._stage = _metric("raydelay_lateness_stage_ms")
         self._sample = Sampler(LATENESS_SAMPLES_PER_S)
 
-    def returned(self, values_ms: np.ndarray) -> None:
-        for v in self._sample(values_ms).tolist():
-            self._stage.observe(v, self._tags)
+    def returned(self, value_ms: int) -> None:
+        """A reply's first deliveries came back ``value_ms`` after it was made."""
+        if self._sample.room(1):
+            self._stage.observe(value_ms, self._tags)

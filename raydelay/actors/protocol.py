@@ -35,6 +35,7 @@ class ReceiveReply:
 
     got: list[tuple[int, pa.RecordBatch]]  # (partition, record batch) of those with messages
     failed: list[tuple[int, BaseException]]  # (partition, error) of those whose receive failed
+    made_ms: int = 0  # when it was made (epoch ms): a consumer's ``returned`` stage starts here
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,7 +55,6 @@ from raydelay.client.reader import last_ids, only_id
 from raydelay.client.receiving import HUNG_S, Receiver
 from raydelay.clock import now_ms as _now_ms
 from raydelay.dispatch import stages
-from raydelay.dispatch.wire import handed_ms_of
 from raydelay.errors import InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
@@ -130,6 +129,7 @@ class Consumer:
             partitions=partitions,
             prefetch=prefetch,
             rewinds=lambda: self._rewinds,
+            returned=self._returned,
         )
         added = []
         try:
@@ -206,36 +206,30 @@ class Consumer:
 
     def _take(self, max_messages: int, timeout_s: float) -> list[tuple[int, pa.RecordBatch]]:
         self._check_open()
-        got = self.receiver.take(max_messages, check_receive(max_messages, timeout_s))
-        if got:
-            self._returned(got)
-        return got
+        return self.receiver.take(max_messages, check_receive(max_messages, timeout_s))
 
-    def _returned(self, got: list[tuple[int, pa.RecordBatch]]) -> None:
+    def _returned(self, got: list[tuple[pa.RecordBatch, int]]) -> None:
         """Count the ``returned`` stage of the first deliveries of delayed messages among
-        ``got`` (see :mod:`raydelay.dispatch.stages`)."""
+        the record batches handed out now, each with when its reply was made (see
+        :mod:`raydelay.dispatch.stages`)."""
         now = _now_ms()
-        parts = []
-        for _, rb in got:
-            handed = handed_ms_of(rb)
-            if handed is not None:
-                parts.append(
-                    stages.returned(
-                        rb.column("deliver_at_ms").to_numpy(),
-                        rb.column("redelivery_count").to_numpy(),
-                        handed,
-                        now,
-                    )
-                )
-        values = np.concatenate(parts) if parts else None
-        if values is None or not len(values):
-            return
-        with self._stage_lock:
-            self._stages.add(values[np.newaxis, :])
-        if self._metrics is None:
-            self._metrics = consumer_metrics(self.topic, self.subscription)
-        if self._metrics:
-            self._metrics.returned(values)
+        for rb, made_ms in got:
+            if not made_ms:
+                continue
+            value, n = stages.returned(
+                rb.column("deliver_at_ms").to_numpy(),
+                rb.column("redelivery_count").to_numpy(),
+                made_ms,
+                now,
+            )
+            if not n:
+                continue
+            with self._stage_lock:
+                self._stages.add_one(0, value, n)
+            if self._metrics is None:
+                self._metrics = consumer_metrics(self.topic, self.subscription)
+            if self._metrics:
+                self._metrics.returned(value)
 
     def lateness_stages(self) -> dict[str, dict]:
         """The ``returned`` stage of the delayed messages this consumer received the first

@@ -43,7 +43,10 @@ class Receiver:
         partitions: int,
         prefetch: bool,
         rewinds: Callable[[], int],
+        returned: Callable[[list[tuple[pa.RecordBatch, int]]], None] | None = None,
     ) -> None:
+        """``returned`` is told of the record batches :meth:`take_buffered` hands out, each
+        with the time its reply was made (epoch ms; 0: not known)."""
         self._link = link
         self._consumer_id = consumer_id
         self._groups = groups  # the partitions by the actor serving them
@@ -51,7 +54,9 @@ class Receiver:
         self._health = health
         self.prefetch = prefetch
         self._rewinds = rewinds  # the consumer's redeliver-all calls so far
-        self._buffer: deque[tuple[int, pa.RecordBatch]] = deque()  # (partition, rows)
+        self._returned = returned
+        # (partition, rows, when their reply was made)
+        self._buffer: deque[tuple[int, pa.RecordBatch, int]] = deque()
         self._inflight: dict[Any, tuple[int, ...]] = {}  # receive ref -> partitions
         self._asked: dict[Any, float] = {}  # receive ref -> when it is overdue (monotonic)
 
@@ -86,17 +91,20 @@ class Receiver:
     def take_buffered(self, max_messages: int) -> list[tuple[int, pa.RecordBatch]]:
         """Up to ``max_messages`` of what the buffer holds, in order of arrival."""
         out: list[tuple[int, pa.RecordBatch]] = []
+        made: list[tuple[pa.RecordBatch, int]] = []
         room = max_messages
         while self._buffer and room > 0:
-            p, rb = self._buffer[0]
-            if rb.num_rows <= room:
-                self._buffer.popleft()
-                out.append((p, rb))
-                room -= rb.num_rows
+            p, rb, made_ms = self._buffer[0]
+            if rb.num_rows > room:
+                self._buffer[0] = (p, rb.slice(room), made_ms)
+                rb = rb.slice(0, room)
             else:
-                out.append((p, rb.slice(0, room)))
-                self._buffer[0] = (p, rb.slice(room))
-                room = 0
+                self._buffer.popleft()
+            out.append((p, rb))
+            made.append((rb, made_ms))
+            room -= rb.num_rows
+        if made and self._returned is not None:
+            self._returned(made)
         return out
 
     def _poll(self, max_messages: int, timeout_s: float) -> None:
@@ -143,11 +151,10 @@ class Receiver:
                 for p in parts:
                     self._receive_failed(p, exc)
                 continue
-            # (a ReceiveReply from a call for several partitions, a record batch for one)
-            got, failed = (reply.got, reply.failed) if len(parts) > 1 else ([(parts[0], reply)], [])
-            for p, rb in got:
+            for p, rb in reply.got:
                 if rb.num_rows:
-                    self._buffer.append((p, rb))
+                    self._buffer.append((p, rb, reply.made_ms))
+            failed = reply.failed
             for p in set(parts) - {p for p, _ in failed}:
                 self._health.up(p)
             for p, err in failed:  # (after what the others brought is taken in)
@@ -180,13 +187,9 @@ class Receiver:
             parts = tuple(p for p in group if p not in busy and not down.get(p, 0) > 0)
             if not parts:
                 continue
-            if len(parts) == 1:
-                call = self._link.receive(
-                    parts[0], self._consumer_id, share, timeout_s, self._rewinds()
-                )
-            else:
-                call = self._link.receive_many(
-                    list(parts), self._consumer_id, share, timeout_s, self._rewinds()
-                )
+            # (one partition too: its reply says when it was made, a bare batch would not)
+            call = self._link.receive_many(
+                list(parts), self._consumer_id, share, timeout_s, self._rewinds()
+            )
             self._inflight[call] = parts
             self._asked[call] = now + timeout_s + HUNG_S

@@ -16,7 +16,8 @@ lateness ``r - d`` is the sum of four stages, each the part of it spent in one p
 (``h >= d``: nothing goes out early; ``a >= c``.) A row staged ahead of its due time spends
 nothing in ``reached``. The subscription measures the first three when it hands the first
 delivery of a delayed message out; the consumer measures ``returned``, from the time the
-reply was made (it travels with the reply). Each is kept as counts per
+reply was made (``ReceiveReply.made_ms``) to the time its ``receive`` returns the rows.
+Each is kept as counts per
 :data:`LATENESS_EDGES_MS` bucket plus the sum of its milliseconds, so that partitions and
 processes add up, and a stage's share of the lateness is exact.
 """
@@ -24,6 +25,7 @@ processes add up, and a stage's share of the lateness is exact.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,59 +38,114 @@ LATENESS_EDGES_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10
 SUBSCRIPTION_STAGES = ("written", "reached", "waited")
 CONSUMER_STAGE = "returned"
 STAGES = (*SUBSCRIPTION_STAGES, CONSUMER_STAGE)
-# the key of a delivery record batch's schema metadata that says when it was made (epoch ms)
-HANDED_KEY = b"raydelay.handed_ms"
 
 _EDGES = np.asarray(LATENESS_EDGES_MS, dtype=np.int64)
+# the bucket of every whole ms up to the last edge, and past it (a table look-up is a
+# fraction of a search's cost: a receive of a burst counts tens of thousands at once)
+_BUCKET_OF = np.searchsorted(_EDGES, np.arange(_EDGES[-1] + 2), side="left").astype(np.intp)
 
 
-def handed_out(out: list[Delivery], now_ms: int) -> tuple[np.ndarray, np.ndarray]:
+# A receive's first deliveries of delayed messages beyond this many, from one source, are
+# measured on an even sample of this many (each standing for its share of them): a burst's
+# receive hands out tens of thousands, and measuring each one cost a tenth of the
+# subscription's time in a burst of 1M.
+EXACT_ROWS = 256
+
+
+@dataclass(frozen=True)
+class Handed:
+    """What :func:`handed_out` measured: the lateness (ms) of first deliveries of delayed
+    messages and their stages (a row per SUBSCRIPTION_STAGES), each measurement standing
+    for ``weights`` of them (None: one each)."""
+
+    lateness_ms: np.ndarray
+    stages_ms: np.ndarray
+    weights: np.ndarray | None
+
+    @property
+    def count(self) -> int:
+        """How many first deliveries the measurements stand for."""
+        return len(self.lateness_ms) if self.weights is None else int(self.weights.sum())
+
+
+def handed_out(out: list[Delivery], now_ms: int) -> Handed:
     """The first deliveries of delayed messages in ``out``, handed out at ``now_ms``: their
-    lateness (ms), and a (3, n) array of their ``written``, ``reached`` and ``waited``
-    stages (see the module docstring)."""
-    lates, stages = [], []
+    lateness and their ``written``, ``reached`` and ``waited`` stages (see the module
+    docstring), on an even sample of at most EXACT_ROWS of each delivery's."""
+    lates, stages, weights = [], [], []
+    sampled = False
     for dv in out:
         d = dv.source.entries.deliver_at_ms[dv.indexes]
         first = (d != NO_DELAY) & (dv.counts == 0)
-        if not first.any():
+        if first.all():
+            idx = dv.indexes
+        elif first.any():
+            d, idx = d[first], dv.indexes[first]
+        else:
             continue
-        d = d[first]
-        c = dv.source.publish_times(dv.indexes[first])
+        n = len(d)
+        w = np.ones(n, dtype=np.int64)
+        if n > EXACT_ROWS:
+            step = -(-n // EXACT_ROWS)
+            d, idx = d[::step], idx[::step]
+            w = np.full(len(d), step, dtype=np.int64)
+            w[-1] = n - step * (len(d) - 1)
+            sampled = True
+        # (a ledger object has one publish time: a scalar spares an array per stage)
+        one = getattr(dv.source, "publish_time_ms", None)
+        c = one if isinstance(one, int) else dv.source.publish_times(idx)
         arrived = int(getattr(dv.source, "arrived_ms", 0))
-        due_or_written = np.maximum(d, c)
-        # (a source whose arrival was not noted: its wait is counted from when it was due)
-        a = np.maximum(c, arrived) if arrived else due_or_written
-        due_or_arrived = np.maximum(d, a)
+        block = np.empty((len(SUBSCRIPTION_STAGES), len(d)), dtype=np.int64)
+        written, reached, waited = block
+        np.subtract(c, d, out=written)
+        np.maximum(written, 0, out=written)
+        due_or_written = d + written  # max(d, c)
+        if arrived:  # (not noted: the wait is counted from the due time)
+            # (a = max(c, arrived): max(0, a - max(d, c)) is max(0, arrived - max(d, c)))
+            np.subtract(arrived, due_or_written, out=reached)
+            np.maximum(reached, 0, out=reached)
+            np.add(due_or_written, reached, out=waited)  # max(d, a)
+            np.subtract(now_ms, waited, out=waited)
+        else:
+            reached.fill(0)
+            np.subtract(now_ms, due_or_written, out=waited)
+        np.maximum(waited, 0, out=waited)
         lates.append(now_ms - d)
-        stages.append(
-            np.stack(
-                [
-                    due_or_written - d,
-                    np.maximum(a - due_or_written, 0),
-                    np.maximum(now_ms - due_or_arrived, 0),
-                ]
-            )
-        )
+        stages.append(block)
+        weights.append(w)
     if not lates:
-        return np.zeros(0, dtype=np.int64), np.zeros((len(SUBSCRIPTION_STAGES), 0), np.int64)
-    return np.concatenate(lates), np.concatenate(stages, axis=1)
+        empty = np.zeros(0, dtype=np.int64)
+        return Handed(empty, np.zeros((len(SUBSCRIPTION_STAGES), 0), np.int64), None)
+    return Handed(
+        np.concatenate(lates),
+        np.concatenate(stages, axis=1),
+        np.concatenate(weights) if sampled else None,
+    )
 
 
 def returned(
-    deliver_at_ms: np.ndarray, redelivery_count: np.ndarray, handed_ms: int, now_ms: int
-) -> np.ndarray:
-    """The ``returned`` stage (ms) of the first deliveries of delayed messages among a
-    reply's rows (their deliver_at and redelivery counts), made at ``handed_ms`` and
-    returned to the consumer at ``now_ms``."""
-    first = (deliver_at_ms != NO_DELAY) & (redelivery_count == 0)
-    return np.full(int(first.sum()), max(0, now_ms - handed_ms), dtype=np.int64)
+    deliver_at_ms: np.ndarray, redelivery_count: np.ndarray, made_ms: int, now_ms: int
+) -> tuple[int, int]:
+    """The ``returned`` stage (ms) of a reply made at ``made_ms`` and returned to the
+    consumer at ``now_ms``, and how many of its rows (their deliver_at and redelivery
+    counts) are first deliveries of delayed messages, which it counts for."""
+    first = int(np.count_nonzero((deliver_at_ms != NO_DELAY) & (redelivery_count == 0)))
+    return max(0, now_ms - made_ms), first
 
 
-def bucket_counts(values: np.ndarray) -> np.ndarray:
-    """How many of ``values`` (ms) fall in each lateness bucket."""
-    return np.bincount(
-        np.searchsorted(_EDGES, values, side="left"), minlength=len(_EDGES) + 1
-    ).astype(np.int64)
+def _buckets(values: np.ndarray) -> np.ndarray:
+    """The lateness bucket of each of ``values`` (ms; a negative one counts as 0)."""
+    at = np.minimum(values, len(_BUCKET_OF) - 1)
+    if at.size and at.min() < 0:  # (a clock that stepped back: not late at all)
+        at = np.maximum(at, 0)
+    return _BUCKET_OF[at]
+
+
+def bucket_counts(values: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """How many of ``values`` (ms) fall in each lateness bucket (each standing for its
+    ``weights``, when given)."""
+    got = np.bincount(_buckets(values), weights=weights, minlength=len(_EDGES) + 1)
+    return np.rint(got).astype(np.int64)  # (whole weights: exact)
 
 
 class StageCounts:
@@ -99,13 +156,24 @@ class StageCounts:
         self.counts = np.zeros((len(self.stages), len(_EDGES) + 1), dtype=np.int64)
         self.sums_ms = np.zeros(len(self.stages), dtype=np.int64)
 
-    def add(self, values: np.ndarray) -> None:
-        """Add one (len(stages), n) array of stage durations (ms)."""
+    def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Add one (len(stages), n) array of stage durations (ms), each standing for its
+        ``weights`` (one each when None)."""
         if values.shape[1] == 0:
             return
+        n = values.shape[1] if weights is None else int(weights.sum())
         for i, row in enumerate(values):
-            self.counts[i] += bucket_counts(row)
-        self.sums_ms += values.sum(axis=1)
+            if not row.any():  # (rows staged ahead of their time: nothing written or reached)
+                self.counts[i, 0] += n
+                continue
+            self.counts[i] += bucket_counts(row, weights)
+            self.sums_ms[i] += int(row.sum() if weights is None else row @ weights)
+
+    def add_one(self, stage: int, value_ms: int, n: int) -> None:
+        """Add ``n`` measurements of ``value_ms`` to the stage at index ``stage``."""
+        if n:
+            self.counts[stage, int(_buckets(np.asarray(value_ms)))] += n
+            self.sums_ms[stage] += value_ms * n
 
     def as_dict(self) -> dict[str, dict]:
         """``{stage: {"counts": [...], "sum_ms": n}}`` (what ``stats`` reports)."""

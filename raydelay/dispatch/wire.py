@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from raydelay.dispatch.stages import HANDED_KEY
 from raydelay.dispatch.subscription import Delivery
 from raydelay.log.entries import PROPERTIES_TYPE, compact, empty_batch, int64_array
 from raydelay.positions import split_keys
@@ -31,21 +30,10 @@ DELIVERY_SCHEMA = pa.schema(
 )
 
 
-def delivery_batch(deliveries: list[Delivery], handed_ms: int | None = None) -> pa.RecordBatch:
+def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
     """The deliveries of one receive as one record batch, in order, holding no more
-    buffer than its rows need; ``handed_ms``, when it is the reply to a consumer, the
-    time it was made, kept in its schema's metadata (``stages.HANDED_KEY``)."""
-    batch = _rows_of(deliveries)
-    if handed_ms is None or not batch.num_rows:
-        return batch
-    return batch.replace_schema_metadata({HANDED_KEY: str(int(handed_ms)).encode()})
-
-
-def handed_ms_of(batch: pa.RecordBatch) -> int | None:
-    """When a receive's reply was made (see :func:`delivery_batch`), if it says."""
-    meta = batch.schema.metadata
-    raw = meta.get(HANDED_KEY) if meta else None
-    return int(raw) if raw else None
+    buffer than its rows need."""
+    return _rows_of(deliveries)
 
 
 def _rows_of(deliveries: list[Delivery]) -> pa.RecordBatch:

@@ -25,7 +25,7 @@ from raydelay.actors.subscription.reporting import PartitionReport
 from raydelay.actors.subscription.shell import _keys
 from raydelay.dispatch.cursor import Cursor
 from raydelay.dispatch.ports import Delivery
-from raydelay.dispatch.stages import handed_out
+from raydelay.dispatch.stages import Handed, handed_out
 from raydelay.errors import InvalidArgument, PartitionMoved
 from raydelay.log.entries import NO_DELAY, Entries, Rows
 from raydelay.positions import key_of
@@ -293,14 +293,14 @@ def _delivery(deliver_at: list[int], counts: list[int]) -> Delivery:
 def test_lateness_counts_first_deliveries_of_delayed_messages_only():
     # due at 900 (first), due at 990 (redelivered), not delayed
     out = [_delivery([900, 990, NO_DELAY], [0, 1, 0])]
-    assert handed_out(out, 1_000)[0].tolist() == [100]
+    assert handed_out(out, 1_000).lateness_ms.tolist() == [100]
 
     class Metrics:
         def __init__(self) -> None:
             self.seen: list[tuple[int, list[int], list[list[int]]]] = []
 
-        def dispatched(self, n: int, late: np.ndarray, stages: np.ndarray) -> None:
-            self.seen.append((n, late.tolist(), stages.tolist()))
+        def dispatched(self, n: int, got: Handed) -> None:
+            self.seen.append((n, got.lateness_ms.tolist(), got.stages_ms.tolist()))
 
     metrics = Metrics()
     report = PartitionReport(metrics, SimpleNamespace(), deque())

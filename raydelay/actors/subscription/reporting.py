@@ -54,11 +54,11 @@ class PartitionReport:
 
     def dispatched(self, out: list[Delivery], now_ms: int) -> None:
         """``out`` went to a consumer at ``now_ms``."""
-        late, stages = handed_out(out, now_ms)
-        self._metrics.dispatched(sum(map(len, out)), late, stages)
-        if len(late):
-            self.late_counts += bucket_counts(late)
-            self.stages.add(stages)
+        got = handed_out(out, now_ms)
+        self._metrics.dispatched(sum(map(len, out)), got)
+        if len(got.lateness_ms):
+            self.late_counts += bucket_counts(got.lateness_ms, got.weights)
+            self.stages.add(got.stages_ms, got.weights)
 
     def snapshot(self) -> tuple[SubscriptionMetrics, dict, list[Any]] | None:
         """What this partition has to report to Ray's metrics (its gauges' values and the

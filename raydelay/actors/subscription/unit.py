@@ -302,12 +302,12 @@ class SubscriptionUnit:
                 elif p in answers:
                     out, answer = answers[p]
                     if out:
-                        got.append((p, delivery_batch(out, handed_ms=now_ms())))
+                        got.append((p, delivery_batch(out)))
                     done = done or answer
             live = [p for p in live if p not in failed]
             remaining = deadline - time.monotonic()
             if done or remaining <= 0:
-                return ReceiveReply(got, list(failed.items()))
+                return ReceiveReply(got, list(failed.items()), now_ms() if got else 0)
             changed = asyncio.ensure_future(available.wait())
             try:  # (until something may be there, or a slow partition's receive ends)
                 await asyncio.wait(
