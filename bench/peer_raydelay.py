@@ -225,7 +225,9 @@ class RaydelayPeer:
         try:
             # (a raydelay before send_async, measured for comparison, has none)
             send_async = getattr(producer, "send_async", None)
-            return run_send(
+            floor = durable_write_floor(self.root / "floor", loop_n)
+            progress(f"durable-write floor (write, fsync, link, fsync the dir): p50 {floor:.2f} ms")
+            return {"floor_p50_ms": floor} | run_send(
                 lambda p: producer.send(p, deliver_at=at),
                 None if send_async is None else lambda p: send_async(p, deliver_at=at),
                 producer.flush,
@@ -377,6 +379,22 @@ class RaydelayPeer:
     def close(self) -> None:
         self.cluster.shutdown()
         ray.shutdown()
+
+
+def durable_write_floor(root: Path, n: int) -> float:
+    """The p50 (ms) of one durable write of a small object on this disk, as the local-dir
+    store makes each commit (a temp file written and fsynced, linked to its key, the
+    directory fsynced): what a ``send()`` cannot go below, measured in the same run."""
+    from raydelay.storage import LocalDirObjectStore
+
+    store = LocalDirObjectStore(str(root))
+    data = os.urandom(300)  # (about one message's ledger object)
+    times = []
+    for i in range(max(n, 100)):
+        t0 = time.perf_counter()
+        store.put_new(f"floor/{i:08d}", data)
+        times.append((time.perf_counter() - t0) * 1000)
+    return float(np.percentile(times, 50))
 
 
 def _written(topic_stats: dict) -> int:

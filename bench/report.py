@@ -195,6 +195,18 @@ def _send_rows(results: dict) -> list[tuple]:
             _line("4b send", f"send() latency {what} ms", cond + "; Redis appendfsync always",
                   p50_a, ".2f", text=none),
         ]  # fmt: skip
+    floor = _get(results, "raydelay", "send", "floor_p50_ms")
+    ray_p50 = _get(results, "raydelay", "send", "loop", "p50")
+    if floor:
+        out.append(
+            _line("4b send", "send() latency p50 against the durable-write floor p50 (ms)",
+                  "the floor: a 300 B object written, fsynced, linked and its directory "
+                  "fsynced, as a commit is, in the same store root and run",
+                  {}, target="<= 3x the floor (goal 1.5x)",
+                  text={"raydelay": f"{_num(ray_p50, '.2f')} / {floor:.2f} = "
+                        f"{_num(None if ray_p50 is None else ray_p50 / floor, '.1f')}x",
+                        "redis": "", "heapq": ""})
+        )  # fmt: skip
     loop_e, loop_a = both("loop", "rate")
     thr_e, thr_a = both("threads", "rate")
     asy_e, asy_a = both("async", "rate")
