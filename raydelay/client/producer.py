@@ -33,6 +33,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from raydelay.client.message import (
     MAX_DELIVER_AT_MS,
@@ -276,11 +278,11 @@ class Producer:
 
     def send_many(
         self,
-        payloads: Sequence[bytes],
+        payloads: Sequence[bytes] | pa.Array | pa.ChunkedArray,
         *,
-        deliver_after: float | Sequence[float | None] | None = None,
+        deliver_after: Any = None,
         deliver_at: Any = None,
-        keys: Sequence[str | None] | None = None,
+        keys: Sequence[str | None] | pa.Array | pa.ChunkedArray | None = None,
         properties: Sequence[dict[str, str] | None] | dict[str, str] | None = None,
     ) -> MessageIds:
         """Send a batch; returns the MessageIds in input order once all are durable (a
@@ -288,11 +290,22 @@ class Producer:
 
         ``deliver_at`` / ``deliver_after`` are one value for all messages or a sequence (a list
         or a 1-d numpy array) with one value (or None) per message. Every message is checked
-        before anything is sent."""
+        before anything is sent.
+
+        Columns may be Arrow arrays as they come from a parquet file: payloads a binary
+        array (kept as Arrow: no Python bytes per message), ``deliver_at`` epoch ms or
+        aware timestamps, ``deliver_after`` seconds, keys strings."""
         self._check_open()
-        if isinstance(payloads, (bytes, bytearray, str)) or not isinstance(payloads, Sequence):
-            raise InvalidArgument("payloads: expected a sequence of bytes")
+        arrow = isinstance(payloads, pa.Array | pa.ChunkedArray)
+        if arrow:
+            payloads = _arrow_payloads(payloads, self._max_bytes)
+        elif isinstance(payloads, (bytes, bytearray, str)) or not isinstance(payloads, Sequence):
+            raise InvalidArgument("payloads: expected a sequence of bytes (or an Arrow array)")
         n = len(payloads)
+        deliver_at = _from_arrow("deliver_at", deliver_at)
+        deliver_after = _from_arrow("deliver_after", deliver_after)
+        if isinstance(keys, pa.Array | pa.ChunkedArray):
+            keys = keys.to_pylist()
         if isinstance(deliver_at, np.ndarray):
             deliver_at = _from_numpy("deliver_at", deliver_at)
         if isinstance(deliver_after, np.ndarray):
@@ -306,7 +319,7 @@ class Producer:
             else None
         )
         now = _now_ms()
-        checked_payloads = _check_payloads(payloads, self._max_bytes)
+        checked_payloads: Any = payloads if arrow else _check_payloads(payloads, self._max_bytes)
         key_list = [check_key(k, f"keys[{i}]") for i, k in enumerate(ks)] if ks else [None] * n
         prop_list = (
             [check_properties(p, f"properties[{i}]") for i, p in enumerate(props)]
@@ -600,6 +613,45 @@ def _check_payloads(payloads: Sequence[object], max_bytes: int) -> list[bytes]:
     if all(type(p) is bytes and len(p) <= max_bytes for p in payloads):
         return list(payloads)  # type: ignore[arg-type]
     return [check_payload(p, max_bytes, f"payloads[{i}]") for i, p in enumerate(payloads)]
+
+
+def _arrow_payloads(values: pa.Array | pa.ChunkedArray, max_bytes: int) -> pa.Array:
+    """An Arrow column of payloads, checked whole: binary values, none null, none over
+    ``max_bytes``; kept as Arrow (no Python bytes per message)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        raise InvalidArgument(f"payloads: expected an Arrow binary array, got {values.type}")
+    sizes = pc.binary_length(values).to_numpy(zero_copy_only=False)
+    if values.null_count:
+        first = int(np.flatnonzero(~pc.is_valid(values).to_numpy(zero_copy_only=False))[0])
+        raise InvalidArgument(f"payloads[{first}]: expected bytes, got None")
+    over = np.flatnonzero(sizes > max_bytes)
+    if len(over):
+        i = int(over[0])
+        raise InvalidArgument(
+            f"payloads[{i}]: {int(sizes[i])} bytes is over topic.max_message_bytes ({max_bytes})"
+        )
+    return values if values.type == pa.binary() else values.cast(pa.binary())
+
+
+def _from_arrow(field: str, value: Any) -> Any:
+    """An Arrow column of due times as numpy (epoch ms as int64 for integers and aware
+    timestamps, seconds as float64 for numbers); any other value as it is."""
+    if not isinstance(value, pa.Array | pa.ChunkedArray):
+        return value
+    if value.null_count:
+        return value.to_pylist()  # None among them: checked message by message
+    t = value.type
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            raise InvalidArgument(f"{field}: expected aware timestamps, got {t} (no time zone)")
+        raw = value.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        per_ms = {"s": 1, "ms": 1, "us": 1_000, "ns": 1_000_000}[t.unit]
+        return raw * 1000 if t.unit == "s" else -(-raw // per_ms)  # rounded up: never early
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return value.to_numpy(zero_copy_only=False)
+    raise InvalidArgument(f"{field}: expected an Arrow array of numbers or timestamps, got {t}")
 
 
 def _from_numpy(field: str, value: np.ndarray) -> list:

@@ -2,12 +2,18 @@
 
 How one ingest job runs:
 
-- Spark runs :func:`_write_split` on each input split (``mapInArrow``), in the executors'
-  Python workers. A worker attaches to the Ray cluster by address once, and keeps the
-  connection while Spark reuses it.
-- Each Arrow batch of a split (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, cut
-  to ``topic.max_entries_per_ledger``) is one *chunk*. Its rows are validated and routed (:mod:`raydelay.ingest.rows`), and its
-  good rows go to the topic as one append per partition it touches: never a call per row.
+- Spark runs one task per input split, in the executors' Python workers. A worker
+  attaches to the Ray cluster by address once, and keeps the connection while Spark
+  reuses it. A split is read one of two ways:
+
+  - a DataFrame that is a plain read of parquet files: the worker reads its split's row
+    groups itself with pyarrow (:mod:`raydelay.ingest.files`; :func:`_write_file_split`);
+  - any other DataFrame: Spark gives the worker the split's rows (``mapInArrow``;
+    :func:`_write_split`).
+- Each Arrow batch of a split (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, or
+  a parquet batch of a chunk's rows, cut to ``topic.max_entries_per_ledger``) is one
+  *chunk*. Its rows are validated and routed (:mod:`raydelay.ingest.rows`), and its good
+  rows go to the topic as one append per partition it touches: never a call per row.
 - **Exactly once.** Split ``s`` writes as the producer ``ingest-<job>-<s>``, and chunk
   ``c`` carries sequence id ``c + 1`` in every partition. A retried task (Spark retries
   failed tasks) asks each partition for the producer's last sequence id first and skips
@@ -29,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,12 +47,17 @@ from ray.actor import ActorHandle
 from raydelay.cluster.names import NAMESPACE
 from raydelay.console import ProgressLine, table
 from raydelay.errors import InvalidArgument, RaydelayError
+from raydelay.ingest.files import ParquetScan, parquet_scan
 from raydelay.ingest.rows import RowSpec, prepare
+from raydelay.ingest.tally import Tally
 from raydelay.storage.keys import validate_name
 
 log = logging.getLogger(__name__)
 
 REJECT_REASON = "reject_reason"
+READ_BY_WORKERS = "parquet, read by the workers"
+READ_BY_SPARK = "Spark's rows"
+SLOW_START_S = 2.0
 _JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 
 
@@ -66,6 +77,16 @@ class IngestReport:
     elapsed_s: float
     reasons: dict[str, int] = field(default_factory=dict)
     reject_path: str | None = None
+    reader: str = ""  # READ_BY_WORKERS or READ_BY_SPARK
+    first_rows_s: float | None = None  # from the job's start to its first rows written
+
+    @property
+    def slow_start(self) -> bool:
+        """Whether the job spent much of its time before its first rows: Spark's tasks
+        starting (on a first job, the executors' Python workers start and attach to
+        Ray, and their JVMs warm up)."""
+        f = self.first_rows_s
+        return f is not None and f >= SLOW_START_S and f >= 0.25 * self.elapsed_s
 
     @property
     def rows_per_s(self) -> float:
@@ -84,49 +105,27 @@ class IngestReport:
         rows += [
             ["rejected rows in", self.reject_path or "(not kept)"],
             ["input splits", self.splits],
+            ["input read as", self.reader or "?"],
             ["elapsed s", round(self.elapsed_s, 2)],
+            [
+                "first rows after s",
+                "-" if self.first_rows_s is None else round(self.first_rows_s, 2),
+            ],
             ["rows/s", round(self.rows_per_s)],
         ]
+        if self.slow_start:
+            rows.append(
+                [
+                    "  (a slow start)",
+                    "Spark's first tasks: executors' Python workers starting and "
+                    "attaching to Ray; a second job in the same session starts at once",
+                ]
+            )
         return table(["ingest", ""], [[k, _text(v)] for k, v in rows])
 
 
 def _text(v: object) -> str:
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
-
-
-class _Tally:
-    """Per split: the newest attempt's running counts, and the counts of the attempt
-    that finished (one per split; a split that finished twice counted the same rows).
-    A plain class: :func:`ingest_dataframe` runs it as a named actor of the job."""
-
-    def __init__(self) -> None:
-        self.live: dict[int, list[int]] = {}  # split -> [attempt, rows, accepted, rejected]
-        self.done: dict[int, dict] = {}
-
-    def add(self, split: int, attempt: int, rows: int, accepted: int, rejected: int) -> None:
-        cur = self.live.get(split)
-        if cur is None or cur[0] < attempt:
-            cur = self.live[split] = [attempt, 0, 0, 0]
-        elif cur[0] > attempt:
-            return  # a late report of an attempt that was replaced
-        cur[1] += rows
-        cur[2] += accepted
-        cur[3] += rejected
-
-    def finish(self, split: int, totals: dict) -> None:
-        self.done[split] = totals
-
-    def snapshot(self) -> dict:
-        live = list(self.live.values())
-        return {
-            "rows": sum(x[1] for x in live),
-            "accepted": sum(x[2] for x in live),
-            "rejected": sum(x[3] for x in live),
-            "splits_done": len(self.done),
-        }
-
-    def final(self) -> dict[int, dict]:
-        return self.done
 
 
 @dataclass(frozen=True)
@@ -226,10 +225,10 @@ def ingest_dataframe(
     tally_name = f"ingest/{job_id}"
     try:
         # no CPU: it only counts; no restarts: its counts live in its memory only
-        actor = ray.remote(_Tally).options(
+        actor = ray.remote(Tally).options(
             name=tally_name, namespace=NAMESPACE, num_cpus=0, max_restarts=0
         )
-        tally = cast("ActorHandle[_Tally]", actor.remote())  # Ray types it "| type[_Tally]"
+        tally = cast("ActorHandle[Tally]", actor.remote())  # Ray types it "| type[Tally]"
     except ValueError as exc:
         raise InvalidArgument(f"job_id: ingest job {job_id!r} is running already") from exc
     job = _Job(
@@ -252,17 +251,24 @@ def ingest_dataframe(
 def _run(df, job: _Job, tally, reject_path, progress: bool, total_rows) -> IngestReport:
     from pyspark.sql.types import StringType, StructField, StructType
 
-    if total_rows is None and progress:
-        total_rows = df.count()
+    started = time.time()
     schema = StructType([*df.schema.fields, StructField(REJECT_REASON, StringType(), True)])
-    out = df.mapInArrow(functools.partial(_write_split, job), schema)
+    scan = parquet_scan(df)
+    if scan is not None:  # the workers read the files (raydelay.ingest.files)
+        splits = len(scan.splits)
+        tasks = df.sparkSession.range(0, splits, 1, numPartitions=splits)
+        out = tasks.mapInArrow(functools.partial(_write_file_split, job, scan), schema)
+        total_rows = scan.rows if total_rows is None else total_rows
+    else:
+        out = df.mapInArrow(functools.partial(_write_split, job), schema)
+        if total_rows is None and progress:
+            total_rows = df.count()
     line = ProgressLine(f"ingest {job.topic}", total_rows) if progress else None
     stop = threading.Event()
     watcher = None
     if line is not None:
         watcher = threading.Thread(target=_watch, args=(tally, line, stop), daemon=True)
         watcher.start()
-    start = time.monotonic()
     try:
         if reject_path is not None:
             out.write.mode("errorifexists").parquet(reject_path)
@@ -277,8 +283,8 @@ def _run(df, job: _Job, tally, reject_path, progress: bool, total_rows) -> Inges
         stop.set()
         if watcher is not None:
             watcher.join()
-    elapsed = time.monotonic() - start
-    done = ray.get(tally.final.remote())
+    elapsed = time.time() - started
+    done, first_at = ray.get([tally.final.remote(), tally.first_rows_at.remote()])
     reasons: Counter = Counter()
     for totals in done.values():
         reasons.update(totals["reasons"])
@@ -293,6 +299,8 @@ def _run(df, job: _Job, tally, reject_path, progress: bool, total_rows) -> Inges
         elapsed_s=elapsed,
         reasons=dict(reasons),
         reject_path=reject_path,
+        reader=READ_BY_WORKERS if scan is not None else READ_BY_SPARK,
+        first_rows_s=None if first_at is None else max(0.0, first_at - started),
     )
     if line is not None:
         line.update(report.rows)
@@ -360,6 +368,30 @@ def _worker_cluster(job: _Job) -> Any:
     return cluster
 
 
+def warm_workers(spark: Any, slots: int) -> None:
+    """Start a Python worker on each of the executors' ``slots`` task slots, with the
+    modules an ingest task imports loaded and the worker attached to Ray: what a first
+    job would otherwise do before its first row. Spark keeps the workers for the next
+    tasks (``spark.python.worker.reuse``). The job has an ingest's shape (``mapInArrow``
+    into Spark's no-op writer), so the driver's planning and the executors' code for it
+    are warm as well."""
+    address = ray.get_runtime_context().gcs_address
+    tasks = spark.range(0, slots, 1, numPartitions=slots)
+    out = tasks.mapInArrow(functools.partial(_warm_worker, address), tasks.schema)
+    out.write.format("noop").mode("overwrite").save()
+
+
+def _warm_worker(address: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from raydelay.client.bootstrap import attach_ray
+
+    for _ in batches:
+        pass
+    if not ray.is_initialized():
+        attach_ray(address)
+    if False:  # a generator that yields no rows, as an ingest with no rejects
+        yield
+
+
 def chunk_rows(config: Any) -> int:
     """Rows per chunk: an Arrow batch, cut to what one append may hold."""
     return min(10_000, config.topic.max_entries_per_ledger)
@@ -402,13 +434,44 @@ def _write_ids(path: Path, job: _Job, batch, prepared, todo, ranges) -> None:
     tmp.rename(path)
 
 
-def _write_split(job: _Job, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _task() -> tuple[int, int]:
+    """This Spark task's split (its partition id) and attempt number."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     if ctx is None:
-        raise RaydelayError("ingest: _write_split runs only inside a Spark task")
-    split, attempt = ctx.partitionId(), ctx.attemptNumber()
+        raise RaydelayError("ingest: a split is written only inside a Spark task")
+    return ctx.partitionId(), ctx.attemptNumber()
+
+
+def _write_split(job: _Job, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The row path: the split's rows as Spark gives them to ``mapInArrow``."""
+    split, attempt = _task()
+    yield from _write_chunks(job, split, attempt, lambda rows: _chunks(batches, rows))
+
+
+def _write_file_split(
+    job: _Job, scan: ParquetScan, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The file path: the task's one input row is its split's number; the worker reads
+    that split's row groups itself (:mod:`raydelay.ingest.files`)."""
+    split, attempt = _task()
+    named = [i for b in batches for i in b.column(0).to_pylist()]
+    if named != [split]:
+        raise RaydelayError(f"ingest: task {split} was given file splits {named}")
+    yield from _write_chunks(
+        job, split, attempt, lambda rows: _chunks(scan.read(split, rows), rows)
+    )
+
+
+def _write_chunks(
+    job: _Job,
+    split: int,
+    attempt: int,
+    chunks_of: Callable[[int], Iterator[pa.RecordBatch]],
+) -> Iterator[pa.RecordBatch]:
+    """Write one split, chunk by chunk (``chunks_of(rows)`` cuts it), exactly once (see
+    the module docstring); yields its rejected rows with their reasons."""
     cluster = _worker_cluster(job)
     tally = ray.get_actor(job.tally, namespace=NAMESPACE)
     producer = cluster.create_producer(job.topic, name=f"ingest-{job.job_id}-{split}")
@@ -417,7 +480,7 @@ def _write_split(job: _Job, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
     totals = {"rows": 0, "accepted": 0, "rejected": 0, "already_written": 0}
     reasons: Counter = Counter()
     try:
-        for chunk, batch in enumerate(_chunks(batches, chunk_rows(cfg))):
+        for chunk, batch in enumerate(chunks_of(chunk_rows(cfg))):
             prepared = prepare(
                 batch,
                 job.spec,

@@ -14,6 +14,8 @@ import logging
 import os
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,15 +69,34 @@ def start_spark(
     executor_cores: int = 1,
     executor_memory: str = "1g",
     app_name: str = "raydelay-ingest",
+    ready_timeout_s: float = 120.0,
+    warm: bool = False,
 ) -> Any:
-    """A SparkSession for ingestion (see the module docstring for ``master``)."""
+    """A SparkSession for ingestion (see the module docstring for ``master``).
+
+    With RayDP it returns when the executors have registered, so that the first job does
+    not wait for them; ``ready_timeout_s`` bounds that wait (``Unavailable`` after it,
+    with Spark stopped again: the Ray cluster lacks the CPUs or memory they ask for).
+    ``warm`` also starts each executor's Python worker, with what an ingest task imports
+    loaded and attached to Ray, so that the first job starts as quickly as the next. It
+    is off by default: measured (docs/ingest.md), the warming job costs more than it
+    saves the first job, so it pays only where a first job's latency matters more than
+    the total (a long-lived session that ingests on demand)."""
     if not isinstance(master, str) or not master:
         raise InvalidArgument(
             f"spark_master: expected 'raydp' or a Spark master URL, got {master!r}"
         )
+    if not isinstance(warm, bool):
+        raise InvalidArgument(f"warm: expected True or False, got {warm!r}")
     for name, value in (("executors", executors), ("executor_cores", executor_cores)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgument(f"{name}: expected an int >= 1, got {value!r}")
+    if (
+        isinstance(ready_timeout_s, bool)
+        or not isinstance(ready_timeout_s, int | float)
+        or not ready_timeout_s > 0
+    ):
+        raise InvalidArgument(f"ready_timeout_s: expected a number > 0, got {ready_timeout_s!r}")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise Unavailable(
             "java: not found; Spark needs a Java 17 runtime (`make java` installs it)"
@@ -83,36 +104,141 @@ def start_spark(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master == RAYDP:
-        import ray
-        import raydp
-
-        if not ray.is_initialized():
-            raise InvalidArgument("spark_master: RayDP needs Ray; connect to raydelay first")
-        spark = raydp.init_spark(
-            app_name,
-            num_executors=executors,
-            executor_cores=executor_cores,
-            executor_memory=executor_memory,
-            configs=dict(SPARK_CONFIG),
+        return _start_raydp(
+            app_name, executors, executor_cores, executor_memory, ready_timeout_s, warm
         )
-    else:
-        from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession
 
-        builder = SparkSession.builder.master(master).appName(app_name)
-        for key, setting in SPARK_CONFIG.items():
-            builder = builder.config(key, setting)
-        spark = builder.getOrCreate()
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, setting in SPARK_CONFIG.items():
+        builder = builder.config(key, setting)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def stop_spark(spark: Any, master: str = RAYDP) -> None:
-    if master == RAYDP:
-        import raydp
+def _start_raydp(
+    app_name: str, executors: int, cores: int, memory: str, ready_timeout_s: float, warm: bool
+) -> Any:
+    """RayDP's start, with its serial steps overlapped where they do not depend on each
+    other (measured in docs/ingest.md, "Where a cold start goes"):
 
-        raydp.stop_spark()
-    else:
+    - the driver's JVM is launched while RayDP's app master starts (it needs the app
+      master's URL only later, when the SparkContext is made);
+    - the driver does not attach its own JVM to Ray (RayDP's ``fault_tolerant_mode``,
+      for Spark-to-Ray-dataset conversion, which ingestion does not use).
+
+    It then waits for the executors (Ray actors, a JVM each) to register, which a first
+    job would otherwise wait for."""
+    import ray
+    import raydp
+
+    if not ray.is_initialized():
+        raise InvalidArgument("spark_master: RayDP needs Ray; connect to raydelay first")
+    configs = dict(SPARK_CONFIG)
+    launch = _DriverLaunch.begin(configs, executors, cores, memory)
+    try:
+        spark = raydp.init_spark(
+            app_name,
+            num_executors=executors,
+            executor_cores=cores,
+            executor_memory=memory,
+            fault_tolerant_mode=False,
+            configs=configs,
+        )
+    finally:
+        launch.join()
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        _wait_for_executors(spark, executors, cores, ready_timeout_s)
+        if warm:
+            from raydelay.ingest.job import warm_workers
+
+            warm_workers(spark, executors * cores)
+    except BaseException:
+        stop_spark(spark)
+        raise
+    return spark
+
+
+class _DriverLaunch:
+    """The driver's JVM (pyspark's gateway), launched on a thread with the settings that
+    RayDP gives the driver; pyspark's own start then finds the gateway up and uses it.
+    When RayDP's settings cannot be worked out (another RayDP), nothing is launched
+    early and pyspark launches the JVM itself, as without this."""
+
+    def __init__(self, thread: threading.Thread | None) -> None:
+        self._thread = thread
+
+    @classmethod
+    def begin(cls, configs: dict, executors: int, cores: int, memory: str) -> _DriverLaunch:
+        from pyspark import SparkConf, SparkContext
+
+        if SparkContext._gateway is not None:  # this process launched it already
+            return cls(None)
+        try:
+            from raydp.spark.ray_cluster import SparkCluster
+
+            probe = SparkCluster.__new__(SparkCluster)
+            probe._configs = dict(configs)
+            probe._num_executors = executors
+            probe._executor_cores = cores
+            probe._executor_memory = memory
+            probe._prepare_spark_configs()  # what RayDP adds: its jars, agent, log4j
+            conf = SparkConf(loadDefaults=False).setAll(list(probe._configs.items()))
+        except Exception as exc:  # noqa: BLE001 - an unexpected RayDP: start as it does
+            log.debug("the driver's JVM starts after RayDP's app master: %s", exc)
+            return cls(None)
+
+        def run() -> None:
+            try:
+                SparkContext._ensure_initialized(conf=conf)
+            except Exception as exc:  # noqa: BLE001 - pyspark retries it and reports it
+                log.debug("launching the driver's JVM early failed: %s", exc)
+
+        thread = threading.Thread(target=run, name="raydelay-spark-driver", daemon=True)
+        thread.start()
+        return cls(thread)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _wait_for_executors(spark: Any, executors: int, cores: int, timeout_s: float) -> None:
+    status = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + timeout_s
+    while (have := status.getExecutorMemoryStatus().size() - 1) < executors:  # (- the driver)
+        if time.monotonic() > deadline:
+            raise Unavailable(
+                f"spark: {have} of {executors} RayDP executors started within "
+                f"{timeout_s:g} s; the Ray cluster may lack the CPUs ({executors} x {cores}) "
+                "or the memory they ask for"
+            )
+        time.sleep(0.05)
+
+
+def stop_spark(spark: Any, master: str = RAYDP, timeout_s: float = 30.0) -> None:
+    """Stop ``spark``. With RayDP, also wait (up to ``timeout_s``) until its app master
+    actor is gone: RayDP ends it in the background, and a ``start_spark`` meanwhile would
+    find its name taken."""
+    if master != RAYDP:
         spark.stop()
+        return
+    import ray
+    import raydp
+    from raydp.spark.ray_cluster_master import RAYDP_SPARK_MASTER_SUFFIX
+
+    name = spark.sparkContext.appName + RAYDP_SPARK_MASTER_SUFFIX
+    raydp.stop_spark()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return  # gone
+        time.sleep(0.05)
+    log.warning("RayDP's app master %s is still there after %g s", name, timeout_s)
 
 
 def format_of(path: str, fmt: str | None = None) -> str:

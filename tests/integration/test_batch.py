@@ -186,6 +186,44 @@ def test_send_many_takes_numpy_due_times_and_checks_them_as_lists(cluster, topic
         producer.send_many([b"x"], deliver_at=np.array([[at]]))
 
 
+def test_send_many_takes_arrow_columns_as_a_parquet_file_gives_them(cluster, topic_name):
+    from raydelay.dispatch.keys import key_hash
+    from tests.integration.helpers import now_ms
+
+    # Given columns as Arrow arrays: binary payloads, string keys, and due times as epoch
+    # ms or as aware timestamps of another unit
+    cluster.create_topic(topic_name, partitions=3)
+    consumer = cluster.subscribe(topic_name, "s")
+    producer = cluster.create_producer(topic_name)
+    at = now_ms() + 300
+    payloads = pa.array([b"a%d" % i for i in range(30)], pa.large_binary())
+    keys = pa.chunked_array([[f"k{i}" for i in range(15)], [f"k{i}" for i in range(15, 30)]])
+    sent = producer.send_many(payloads, deliver_at=pa.array([at] * 30, pa.int64()), keys=keys)
+    stamps = pa.array([(at + 1) * 1000 + 1] * 5, pa.timestamp("us", tz="UTC"))
+    sent2 = producer.send_many(pa.array([b"b%d" % i for i in range(5)]), deliver_at=stamps)
+    sent3 = producer.send_many(pa.array([b"c"]), deliver_after=pa.array([0.3], pa.float64()))
+    # Then they arrive as the same messages sent as lists would, with keys routed as keys
+    got = [m for b in receive_batches(consumer, 36) for m in b]
+    assert {m.message_id for m in got} == set(sent) | set(sent2) | set(sent3)
+    by_payload = {m.payload: m for m in got}
+    assert by_payload[b"a7"].key == "k7" and by_payload[b"a7"].deliver_at_ms == at
+    assert by_payload[b"b0"].deliver_at_ms == at + 2  # microseconds rounded up: never early
+    assert by_payload[b"a7"].message_id.partition == key_hash("k7") % 3
+    # and bad columns are refused, each naming the row or the type, with nothing sent
+    with pytest.raises(InvalidArgument, match=r"^payloads: expected an Arrow binary array"):
+        producer.send_many(pa.array(["text"]))
+    with pytest.raises(InvalidArgument, match=r"^payloads\[1\]: expected bytes, got None"):
+        producer.send_many(pa.array([b"x", None]))
+    big = cluster.config.topic.max_message_bytes + 1
+    with pytest.raises(InvalidArgument, match=r"^payloads\[0\]: \d+ bytes is over"):
+        producer.send_many(pa.array([b"x" * big]))
+    with pytest.raises(InvalidArgument, match=r"^deliver_at: expected aware timestamps"):
+        producer.send_many(pa.array([b"x"]), deliver_at=pa.array([1], pa.timestamp("ms")))
+    with pytest.raises(InvalidArgument, match="message 1"):
+        producer.send_many(pa.array([b"x", b"y"]), deliver_at=pa.array([at, -5], pa.int64()))
+    assert not consumer.receive(max_messages=10, timeout_s=0.5)
+
+
 def test_acks_sent_just_before_close_stay_acked(cluster, topic_name):
     cluster.create_topic(topic_name, partitions=2)
     consumer = cluster.subscribe(topic_name, "s")

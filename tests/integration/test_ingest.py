@@ -6,14 +6,17 @@ from __future__ import annotations
 import functools
 import zlib
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from unittest.mock import ANY
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
 
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.ingest import ingest_dataframe, rows, start_spark, stop_spark
-from raydelay.ingest.job import chunk_rows
+from raydelay.ingest.job import READ_BY_SPARK, READ_BY_WORKERS, chunk_rows
 from tests.integration.helpers import now_ms, receive_all
 
 
@@ -94,16 +97,31 @@ def test_good_rows_load_routed_by_key_and_bad_rows_go_to_the_reject_file(
         assert m.properties == {"region": "eu"}
 
 
+@pytest.mark.parametrize("reader", [READ_BY_SPARK, READ_BY_WORKERS])
 def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(
-    cluster, topic_name, spark, tmp_path
+    cluster, topic_name, spark, tmp_path, reader
 ):
-    # Given 90,000 rows in three input splits of 30,000 rows
+    # Given 90,000 rows in three input splits of 30,000 rows: Spark's rows, or three
+    # parquet files the workers read themselves
     cluster.create_topic(topic_name, partitions=2)
     chunk = chunk_rows(cluster.config)
     assert 30_000 // chunk >= 3
     df = spark.range(0, 90_000, numPartitions=3).selectExpr(
         "cast(concat('m', cast(id as string)) as binary) as payload", "0.2 as delay_s"
     )
+    if reader == READ_BY_WORKERS:
+        (tmp_path / "input").mkdir()
+        for f in range(3):
+            pq.write_table(
+                pa.table(
+                    {
+                        "payload": [b"m%d" % i for i in range(f * 30_000, (f + 1) * 30_000)],
+                        "delay_s": pa.array([Decimal("0.2")] * 30_000, pa.decimal128(2, 1)),
+                    }
+                ),
+                tmp_path / "input" / f"part-{f}.parquet",
+            )
+        df = spark.read.parquet(str(tmp_path / "input"))
     ingest = functools.partial(
         ingest_dataframe,
         df,
@@ -118,6 +136,7 @@ def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(
     # When the first attempt of split 1 fails after its second chunk was written
     report = ingest(_fail_after=(1, 1))
     # Then Spark's retry skipped the two chunks that had landed
+    assert report.reader == reader and report.splits == 3
     assert (report.rows, report.accepted, report.rejected) == (90_000, 90_000, 0)
     assert report.already_written == 2 * chunk
     entries = sum(p["entries"] for p in cluster.stats(topic_name)["partitions"])
@@ -139,6 +158,74 @@ def test_a_task_failing_midway_is_retried_and_a_rerun_appends_nothing(
         m.payload: str(m.message_id) for m, _ in got
     }
     assert not consumer.receive(max_messages=10, timeout_s=0.5)
+
+
+def test_a_plain_parquet_read_is_read_by_the_workers_as_spark_reads_it(
+    cluster, topic_name, spark, tmp_path
+):
+    # Given two parquet files of one schema whose due times are stored two ways (as
+    # microseconds, and as the legacy INT96 that Spark reads as UTC), with bad rows
+    base = now_ms() + 2_000
+    (tmp_path / "input").mkdir()
+    for f, legacy in ((0, False), (1, True)):
+        ids = range(f * 100, (f + 1) * 100)
+        table = pa.table(
+            {
+                "order_id": [f"order-{i}" for i in ids],
+                "body": [None if i % 50 == 7 else b"body %d" % i for i in ids],
+                "due": pa.array(
+                    [None if i % 50 == 9 else (base + i) * 1000 + 1 for i in ids],
+                    pa.timestamp("us", tz="UTC"),
+                ),
+                "region": [None if i % 3 else "eu" for i in ids],
+            }
+        )
+        if legacy:
+            table = table.set_column(2, "due", table.column("due").cast(pa.timestamp("ns")))
+        path = tmp_path / "input" / f"part-{f}.parquet"
+        pq.write_table(table, path, use_deprecated_int96_timestamps=legacy)
+    results = {}
+    for how, df in (
+        (READ_BY_WORKERS, spark.read.parquet(str(tmp_path / "input"))),
+        (READ_BY_SPARK, spark.read.parquet(str(tmp_path / "input")).repartition(2)),
+    ):
+        topic, rejects = f"{topic_name}-{len(results)}", tmp_path / f"rejects-{len(results)}"
+        cluster.create_topic(topic, partitions=3)
+        consumer = cluster.subscribe(topic, "s")
+        # When the plain read, and the same read repartitioned (rows through Spark), load
+        report = ingest_dataframe(
+            df,
+            topic,
+            payload_col="body",
+            deliver_at_col="due",
+            key_col="order_id",
+            property_cols=["region"],
+            reject_path=str(rejects),
+            cluster=cluster,
+            progress=False,
+        )
+        assert report.reader == how
+        got = {
+            m.payload: (m.key, m.deliver_at_ms, m.properties, m.message_id.partition)
+            for m, _ in receive_all(consumer, report.accepted, timeout_s=30)
+        }
+        results[how] = (report, got, sorted(pq.read_table(rejects).to_pylist(), key=str))
+    # Then both read the same values: the same messages, the same rejects
+    workers, by_spark = results[READ_BY_WORKERS], results[READ_BY_SPARK]
+    assert (workers[0].rows, workers[0].accepted, workers[0].rejected) == (200, 192, 8)
+    assert (
+        workers[0].reasons
+        == by_spark[0].reasons
+        == {
+            rows.PAYLOAD_MISSING: 4,
+            rows.AT_MISSING: 4,
+        }
+    )
+    assert workers[1] == by_spark[1]
+    assert workers[1][b"body 6"] == ("order-6", base + 7, {"region": "eu"}, ANY)
+    assert workers[1][b"body 5"][2] == {}  # (a null property is left out)
+    assert workers[1][b"body 105"][1] == base + 106  # (INT96: the same instant)
+    assert workers[2] == by_spark[2] and len(workers[2]) == 8
 
 
 def test_bad_arguments_fail_before_any_work(cluster, topic_name, spark, tmp_path):
