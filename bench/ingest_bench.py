@@ -234,8 +234,10 @@ def main() -> int:
         f"{second / first['Spark on Ray (RayDP), first job']:.2f}x "
         f"(after start_spark(warm=True): "
         f"{second / first['Spark on Ray (RayDP), first job, warm=True']:.2f}x). "
-        f"start_spark is timed apart (JVMs, 2 RayDP executors of 1 core, until they "
-        f"registered; warm=True: and their Python workers attached to Ray). "
+        f"start_spark is timed apart: its JVMs and RayDP's app master; the 2 executors "
+        f"(1 core each) still start as it returns, except with warm=True, which waits for "
+        f"them and attaches their Python workers to Ray (a second start in this process: "
+        f"the driver's JVM is up already). "
         f"{PARTITIONS} partitions, 100-byte payloads, keyed, deliver_at over the next hour, "
         f"store: {' vs '.join(stores)} (s3: SeaweedFS on this machine), 2-core machine."
     )

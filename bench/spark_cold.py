@@ -10,7 +10,9 @@ and the second. ``PLAIN_JVM=1`` starts the JVMs without raydelay's fast-start op
 (``raydelay.ingest.spark._FAST_START``), for the comparison; ``JOPTS`` adds JVM options to
 the driver's and executors' (and with ``AM=1`` RayDP's app master's).
 
-Usage: [ROWS=1000000] [STEPS=1] [WARM=1] [PLAIN_JVM=1] [JOPTS=... [AM=1]]
+``START_WARM=1`` starts Spark with ``start_spark(warm=True)``.
+
+Usage: [ROWS=1000000] [STEPS=1] [WARM=1] [START_WARM=1] [PLAIN_JVM=1] [JOPTS=... [AM=1]]
        python bench/spark_cold.py
 """
 
@@ -80,7 +82,10 @@ def main():
         if os.environ.get("AM") == "1":
             conf["spark.ray.raydp_app_master.extraJavaOptions"] = extra
     t = time.perf_counter()
-    spark = start_spark("raydp", executors=2, executor_cores=1, executor_memory="1g")
+    warm_start = os.environ.get("START_WARM") == "1"
+    spark = start_spark(
+        "raydp", executors=2, executor_cores=1, executor_memory="1g", warm=warm_start
+    )
     print(f"start_spark {time.perf_counter() - t:.1f} s", flush=True)
     cluster.create_topic("probe", 2)
     if os.environ.get("STEPS") == "1":

@@ -46,9 +46,10 @@ from ray.actor import ActorHandle
 
 from raydelay.cluster.names import NAMESPACE
 from raydelay.console import ProgressLine, table
-from raydelay.errors import InvalidArgument, RaydelayError
+from raydelay.errors import InvalidArgument, RaydelayError, Unavailable
 from raydelay.ingest.files import ParquetScan, parquet_scan
 from raydelay.ingest.rows import RowSpec, prepare
+from raydelay.ingest.spark import not_started
 from raydelay.ingest.tally import Tally
 from raydelay.storage.keys import validate_name
 
@@ -275,6 +276,9 @@ def _run(df, job: _Job, tally, reject_path, progress: bool, total_rows) -> Inges
         else:
             out.write.format("noop").mode("overwrite").save()
     except Exception as exc:  # noqa: BLE001 - Spark's errors are long Java traces
+        why = not_started(df.sparkSession)
+        if why is not None:
+            raise Unavailable(f"ingest job {job.job_id}: {why}") from exc
         raise RaydelayError(
             f"ingest job {job.job_id} failed: {_cause(exc)}. Rows written so far stay in "
             f"{job.topic}; run again with job_id={job.job_id!r} to finish without duplicates"
@@ -315,7 +319,10 @@ def _watch(tally, line: ProgressLine, stop: threading.Event) -> None:
             snap = ray.get(tally.snapshot.remote(), timeout=5)
         except Exception:  # noqa: BLE001 - the display must not break the job
             continue
-        line.update(snap["rows"], f"rejected {snap['rejected']:,}")
+        if snap["rows"]:
+            line.update(snap["rows"], f"rejected {snap['rejected']:,}")
+        else:  # a first job's tasks start slowly: say what it waits for
+            line.update(0, "waiting for Spark's tasks to start (Python workers attaching to Ray)")
 
 
 def _cause(exc: BaseException) -> str:
@@ -377,7 +384,8 @@ def warm_workers(spark: Any, slots: int) -> None:
     are warm as well."""
     address = ray.get_runtime_context().gcs_address
     tasks = spark.range(0, slots, 1, numPartitions=slots)
-    out = tasks.mapInArrow(functools.partial(_warm_worker, address), tasks.schema)
+    # (a barrier stage: it starts once every slot is there, so each runs one task)
+    out = tasks.mapInArrow(functools.partial(_warm_worker, address), tasks.schema, barrier=True)
     out.write.format("noop").mode("overwrite").save()
 
 

@@ -74,14 +74,14 @@ def start_spark(
 ) -> Any:
     """A SparkSession for ingestion (see the module docstring for ``master``).
 
-    With RayDP it returns when the executors have registered, so that the first job does
-    not wait for them; ``ready_timeout_s`` bounds that wait (``Unavailable`` after it,
-    with Spark stopped again: the Ray cluster lacks the CPUs or memory they ask for).
-    ``warm`` also starts each executor's Python worker, with what an ingest task imports
-    loaded and attached to Ray, so that the first job starts as quickly as the next. It
-    is off by default: measured (docs/ingest.md), the warming job costs more than it
-    saves the first job, so it pays only where a first job's latency matters more than
-    the total (a long-lived session that ingests on demand)."""
+    With RayDP it returns while the executors still start; if none has started after
+    ``ready_timeout_s`` (the Ray cluster lacks the CPUs or memory they ask for), the
+    session's jobs are cancelled and an ingest raises ``Unavailable`` saying so.
+    ``warm`` waits for the executors and starts each one's Python worker, with what an
+    ingest task imports loaded and attached to Ray, so that the first job starts as
+    quickly as the next. It is off by default: measured (docs/ingest.md), the warming
+    job costs more than it saves the first job, so it pays where a first job's latency
+    matters more than the total (a long-lived session that ingests on demand)."""
     if not isinstance(master, str) or not master:
         raise InvalidArgument(
             f"spark_master: expected 'raydp' or a Spark master URL, got {master!r}"
@@ -121,15 +121,17 @@ def _start_raydp(
     app_name: str, executors: int, cores: int, memory: str, ready_timeout_s: float, warm: bool
 ) -> Any:
     """RayDP's start, with its serial steps overlapped where they do not depend on each
-    other (measured in docs/ingest.md, "Where a cold start goes"):
+    other (measured in docs/ingest.md, "A cold start"):
 
     - the driver's JVM is launched while RayDP's app master starts (it needs the app
       master's URL only later, when the SparkContext is made);
     - the driver does not attach its own JVM to Ray (RayDP's ``fault_tolerant_mode``,
-      for Spark-to-Ray-dataset conversion, which ingestion does not use).
+      for Spark-to-Ray-dataset conversion, which ingestion does not use);
+    - it returns while the executors (Ray actors, a JVM each) still start: a first job
+      plans meanwhile. Waiting for them here cost a first job's planning, 3 s here.
 
-    It then waits for the executors (Ray actors, a JVM each) to register, which a first
-    job would otherwise wait for."""
+    A watchdog (:class:`_Executors`) fails the session's jobs, clearly, when no executor
+    has started after ``ready_timeout_s``."""
     import ray
     import raydp
 
@@ -150,15 +152,77 @@ def _start_raydp(
         launch.join()
     try:
         spark.sparkContext.setLogLevel("ERROR")
-        _wait_for_executors(spark, executors, cores, ready_timeout_s)
+        _Executors.watch(spark, executors, cores, ready_timeout_s)
         if warm:
             from raydelay.ingest.job import warm_workers
 
+            _wait_for_executors(spark, executors, cores, ready_timeout_s)
             warm_workers(spark, executors * cores)
     except BaseException:
         stop_spark(spark)
         raise
     return spark
+
+
+class _Executors:
+    """Watches a RayDP session's executors start. When none has registered after the
+    timeout, Spark would wait for them forever (and a job with it): the watchdog cancels
+    the session's jobs instead and keeps the reason, which :func:`not_started` gives
+    (an ingest raises it as Unavailable). Fewer than asked for is only logged: jobs run
+    on those that started."""
+
+    _why: dict[int, str] = {}  # id of the SparkContext -> why its jobs were cancelled
+
+    @classmethod
+    def watch(cls, spark: Any, executors: int, cores: int, timeout_s: float) -> None:
+        sc = spark.sparkContext
+        status = sc._jsc.sc()
+        cls._why.pop(id(sc), None)
+
+        def run() -> None:
+            deadline = time.monotonic() + timeout_s
+            have = 0
+            while time.monotonic() < deadline:
+                try:
+                    have = status.getExecutorMemoryStatus().size() - 1  # (- the driver)
+                except Exception:  # noqa: BLE001 - the session stopped meanwhile
+                    return
+                if have >= executors:
+                    return
+                time.sleep(0.1)
+            why = _too_few(have, executors, cores, timeout_s)
+            if have:
+                log.warning("%s; jobs run on the %d that did", why, have)
+                return
+            cls._why[id(sc)] = why
+            log.error("%s: cancelling the session's jobs", why)
+            try:
+                sc.cancelAllJobs()
+            except Exception:  # noqa: BLE001 - the session stopped meanwhile
+                pass
+
+        threading.Thread(target=run, name="raydelay-spark-executors", daemon=True).start()
+
+
+def _wait_for_executors(spark: Any, executors: int, cores: int, timeout_s: float) -> None:
+    status = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + timeout_s
+    while (have := status.getExecutorMemoryStatus().size() - 1) < executors:  # (- the driver)
+        if time.monotonic() > deadline:
+            raise Unavailable(_too_few(have, executors, cores, timeout_s))
+        time.sleep(0.05)
+
+
+def _too_few(have: int, executors: int, cores: int, timeout_s: float) -> str:
+    return (
+        f"spark: {have} of {executors} RayDP executors started within {timeout_s:g} s; "
+        f"the Ray cluster may lack the CPUs ({executors} x {cores}) or the memory they ask for"
+    )
+
+
+def not_started(spark: Any) -> str | None:
+    """Why the session's jobs were cancelled (no executor started), or None."""
+    return _Executors._why.get(id(spark.sparkContext))
 
 
 class _DriverLaunch:
@@ -203,19 +267,6 @@ class _DriverLaunch:
     def join(self) -> None:
         if self._thread is not None:
             self._thread.join()
-
-
-def _wait_for_executors(spark: Any, executors: int, cores: int, timeout_s: float) -> None:
-    status = spark.sparkContext._jsc.sc()
-    deadline = time.monotonic() + timeout_s
-    while (have := status.getExecutorMemoryStatus().size() - 1) < executors:  # (- the driver)
-        if time.monotonic() > deadline:
-            raise Unavailable(
-                f"spark: {have} of {executors} RayDP executors started within "
-                f"{timeout_s:g} s; the Ray cluster may lack the CPUs ({executors} x {cores}) "
-                "or the memory they ask for"
-            )
-        time.sleep(0.05)
 
 
 def stop_spark(spark: Any, master: str = RAYDP, timeout_s: float = 30.0) -> None:

@@ -1,6 +1,6 @@
-"""start_spark with RayDP: it returns with its executors registered (and, asked to,
-their Python workers attached to Ray); executors that cannot start fail it clearly, with
-Spark stopped again; a stopped Spark can be started again at once."""
+"""start_spark with RayDP: warm, it returns with its executors registered and their
+Python workers attached to Ray; executors that cannot start fail the start (warm) or
+the session's jobs (not warm) clearly; a stopped Spark can be started again at once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from raydelay.errors import InvalidArgument, Unavailable
-from raydelay.ingest import start_spark, stop_spark
+from raydelay.ingest import ingest_dataframe, start_spark, stop_spark
 
 
 def test_start_spark_checks_its_arguments_before_starting_anything(ray_cluster):
@@ -31,7 +31,9 @@ def _attached(batches):
     yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "attached": [was]})
 
 
-def test_start_spark_is_ready_when_it_returns_and_fails_clearly_when_it_cannot_be(ray_cluster):
+def test_a_warm_start_attaches_the_workers_and_a_start_without_executors_fails_clearly(
+    cluster, topic_name
+):
     # When Spark starts with warm=True
     spark = start_spark("raydp", executors=1, executor_memory="512m", warm=True)
     try:
@@ -43,10 +45,23 @@ def test_start_spark_is_ready_when_it_returns_and_fails_clearly_when_it_cannot_b
         assert [r.attached for r in probe.collect()] == [True]
     finally:
         stop_spark(spark)
-    # When it asks for more executors than the Ray cluster can place
-    with pytest.raises(Unavailable, match=r"of 64 RayDP executors started within 3 s"):
-        start_spark("raydp", executors=64, executor_memory="512m", ready_timeout_s=3)
-    # Then Spark was stopped again: a new one starts at once (its app master's name is free)
+    # When it asks for executors no node can place, warm
+    too_big = {"executors": 1, "executor_cores": 64, "executor_memory": "512m"}
+    with pytest.raises(Unavailable, match=r"^spark: 0 of 1 RayDP executors started within 2 s"):
+        start_spark("raydp", ready_timeout_s=2, warm=True, **too_big)
+    # and not warm: it returns, and an ingest fails once the timeout has passed
+    spark = start_spark("raydp", ready_timeout_s=3, **too_big)
+    try:
+        cluster.create_topic(topic_name, partitions=1)
+        df = spark.createDataFrame([("a",)], "body string")
+        with pytest.raises(
+            Unavailable, match=r": spark: 0 of 1 RayDP executors started within 3 s"
+        ):
+            ingest_dataframe(df, topic_name, payload_col="body", cluster=cluster, progress=False)
+    finally:
+        stop_spark(spark)
+    assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 0
+    # Then each was stopped again: a new one starts at once (its app master's name is free)
     spark = start_spark("raydp", executors=1, executor_memory="512m")
     try:
         assert spark.range(0, 10).count() == 10

@@ -25,9 +25,7 @@ from raydelay.ingest import files as F
         (pa.float32(), pa.float64(), False),
     ],
 )
-def test_a_file_column_reads_by_the_workers_only_when_its_values_stay_the_same(
-    have, want, same
-):
+def test_a_file_column_reads_by_the_workers_only_when_its_values_stay_the_same(have, want, same):
     assert F._same_values(have, want) is same
 
 
