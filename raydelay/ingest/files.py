@@ -99,7 +99,7 @@ def parquet_scan(df: Any) -> ParquetScan | None:
         log.debug("ingest: no Arrow schema for %s (%s)", df.schema, exc)
         return None
     splits = _splits(df, files, schema)
-    if splits is None:
+    if not splits:  # (no rows at all: Spark's own path has nothing to read either)
         return None
     return ParquetScan(columns=tuple(df.columns), schema=schema, splits=tuple(splits))
 

@@ -396,8 +396,7 @@ def _warm_worker(address: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa
         pass
     if not ray.is_initialized():
         attach_ray(address)
-    if False:  # a generator that yields no rows, as an ingest with no rejects
-        yield
+    yield from ()  # no rows, as an ingest with no rejects
 
 
 def chunk_rows(config: Any) -> int:

@@ -183,6 +183,8 @@ class _Executors:
             deadline = time.monotonic() + timeout_s
             have = 0
             while time.monotonic() < deadline:
+                if sc._jsc is None:
+                    return  # stopped meanwhile
                 try:
                     have = status.getExecutorMemoryStatus().size() - 1  # (- the driver)
                 except Exception:  # noqa: BLE001 - the session stopped meanwhile

@@ -4,11 +4,14 @@ retried task or a rerun of the same job."""
 from __future__ import annotations
 
 import functools
+import threading
+import time
 import zlib
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from unittest.mock import ANY
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -226,6 +229,71 @@ def test_a_plain_parquet_read_is_read_by_the_workers_as_spark_reads_it(
     assert workers[1][b"body 5"][2] == {}  # (a null property is left out)
     assert workers[1][b"body 105"][1] == base + 106  # (INT96: the same instant)
     assert workers[2] == by_spark[2] and len(workers[2]) == 8
+
+
+def _worker_processes() -> list[psutil.Process]:
+    """Spark's Python workers on this machine: the processes its daemons forked."""
+    out = []
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        try:
+            if "pyspark.daemon" not in " ".join(proc.info["cmdline"] or []):
+                continue
+            if "pyspark.daemon" in " ".join(psutil.Process(proc.info["ppid"]).cmdline()):
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_a_worker_killed_mid_job_is_retried_and_every_row_lands_once(
+    cluster, topic_name, spark, tmp_path
+):
+    # Given 400,000 rows in 8 parquet files, read by the workers
+    cluster.create_topic(topic_name, partitions=2)
+    (tmp_path / "input").mkdir()
+    for f in range(8):
+        ids = range(f * 50_000, (f + 1) * 50_000)
+        pq.write_table(
+            pa.table({"payload": [b"m%d" % i for i in ids], "delay_s": [0.5] * 50_000}),
+            tmp_path / "input" / f"part-{f}.parquet",
+        )
+    df = spark.read.parquet(str(tmp_path / "input"))
+
+    def landed() -> int:
+        return sum(p["entries"] for p in cluster.stats(topic_name)["partitions"])
+
+    killed: list[int] = []
+
+    def kill_a_worker_once_rows_land() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not landed():
+            time.sleep(0.01)
+        for proc in _worker_processes()[:1]:
+            proc.kill()  # SIGKILL, mid-job: its task's chunks after the last one landed
+            killed.append(proc.pid)
+
+    killer = threading.Thread(target=kill_a_worker_once_rows_land)
+    killer.start()
+    # When it is ingested while one of the workers is killed
+    report = ingest_dataframe(
+        df,
+        topic_name,
+        payload_col="payload",
+        delay_col="delay_s",
+        cluster=cluster,
+        progress=False,
+    )
+    killer.join()
+    # Then Spark retried the killed worker's task, and every row landed exactly once
+    assert killed and report.reader == READ_BY_WORKERS
+    tracker = spark.sparkContext.statusTracker()
+    job = tracker.getJobInfo(max(tracker.getJobIdsForGroup()))
+    assert sum(tracker.getStageInfo(s).numFailedTasks for s in job.stageIds) >= 1
+    assert (report.rows, report.accepted, report.rejected) == (400_000, 400_000, 0)
+    assert landed() == 400_000
+    consumer = cluster.subscribe(topic_name, "s")
+    got = receive_all(consumer, 400_000, timeout_s=120, max_messages=5_000)
+    assert len({m.payload for m, _ in got}) == len(got) == 400_000
 
 
 def test_bad_arguments_fail_before_any_work(cluster, topic_name, spark, tmp_path):
