@@ -142,6 +142,9 @@ class _Job:
     fail_after: tuple[int, int] | None  # test hook: (split, chunk) fails attempt 0 after it
     ids_path: str | None = None
     id_col: str | None = None
+    # test hook: (split, chunk, path): attempt 0 writes its pid to path after that chunk,
+    # then waits (for a test to kill it)
+    hold_after: tuple[int, int, str] | None = None
 
 
 def ingest_dataframe(
@@ -161,6 +164,7 @@ def ingest_dataframe(
     progress: bool = True,
     total_rows: int | None = None,
     _fail_after: tuple[int, int] | None = None,
+    _hold_after: tuple[int, int, str] | None = None,
 ) -> IngestReport:
     """Load the rows of a Spark DataFrame into ``topic`` (which must exist), one message
     per good row; see the module docstring for how.
@@ -240,6 +244,7 @@ def ingest_dataframe(
         config=config_to_dict(cluster.config),
         tally=tally_name,
         fail_after=_fail_after,
+        hold_after=_hold_after,
         ids_path=ids_path,
         id_col=id_col,
     )
@@ -441,6 +446,14 @@ def _write_ids(path: Path, job: _Job, batch, prepared, todo, ranges) -> None:
     tmp.rename(path)
 
 
+def _hold(path: str) -> None:
+    """The test hook ``hold_after``: say this worker's pid, then wait to be killed."""
+    import os
+
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(60)
+
+
 def _task() -> tuple[int, int]:
     """This Spark task's split (its partition id) and attempt number."""
     from pyspark import TaskContext
@@ -516,6 +529,8 @@ def _write_chunks(
             totals["already_written"] += accepted - sum(len(e) for _, _, e in todo)
             reasons.update(prepared.reasons)
             tally.add.remote(split, attempt, batch.num_rows, accepted, len(prepared.rejected))
+            if job.hold_after is not None and job.hold_after[:2] == (split, chunk) and not attempt:
+                _hold(job.hold_after[2])
             if job.fail_after == (split, chunk) and attempt == 0:
                 raise RuntimeError(f"injected failure after chunk {chunk} of split {split}")
             if len(prepared.rejected):

@@ -4,6 +4,8 @@ retried task or a rerun of the same job."""
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import threading
 import time
 import zlib
@@ -11,7 +13,6 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from unittest.mock import ANY
 
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -231,50 +232,30 @@ def test_a_plain_parquet_read_is_read_by_the_workers_as_spark_reads_it(
     assert workers[2] == by_spark[2] and len(workers[2]) == 8
 
 
-def _worker_processes() -> list[psutil.Process]:
-    """Spark's Python workers on this machine: the processes its daemons forked."""
-    out = []
-    for proc in psutil.process_iter(["cmdline", "ppid"]):
-        try:
-            if "pyspark.daemon" not in " ".join(proc.info["cmdline"] or []):
-                continue
-            if "pyspark.daemon" in " ".join(psutil.Process(proc.info["ppid"]).cmdline()):
-                out.append(proc)
-        except psutil.Error:
-            continue
-    return out
-
-
-def test_a_worker_killed_mid_job_is_retried_and_every_row_lands_once(
+def test_a_worker_killed_mid_task_is_retried_and_every_row_lands_once(
     cluster, topic_name, spark, tmp_path
 ):
-    # Given 400,000 rows in 8 parquet files, read by the workers
+    # Given 200,000 rows in 4 parquet files, read by the workers
     cluster.create_topic(topic_name, partitions=2)
     (tmp_path / "input").mkdir()
-    for f in range(8):
+    for f in range(4):
         ids = range(f * 50_000, (f + 1) * 50_000)
         pq.write_table(
             pa.table({"payload": [b"m%d" % i for i in ids], "delay_s": [0.5] * 50_000}),
             tmp_path / "input" / f"part-{f}.parquet",
         )
     df = spark.read.parquet(str(tmp_path / "input"))
+    pid_file = tmp_path / "held.pid"
 
-    def landed() -> int:
-        return sum(p["entries"] for p in cluster.stats(topic_name)["partitions"])
-
-    killed: list[int] = []
-
-    def kill_a_worker_once_rows_land() -> None:
+    def kill_the_held_worker() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not landed():
+        while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        for proc in _worker_processes()[:1]:
-            proc.kill()  # SIGKILL, mid-job: its task's chunks after the last one landed
-            killed.append(proc.pid)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # mid-task, a chunk written
 
-    killer = threading.Thread(target=kill_a_worker_once_rows_land)
+    killer = threading.Thread(target=kill_the_held_worker)
     killer.start()
-    # When it is ingested while one of the workers is killed
+    # When split 1's worker is killed with SIGKILL after its second chunk landed
     report = ingest_dataframe(
         df,
         topic_name,
@@ -282,18 +263,19 @@ def test_a_worker_killed_mid_job_is_retried_and_every_row_lands_once(
         delay_col="delay_s",
         cluster=cluster,
         progress=False,
+        _hold_after=(1, 1, str(pid_file)),
     )
     killer.join()
-    # Then Spark retried the killed worker's task, and every row landed exactly once
-    assert killed and report.reader == READ_BY_WORKERS
-    tracker = spark.sparkContext.statusTracker()
-    job = tracker.getJobInfo(max(tracker.getJobIdsForGroup()))
-    assert sum(tracker.getStageInfo(s).numFailedTasks for s in job.stageIds) >= 1
-    assert (report.rows, report.accepted, report.rejected) == (400_000, 400_000, 0)
-    assert landed() == 400_000
+    # Then Spark retried its task, which skipped the two chunks that had landed, and
+    # every row landed exactly once
+    chunk = chunk_rows(cluster.config)
+    assert report.reader == READ_BY_WORKERS
+    assert (report.rows, report.accepted, report.rejected) == (200_000, 200_000, 0)
+    assert report.already_written == 2 * chunk
+    assert sum(p["entries"] for p in cluster.stats(topic_name)["partitions"]) == 200_000
     consumer = cluster.subscribe(topic_name, "s")
-    got = receive_all(consumer, 400_000, timeout_s=120, max_messages=5_000)
-    assert len({m.payload for m, _ in got}) == len(got) == 400_000
+    got = receive_all(consumer, 200_000, timeout_s=120, max_messages=5_000)
+    assert len({m.payload for m, _ in got}) == len(got) == 200_000
 
 
 def test_bad_arguments_fail_before_any_work(cluster, topic_name, spark, tmp_path):
