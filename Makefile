@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
@@ -11,11 +12,19 @@ BENCH_STAMP := $(VENV)/.bench-installed
 
 venv: $(STAMP)
 
+# make test: the package with every extra and the test tools
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[all,dev]'
 	@touch $(STAMP)
+
+# make demo: the package with its extras (Spark for the main job, the console)
+$(DEMO_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[all]'
+	@touch $(DEMO_STAMP)
 
 # Spark needs a JVM. Install Java 17 when it is missing and we may (root).
 java:
@@ -39,7 +48,7 @@ browser:
 		fi; \
 	fi
 
-demo: venv java
+demo: $(DEMO_STAMP) java
 	$(VENV)/bin/raydelay demo
 
 test: venv java browser
@@ -63,7 +72,7 @@ cluster: venv
 # The side-by-side suites (bench/compare.py) also need the Redis client and matplotlib;
 # the bench script installs Debian's redis-server itself when it is missing.
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[all,dev,bench]'
 	@touch $(BENCH_STAMP)
 
 # A few minutes: raydelay against Redis and heapq -> bench/results/<date>-quick.md + plots;

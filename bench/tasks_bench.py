@@ -590,7 +590,7 @@ class CeleryPeer:
     def _publish(self, task: Any, args: list[tuple], due: np.ndarray) -> float:
         """``apply_async(args, eta=...)`` one at a time; the seconds the loop took (the
         eta datetimes are made before)."""
-        utc = datetime.timezone.utc
+        utc = datetime.UTC
         etas = [datetime.datetime.fromtimestamp(int(d) / 1000, tz=utc) for d in due]
         t0 = time.perf_counter()
         for a, eta in zip(args, etas):

@@ -14,11 +14,11 @@ S3 credentials are never read from here: boto3's standard chain provides them.
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import tomllib
 from pydantic import (
     BaseModel,
     ConfigDict,

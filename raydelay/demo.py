@@ -35,10 +35,13 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from raydelay._extras import require
 from raydelay.accounting import Lateness, Ledger
 from raydelay.clock import now_ms
 from raydelay.console import table
 from raydelay.errors import InvalidArgument
+
+require("spark")  # the demo's main job is a Spark ingest
 
 log = logging.getLogger(__name__)
 

@@ -85,3 +85,10 @@ class StoreOwned(RaydelayError):
 
     def __reduce__(self):  # keep ``owner`` across pickling
         return (StoreOwned, (self.args[0] if self.args else "", self.owner))
+
+
+class MissingExtra(RaydelayError, ImportError):
+    """A feature needs an optional part of raydelay that is not installed (Spark for
+    ingestion, the web stack for the console). The message names the extra to install:
+    ``pip install 'raydelay[spark]'``. It is an ``ImportError`` too, so an import of such a
+    module fails the way Python's imports do."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -247,3 +249,38 @@ def rpc_get(ref):
 @pytest.fixture
 def topic_name():
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def own_ray_env() -> Iterator[dict[str, str]]:
+    """The environment of a subprocess that starts (or finds) a Ray of its own: its Ray
+    files, and Ray's note of the last ``ray start``, under a fresh short directory (Unix
+    socket paths must stay short). Ray processes left there are stopped afterwards."""
+    ray_tmp = tempfile.mkdtemp(prefix="rdq-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env["RAY_TMPDIR"] = ray_tmp
+    try:
+        yield env
+    finally:
+        stop_processes_under(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def stop_processes_under(directory: str) -> None:
+    """SIGKILL every process whose command line names ``directory`` (Ray's, under its
+    RAY_TMPDIR), and wait for them."""
+    import psutil
+
+    procs = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(directory in part for part in proc.info["cmdline"] or ()):
+                procs.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)

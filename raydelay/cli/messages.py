@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from raydelay.cli.attach import attach
@@ -184,9 +184,7 @@ def _message_line(m: Any) -> str:
     """One message as a tab-separated line: id, deliver_at, key, properties, redelivery
     count, payload."""
     due = (
-        datetime.fromtimestamp(m.deliver_at_ms / 1000, timezone.utc).isoformat(
-            timespec="milliseconds"
-        )
+        datetime.fromtimestamp(m.deliver_at_ms / 1000, UTC).isoformat(timespec="milliseconds")
         if m.deliver_at_ms is not None
         else "-"
     )

@@ -28,6 +28,10 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raydelay._extras import require
+
+require("spark", "pyspark")
+
 log = logging.getLogger(__name__)
 
 # Spark's own split sizing (spark.sql.files.maxPartitionBytes and openCostInBytes): a split

@@ -19,7 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raydelay._extras import require
 from raydelay.errors import InvalidArgument, Unavailable
+
+require("spark", "pyspark")
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,7 @@ def start_spark(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master == RAYDP:
+        require("spark", "raydp")
         return _start_raydp(
             app_name, executors, executor_cores, executor_memory, ready_timeout_s, warm
         )

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -133,7 +133,7 @@ def next_occurrence(expr: str, tz: str, after_ms: int) -> int:
     fixed_hours = expr.split()[1] != "*"
     ms = after_ms
     while True:
-        start = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).astimezone(zone)
+        start = datetime.fromtimestamp(ms / 1000, tz=UTC).astimezone(zone)
         nxt = croniter(expr, start).get_next(datetime)
         found = int(round(nxt.timestamp() * 1000))
         if found <= ms:  # (croniter works in whole seconds)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from raydelay.client.message import MessageId
@@ -452,7 +452,7 @@ def parse_time(field: str, text: str | None) -> int | None:
             f"or epoch ms, got {text!r}"
         ) from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return int(when.timestamp() * 1000)
 
 
@@ -493,7 +493,7 @@ def _whole(field: str, text: str | None, default: int, lo: int, hi: int, unit: s
 def _iso(ms: int | None) -> str:
     if ms is None:
         return ""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _due_in(ms: int | None, now_ms: float) -> str:

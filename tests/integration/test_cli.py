@@ -7,7 +7,7 @@ import re
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -235,7 +235,7 @@ def test_the_first_consume_of_a_new_subscription_gets_what_is_due(
     code, out, err = run(capsys, "consume", topic_name, "first", "--timeout", "1", "-n", "-1")
     assert code == 0 and out == ""
     due_ms = min(m.deliver_at_ms for m in cluster.peek(topic_name, "first", limit=-1))
-    due = datetime.fromtimestamp(due_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    due = datetime.fromtimestamp(due_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
     assert err.startswith(f"0 messages; 3 scheduled for later, the next due at {due} UTC (in ")
     assert err.rstrip().endswith(" min): --timeout SECONDS waits longer") or err.rstrip().endswith(
         " s): --timeout SECONDS waits longer"

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -704,7 +704,7 @@ def test_the_small_things(scene, page):
     stamps = page.locator(".as-of").all_inner_texts()
     assert len(stamps) == 4  # numbers, the two due charts, lateness (consumers: none)
     read_at = {
-        "as of " + datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S") + " UTC"
+        "as of " + datetime.fromtimestamp(t, tz=UTC).strftime("%H:%M:%S") + " UTC"
         for t in range(before, after + 1)
     }
     assert set(stamps) <= read_at, (stamps, read_at)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import stop_processes_under
 from tests.integration import test_console
 from tests.integration.helpers import wait_until
-from tests.integration.test_quiet_start import _stop_processes_under
 
 browser = test_console.browser  # its chromium, the same fixture
 
@@ -93,7 +93,7 @@ def own_ray(tmp_path) -> Iterator[OwnRay]:
     try:
         yield ray
     finally:
-        _stop_processes_under(str(root))
+        stop_processes_under(str(root))
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 import zlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from unittest.mock import ANY
 
@@ -33,7 +33,7 @@ def spark(ray_cluster):
         stop_spark(session)
 
 
-def iso(ms: int, tz=timezone.utc) -> str:
+def iso(ms: int, tz=UTC) -> str:
     return datetime.fromtimestamp(ms / 1000, tz).isoformat()
 
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import ray
@@ -168,7 +168,7 @@ def test_peek_refuses_bad_input_and_fifo_subscriptions(cluster, topic_name):
         cluster.peek(topic_name, "nobody")
     with pytest.raises(NotFound):
         cluster.peek("no-such-topic", "s")
-    aware = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    aware = datetime(2030, 1, 1, tzinfo=UTC)
     assert cluster.peek(topic_name, "s", due_after=aware) == []
 
 
@@ -190,7 +190,7 @@ def test_reset_by_time_and_by_id_delivers_again_what_follows_and_cancels_stay(cl
     producer = cluster.create_producer(topic_name)
     first = producer.send_many([b"a%d" % i for i in range(200)], keys=[f"k{i}" for i in range(200)])
     time.sleep(0.05)
-    middle = datetime.now(timezone.utc)
+    middle = datetime.now(UTC)
     time.sleep(0.05)
     second = producer.send_many(
         [b"b%d" % i for i in range(200)], keys=[f"k{i}" for i in range(200)]

@@ -12,16 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from raydelay.cluster.owner import current_claim
@@ -38,37 +34,6 @@ DRIVER_WARNING = re.compile(r"^(WARNING|ERROR|CRITICAL) raydelay\b")
 ACTOR_LINE = re.compile(r"\((" + "|".join(ACTOR_CLASSES) + r")\b[^)]*pid=\d+")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LOGGING = 'import logging; logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")'
-
-
-@pytest.fixture
-def own_ray_env() -> Iterator[dict[str, str]]:
-    """The environment of a subprocess that starts (or finds) a Ray of its own: its Ray
-    files, and Ray's note of the last ``ray start``, under a fresh short directory (Unix
-    socket paths must stay short). Ray processes left there are stopped afterwards."""
-    ray_tmp = tempfile.mkdtemp(prefix="rdq-")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    env["RAY_TMPDIR"] = ray_tmp
-    try:
-        yield env
-    finally:
-        _stop_processes_under(ray_tmp)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
-def _stop_processes_under(directory: str) -> None:
-    procs = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(directory in part for part in proc.info["cmdline"] or ()):
-                procs.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
 
 
 def _raydelay_warnings(stderr: str) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -54,7 +54,7 @@ def test_the_remote_cluster_makes_every_call_the_console_data_makes():
 
 
 def test_a_down_cluster_is_described_with_since_when_and_when_it_was_last_seen():
-    seen = datetime(2026, 11, 25, 9, 46, 48, tzinfo=timezone.utc).timestamp()
+    seen = datetime(2026, 11, 25, 9, 46, 48, tzinfo=UTC).timestamp()
     status = LinkStatus(
         LinkState.DOWN,
         "10.0.0.5:6379",

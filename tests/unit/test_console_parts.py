@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -30,7 +30,7 @@ def test_times_from_a_form():
     assert parse_time("due_after", "  ") is None
     assert parse_time("due_after", "1795600000000") == 1795600000000
     # no zone: UTC, as the console shows times
-    utc = datetime(2026, 11, 25, 20, 0, tzinfo=timezone.utc)
+    utc = datetime(2026, 11, 25, 20, 0, tzinfo=UTC)
     assert parse_time("due_after", "2026-11-25T20:00") == int(utc.timestamp() * 1000)
     assert parse_time("due_after", "2026-11-25T21:00+01:00") == int(utc.timestamp() * 1000)
     with pytest.raises(InvalidArgument, match=r"^due_before: expected an ISO-8601"):

@@ -4,7 +4,7 @@ runner's own cron steps)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -143,4 +143,4 @@ def test_bad_schedules():
         cron.check_name("../escape")
     s = _schedule(tz="Asia/Tokyo")
     assert cron.Schedule.from_bytes(s.to_bytes()) == s
-    assert datetime.fromtimestamp(s.next_after(_ms(2026, 1, 1)) / 1000, timezone.utc).minute == 15
+    assert datetime.fromtimestamp(s.next_after(_ms(2026, 1, 1)) / 1000, UTC).minute == 15

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +58,7 @@ def test_iso_strings_with_offsets_become_epoch_ms_and_bad_ones_are_rejected_with
     out = prep(batch, R.RowSpec("p", deliver_at_col="at"), partitions=1, max_delay_ms=0)
     # Then the aware times agree (same instant), the digits are epoch ms, and each bad row
     # has its reason
-    expected = int(datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp() * 1000)
+    expected = int(datetime(2027, 1, 15, 8, tzinfo=UTC).timestamp() * 1000)
     e = out.by_partition[0]
     assert e.payloads == [b"a", b"b", b"f"]
     assert e.deliver_at_ms.tolist() == [expected, expected, NOW + 5]

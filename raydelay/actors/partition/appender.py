@@ -144,7 +144,7 @@ class Appender:
             if linger_s > 0 and not self._full.is_set():
                 try:
                     await asyncio.wait_for(self._full.wait(), timeout=linger_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             batch = self._take()
             self._full.clear()

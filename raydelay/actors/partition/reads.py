@@ -229,7 +229,7 @@ class LogReads:
                     self._tail_changed.wait_for(lambda: self.stopping or ready()),
                     timeout=timeout_s,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def cancel_markers(self, from_position: tuple[int, int]) -> list:

@@ -142,7 +142,7 @@ class StepDriver:
                 wait_s = min(max(at_s - time.time(), 0.0) + _ALARM_SLACK_S, _IDLE_WAIT_S)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _start_io(self, step: Step) -> None:
