@@ -84,6 +84,17 @@ class DemoReport:
     def ok(self) -> bool:
         return self.early == 0 and self.lost == 0 and self.cancelled_delivered == 0
 
+    def summary(self) -> dict:
+        """The report as plain values (``raydelay demo --json``): the counts, and each
+        lateness as its summary instead of every value."""
+        lists = ("lateness_ms", "lateness_in_time_ms", "written_late_ms")
+        doc = {k: v for k, v in self.__dict__.items() if k not in lists}
+        doc["ok"] = self.ok
+        doc["written_late"] = len(self.written_late_ms)
+        doc["lateness_in_time"] = Lateness.of(self.lateness_in_time_ms).as_dict()
+        doc["lateness"] = Lateness.of(self.lateness_ms).as_dict()
+        return doc
+
     def table(self) -> str:
         late = Lateness.of(self.lateness_ms)
         rows = [

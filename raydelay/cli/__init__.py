@@ -2,8 +2,11 @@
 cancel, look at stats, ingest from files through Spark, and run the demo.
 
 Every command but ``up`` and ``demo`` attaches to a running Ray: ``--address`` (or
-``RAYDELAY_ADDRESS``), else the local one that ``raydelay up`` started. A mistake prints
-one line (``raydelay: error: ...``) and exits with status 2; no traceback.
+``RAYDELAY_ADDRESS``), else the local one that ``raydelay up`` started; ``--config`` (or
+``RAYDELAY_CONFIG``) names the config. Global options go before or after the command. A
+mistake prints one line (``raydelay: error: ...``), no traceback, and exits with a status
+that says what kind it was (:class:`raydelay.cli.output.Exit`: 2 usage, 3 not found,
+4 unavailable, 5 refused). ``--json`` makes the output JSON (:mod:`raydelay.cli.output`).
 
 The commands live by concern: :mod:`raydelay.cli.local` (up, down, topics, console,
 placement, demo, ingest), :mod:`raydelay.cli.messages` (produce, consume, peek, cancel,
@@ -18,15 +21,19 @@ import logging
 import os
 import sys
 
+import argcomplete
+
 from raydelay.cli.attach import detach
+from raydelay.cli.output import Exit, exit_for
 from raydelay.cli.parser import build_parser
 from raydelay.errors import RaydelayError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["Exit", "build_parser", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argcomplete.autocomplete(parser)  # answers a shell's completion request, and exits
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -34,17 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     if getattr(args, "func", None) is None:
         parser.print_help()
-        return 2
+        return Exit.USAGE
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
         return code
     except RaydelayError as exc:
         print(f"raydelay: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_for(exc)
     except KeyboardInterrupt:
         print("raydelay: interrupted", file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
     except BrokenPipeError:  # `raydelay stats ... | head`: the reader has had enough
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the exit's flush does not fail again

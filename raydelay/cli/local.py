@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from raydelay.cli.attach import attach
+from raydelay.cli.output import Exit, dumps, emit, wants_json
 from raydelay.console import table
 from raydelay.errors import InvalidArgument, NotFound
 
@@ -40,13 +42,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster = attach(args)
     storage = cluster.config.storage
     where = storage.local.root if storage.kind == "local" else f"s3://{storage.s3.bucket}"
+    doc = {
+        "ray_address": cluster._ray_address,
+        "started_ray": started,
+        "store": {"kind": storage.kind, "where": where},
+        "topics": len(cluster.topics()),
+    }
     rows = [
-        ["Ray", cluster._ray_address],
+        ["Ray", doc["ray_address"]],
         ["Ray started by this command", started],
         ["store", f"{storage.kind}: {where}"],
-        ["topics", len(cluster.topics())],
+        ["topics", doc["topics"]],
     ]
-    print(table(["raydelay is up", ""], rows))
+    emit(args, doc, lambda: table(["raydelay is up", ""], rows))
     return 0
 
 
@@ -66,14 +74,16 @@ def cmd_down(args: argparse.Namespace) -> int:
         )
     cluster = attach(args)
     stopped = cluster._stop_everything()
-    print(f"raydelay: stopped {stopped} actors (cursors persisted, ledgers closed)")
+    lines = [f"raydelay: stopped {stopped} actors (cursors persisted, ledgers closed)"]
+    procs = None
     if not args.keep_ray and args.address is None:
         procs = local.stop_started_ray()
         if procs is not None:
-            print(
+            lines.append(
                 f"raydelay: stopped the local Ray that `raydelay up` started ({procs} processes;"
                 " any other Ray on this machine is left alone)"
             )
+    emit(args, {"stopped_actors": stopped, "stopped_ray_processes": procs}, "\n".join(lines))
     return 0
 
 
@@ -82,25 +92,38 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_topics_list(args: argparse.Namespace) -> int:
     cluster = attach(args)
-    rows = []
-    for topic, n in sorted(cluster.topics().items()):
-        subs = cluster.stats(topic)["subscriptions"]
-        rows.append([topic, n, ", ".join(subs) or "-"])
-    print(table(["topic", "partitions", "subscriptions"], rows) if rows else "no topics")
+    found = [
+        {"topic": topic, "partitions": n, "subscriptions": cluster.stats(topic)["subscriptions"]}
+        for topic, n in sorted(cluster.topics().items())
+    ]
+    rows = [[t["topic"], t["partitions"], ", ".join(t["subscriptions"]) or "-"] for t in found]
+    emit(
+        args,
+        {"topics": found},
+        lambda: table(["topic", "partitions", "subscriptions"], rows) if rows else "no topics",
+    )
     return 0
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
     cluster = attach(args)
     cluster.create_topic(args.topic, args.partitions)
-    print(f"topic {args.topic}: {args.partitions} partition(s)")
+    emit(
+        args,
+        {"topic": args.topic, "partitions": args.partitions},
+        f"topic {args.topic}: {args.partitions} partition(s)",
+    )
     return 0
 
 
 def cmd_topics_delete(args: argparse.Namespace) -> int:
     cluster = attach(args)
     objects = cluster.delete_topic(args.topic, force=args.force)
-    print(f"topic {args.topic}: deleted ({objects:,} store objects)")
+    emit(
+        args,
+        {"topic": args.topic, "deleted_objects": objects},
+        f"topic {args.topic}: deleted ({objects:,} store objects)",
+    )
     return 0
 
 
@@ -123,6 +146,9 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_placement(args: argparse.Namespace) -> int:
     cluster = attach(args)
     rows = cluster.placement()
+    if wants_json(args):
+        print(dumps({"actors": rows}))
+        return 0
     nodes: dict[str, list[dict]] = {}
     for r in rows:
         nodes.setdefault(r["node"] or "-", []).append(r)
@@ -189,8 +215,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         paid_share=args.paid_share,
         consumers=args.consumers,
         config=args.config,
+        out=sys.stderr if wants_json(args) else None,  # the JSON alone on stdout
     )
-    return 0 if report.ok else 1
+    if wants_json(args):
+        print(dumps(report.summary()))
+    return Exit.OK if report.ok else Exit.FAILED
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -215,7 +244,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     )
     try:
         df = read_input(spark, args.input, args.format)
-        ingest_dataframe(
+        report = ingest_dataframe(
             df,
             args.topic,
             payload_col=args.payload_col,
@@ -229,4 +258,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         )
     finally:
         stop_spark(spark, args.spark_master)
+    if wants_json(args):  # (the progress line and the report's table went to stderr)
+        print(dumps({**report.__dict__, "rows_per_s": round(report.rows_per_s, 1)}))
     return 0

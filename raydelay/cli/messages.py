@@ -6,10 +6,10 @@ import argparse
 import math
 import sys
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from raydelay.cli.attach import attach
+from raydelay.cli.output import Exit, dumps, emit, print_message, wants_json
 from raydelay.cli.reports import utc_text
 from raydelay.errors import InvalidArgument
 
@@ -78,6 +78,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
         producer.close()
     empty = "" if sent else f" ({'stdin' if args.file == '-' else args.file} has no lines)"
     print(f"produced {_count(sent, 'message')} to {args.topic}{empty}", file=sys.stderr)
+    if wants_json(args) and not args.ids:
+        print(dumps({"topic": args.topic, "produced": sent}))
     return 0
 
 
@@ -102,7 +104,9 @@ def _send(producer, payloads, args, deliver_at, props) -> int:
         keys=[args.key] * n if args.key is not None else None,
         properties=props,
     )
-    if args.ids:
+    if args.ids and wants_json(args):
+        print("\n".join(dumps({"message_id": str(mid)}) for mid in ids))
+    elif args.ids:
         print("\n".join(str(mid) for mid in ids))
     return n
 
@@ -133,7 +137,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 continue
             idle_until = time.monotonic() + args.timeout
             for m in msgs:
-                print(_message_line(m))
+                print_message(args, m)
             if args.ack:
                 consumer.ack(msgs)
             got += len(msgs)
@@ -180,21 +184,6 @@ def duration_text(seconds: float) -> str:
     return f"{h // 24:,} d {h % 24} h" if h % 24 else f"{h // 24:,} d"
 
 
-def _message_line(m: Any) -> str:
-    """One message as a tab-separated line: id, deliver_at, key, properties, redelivery
-    count, payload."""
-    due = (
-        datetime.fromtimestamp(m.deliver_at_ms / 1000, UTC).isoformat(timespec="milliseconds")
-        if m.deliver_at_ms is not None
-        else "-"
-    )
-    props = ",".join(f"{k}={v}" for k, v in sorted((m.properties or {}).items()))
-    return (
-        f"{m.message_id}\t{due}\t{m.key or '-'}\t{props or '-'}\t"
-        f"{m.redelivery_count}\t{m.payload.decode('utf-8', 'replace')}"
-    )
-
-
 def cmd_peek(args: argparse.Namespace) -> int:
     after, before = (
         None if text is None else _deliver_at_arg(text, field)
@@ -211,7 +200,7 @@ def cmd_peek(args: argparse.Namespace) -> int:
         key=args.key,
     )
     for m in found:
-        print(_message_line(m))
+        print_message(args, m)
     print(
         f"{_count(len(found), 'scheduled message')} in {time.monotonic() - started:.2f} s",
         file=sys.stderr,
@@ -225,9 +214,23 @@ def cmd_reset_cursor(args: argparse.Namespace) -> int:
         to = _deliver_at_arg(to, "to")
     cluster = attach(args)
     marks = cluster.reset_cursor(args.topic, args.subscription, to)
-    for p, md in sorted(marks.items()):
-        where = "from its first entry" if md[0] < 0 else f"from {md[0]}:{md[1] + 1} on"
-        print(f"{args.topic}/{p}\tdelivers again {where}")
+    doc = {
+        "topic": args.topic,
+        "subscription": args.subscription,
+        # per partition, the first entry delivered again (None: from the partition's start)
+        "delivers_from": {
+            p: None if md[0] < 0 else f"{md[0]}:{md[1] + 1}" for p, md in marks.items()
+        },
+    }
+
+    def text() -> str:
+        lines = []
+        for p, md in sorted(marks.items()):
+            where = "from its first entry" if md[0] < 0 else f"from {md[0]}:{md[1] + 1} on"
+            lines.append(f"{args.topic}/{p}\tdelivers again {where}")
+        return "\n".join(lines)
+
+    emit(args, doc, text)
     return 0
 
 
@@ -239,7 +242,11 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         print(f"moved {moved:,} ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
 
     moved = cluster.redrive(args.dead_letter_topic, args.to_topic, args.max, progress=progress)
-    print(f"{_count(moved, 'message')} sent back from {args.dead_letter_topic}")
+    emit(
+        args,
+        {"dead_letter_topic": args.dead_letter_topic, "to": args.to_topic, "moved": moved},
+        f"{_count(moved, 'message')} sent back from {args.dead_letter_topic}",
+    )
     return 0
 
 
@@ -249,8 +256,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     ids = [MessageId.parse(t) for t in args.message_ids]
     cluster = attach(args)
     outcome = cluster.cancel(ids)
-    for mid, ok in zip(ids, outcome, strict=True):
-        print(
+    pairs = list(zip(ids, outcome, strict=True))
+    emit(
+        args,
+        {"results": [{"message_id": str(mid), "cancelled": bool(ok)} for mid, ok in pairs]},
+        lambda: "\n".join(
             f"{mid}\t{'cancelled' if ok else 'not cancelled: delivered already, or cancelled before'}"
-        )
-    return 0 if all(outcome) else 1
+            for mid, ok in pairs
+        ),
+    )
+    return Exit.OK if all(outcome) else Exit.REFUSED

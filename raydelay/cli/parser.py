@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from raydelay import __version__
 from raydelay.cli.local import (
@@ -24,11 +25,60 @@ from raydelay.cli.messages import (
     cmd_redrive,
     cmd_reset_cursor,
 )
+from raydelay.cli.output import PAYLOAD_FORMATS, Exit
 from raydelay.cli.reports import (
+    cmd_completion,
     cmd_schedules,
     cmd_stats,
     cmd_tasks,
 )
+
+CONFIG_ENV = "RAYDELAY_CONFIG"
+
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The options every command takes, before or after its name. On a subcommand they
+    default to SUPPRESS, so that ``raydelay --json stats t`` is not undone by the
+    subcommand's own default."""
+
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--config",
+        default=default(os.environ.get(CONFIG_ENV) or None),
+        help=f"a config TOML (default: ${CONFIG_ENV}, else the embedded default)",
+    )
+    group.add_argument(
+        "--address",
+        default=default(None),
+        help="the Ray cluster to attach to (default: $RAYDELAY_ADDRESS, else the local one)",
+    )
+    group.add_argument(
+        "-v", "--verbose", action="store_true", default=default(False), help="log at INFO level"
+    )
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="print JSON: one object, or one per message (JSON Lines)",
+    )
+    group.add_argument(
+        "--payload-format",
+        choices=PAYLOAD_FORMATS,
+        default=default("auto"),
+        help="how payloads are shown: auto (text when it is UTF-8 text, else base64; the "
+        "default), text, base64 or hex",
+    )
+
+
+def _on_every_subcommand(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:  # argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # (aliases repeat a parser)
+                _global_options(sub, top=False)
+                _on_every_subcommand(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,12 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="raydelay", description="raydelay: delayed and scheduled messages, durably, on Ray."
     )
     parser.add_argument("--version", action="version", version=f"raydelay {__version__}")
-    parser.add_argument("--config", help="a config TOML (default: the embedded default)")
-    parser.add_argument(
-        "--address",
-        help="the Ray cluster to attach to (default: $RAYDELAY_ADDRESS, else the local one)",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     up = sub.add_parser(
@@ -291,9 +336,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--create-topic", type=int, metavar="PARTITIONS", help="create the topic first"
     )
     ingest.set_defaults(func=cmd_ingest)
+
+    completion = sub.add_parser(
+        "completion",
+        help="print the shell completion script (bash, zsh or fish)",
+        description="Print a script that completes raydelay's commands and options in your "
+        'shell: add `eval "$(raydelay completion bash)"` to ~/.bashrc (zsh: `eval "$(raydelay '
+        'completion zsh)"` in ~/.zshrc; fish: `raydelay completion fish | source`).',
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"))
+    completion.set_defaults(func=cmd_completion)
+    _on_every_subcommand(parser)
     return parser
 
 
 def usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
-    return 2
+    return Exit.USAGE

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 
+import argcomplete
+
 from raydelay.cli.attach import attach
+from raydelay.cli.output import dumps, emit, wants_json
 from raydelay.console import table
 from raydelay.errors import InvalidArgument
 
@@ -16,6 +19,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     cluster = attach(args)
     if args.subscription is None:
         info = cluster.stats(args.topic)
+        if wants_json(args):
+            each = {name: cluster.stats(args.topic, name) for name in info["subscriptions"]}
+            print(dumps({"topic": args.topic, **info, "subscription_stats": each}))
+            return 0
         rows = [
             [
                 p,
@@ -45,6 +52,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(table([*heads, "dead-lettered"], subs))
         return 0
     s = cluster.stats(args.topic, args.subscription)
+    hist = cluster.due_histogram(args.topic, args.subscription)
+    if wants_json(args):
+        due = [{"due": label, "pending": n} for label, n in hist]
+        print(dumps({"topic": args.topic, "subscription": args.subscription, **s, "due": due}))
+        return 0
     rows = [
         ["type", s["type"]],
         ["delayed", _delayed_text(s)],
@@ -70,7 +82,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     else:
         print("no consumers")
     print()
-    hist = cluster.due_histogram(args.topic, args.subscription)
     total = sum(n for _, n in hist) or 1
     print(
         table(
@@ -106,6 +117,11 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"next: expected 0 or more, got {args.next}")
     cluster = attach(args)
     s = cluster.task_stats()
+    topic = cluster.config.tasks.topic
+    found = _next_tasks(cluster, topic, args.next) if args.next and s["delayed"] else []
+    if wants_json(args):
+        print(dumps({**s, "next": [_task_doc(m) for m in found]}))
+        return 0
     rows = [
         ["scheduled (waiting for their time or a runner)", s["scheduled"]],
         ["  of which not due yet", s["delayed"]],
@@ -118,34 +134,44 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         ["recurring schedules", s["schedules"]],
     ]
     print(table(["tasks", ""], rows))
-    topic = cluster.config.tasks.topic
-    if args.next and s["delayed"]:
-        from raydelay.client.runner import RUNNERS_SUBSCRIPTION
-        from raydelay.tasks.spec import PROP_SCHEDULE, PROP_TASK
-
-        found = cluster.peek(topic, RUNNERS_SUBSCRIPTION, limit=args.next)
+    if found:
         print()
         print(
             table(
                 ["task id", "due (UTC)", "calls", "schedule"],
                 [
-                    [
-                        str(m.message_id),
-                        utc_text(m.deliver_at_ms),
-                        m.properties.get(PROP_TASK, "?"),
-                        m.properties.get(PROP_SCHEDULE, ""),
-                    ]
-                    for m in found
+                    [d["task_id"], utc_text(d["due_ms"]), d["calls"] or "?", d["schedule"] or ""]
+                    for d in map(_task_doc, found)
                 ],
             )
         )
     return 0
 
 
+def _next_tasks(cluster, topic: str, limit: int) -> list:
+    from raydelay.client.runner import RUNNERS_SUBSCRIPTION
+
+    return cluster.peek(topic, RUNNERS_SUBSCRIPTION, limit=limit)
+
+
+def _task_doc(m) -> dict:
+    from raydelay.tasks.spec import PROP_SCHEDULE, PROP_TASK
+
+    return {
+        "task_id": str(m.message_id),
+        "due_ms": m.deliver_at_ms,
+        "calls": m.properties.get(PROP_TASK),
+        "schedule": m.properties.get(PROP_SCHEDULE),
+    }
+
+
 def cmd_schedules(args: argparse.Namespace) -> int:
     action = args.action or "list"
     cluster = attach(args)
     if action == "list":
+        if wants_json(args):
+            print(dumps({"schedules": cluster.list_schedules()}))
+            return 0
         rows = [
             [
                 s["name"],
@@ -162,15 +188,28 @@ def cmd_schedules(args: argparse.Namespace) -> int:
             return 0
         print(table(["name", "cron", "timezone", "catch up", "calls", "next (UTC)"], rows))
         return 0
+    doc: dict = {"name": args.name, "action": action}
     if action == "pause":
         cluster.pause_schedule(args.name)
-        print(f"{args.name}: paused")
+        text = f"{args.name}: paused"
     elif action == "resume":
         s = cluster.resume_schedule(args.name)
-        print(f"{args.name}: resumed; next at {utc_text(s['next_ms'])} UTC")
+        doc["next_ms"] = s["next_ms"]
+        text = f"{args.name}: resumed; next at {utc_text(s['next_ms'])} UTC"
     else:
         cluster.delete_schedule(args.name)
-        print(f"{args.name}: deleted")
+        text = f"{args.name}: deleted"
+    emit(args, doc, text)
+    return 0
+
+
+# --- completion ---------------------------------------------------------------------------------
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """The shell's completion script: it asks ``raydelay`` itself (argcomplete) for the
+    words that may come next."""
+    print(argcomplete.shellcode(["raydelay"], shell=args.shell))
     return 0
 
 

@@ -3,6 +3,8 @@ consume, delete; one-line errors; and ``ingest`` from CSV through a plain local 
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import socket
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from raydelay.cli import main
+from raydelay.cli import Exit, main
 from tests.integration.helpers import host_of, unit_host_of, wait_until
 
 RAYDELAY = [sys.executable, "-m", "raydelay.cli"]
@@ -158,7 +160,7 @@ def test_an_address_where_nothing_listens_is_one_line_at_once():
         text=True,
         timeout=120,
     )
-    assert result.returncode == 2
+    assert result.returncode == Exit.UNAVAILABLE == 4
     assert result.stderr.strip().splitlines() == [
         f"raydelay: error: address: no Ray cluster is running at '127.0.0.1:{port}' "
         "(nothing listens)"
@@ -273,7 +275,8 @@ def test_stats_into_a_closed_pipe_ends_quietly(cluster, topic_name):
 
 def test_an_unknown_topic_is_one_line(cluster, capsys):
     code, _, err = run(capsys, "stats", "no-such-topic")
-    assert code == 2 and err.strip() == "raydelay: error: topic 'no-such-topic' does not exist"
+    assert code == Exit.NOT_FOUND == 3
+    assert err.strip() == "raydelay: error: topic 'no-such-topic' does not exist"
 
 
 def test_every_command_has_help():
@@ -352,3 +355,44 @@ def test_placement_lists_every_actor_with_its_node(cluster, topic_name, capsys):
     line = next(ln for ln in out.splitlines() if ln.startswith(unit_host_of(topic_name, "s")))
     assert node[:12] in line and "alive" in line, line
     assert f"{topic_name}/s/0" in line and f"{topic_name}/s/1" in line, line
+
+
+def test_a_script_reads_every_answer_as_json(cluster, topic_name, capsys, tmp_path):
+    # Given a topic made, and lines produced, with --json (before or after the command)
+    code, out, _ = run(capsys, "--json", "topics", "create", topic_name, "-p", "2")
+    assert code == 0 and json.loads(out) == {"topic": topic_name, "partitions": 2}
+    lines = tmp_path / "lines.bin"
+    lines.write_bytes(b"plain text\n\xff\xfe binary\nwith\ttab\n")
+    code, out, _ = run(
+        capsys, "produce", topic_name, str(lines), "--deliver-after", "3600", "--ids", "--json"
+    )
+    ids = [json.loads(line)["message_id"] for line in out.splitlines()]
+    assert code == 0 and len(ids) == 3
+    cluster.subscribe(topic_name, "audit")
+    # Then peek gives one JSON object per message, payloads without loss
+    code, out, _ = run(capsys, "peek", topic_name, "audit", "--json")
+    docs = {d["message_id"]: d for d in map(json.loads, out.splitlines())}
+    assert code == 0 and set(docs) == set(ids)
+    payloads = {
+        base64.b64decode(d["payload"]) if d["payload_encoding"] == "base64" else d["payload"]
+        for d in docs.values()
+    }
+    assert payloads == {"plain text", b"\xff\xfe binary", b"with\ttab"}
+    # and stats, topics list and tasks are one JSON object each
+    code, out, _ = run(capsys, "stats", topic_name, "audit", "--json")
+    stats = json.loads(out)
+    assert code == 0 and stats["delayed"] == 3 and stats["type"] == "shared"
+    assert sum(d["pending"] for d in stats["due"]) == 3
+    code, out, _ = run(capsys, "stats", topic_name, "--json")
+    assert json.loads(out)["subscription_stats"]["audit"]["delayed"] == 3
+    code, out, _ = run(capsys, "topics", "list", "--json")
+    mine = [t for t in json.loads(out)["topics"] if t["topic"] == topic_name]
+    assert mine == [{"topic": topic_name, "partitions": 2, "subscriptions": ["audit"]}]
+    code, out, _ = run(capsys, "tasks", "--json")
+    assert code == 0 and {"scheduled", "running", "next"} <= set(json.loads(out))
+    # A cancel says what it did; one that came too late exits "refused"
+    code, out, _ = run(capsys, "cancel", ids[0], "--json")
+    assert code == 0 and json.loads(out) == {"results": [{"message_id": ids[0], "cancelled": True}]}
+    code, out, _ = run(capsys, "cancel", ids[0], ids[1], "--json")
+    assert code == Exit.REFUSED == 5
+    assert [r["cancelled"] for r in json.loads(out)["results"]] == [False, True]

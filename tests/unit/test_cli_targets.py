@@ -45,7 +45,7 @@ def test_up_with_a_port_starts_its_own_ray_whatever_raydelay_address_says(no_tar
         raise Unavailable("stop here")  # (started: what follows needs a real Ray)
 
     monkeypatch.setattr(local, "start_head", started)
-    assert main(["up", "--port", "6390"]) == 2
+    assert main(["up", "--port", "6390"]) == 4  # (the Unavailable raised above)
     assert asked["port"] == 6390
 
 
