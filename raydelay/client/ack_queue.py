@@ -69,6 +69,14 @@ class AckQueue:
         if len(self._acks) > ACKS_IN_FLIGHT:
             self._reap()
 
+    def replies(self) -> list[Any]:
+        """The ack and nack calls sent and not confirmed yet (one each)."""
+        return list(dict.fromkeys(a[3] for a in self._acks))
+
+    def has_kept(self) -> bool:
+        """Whether a down partition's acks or nacks wait for the retry thread."""
+        return self._health.has_kept()
+
     def send(self, p: int, work: Work) -> list[Any]:
         """Ack and nack calls for ``work`` (acks merged into one), in their order."""
         link, cid = self._link, self._consumer_id

@@ -394,6 +394,23 @@ class Consumer:
         finally:
             self.receiver.drop_all(wait_s)
 
+    @property
+    def link(self) -> SubscriptionLink:
+        """The calls to the subscription's partitions (the asyncio consumer awaits them)."""
+        return self._link
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def ack_replies(self) -> list[Any]:
+        """The ack and nack calls sent and not confirmed yet."""
+        return self._acks.replies()
+
+    def acks_kept(self) -> bool:
+        """Whether acks or nacks wait for a down partition (then :meth:`flush` may wait)."""
+        return self._acks.has_kept()
+
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgument("consumer: it is closed")

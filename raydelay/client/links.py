@@ -12,6 +12,7 @@ consumer can keep a call standing at every partition and take whichever answers 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,6 +29,12 @@ class Link(Protocol):
     def ready(self, replies: Sequence[Reply], num: int, timeout_s: float) -> list[Reply]:
         """The replies among ``replies`` that have answered, waiting up to ``timeout_s``
         seconds until ``num`` of them have."""
+        ...
+
+    def future(self, reply: Reply) -> Future:
+        """A ``concurrent.futures.Future`` done when ``reply`` has answered, for an asyncio
+        caller to await (``asyncio.wrap_future``) where a thread would wait in
+        :meth:`ready`. Its result is not translated: :meth:`get` then takes the answer."""
         ...
 
     def get(self, replies: Reply | list[Reply], what: str, timeout_s: float | None = None) -> Any:

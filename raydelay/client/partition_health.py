@@ -211,6 +211,11 @@ class PartitionHealth:
             self.deferred.setdefault(p, []).append((keys, nack))
         self.retry_now.set()
 
+    def has_kept(self) -> bool:
+        """Whether any acks or nacks are kept for a down partition, or being sent again."""
+        with self.lock:
+            return bool(self.deferred) or self._sending > 0
+
     def keeps(self, p: int) -> bool:
         """Whether calls of ``p`` are kept now (it is down, or calls wait before them)."""
         return p in self.down or bool(self.deferred.get(p))

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STICKY = 5_000  # keyless messages go to one partition in runs of at least this many
+
+
+@dataclass(frozen=True)
+class Appends:
+    """Append calls submitted and not answered yet (:meth:`Producer.submit`): the
+    messages' partitions, and per call (partition, each chunk's message indexes, the
+    encoded batches, the reply)."""
+
+    parts: np.ndarray
+    calls: list[tuple[int, list[np.ndarray], list[bytes], Any]]
+
+    def replies(self) -> list[Any]:
+        return [call[3] for call in self.calls]
 
 
 class SendFuture(Future):
@@ -242,13 +256,9 @@ class Producer:
         ``ProducerQueueIsFull`` when the producer was created with
         ``block_if_queue_full=False``. :meth:`flush` waits for every one."""
         self._check_open()
-        payload = check_payload(payload, self._max_bytes)
-        if key is not None:
-            key = check_key(key)
-        if properties is not None:
-            properties = check_properties(properties)
-        at = deliver_at_of(deliver_at, deliver_after, _now_ms(), self._max_delay_ms)
-        partition = -1 if key is None else key_hash(key) % self.partitions
+        partition, payload, key, properties, at = self.checked_one(
+            payload, deliver_after, deliver_at, key, properties
+        )
         with self._lock:
             limit = self._pending_limit
             while self._pending >= limit and not self._closed:
@@ -276,6 +286,29 @@ class Producer:
                 self._cv.notify_all()  # (the flusher waits only on an empty queue)
         return fut
 
+    def checked_one(
+        self,
+        payload: bytes,
+        deliver_after: float | timedelta | None,
+        deliver_at: Any,
+        key: str | None,
+        properties: dict[str, str] | None,
+    ) -> tuple[int, bytes, str | None, dict[str, str] | None, int]:
+        """One send's arguments checked: (its partition, -1 for a keyless one that takes
+        the sticky partition when it is queued; payload, key, properties, deliver_at ms)."""
+        payload = check_payload(payload, self._max_bytes)
+        if key is not None:
+            key = check_key(key)
+        if properties is not None:
+            properties = check_properties(properties)
+        at = deliver_at_of(deliver_at, deliver_after, _now_ms(), self._max_delay_ms)
+        return -1 if key is None else key_hash(key) % self.partitions, payload, key, properties, at
+
+    def next_sticky(self) -> int:
+        """The partition of the next keyless send (see :meth:`_next_sticky`)."""
+        with self._lock:
+            return self._next_sticky()
+
     def send_many(
         self,
         payloads: Sequence[bytes] | pa.Array | pa.ChunkedArray,
@@ -295,6 +328,20 @@ class Producer:
         Columns may be Arrow arrays as they come from a parquet file: payloads a binary
         array (kept as Arrow: no Python bytes per message), ``deliver_at`` epoch ms or
         aware timestamps, ``deliver_after`` seconds, keys strings."""
+        return self._append(
+            *self.checked_many(payloads, deliver_after, deliver_at, keys, properties)
+        )
+
+    def checked_many(
+        self,
+        payloads: Sequence[bytes] | pa.Array | pa.ChunkedArray,
+        deliver_after: Any,
+        deliver_at: Any,
+        keys: Sequence[str | None] | pa.Array | pa.ChunkedArray | None,
+        properties: Sequence[dict[str, str] | None] | dict[str, str] | None,
+    ) -> tuple[np.ndarray, Any, list, list, np.ndarray]:
+        """A batch's arguments checked, as what :meth:`submit` takes: (partitions,
+        payloads, keys, properties, deliver_at ms)."""
         self._check_open()
         arrow = isinstance(payloads, pa.Array | pa.ChunkedArray)
         if arrow:
@@ -351,7 +398,7 @@ class Producer:
                 dtype=np.int64,
                 count=n,
             )
-        return self._append(parts, checked_payloads, key_list, prop_list, d)
+        return parts, checked_payloads, key_list, prop_list, d
 
     def _next_sticky(self) -> int:
         """The partition of a keyless send: the same one for a run of STICKY sends, then the
@@ -387,8 +434,13 @@ class Producer:
         """Send one batch per partition chunk in parallel. Returns the MessageIds in input
         order, and the error of each partition whose append failed (the ids of its messages
         are not valid: it appended none of them)."""
-        ledger_col = np.zeros(len(payloads), dtype=np.int64)
-        entry_col = np.zeros(len(payloads), dtype=np.int64)
+        return self.finish(self.submit(parts, payloads, keys, props, d), self.await_append)
+
+    def submit(
+        self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
+    ) -> Appends:
+        """Submit one append call per partition for the messages (``parts`` their
+        partitions), and return at once; :meth:`finish` takes the answers."""
         calls: list[tuple[int, np.ndarray, Entries]] = []
         any_keys = any(k is not None for k in keys)
         any_props = any(p is not None for p in props)
@@ -419,10 +471,22 @@ class Producer:
                     datas.append(encode_batch(AppendBatch(self.name, self._seq[p], entries)))
                 ref = self._link.append(p, datas)
                 submitted.append((p, [idx for idx, _ in chunks], datas, ref))
+        return Appends(parts, submitted)
+
+    def finish(
+        self, appends: Appends, answer: Callable[[int, list[bytes], Any], list]
+    ) -> tuple[MessageIds, dict[int, BaseException]]:
+        """The MessageIds of submitted appends, and each failed partition's error.
+        ``answer(partition, batches, reply)`` gives a call's position ranges (waiting for
+        them, and sending the same batches again while the partition is down:
+        :meth:`await_append`)."""
+        parts = appends.parts
+        ledger_col = np.zeros(len(parts), dtype=np.int64)
+        entry_col = np.zeros(len(parts), dtype=np.int64)
         failed: dict[int, BaseException] = {}
-        for p, idxs, datas, ref in submitted:
+        for p, idxs, datas, ref in appends.calls:
             try:
-                answers = self._await_append(p, datas, ref)
+                answers = answer(p, datas, ref)
             except Exception as exc:  # noqa: BLE001 - this partition's senders get it
                 failed[p] = exc
                 continue
@@ -472,11 +536,11 @@ class Producer:
                 self._seq[p] = max(self._seq[p], int(seq))
         out: list[list] = [[] for _ in batches]
         for p, which, datas, ref in submitted:
-            for i, ranges in zip(which, self._await_append(p, datas, ref), strict=True):
+            for i, ranges in zip(which, self.await_append(p, datas, ref), strict=True):
                 out[i] = ranges
         return out
 
-    def _await_append(self, p: int, data: list[bytes], ref: Any) -> list:
+    def await_append(self, p: int, data: list[bytes], ref: Any) -> list:
         """Each batch's position ranges. While the
         partition's actor restarts or the store fails retriably, the same bytes (same sequence id) are sent again: the partition
         recognises a batch it already holds, so nothing is appended twice."""
@@ -597,6 +661,20 @@ class Producer:
         self.flush()
         if self._on_close is not None:
             self._on_close(self)
+
+    @property
+    def link(self) -> TopicLink:
+        """The calls to the topic's partitions (the asyncio producer awaits their replies)."""
+        return self._link
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pending_limit(self) -> int:
+        """``max_pending_messages``, with -1 (no limit) as the largest int."""
+        return self._pending_limit
 
     def _check_open(self) -> None:
         if self._closed:

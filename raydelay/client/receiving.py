@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -28,6 +29,17 @@ HUNG_S = 5.0  # a receive this long past its timeout: its partition is down
 # not follow the caller's timeout: a call made with the few milliseconds a receive has
 # left returns empty at once, and renewing it spins the subscription actors.
 STANDING_S = 2.0
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One round of a receive (:meth:`Receiver.begin`): the calls under way, each
+    partition's share, how long a call stands, and how long to wait for the first."""
+
+    calls: list[Any]
+    share: int
+    call_s: float
+    wait_s: float
 
 
 class Receiver:
@@ -108,15 +120,24 @@ class Receiver:
         return out
 
     def _poll(self, max_messages: int, timeout_s: float) -> None:
-        share, call_s, wait_s = self.plan(max_messages, timeout_s)
-        self.ask(share, call_s)
-        refs = list(self._inflight)
-        if not refs:  # every partition is down: wait for the first retry
+        step = self.begin(max_messages, timeout_s)
+        if not step.calls:  # every partition is down: wait for the first retry
             time.sleep(self._health.next_retry_s(timeout_s))
             return
-        ready = self._link.ready(refs, 1, wait_s)
+        self.end(step, self._link.ready(step.calls, 1, step.wait_s))
+
+    def begin(self, max_messages: int, timeout_s: float) -> Poll:
+        """One round of a receive: a call standing at every partition that is up. The
+        caller waits (up to ``wait_s``) for the first of ``calls`` to answer, then
+        :meth:`end` takes in what came (the asyncio consumer awaits instead of waiting)."""
+        share, call_s, wait_s = self.plan(max_messages, timeout_s)
+        self.ask(share, call_s)
+        return Poll(list(self._inflight), share, call_s, wait_s)
+
+    def end(self, step: Poll, ready: list) -> None:
+        """Take in the replies of a round, ``ready`` those that answered."""
         if ready:  # take every other reply that is already there too
-            more = self._link.ready(refs, len(refs), 0)
+            more = self._link.ready(step.calls, len(step.calls), 0)
             ready = list(dict.fromkeys(ready + more))
         self.collect(ready)
         # With prefetch, a call stands at every partition again at once, while the caller
@@ -124,7 +145,11 @@ class Receiver:
         # due, not when the next receive reaches the partition (as Pulsar's consumer
         # prefetches).
         if self.prefetch:
-            self.ask(share, call_s)
+            self.ask(step.share, step.call_s)
+
+    def retry_wait_s(self, timeout_s: float) -> float:
+        """How long to wait, with every partition down, for the first retry."""
+        return self._health.next_retry_s(timeout_s)
 
     def plan(self, max_messages: int, timeout_s: float) -> tuple[int, float, float]:
         """(each partition's share, how long a receive call stands, how long to wait for

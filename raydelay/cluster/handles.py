@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import ray
@@ -316,6 +317,9 @@ class PartitionPeers(Generic[ActorT]):
         if not replies:
             return []
         return ray.wait(list(replies), num_returns=num, timeout=timeout_s)[0]
+
+    def future(self, reply: Any) -> Future:
+        return reply.future()
 
     def get(self, replies: Any, what: str, timeout_s: float | None = None) -> Any:
         return rpc.get(replies, what=what, timeout_s=timeout_s)

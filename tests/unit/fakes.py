@@ -4,6 +4,7 @@ against them in unit tests, as Ray Serve tests its managers against fake handles
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,14 @@ class FakeLink:
         if len({id(r) for r in replies}) != len(replies):  # as ray.wait
             raise ValueError("Wait requires a list of unique ray_waitables.")
         return replies  # every fake call has answered
+
+    def future(self, reply):
+        done = Future()  # every fake call has answered
+        if reply.error is not None:
+            done.set_exception(reply.error)
+        else:
+            done.set_result(reply.value)
+        return done
 
     def get(self, replies, what, timeout_s=None):
         if isinstance(replies, list):
