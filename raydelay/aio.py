@@ -13,10 +13,11 @@ acks and flushes never hold a thread:
 - :meth:`Consumer.receive` keeps the sync consumer's receive calls standing at the
   partitions and awaits the first reply.
 
-Setting up and tearing down (``connect``, ``create_producer``, ``subscribe``, closing a
-consumer, the admin calls) run the sync client's calls in a worker thread
-(``asyncio.to_thread``): they are made once, and some of them join threads of their own
-(a consumer's heartbeats). So do the rare retries of an append whose partition is down.
+Setting up and tearing down (``create_producer``, ``subscribe``, closing a consumer, the
+admin calls) run the sync client's calls in a worker thread (``asyncio.to_thread``): they
+are made once, and some of them join threads of their own (a consumer's heartbeats). So do
+the rare retries of an append whose partition is down. :func:`connect` runs in the event
+loop's thread (see there).
 
     cluster = await raydelay.aio.connect()
     async with await cluster.create_producer("reminders") as producer:
@@ -49,10 +50,10 @@ from raydelay.client.message import (
     MessageIds,
     messages_from_batch,
 )
-from raydelay.client.producer import Appends
+from raydelay.client.producer import Appends, queue_full
 from raydelay.client.producer import Producer as SyncProducer
 from raydelay.config import Config
-from raydelay.errors import InvalidArgument, ProducerQueueIsFull
+from raydelay.errors import InvalidArgument
 
 __all__ = ["Cluster", "Consumer", "Producer", "connect"]
 
@@ -63,9 +64,11 @@ ITERATE_WAIT_S = 1.0  # ... and how long each of its receives waits
 async def connect(
     config: str | os.PathLike | Config | dict | None = None, address: str | None = None
 ) -> Cluster:
-    """:func:`raydelay.connect` for asyncio (run in a worker thread: it starts or joins
-    Ray, once)."""
-    return Cluster(await asyncio.to_thread(sync_connect, config, address))
+    """:func:`raydelay.connect` for asyncio. It runs in the event loop's own thread and
+    holds the loop while it starts or joins Ray (once, at start-up): Ray's processes that
+    it may start are tied to the thread that started them, and a worker thread of the
+    loop's executor ends when the loop does."""
+    return Cluster(sync_connect(config, address))
 
 
 def _seen(future: asyncio.Future) -> None:
@@ -171,11 +174,7 @@ class Producer:
         )
         while self._pending >= self.sync.pending_limit:
             if not self.sync.block_if_queue_full:
-                raise ProducerQueueIsFull(
-                    f"producer: {self._pending} sends pending (max_pending_messages = "
-                    f"{self.sync.max_pending_messages}); wait for some (flush), or create it "
-                    "with block_if_queue_full=True"
-                )
+                raise queue_full(self._pending, self.sync.max_pending_messages)
             await self._wait_change()
             self._check_open()
         if partition < 0:

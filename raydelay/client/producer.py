@@ -265,11 +265,7 @@ class Producer:
                 # (a done-callback runs on the sending thread: waiting there for room
                 # would wait for itself)
                 if not self.block_if_queue_full or threading.current_thread() is self._thread:
-                    raise ProducerQueueIsFull(
-                        f"producer: {self._pending} sends pending (max_pending_messages = "
-                        f"{limit}); wait for some (flush), or create it with "
-                        "block_if_queue_full=True"
-                    )
+                    raise queue_full(self._pending, self.max_pending_messages)
                 self._cv.wait()
             self._check_open()  # (closed while this call waited for room)
             if partition < 0:
@@ -685,6 +681,14 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def queue_full(pending: int, limit: int) -> ProducerQueueIsFull:
+    """The error of a send that found ``pending`` sends unresolved, ``limit`` at most."""
+    return ProducerQueueIsFull(
+        f"producer: {pending} sends pending (max_pending_messages = {limit}); wait for some "
+        "(flush), or create it with block_if_queue_full=True"
+    )
 
 
 def _check_payloads(payloads: Sequence[object], max_bytes: int) -> list[bytes]:

@@ -95,6 +95,11 @@ class Reader:
             out.append(self._buffer.popleft())
         return out
 
+    def unread(self, messages: list[Message]) -> None:
+        """Put messages back before the next ones (an asyncio read that took them and was
+        cancelled before it could hand them out)."""
+        self._buffer.extendleft(reversed(messages))
+
     def has_message_available(self, timeout_s: float = 30.0) -> bool:
         """Whether a message is there to read now: the partitions' tails are asked, and
         what lies before them is read ahead into the reader (for up to ``timeout_s``

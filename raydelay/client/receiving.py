@@ -136,7 +136,7 @@ class Receiver:
 
     def end(self, step: Poll, ready: list) -> None:
         """Take in the replies of a round, ``ready`` those that answered."""
-        if ready:  # take every other reply that is already there too
+        if ready and len(ready) < len(step.calls):  # every other reply already there too
             more = self._link.ready(step.calls, len(step.calls), 0)
             ready = list(dict.fromkeys(ready + more))
         self.collect(ready)

@@ -14,6 +14,7 @@ raydelay supports. Each check is also shown failing on a broken copy.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import re
@@ -32,7 +33,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from raydelay.cluster.local import ray_system_config
-from raydelay.config import load_config
+from raydelay.config import Config, load_config
+from raydelay.errors import InvalidArgument
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kuberay"
@@ -170,8 +172,12 @@ def _config_text(docs: list[dict]) -> str:
     the head's mount of it."""
     cluster, config_map = _one(docs, "RayCluster"), _one(docs, "ConfigMap")
     head = _head(cluster)
-    path = PurePosixPath(_env(head)["RAYDELAY_CONFIG"]["value"])
-    volumes = {v["name"]: v for v in cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]}
+    named = _env(head).get("RAYDELAY_CONFIG", {}).get("value")
+    assert named, "the head has no RAYDELAY_CONFIG value"
+    path = PurePosixPath(named)
+    volumes = {
+        v["name"]: v for v in cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+    }
     for mount in head.get("volumeMounts", []):
         if "subPath" in mount or not path.is_relative_to(mount["mountPath"]):
             continue
@@ -191,8 +197,8 @@ def _config_text(docs: list[dict]) -> str:
 
 
 def check_head_runs_raydelay_up(docs: list[dict]) -> str:
-    """The head's postStart hook runs `raydelay up` against this pod's Ray; returns its
-    script (test_the_hook_retries_until_raydelay_is_up runs it)."""
+    """The head's postStart hook runs `raydelay up`, attached to this pod's Ray; returns
+    the hook's script, for a test to run."""
     head = _head(_one(docs, "RayCluster"))
     params = _one(docs, "RayCluster")["spec"]["headGroupSpec"].get("rayStartParams", {})
     # attach to the Ray of this pod, never start one (`raydelay up` without an address would)
@@ -205,14 +211,19 @@ def check_head_runs_raydelay_up(docs: list[dict]) -> str:
     return command[2]
 
 
-def check_config_from_the_configmap(docs: list[dict]) -> str:
+def check_config_from_the_configmap(docs: list[dict], tmp: Path) -> Config:
     """RAYDELAY_CONFIG names the ConfigMap's TOML as the head mounts it; that TOML loads
-    with raydelay's own loader and names an S3 store."""
-    text = _config_text(docs)
-    assert "RAYDELAY_CONFIG" not in _env(_head(_one(docs, "RayCluster"))).get(
-        "RAYDELAY_CONFIG", {}
-    ).get("valueFrom", {}), "RAYDELAY_CONFIG must be a plain value"
-    return text
+    with raydelay's own loader (an unknown key or a wrong type is refused) and names an
+    S3 store."""
+    path = tmp / "raydelay.toml"
+    path.write_text(_config_text(docs))
+    try:
+        config = load_config(path, env={})
+    except InvalidArgument as exc:
+        raise AssertionError(f"the ConfigMap's config: {exc}") from exc
+    assert config.storage.kind == "s3", f"the store is {config.storage.kind}, not S3"
+    assert config.storage.s3.bucket, "no bucket"
+    return config
 
 
 def check_credentials_from_the_secret(docs: list[dict]) -> None:
@@ -239,9 +250,7 @@ def check_credentials_from_the_secret(docs: list[dict]) -> None:
 def check_health_checks(docs: list[dict], tmp: Path) -> None:
     """The head starts Ray with exactly the system config a Ray that raydelay starts gets
     (health checks and death timeouts), shell-quoted as one argument of `ray start`."""
-    toml = tmp / "raydelay.toml"
-    toml.write_text(_config_text(docs))
-    want = ray_system_config(load_config(toml, env={}))
+    want = ray_system_config(check_config_from_the_configmap(docs, tmp))
     spec = _one(docs, "RayCluster")["spec"]
     raw = spec["headGroupSpec"].get("rayStartParams", {}).get("system-config")
     assert raw, "the head's rayStartParams have no system-config"
@@ -293,14 +302,21 @@ def check_ray_version(docs: list[dict]) -> None:
 
 def test_the_vendored_schemas_are_the_ones_the_readme_names():
     readme = (DATA / "README.md").read_text()
-    crd = _crd()
-    assert "v1.7.0" in readme and "59d663aeec13760646da3db9c1cf8cfe883e30b7" in readme
-    assert crd["metadata"]["name"] == "rayclusters.ray.io"
-    assert "v1.36.0" in readme
-    for name in ("configmap-v1.json", "secret-v1.json"):
-        schema = json.loads((DATA / name).read_text())
-        refs = re.findall(r'"\$ref": "([^"]+)"', (DATA / name).read_text())
-        assert refs and all(r.startswith("#/$defs/") and r[8:] in schema["$defs"] for r in refs)
+    assert "KubeRay **v1.7.0**" in readme and "59d663aeec13760646da3db9c1cf8cfe883e30b7" in readme
+    assert "Kubernetes **v1.36.0**" in readme
+    assert _crd()["metadata"]["name"] == "rayclusters.ray.io"
+    listed = re.findall(r"^([0-9a-f]{64})  (\S+)$", readme, re.M)
+    sums = {name: digest for digest, name in listed}
+    assert sorted(sums) == sorted(
+        ["ray.io_rayclusters.yaml", "configmap-v1.json", "secret-v1.json"]
+    )
+    for name, digest in sums.items():
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
+    for name in ("configmap-v1.json", "secret-v1.json"):  # standalone: every $ref is inside
+        text = (DATA / name).read_text()
+        defs = json.loads(text)["$defs"]
+        refs = re.findall(r'"\$ref": "([^"]+)"', text)
+        assert refs and all(r.startswith("#/$defs/") and r[8:] in defs for r in refs), name
 
 
 def test_deploy_kuberay_holds_a_raycluster_a_configmap_and_a_secret():
@@ -335,15 +351,27 @@ HEAD = "spec.headGroupSpec.template.spec.containers.0"
 BROKEN_DOCUMENTS = {
     "rayVersion as a number": ("RayCluster", _set("spec.rayVersion", 2.60), "spec.rayVersion"),
     "replicas as text": ("RayCluster", _set("spec.workerGroupSpecs.0.replicas", "two"), "replicas"),
-    "a misspelled field": ("RayCluster", _set(f"{HEAD}.imagePullPolicyy", "Always"), "imagePullPolicyy"),
+    "a misspelled field": (
+        "RayCluster",
+        _set(f"{HEAD}.imagePullPolicyy", "Always"),
+        "imagePullPolicyy",
+    ),
     "a rayStartParams value as a number": (
         "RayCluster",
         _set("spec.workerGroupSpecs.0.rayStartParams", {"num-cpus": 4}),
         "num-cpus",
     ),
     "an env variable twice": ("RayCluster", _duplicate_env, "two entries with name="),
-    "a bad metadata field": ("RayCluster", _set("metadata.labels", ["raydelay"]), "metadata.labels"),
-    "a ConfigMap value as a number": ("ConfigMap", _set("data.raydelay.toml", 1), "data.raydelay.toml"),
+    "a bad metadata field": (
+        "RayCluster",
+        _set("metadata.labels", ["raydelay"]),
+        "metadata.labels",
+    ),
+    "a ConfigMap value as a number": (
+        "ConfigMap",
+        lambda doc: doc["data"].update({"raydelay.toml": 1}),
+        "data.raydelay.toml",
+    ),
     "a Secret field that is not one": ("Secret", _set("strinData", {}), "strinData"),
 }
 
@@ -355,10 +383,6 @@ def test_the_validator_refuses_a_broken_copy(case):
     change(doc)
     errors = schema_errors(doc)
     assert errors and any(named in e for e in errors), errors
-
-
-def test_the_head_runs_raydelay_up():
-    check_head_runs_raydelay_up(_docs())
 
 
 def _run_hook(script: str, tmp_path: Path, succeed_on: int) -> tuple[int, list[str]]:
@@ -395,11 +419,7 @@ def test_the_hook_retries_until_raydelay_is_up_and_gives_up_in_the_end(tmp_path)
 
 
 def test_the_config_comes_from_the_configmap_and_names_an_s3_store(tmp_path):
-    text = check_config_from_the_configmap(_docs())
-    path = tmp_path / "raydelay.toml"
-    path.write_text(text)
-    config = load_config(path, env={})  # raydelay's own loader: unknown keys are refused
-    assert config.storage.kind == "s3" and config.storage.s3.bucket
+    check_config_from_the_configmap(_docs(), tmp_path)
 
 
 def test_the_s3_credentials_come_from_the_secret():
@@ -414,22 +434,36 @@ def test_the_ray_of_the_image_is_one_raydelay_supports():
     check_ray_version(_docs())
 
 
-def _head_env(docs: list[dict]) -> list[dict]:
-    return _head(_one(docs, "RayCluster"))["env"]
+Change = Callable[[list[dict]], None]
 
 
-def _drop_env(name: str, group: int | None = None) -> Callable[[list[dict]], None]:
+def _container(docs: list[dict], group: int | None) -> dict:
+    """The Ray container of the head (``group`` None) or of a worker group."""
+    spec = _one(docs, "RayCluster")["spec"]
+    pod = spec["headGroupSpec"] if group is None else spec["workerGroupSpecs"][group]
+    return pod["template"]["spec"]["containers"][0]
+
+
+def _env_entry(name: str, entry: dict | None, group: int | None = None) -> Change:
+    """A change that replaces the env variable ``name`` by ``entry`` (None: drops it)."""
+
     def change(docs: list[dict]) -> None:
-        cluster = _one(docs, "RayCluster")
-        spec = cluster["spec"]
-        pod = spec["headGroupSpec"] if group is None else spec["workerGroupSpecs"][group]
-        container = pod["template"]["spec"]["containers"][0]
-        container["env"] = [e for e in container["env"] if e["name"] != name]
+        container = _container(docs, group)
+        env = [e for e in container["env"] if e["name"] != name]
+        container["env"] = env + ([entry] if entry else [])
 
     return change
 
 
-def _edit_param(key: str, edit: Callable[[str], str]) -> Callable[[list[dict]], None]:
+def _head_field(field: str, edit: Callable[[Any], Any]) -> Change:
+    def change(docs: list[dict]) -> None:
+        container = _container(docs, None)
+        container[field] = edit(container[field])
+
+    return change
+
+
+def _edit_param(key: str, edit: Callable[[str], str]) -> Change:
     def change(docs: list[dict]) -> None:
         params = _one(docs, "RayCluster")["spec"]["headGroupSpec"]["rayStartParams"]
         params[key] = edit(params[key])
@@ -437,7 +471,7 @@ def _edit_param(key: str, edit: Callable[[str], str]) -> Callable[[list[dict]], 
     return change
 
 
-def _edit_config(edit: Callable[[str], str]) -> Callable[[list[dict]], None]:
+def _edit_config(edit: Callable[[str], str]) -> Change:
     def change(docs: list[dict]) -> None:
         data = _one(docs, "ConfigMap")["data"]
         for key in data:
@@ -446,61 +480,85 @@ def _edit_config(edit: Callable[[str], str]) -> Callable[[list[dict]], None]:
     return change
 
 
-def _rename(kind: str, name: str) -> Callable[[list[dict]], None]:
+def _rename(kind: str, name: str) -> Change:
     def change(docs: list[dict]) -> None:
         _one(docs, kind)["metadata"]["name"] = name
 
     return change
 
 
-def _set_in(kind: str, path: str, value: Any) -> Callable[[list[dict]], None]:
-    return lambda docs: _set(path, value)(_one(docs, kind))
-
-
-def _hook(edit: Callable[[str], str]) -> Callable[[list[dict]], None]:
+def _hook(edit: Callable[[str], str]) -> Change:
     def change(docs: list[dict]) -> None:
-        command = _head(_one(docs, "RayCluster"))["lifecycle"]["postStart"]["exec"]["command"]
+        command = _container(docs, None)["lifecycle"]["postStart"]["exec"]["command"]
         command[2] = edit(command[2])
 
     return change
 
 
+def _ray_version(version: str) -> Change:
+    def change(docs: list[dict]) -> None:
+        _one(docs, "RayCluster")["spec"]["rayVersion"] = version
+
+    return change
+
+
+def _value(name: str, value: str) -> dict:
+    return {"name": name, "value": value}
+
+
 CHECKS: dict[str, Callable[[list[dict], Path], Any]] = {
     "up": lambda docs, tmp: check_head_runs_raydelay_up(docs),
-    "config": lambda docs, tmp: check_config_from_the_configmap(docs),
+    "config": check_config_from_the_configmap,
     "credentials": lambda docs, tmp: check_credentials_from_the_secret(docs),
     "health": check_health_checks,
     "version": lambda docs, tmp: check_ray_version(docs),
 }
-BROKEN_SETUPS = {
-    "no RAYDELAY_ADDRESS: up could start a Ray of its own": ("up", _drop_env("RAYDELAY_ADDRESS")),
-    "a hook that does not run raydelay up": ("up", _hook(lambda s: s.replace("raydelay up", "true"))),
+BROKEN_SETUPS: dict[str, tuple[str, Change]] = {
+    "no RAYDELAY_ADDRESS (up would start a Ray of its own)": (
+        "up",
+        _env_entry("RAYDELAY_ADDRESS", None),
+    ),
+    "RAYDELAY_ADDRESS of another port": (
+        "up",
+        _env_entry("RAYDELAY_ADDRESS", _value("RAYDELAY_ADDRESS", "127.0.0.1:6380")),
+    ),
+    "a hook that does not run raydelay up": (
+        "up",
+        _hook(lambda s: s.replace("raydelay up", "raydelay topics list")),
+    ),
     "RAYDELAY_CONFIG outside the mount": (
         "config",
-        _set_in("RayCluster", f"{HEAD}.env.0.value", "/etc/other/raydelay.toml"),
+        _env_entry("RAYDELAY_CONFIG", _value("RAYDELAY_CONFIG", "/etc/other/raydelay.toml")),
     ),
-    "RAYDELAY_CONFIG naming no key": (
+    "RAYDELAY_CONFIG naming no key of the ConfigMap": (
         "config",
-        _set_in("RayCluster", f"{HEAD}.env.0.value", "/etc/raydelay/missing.toml"),
+        _env_entry("RAYDELAY_CONFIG", _value("RAYDELAY_CONFIG", "/etc/raydelay/other.toml")),
     ),
     "another ConfigMap mounted": ("config", _rename("ConfigMap", "other")),
-    "workers without the credentials": ("credentials", _drop_env("AWS_SECRET_ACCESS_KEY", 0)),
+    "a key raydelay does not know": ("config", _edit_config(lambda s: s + "\n[ray]\nperiod = 1\n")),
+    "a local store": ("config", _edit_config(lambda s: s.replace('kind = "s3"', 'kind = "local"'))),
+    "workers without the credentials": (
+        "credentials",
+        _env_entry("AWS_SECRET_ACCESS_KEY", None, group=0),
+    ),
     "a credential written in the manifest": (
         "credentials",
-        _set_in("RayCluster", f"{HEAD}.env.2", {"name": "AWS_ACCESS_KEY_ID", "value": "AKIA"}),
+        _env_entry("AWS_ACCESS_KEY_ID", _value("AWS_ACCESS_KEY_ID", "AKIA")),
     ),
     "the Secret named as KubeRay's token Secret": ("credentials", _rename("Secret", "raydelay")),
-    "Ray's default health checks": (
+    "Ray's default health-check period": (
         "health",
-        _edit_param("system-config", lambda s: s.replace('"health_check_period_ms": 1000', '"health_check_period_ms": 3000')),
+        _edit_param("system-config", lambda s: s.replace('period_ms": 1000', 'period_ms": 3000')),
     ),
-    "system-config without shell quotes": ("health", _edit_param("system-config", lambda s: s.strip("'"))),
-    "a Ray outside raydelay's range": ("version", _set_in("RayCluster", "spec.rayVersion", "2.57.0")),
+    "system-config without its shell quotes": (
+        "health",
+        _edit_param("system-config", lambda s: s.strip("'")),
+    ),
+    "a Ray outside raydelay's range": ("version", _ray_version("2.57.0")),
     "an image of another Ray": (
         "version",
-        _set_in("RayCluster", f"{HEAD}.image", "registry.example.com/raydelay:ray2.59.0-py311"),
+        _head_field("image", lambda image: image.replace("ray2.60.0", "ray2.59.0")),
     ),
-    "a config that is not raydelay's": ("health", _edit_config(lambda s: s + "\n[ray]\nperiod = 1\n")),
 }
 
 
@@ -510,5 +568,5 @@ def test_each_check_refuses_a_broken_copy(case, tmp_path):
     docs = _docs()
     CHECKS[check](docs, tmp_path)  # the manifests as they are pass it
     change(docs)
-    with pytest.raises(AssertionError if check != "health" or "config" not in case else Exception):
+    with pytest.raises(AssertionError):
         CHECKS[check](docs, tmp_path)

@@ -102,15 +102,8 @@ class Consumer(Endpoint):
             # the lock is held one step at a time (at most _STEP_S), so that an ack or a
             # redelivery from another thread never waits for a long receive
             with self._lock:
-                self._check_open()
-                if self._buffer:
-                    out = [self._buffer.popleft() for _ in range(min(want, len(self._buffer)))]
-                    if self._handed is not None:
-                        for m in out:
-                            mid = m.message_id
-                            self._handed.setdefault((mid.topic, mid.partition), set()).add(
-                                (mid.ledger_id, mid.entry_id)
-                            )
+                out = self._pop(want)
+                if out:
                     return out
                 left = _STEP_S if deadline is None else deadline - time.monotonic()
                 if left <= 0 and asked:
@@ -120,6 +113,28 @@ class Consumer(Endpoint):
                     max_messages=max(self._fill, want), timeout_s=min(max(left, 0.0), _STEP_S)
                 )
                 asked = True
+                self._buffer.extend(got)
+
+    def _pop(self, want: int) -> list[Any]:
+        """Up to ``want`` buffered raydelay messages, now counted as handed out."""
+        with self._lock:
+            self._check_open()
+            out = [self._buffer.popleft() for _ in range(min(want, len(self._buffer)))]
+            if self._handed is not None:
+                for m in out:
+                    mid = m.message_id
+                    self._handed.setdefault((mid.topic, mid.partition), set()).add(
+                        (mid.ledger_id, mid.entry_id)
+                    )
+            return out
+
+    def _refill(self, got: list[Any], *, first: bool = False) -> None:
+        """Add raydelay messages to the receiver queue (``first``: before what it holds,
+        for messages an asyncio receive took and was cancelled before it could hand out)."""
+        with self._lock:
+            if first:
+                self._buffer.extendleft(reversed(got))
+            else:
                 self._buffer.extend(got)
 
     def receive(self, timeout_millis: int | None = None) -> Message:

@@ -8,12 +8,28 @@ from enum import Enum, IntEnum
 
 
 class Result(IntEnum):
+    """Pulsar's result codes, with the values of its C++ client (``pulsar/Result.h``)."""
+
     Ok = 0
     UnknownError = 1
-    Timeout = 5
-    ConnectError = 3
-    AlreadyClosed = 21
-    ConsumerBusy = 8
+    InvalidConfiguration = 2
+    Timeout = 3
+    LookupError = 4
+    ConnectError = 5
+    AuthenticationError = 7
+    AuthorizationError = 8
+    ConsumerBusy = 13
+    NotConnected = 14
+    AlreadyClosed = 15
+    InvalidTopicName = 21
+    InvalidUrl = 22
+    OperationNotSupported = 24
+    ProducerQueueIsFull = 27
+    MessageTooBig = 28
+    TopicNotFound = 29
+    SubscriptionNotFound = 30
+    CumulativeAcknowledgementNotAllowedError = 37
+    NotAllowedError = 40
 
 
 class ConsumerType(Enum):
