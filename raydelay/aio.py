@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from raydelay.client.appends import Appends
 from raydelay.client.connection import Cluster as SyncCluster
 from raydelay.client.connection import connect as sync_connect
 from raydelay.client.consumer import Consumer as SyncConsumer
@@ -50,8 +51,8 @@ from raydelay.client.message import (
     MessageIds,
     messages_from_batch,
 )
-from raydelay.client.producer import Appends, queue_full
 from raydelay.client.producer import Producer as SyncProducer
+from raydelay.client.producer import queue_full
 from raydelay.config import Config
 from raydelay.errors import InvalidArgument
 

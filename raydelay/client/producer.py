@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, PENDING
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from raydelay.client.appends import Appends, chunks_by_partition, ids_of
 from raydelay.client.message import (
     MAX_DELIVER_AT_MS,
     MessageId,
@@ -51,7 +52,6 @@ from raydelay.dispatch.keys import key_hash
 from raydelay.errors import (
     InvalidArgument,
     ProducerQueueIsFull,
-    RaydelayError,
     StorageError,
     Unavailable,
 )
@@ -67,19 +67,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STICKY = 5_000  # keyless messages go to one partition in runs of at least this many
-
-
-@dataclass(frozen=True)
-class Appends:
-    """Append calls submitted and not answered yet (:meth:`Producer.submit`): the
-    messages' partitions, and per call (partition, each chunk's message indexes, the
-    encoded batches, the reply)."""
-
-    parts: np.ndarray
-    calls: list[tuple[int, list[np.ndarray], list[bytes], Any]]
-
-    def replies(self) -> list[Any]:
-        return [call[3] for call in self.calls]
 
 
 class SendFuture(Future):
@@ -197,7 +184,9 @@ class Producer:
             )
         self._seq_lock = threading.Lock()
         self._down_since: dict[int, float] = {}  # partitions whose appends failed: since when
-        self._rr = itertools.count()
+        # keyless runs start at a partition of chance: producers that send a run or two
+        # each (a CLI produce, a script) spread over the partitions, not all onto the first
+        self._rr = itertools.count(random.randrange(partitions))
         self._queue: list[tuple[int, bytes, str | None, dict | None, int, SendFuture]] = []
         # (send_async takes the lock itself: a Condition's own enter and exit are Python
         # calls, a fifth of what a send_async cost)
@@ -437,24 +426,9 @@ class Producer:
     ) -> Appends:
         """Submit one append call per partition for the messages (``parts`` their
         partitions), and return at once; :meth:`finish` takes the answers."""
-        calls: list[tuple[int, np.ndarray, Entries]] = []
-        any_keys = any(k is not None for k in keys)
-        any_props = any(p is not None for p in props)
-        # The columns are built once for the whole call; each append is a slice of them
-        # (keyless messages go to partitions in contiguous runs) or a take.
-        block = Entries.build(payloads, d, keys if any_keys else None, props if any_props else None)
-        for p in range(self.partitions):
-            idx_all = np.flatnonzero(parts == p)
-            for lo in range(0, len(idx_all), self._chunk):
-                idx = idx_all[lo : lo + self._chunk]
-                if idx[-1] - idx[0] + 1 == len(idx):
-                    entries = block.slice(int(idx[0]), int(idx[-1]) + 1)
-                else:
-                    entries = block.take(idx)
-                calls.append((p, idx, entries))
-        by_partition: dict[int, list[tuple[np.ndarray, Entries]]] = {}
-        for p, idx, entries in calls:
-            by_partition.setdefault(p, []).append((idx, entries))
+        by_partition = chunks_by_partition(
+            parts, payloads, keys, props, d, self.partitions, self._chunk
+        )
         # One call per partition carries its chunks in order: chunks sent as separate calls
         # could be appended out of order (a small call overtakes a big one still in transit),
         # and one key's messages must keep their order.
@@ -472,33 +446,10 @@ class Producer:
     def finish(
         self, appends: Appends, answer: Callable[[int, list[bytes], Any], list]
     ) -> tuple[MessageIds, dict[int, BaseException]]:
-        """The MessageIds of submitted appends, and each failed partition's error.
-        ``answer(partition, batches, reply)`` gives a call's position ranges (waiting for
-        them, and sending the same batches again while the partition is down:
-        :meth:`await_append`)."""
-        parts = appends.parts
-        ledger_col = np.zeros(len(parts), dtype=np.int64)
-        entry_col = np.zeros(len(parts), dtype=np.int64)
-        failed: dict[int, BaseException] = {}
-        for p, idxs, datas, ref in appends.calls:
-            try:
-                answers = answer(p, datas, ref)
-            except Exception as exc:  # noqa: BLE001 - this partition's senders get it
-                failed[p] = exc
-                continue
-            for idx, ranges in zip(idxs, answers, strict=True):
-                ledgers = np.concatenate([np.full(c, lg, dtype=np.int64) for lg, _, c in ranges])
-                positions = np.concatenate(
-                    [np.arange(f, f + c, dtype=np.int64) for _, f, c in ranges]
-                )
-                if len(ledgers) != len(idx):
-                    failed[p] = RaydelayError(
-                        f"partition {p} returned {len(ledgers)} positions for {len(idx)} messages"
-                    )
-                    break
-                ledger_col[idx] = ledgers
-                entry_col[idx] = positions
-        return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col), failed
+        """The MessageIds of submitted appends, and each failed partition's error
+        (:func:`raydelay.client.appends.ids_of`; ``answer`` is :meth:`await_append` or
+        what an asyncio caller awaited)."""
+        return ids_of(self.topic, appends, answer)
 
     @property
     def last_sequences(self) -> list[int]:

@@ -192,7 +192,7 @@ def test_a_console_with_no_cluster_at_its_address_is_a_one_line_error(tmp_path):
         text=True,
         timeout=240,
     )
-    # Then it says so in one line and exits 2, as the other commands do
-    assert result.returncode == 2, result.stderr[-3000:]
+    # Then it says so in one line and exits 4 (unavailable), as the other commands do
+    assert result.returncode == 4, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert lines == [f"raydelay: error: no Ray cluster answers at {address} (Connection refused)"]

@@ -385,7 +385,7 @@ def test_the_tasks_and_schedules_commands(cluster, out, capsys):
     assert run(capsys, "schedules", "resume", name)[1].startswith(f"{name}: resumed; next at ")
     assert run(capsys, "schedules", "delete", name)[1] == f"{name}: deleted\n"
     code, _, err = run(capsys, "schedules", "delete", name)
-    assert code == 2 and err == f"raydelay: error: schedule: no schedule called '{name}'\n"
+    assert code == 3 and err == f"raydelay: error: schedule: no schedule called '{name}'\n"
     code, _, err = run(capsys, "tasks", "-n", "-3")
     assert code == 2 and "next: expected 0 or more" in err
     assert cluster.cancel_task(tid)

@@ -40,7 +40,7 @@ def _project() -> dict:
 
 
 def ray_lines() -> tuple[str, str]:
-    """(oldest, newest) Ray minor line of the range the package declares, e.g. ("2.58", "2.60")."""
+    """(oldest, newest) Ray minor line of the range the package declares, e.g. ("2.52", "2.60")."""
     spec = next(d for d in _project()["dependencies"] if d.startswith("ray["))
     low = re.search(r">=\s*(\d+)\.(\d+)", spec)
     high = re.search(r"<\s*(\d+)\.(\d+)", spec)

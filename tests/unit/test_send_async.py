@@ -254,3 +254,18 @@ def test_keyless_sends_keep_one_partition_for_a_run_then_take_the_next(config):
         producer.send(b"k", key="order-17").partition
         == producer.send(b"k", key="order-17").partition
     )
+
+
+def test_keyless_sends_of_short_lived_producers_spread_over_the_partitions(config):
+    # Given 40 producers that send a few keyless messages each (a CLI produce, a script)
+    topic = FakeTopic(partitions=4)
+    for _ in range(40):
+        producer = Producer(topic, "orders", config)
+        producer.send(b"one")
+        producer.send_many([b"two", b"three"])
+        producer.close()
+    # Then their runs start at partitions of chance, not all at the first
+    used = [p for p in range(4) if topic.payloads[p]]
+    assert len(used) >= 3, {p: len(topic.payloads[p]) for p in range(4)}
+    # and none is lost
+    assert sum(len(v) for v in topic.payloads.values()) == 120

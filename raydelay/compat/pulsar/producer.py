@@ -115,7 +115,7 @@ class Producer:
         self._last = last  # the largest id published
         self._next = last + 1  # the next id given to a send without one
         self._single = int(np.random.default_rng().integers(partitions))
-        self._rr = itertools.count()
+        self._rr = itertools.count(self._single)  # (a random start, as Pulsar's round robin)
         self._queue: deque[_Send] = deque()
         self._cv = threading.Condition()
         self._busy = 0
