@@ -53,6 +53,13 @@ _PARTITIONS = 2
 _PAY_MARGIN_MS = 2_000  # an order is paid at least this long before its timeout
 WARMUP_ROWS = 20_000  # rows of each warm-up job
 LEAD_MIN_S = 5.0  # the least lead before the first timeout, and the margin in each lead
+# the columns of the order timeouts, as ingest_dataframe takes them
+_ORDER_COLUMNS: dict[str, Any] = {
+    "payload_col": "payload",
+    "deliver_at_col": "timeout_at",
+    "key_col": "order_id",
+    "property_cols": ["region"],
+}
 PAY_SETUP_ROWS_PER_S = 100_000  # the lead allows the payment service 1 s per 100k ids to read
 
 
@@ -192,10 +199,7 @@ def run_demo(
             ing = ingest_dataframe(
                 _timeouts(spark, path, base),
                 topic,
-                payload_col="payload",
-                deliver_at_col="timeout_at",
-                key_col="order_id",
-                property_cols=["region"],
+                **_ORDER_COLUMNS,
                 ids_path=str(work / "ids"),
                 cluster=cluster,
                 total_rows=messages,
@@ -270,10 +274,10 @@ def _orders(n: int, spread_s: float) -> _Orders:
 
 def _lead_s(messages: int, rows_per_s: float) -> float:
     """From the ingestion's start to the first timeout: twice the ingestion at the rate
-    the warm-up measured, plus the payment service's start (it reads every id), with a
-    floor of LEAD_MIN_S."""
+    the warm-up measured, plus the payment service's start (it reads every id), plus a
+    margin of LEAD_MIN_S (so never less than that)."""
     ingest_s = messages / max(rows_per_s, 1.0)
-    return max(LEAD_MIN_S, 2.0 * ingest_s + LEAD_MIN_S + messages / PAY_SETUP_ROWS_PER_S)
+    return 2.0 * ingest_s + LEAD_MIN_S + messages / PAY_SETUP_ROWS_PER_S
 
 
 def _warm_up(cluster, spark, work: Path, rows: int, say) -> float:
@@ -295,10 +299,7 @@ def _warm_up(cluster, spark, work: Path, rows: int, say) -> float:
                 ingest_dataframe(
                     frame,
                     scratch,
-                    payload_col="payload",
-                    deliver_at_col="timeout_at",
-                    key_col="order_id",
-                    property_cols=["region"],
+                    **_ORDER_COLUMNS,
                     cluster=cluster,
                     job_id=f"{scratch}-{job}",
                     progress=False,

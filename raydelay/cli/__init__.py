@@ -25,8 +25,8 @@ import argcomplete
 
 from raydelay.cli.attach import detach
 from raydelay.cli.output import Exit, exit_for
-from raydelay.cli.parser import build_parser
-from raydelay.errors import RaydelayError
+from raydelay.cli.parser import CONFIG_ENV, build_parser
+from raydelay.errors import InvalidArgument, RaydelayError
 
 __all__ = ["Exit", "build_parser", "main"]
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return Exit.USAGE
     try:
+        _check_config_env(args)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
         return code
@@ -58,3 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         detach(args)
+
+
+def _check_config_env(args) -> None:
+    """A config named by RAYDELAY_CONFIG that is not there: the error says where the name
+    came from (the loader's own error names only the path)."""
+    named = os.environ.get(CONFIG_ENV)
+    config = getattr(args, "config", None)
+    if named and config == named and not os.path.exists(named):
+        raise InvalidArgument(f"config: {named!r} does not exist (named by ${CONFIG_ENV})")

@@ -33,10 +33,6 @@ DELIVERY_SCHEMA = pa.schema(
 def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
     """The deliveries of one receive as one record batch, in order, holding no more
     buffer than its rows need."""
-    return _rows_of(deliveries)
-
-
-def _rows_of(deliveries: list[Delivery]) -> pa.RecordBatch:
     parts = []
     for dv in deliveries:
         taken = dv.source.entries.at(dv.indexes).batch  # (a slice when they are a run)

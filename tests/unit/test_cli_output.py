@@ -179,3 +179,12 @@ def test_completion_prints_a_script_for_each_shell(shell, capsys):
     assert main(["completion", shell]) == 0
     script = capsys.readouterr().out
     assert "raydelay" in script and "_ARGCOMPLETE" in script
+
+
+def test_a_missing_config_named_by_the_environment_says_so(monkeypatch, tmp_path, capsys):
+    missing = str(tmp_path / "nope.toml")
+    monkeypatch.setenv("RAYDELAY_CONFIG", missing)
+    assert main(["topics", "list"]) == Exit.USAGE
+    assert capsys.readouterr().err == (
+        f"raydelay: error: config: {missing!r} does not exist (named by $RAYDELAY_CONFIG)\n"
+    )

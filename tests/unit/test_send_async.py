@@ -11,6 +11,7 @@ import pytest
 
 from raydelay.client.producer import Producer
 from raydelay.config import load_config
+from raydelay.dispatch.keys import key_hash
 from raydelay.errors import InvalidArgument, ProducerQueueIsFull, StorageError
 from tests.unit.fakes import FakeTopic
 
@@ -86,7 +87,8 @@ def test_a_failed_partition_fails_its_own_futures_and_nothing_of_it_is_appended(
     topic.failing.add(1)
     producer = Producer(topic, "orders", config)
     topic.gate.clear()  # hold the first round so that both partitions go in one
-    first = producer.send_async(b"first")  # (keyless: the first goes to partition 0)
+    zero = next(f"z{i}" for i in range(100) if key_hash(f"z{i}") % 2 == 0)
+    first = producer.send_async(b"first", key=zero)  # (to partition 0, which holds)
     wait_until(topic.waiting.is_set)
     keys = [f"key-{i}" for i in range(40)]
     futures = [producer.send_async(f"m{i}".encode(), key=k) for i, k in enumerate(keys)]
