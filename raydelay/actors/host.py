@@ -400,7 +400,9 @@ async def retention_pass(
 ) -> None:
     """Trim each of ``parts`` once (``trim()``), a failure reported by its ``retries``. A
     NotFound of a topic the coordinator no longer has (deleted during the pass; the host's
-    ``drop_topic`` takes its partitions off next) is no failure; any other NotFound is."""
+    ``drop_topic`` takes its partitions off next) is no failure; any other NotFound is. A
+    partition that ``drop_topic`` took off and closed while the pass trimmed it is no
+    failure either (its thread pools are shut down under the trim)."""
     for key, part in list(parts.items()):
         r = retries.setdefault(key, rpc.Retries(log, f"retention of {key[0]}/{key[1]}"))
         try:
@@ -414,4 +416,6 @@ async def retention_pass(
             if not gone:
                 r.failed(exc)
         except Exception as exc:  # noqa: BLE001 - reported; retried next interval
+            if key not in parts:  # dropped during the pass (its topic deleted): no failure
+                continue
             r.failed(exc)

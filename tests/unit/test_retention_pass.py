@@ -66,3 +66,32 @@ def test_a_partition_dropped_by_the_host_during_the_pass_is_no_failure(caplog):
     with caplog.at_level(logging.WARNING, logger="raydelay.actors.host"):
         retries = run_pass(parts, topics={"orders"})
     assert caplog.records == [] and retries[("orders", 0)].failures == 0
+
+
+class DroppedPart(Part):
+    """A partition that drop_topic takes off and closes while its trim runs."""
+
+    def __init__(self, parts: dict, key: tuple[str, int]) -> None:
+        super().__init__()
+        self.parts, self.key = parts, key
+
+    async def trim(self) -> list[int]:
+        self.trims += 1
+        del self.parts[self.key]  # (drop_topic: popped, then its thread pools shut down)
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+
+def test_a_partition_closed_under_its_trim_is_no_failure(caplog):
+    parts: dict = {("keep", 0): Part()}
+    parts[("demo-orders", 0)] = DroppedPart(parts, ("demo-orders", 0))
+    with caplog.at_level(logging.WARNING, logger="raydelay.actors.host"):
+        run_pass(parts, topics={"keep"})
+    assert not [r for r in caplog.records if "retention" in r.getMessage()]
+    assert parts[("keep", 0)].trims == 1
+
+
+def test_the_same_error_of_a_partition_still_served_is_reported(caplog):
+    parts = {("keep", 0): Part(RuntimeError("cannot schedule new futures after shutdown"))}
+    with caplog.at_level(logging.WARNING, logger="raydelay.actors.host"):
+        run_pass(parts, topics={"keep"})
+    assert any("retention of keep/0" in r.getMessage() for r in caplog.records)
