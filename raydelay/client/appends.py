@@ -31,16 +31,16 @@ class Appends:
 def chunks_by_partition(
     parts: np.ndarray,
     payloads: Any,
-    keys: list,
-    props: list,
+    keys: list | None,
+    props: list | None,
     d: np.ndarray,
     partitions: int,
     chunk: int,
 ) -> dict[int, list[tuple[np.ndarray, Entries]]]:
     """The messages as entries, per partition in chunks of at most ``chunk``: (message
-    indexes, entries) each, in order."""
-    any_keys = any(k is not None for k in keys)
-    any_props = any(p is not None for p in props)
+    indexes, entries) each, in order. ``keys`` / ``props`` may be None: no message has one."""
+    any_keys = keys is not None and any(k is not None for k in keys)
+    any_props = props is not None and any(p is not None for p in props)
     # The columns are built once for the whole call; each chunk is a slice of them
     # (keyless messages go to partitions in contiguous runs) or a take.
     block = Entries.build(payloads, d, keys if any_keys else None, props if any_props else None)

@@ -28,18 +28,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures._base import FINISHED, PENDING
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from raydelay.client.appends import Appends, chunks_by_partition, ids_of
+from raydelay.client.batch_input import check_batch
 from raydelay.client.message import (
-    MAX_DELIVER_AT_MS,
     MessageId,
     MessageIds,
     check_key,
@@ -47,6 +44,7 @@ from raydelay.client.message import (
     check_properties,
     deliver_at_of,
 )
+from raydelay.client.rounds import Round, SendFuture
 from raydelay.clock import now_ms as _now_ms
 from raydelay.dispatch.keys import key_hash
 from raydelay.errors import (
@@ -67,66 +65,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STICKY = 5_000  # keyless messages go to one partition in runs of at least this many
-
-
-class SendFuture(Future):
-    """The ``concurrent.futures.Future`` of one ``send_async``. Every send of one round (what
-    the producer sends in one go) shares its round's condition, and a round is resolved at
-    once, under it: a Future of its own makes a Condition per message, which was half of
-    what a ``send_async`` cost. A queued send cannot be taken back: :meth:`cancel` returns
-    False (cancel the message itself with ``Producer.cancel``)."""
-
-    def __init__(self, condition: threading.Condition) -> None:
-        # Future.__init__'s state, with the round's condition instead of a new one
-        self._condition = condition
-        self._state = PENDING
-        self._result = None
-        self._exception = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
-        # a sent message's id, made when it is first asked for (most never are): its
-        # round's ids and its place among them
-        self._ids: MessageIds | None = None
-        self._at = 0
-
-    def cancel(self) -> bool:
-        return False
-
-    def result(self, timeout: float | None = None) -> Any:
-        got = super().result(timeout)
-        if got is None and self._ids is not None:
-            got = self._result = self._ids[self._at]
-        return got
-
-
-def _resolve(
-    round_: list[SendFuture],
-    outcomes: Sequence[Any],
-    condition: threading.Condition,
-    ids: MessageIds | None = None,
-) -> None:
-    """Resolve a round's futures at once (``outcomes``: an exception each, or else, with
-    ``ids``, the message's index among them), as ``Future.set_result`` / ``set_exception``
-    would one by one: waiters woken once every future of the round is done, then the
-    done-callbacks."""
-    with condition:
-        for fut, outcome in zip(round_, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                fut._exception = outcome
-                for waiter in fut._waiters:
-                    waiter.add_exception(fut)
-            else:
-                fut._ids, fut._at = ids, outcome
-                for waiter in fut._waiters:
-                    waiter.add_result(fut)
-            fut._state = FINISHED
-        condition.notify_all()
-    for fut in round_:
-        for callback in fut._done_callbacks:
-            try:
-                callback(fut)
-            except Exception:  # (as Future does: a callback's error is logged, not raised)
-                log.exception("a done-callback of %r failed", fut)
 
 
 def partition_of(key: str | None, partitions: int, counter: itertools.count) -> int:
@@ -187,13 +125,13 @@ class Producer:
         # keyless runs start at a partition of chance: producers that send a run or two
         # each (a CLI produce, a script) spread over the partitions, not all onto the first
         self._rr = itertools.count(random.randrange(partitions))
-        self._queue: list[tuple[int, bytes, str | None, dict | None, int, SendFuture]] = []
+        self._queue = Round()  # the sends queued for the next go
         # (send_async takes the lock itself: a Condition's own enter and exit are Python
         # calls, a fifth of what a send_async cost)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._round = threading.Condition()  # the queued sends' (see SendFuture)
         self._pending = 0  # sends queued or in flight, their futures not resolved yet
+        self._inline = 0  # sends on their way from their own thread (see send)
         self._sticky_at, self._sticky_left = 0, 0  # keyless sends: partition, sends left
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -217,14 +155,36 @@ class Producer:
 
         ``deliver_after``: seconds from now, or a ``timedelta``. ``deliver_at``: epoch ms
         (an int, numpy's too) or an aware datetime. Neither: deliver at once. A time after
-        year 9999 is an InvalidArgument, raised before anything is queued."""
-        return self.send_async(
-            payload,
-            deliver_after=deliver_after,
-            deliver_at=deliver_at,
-            key=key,
-            properties=properties,
-        ).result()
+        year 9999 is an InvalidArgument, raised before anything is queued.
+
+        With nothing queued or on its way, the calling thread sends it itself; else it
+        goes with the next round of queued sends (concurrent senders share round trips)."""
+        self._check_open()
+        checked = self.checked_one(payload, deliver_after, deliver_at, key, properties)
+        with self._lock:
+            inline = self._pending == 0 and not self._closed
+            if inline:  # (the flusher waits while it is on its way: sends keep their order)
+                partition = checked[0] if checked[0] >= 0 else self._next_sticky()
+                self._pending += 1
+                self._inline += 1
+        if not inline:
+            return self._enqueue(*checked).result()
+        # no hand-off to the flusher thread and back: two thread wake-ups of a lone send
+        try:
+            _, payload, key, properties, at = checked
+            ids = self._append(
+                np.array([partition], dtype=np.int64),
+                [payload],
+                None if key is None else [key],
+                None if properties is None else [properties],
+                np.array([at], dtype=np.int64),
+            )
+            return ids[0]
+        finally:
+            with self._cv:
+                self._pending -= 1
+                self._inline -= 1
+                self._cv.notify_all()
 
     def send_async(
         self,
@@ -245,9 +205,12 @@ class Producer:
         ``ProducerQueueIsFull`` when the producer was created with
         ``block_if_queue_full=False``. :meth:`flush` waits for every one."""
         self._check_open()
-        partition, payload, key, properties, at = self.checked_one(
-            payload, deliver_after, deliver_at, key, properties
-        )
+        return self._enqueue(*self.checked_one(payload, deliver_after, deliver_at, key, properties))
+
+    def _enqueue(
+        self, partition: int, payload: bytes, key: str | None, properties: dict | None, at: int
+    ) -> SendFuture:
+        """Queue one checked send for the flusher (see :meth:`send_async`)."""
         with self._lock:
             limit = self._pending_limit
             while self._pending >= limit and not self._closed:
@@ -259,8 +222,7 @@ class Producer:
             self._check_open()  # (closed while this call waited for room)
             if partition < 0:
                 partition = self._next_sticky()
-            fut = SendFuture(self._round)
-            self._queue.append((partition, payload, key, properties, at, fut))
+            fut = self._queue.add(partition, payload, key, properties, at)
             self._pending += 1
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -328,62 +290,19 @@ class Producer:
         """A batch's arguments checked, as what :meth:`submit` takes: (partitions,
         payloads, keys, properties, deliver_at ms)."""
         self._check_open()
-        arrow = isinstance(payloads, pa.Array | pa.ChunkedArray)
-        if arrow:
-            payloads = _arrow_payloads(payloads, self._max_bytes)
-        elif isinstance(payloads, (bytes, bytearray, str)) or not isinstance(payloads, Sequence):
-            raise InvalidArgument("payloads: expected a sequence of bytes (or an Arrow array)")
-        n = len(payloads)
-        deliver_at = _from_arrow("deliver_at", deliver_at)
-        deliver_after = _from_arrow("deliver_after", deliver_after)
-        if isinstance(keys, pa.Array | pa.ChunkedArray):
-            keys = keys.to_pylist()
-        if isinstance(deliver_at, np.ndarray):
-            deliver_at = _from_numpy("deliver_at", deliver_at)
-        if isinstance(deliver_after, np.ndarray):
-            deliver_after = _from_numpy("deliver_after", deliver_after)
-        ats = _per_message("deliver_at", deliver_at, n, scalar_ok=lambda v: not _is_seq(v))
-        afters = _per_message("deliver_after", deliver_after, n, scalar_ok=lambda v: not _is_seq(v))
-        ks = _per_message("keys", keys, n, scalar_ok=lambda v: False) if keys is not None else None
-        props = (
-            _per_message("properties", properties, n, scalar_ok=lambda v: isinstance(v, dict))
-            if properties is not None
-            else None
-        )
-        now = _now_ms()
-        checked_payloads: Any = payloads if arrow else _check_payloads(payloads, self._max_bytes)
-        key_list = [check_key(k, f"keys[{i}]") for i, k in enumerate(ks)] if ks else [None] * n
-        prop_list = (
-            [check_properties(p, f"properties[{i}]") for i, p in enumerate(props)]
-            if props
-            else [None] * n
-        )
-        if not _is_seq(deliver_at) and not _is_seq(deliver_after):  # one due time for all
-            d = np.full(
-                n, deliver_at_of(deliver_at, deliver_after, now, self._max_delay_ms), dtype=np.int64
-            )
-        else:
-            column = _due_column(deliver_at, deliver_after, n, now, self._max_delay_ms)
-            if column is not None:
-                d = column
-            else:  # mixed: None, datetimes or floats among them; one by one
-                d = np.fromiter(
-                    (
-                        deliver_at_of(ats[i], afters[i], now, self._max_delay_ms, f"message {i}")
-                        for i in range(n)
-                    ),
-                    dtype=np.int64,
-                    count=n,
-                )
-        if ks is None:
-            parts = self._sticky(n)
+        batch = check_batch(
+            payloads, deliver_after, deliver_at, keys, properties,
+            max_bytes=self._max_bytes, max_delay_ms=self._max_delay_ms,
+        )  # fmt: skip
+        if not batch.keyed:
+            parts = self._sticky(len(batch.deliver_at))
         else:
             parts = np.fromiter(
-                (partition_of(k, self.partitions, self._rr) for k in key_list),
+                (partition_of(k, self.partitions, self._rr) for k in batch.keys),
                 dtype=np.int64,
-                count=n,
+                count=len(batch.keys),
             )
-        return parts, checked_payloads, key_list, prop_list, d
+        return parts, batch.payloads, batch.keys, batch.properties, batch.deliver_at
 
     def _next_sticky(self) -> int:
         """The partition of a keyless send: the same one for a run of STICKY sends, then the
@@ -404,7 +323,7 @@ class Producer:
         return (start + (np.arange(n) * runs) // max(n, 1)) % self.partitions
 
     def _append(
-        self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
+        self, parts: np.ndarray, payloads: Any, keys: list | None, props: list | None, d: np.ndarray
     ) -> MessageIds:
         """Send one batch per partition chunk in parallel; MessageIds in input order (the
         first partition's error is raised, once every partition answered)."""
@@ -414,7 +333,7 @@ class Producer:
         return ids
 
     def _append_each(
-        self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
+        self, parts: np.ndarray, payloads: Any, keys: list | None, props: list | None, d: np.ndarray
     ) -> tuple[MessageIds, dict[int, BaseException]]:
         """Send one batch per partition chunk in parallel. Returns the MessageIds in input
         order, and the error of each partition whose append failed (the ids of its messages
@@ -422,7 +341,7 @@ class Producer:
         return self.finish(self.submit(parts, payloads, keys, props, d), self.await_append)
 
     def submit(
-        self, parts: np.ndarray, payloads: list[bytes], keys: list, props: list, d: np.ndarray
+        self, parts: np.ndarray, payloads: Any, keys: list | None, props: list | None, d: np.ndarray
     ) -> Appends:
         """Submit one append call per partition for the messages (``parts`` their
         partitions), and return at once; :meth:`finish` takes the answers."""
@@ -520,40 +439,27 @@ class Producer:
         in the next one, so under load batches grow and alone a message goes at once."""
         while True:
             with self._cv:
-                while not self._queue and not self._closed:
+                while self._inline or not self._queue:  # (a send on its way goes first)
+                    if self._closed and not self._queue:
+                        return  # closed, and every queued send resolved
                     self._cv.wait()
-                if not self._queue:
-                    return  # closed, and every send resolved
-                batch, self._queue = self._queue, []
-                condition, self._round = self._round, threading.Condition()
+                batch, self._queue = self._queue, Round()
             try:
-                self._send_queued(batch, condition)
+                self._send_queued(batch)
             finally:
                 with self._cv:
                     self._pending -= len(batch)
                     self._cv.notify_all()
 
-    def _send_queued(self, batch: list, condition: threading.Condition) -> None:
-        """Append queued sends and resolve their futures (which share ``condition``): each
-        message's id, or its partition's error."""
-        futures = [b[5] for b in batch]
-        parts = np.fromiter((b[0] for b in batch), dtype=np.int64, count=len(batch))
+    def _send_queued(self, batch: Round) -> None:
+        """Append a round of queued sends and resolve it: each message's id, or its
+        partition's error."""
         try:
-            ids, failed = self._append_each(
-                parts,
-                [b[1] for b in batch],
-                [b[2] for b in batch],
-                [b[3] for b in batch],
-                np.fromiter((b[4] for b in batch), dtype=np.int64, count=len(batch)),
-            )
+            ids, failed = self._append_each(*batch.columns())
         except BaseException as exc:  # noqa: BLE001 - nothing was appended: all get it
-            _resolve(futures, [exc] * len(batch), condition)
+            batch.resolve(error=exc)
             return
-        outcomes: list[Any] = list(range(len(batch)))  # (each message's place in ids)
-        for p, error in failed.items():
-            for i in np.flatnonzero(parts == p).tolist():
-                outcomes[i] = error
-        _resolve(futures, outcomes, condition, ids)
+        batch.resolve(ids, failed)
 
     # --- cancel, flush, close ------------------------------------------------------------------
 
@@ -640,110 +546,6 @@ def queue_full(pending: int, limit: int) -> ProducerQueueIsFull:
         f"producer: {pending} sends pending (max_pending_messages = {limit}); wait for some "
         "(flush), or create it with block_if_queue_full=True"
     )
-
-
-def _check_payloads(payloads: Sequence[object], max_bytes: int) -> list[bytes]:
-    if all(type(p) is bytes and len(p) <= max_bytes for p in payloads):
-        return list(payloads)  # type: ignore[arg-type]
-    return [check_payload(p, max_bytes, f"payloads[{i}]") for i, p in enumerate(payloads)]
-
-
-def _arrow_payloads(values: pa.Array | pa.ChunkedArray, max_bytes: int) -> pa.Array:
-    """An Arrow column of payloads, checked whole: binary values, none null, none over
-    ``max_bytes``; kept as Arrow (no Python bytes per message)."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
-        raise InvalidArgument(f"payloads: expected an Arrow binary array, got {values.type}")
-    sizes = pc.binary_length(values).to_numpy(zero_copy_only=False)
-    if values.null_count:
-        first = int(np.flatnonzero(~pc.is_valid(values).to_numpy(zero_copy_only=False))[0])
-        raise InvalidArgument(f"payloads[{first}]: expected bytes, got None")
-    over = np.flatnonzero(sizes > max_bytes)
-    if len(over):
-        i = int(over[0])
-        raise InvalidArgument(
-            f"payloads[{i}]: {int(sizes[i])} bytes is over topic.max_message_bytes ({max_bytes})"
-        )
-    return values if values.type == pa.binary() else values.cast(pa.binary())
-
-
-def _from_arrow(field: str, value: Any) -> Any:
-    """An Arrow column of due times as numpy (epoch ms as int64 for integers and aware
-    timestamps, seconds as float64 for numbers); any other value as it is."""
-    if not isinstance(value, pa.Array | pa.ChunkedArray):
-        return value
-    if value.null_count:
-        return value.to_pylist()  # None among them: checked message by message
-    t = value.type
-    if pa.types.is_timestamp(t):
-        if t.tz is None:
-            raise InvalidArgument(f"{field}: expected aware timestamps, got {t} (no time zone)")
-        raw = value.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        per_ms = {"s": 1, "ms": 1, "us": 1_000, "ns": 1_000_000}[t.unit]
-        return raw * 1000 if t.unit == "s" else -(-raw // per_ms)  # rounded up: never early
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return value.to_numpy(zero_copy_only=False)
-    raise InvalidArgument(f"{field}: expected an Arrow array of numbers or timestamps, got {t}")
-
-
-def _from_numpy(field: str, value: np.ndarray) -> list:
-    if value.ndim != 1:
-        raise InvalidArgument(f"{field}: expected a 1-d array, got {value.ndim} dimensions")
-    return value.tolist()
-
-
-def _due_column(
-    deliver_at: Any, deliver_after: Any, n: int, now_ms: int, max_delay_ms: int
-) -> np.ndarray | None:
-    """Due times (epoch ms) of a whole batch in a few numpy operations, when only one of
-    ``deliver_at`` (ints) and ``deliver_after`` (numbers) is a per-message list without
-    None; None when the batch needs checking message by message (which also finds and
-    names the first bad message, so the error is the same)."""
-    if (deliver_at is None) == (deliver_after is None):
-        return None
-    value = deliver_at if deliver_at is not None else deliver_after
-    if not _is_seq(value) or len(value) != n or n == 0:
-        return None
-    if bool in set(map(type, value)):
-        return None  # True is not a time; the per-message check says so
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if deliver_at is not None:
-        if arr.dtype.kind not in "iu":
-            return None
-        if (arr < 0).any() or (arr > MAX_DELIVER_AT_MS).any():
-            return None
-        d = arr.astype(np.int64)
-    else:
-        if arr.dtype.kind not in "iuf":
-            return None
-        if not np.isfinite(arr).all() or (arr < 0).any():
-            return None
-        if (arr > (MAX_DELIVER_AT_MS - now_ms) / 1000).any():
-            return None
-        d = now_ms + np.round(arr.astype(np.float64) * 1000).astype(np.int64)
-    if max_delay_ms and (d - now_ms > max_delay_ms).any():
-        return None
-    return d
-
-
-def _is_seq(v: object) -> bool:
-    return isinstance(v, Sequence) and not isinstance(v, (str, bytes, bytearray))
-
-
-def _per_message(field: str, value: Any, n: int, *, scalar_ok) -> list:
-    if value is None:
-        return [None] * n
-    if scalar_ok(value):
-        return [value] * n
-    if not _is_seq(value):
-        raise InvalidArgument(f"{field}: expected one value or a sequence of {n}")
-    if len(value) != n:
-        raise InvalidArgument(f"{field}: has {len(value)} values for {n} payloads")
-    return list(value)
 
 
 def check_cancel_target(field: str, mid: Any, topic: str, partitions: int) -> None:

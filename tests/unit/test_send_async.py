@@ -271,3 +271,41 @@ def test_keyless_sends_of_short_lived_producers_spread_over_the_partitions(confi
     assert len(used) >= 3, {p: len(topic.payloads[p]) for p in range(4)}
     # and none is lost
     assert sum(len(v) for v in topic.payloads.values()) == 120
+
+
+def test_futures_of_one_round_wake_their_waiters_with_each_ones_own_outcome(config):
+    """A round's futures share its state: a waiter on some of them (wait, as_completed,
+    FIRST_EXCEPTION, a done-callback, asyncio) sees each one's own result or error."""
+    import asyncio
+
+    topic = GatedTopic(partitions=2)
+    topic.failing.add(1)
+    producer = Producer(topic, "orders", config)
+    zero = [k for k in (f"k{i}" for i in range(200)) if key_hash(k) % 2 == 0][:3]
+    one = [k for k in (f"k{i}" for i in range(200)) if key_hash(k) % 2 == 1][:3]
+    topic.gate.clear()
+    held = producer.send_async(b"held", key=zero[0])  # the next sends queue as one round
+    wait_until(topic.waiting.is_set)
+    good = [producer.send_async(b"g" + k.encode(), key=k) for k in zero]
+    bad = [producer.send_async(b"b" + k.encode(), key=k) for k in one]
+    seen: list = []
+    bad[1].add_done_callback(lambda f: seen.append(f.exception()))
+
+    async def awaited():
+        return await asyncio.wrap_future(good[2])
+
+    waiter = concurrent.futures.ThreadPoolExecutor(1).submit(
+        concurrent.futures.wait, good + bad, 5, concurrent.futures.FIRST_EXCEPTION
+    )
+    assert not good[0].done() and "pending" in repr(good[0])
+    topic.gate.set()
+    done, _ = waiter.result(timeout=5)
+    assert set(bad) <= done
+    assert [f.result(timeout=5).partition for f in good] == [0, 0, 0]
+    assert [type(f.exception()) for f in bad] == [StorageError] * 3
+    assert isinstance(seen[0], StorageError)
+    assert set(concurrent.futures.as_completed(good + bad, timeout=5)) == set(good + bad)
+    assert asyncio.run(awaited()) == good[2].result()
+    assert held.result().entry_id == 0 and "finished" in repr(good[0])
+    with pytest.raises(RuntimeError):
+        good[0].set_result(None)  # its producer resolves it
