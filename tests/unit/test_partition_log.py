@@ -375,6 +375,34 @@ def test_formats_round_trip_and_are_pinned_by_golden_bytes():
     assert b.entries.cancels == {1: (7, 8)}
 
 
+def test_an_append_batch_of_format_2_from_an_earlier_client_still_decodes():
+    b = decode_batch(bytes.fromhex(GOLDEN_BATCH_V2))
+    assert (b.producer, b.sequence_id, b.entries.payloads) == ("p", 4, [b"a", b""])
+    assert b.entries.keys == ["k", None] and b.entries.properties == [{"x": "y"}, None]
+    assert b.entries.cancels == {1: (7, 8)} and list(b.entries.deliver_at_ms) == [5, NO_DELAY]
+
+
+def test_a_broken_append_batch_of_format_3_is_refused_clearly():
+    good = encode_batch(AppendBatch("producer-é", 9, golden_entries()))
+    assert decode_batch(good).producer == "producer-é"
+    with pytest.raises(InvalidArgument, match="too short"):
+        decode_batch(good[:10])
+    with pytest.raises(InvalidArgument, match="name runs past"):
+        decode_batch(good[:4] + (10_000).to_bytes(4, "little") + good[8:])
+    with pytest.raises(InvalidArgument, match="not a valid append batch"):
+        decode_batch(good[:40])  # the entries cut off
+    with pytest.raises(InvalidArgument, match="not a valid append batch"):
+        decode_batch(good[:-24] + b"\xff" * 24)  # broken offsets and values
+    with pytest.raises(InvalidArgument, match="not a valid append batch"):
+        decode_batch(good[:8] + b"\0" * 8 + b"\xff\xfe" + good[18:])  # a name not UTF-8
+    nulls = Entries.build([b"a"], np.array([1], np.int64)).batch
+    holed = pa.RecordBatch.from_arrays(
+        [pa.array([None], pa.binary()), *nulls.columns[1:]], schema=nulls.schema
+    )
+    with pytest.raises(InvalidArgument, match="'payload' has nulls"):
+        decode_batch(encode_batch(AppendBatch("p", 1, Entries(holed))))
+
+
 def test_a_format_2_object_written_before_the_arrow_format_still_reads():
     back = decode_object(bytes.fromhex(GOLDEN_OBJECT_V2))
     assert (back.ledger_id, back.first_entry, back.publish_time_ms) == (3, 10, 1_000)
@@ -420,8 +448,31 @@ GOLDEN_OBJECT = (
     "0100000000000000000000000100000001000000000000000000000001000000780000000000000000000000"
     "010000007900000000000000ffffffffffffffff0800000007000000ffffffff0000000061"
 )
-# An append batch: an Arrow IPC stream of the entries, metadata raydelay.v, producer, seq.
+# An append batch, format 3: magic "RDB\x03", the producer name's length (uint32 LE), the
+# sequence id (uint64 LE), the name padded to 8 bytes, then one Arrow IPC record-batch message
+# of the entries. Changing the format must change the magic.
 GOLDEN_BATCH = (
+    "524442030100000004000000000000007000000000000000ffffffff0802000014000000000000000c001600"
+    "0600050008000c000c0000000003040018000000900000000000000000000a0018000c00040008000a000000"
+    "4c01000010000000020000000000000000000000130000000000000000000000000000000000000000000000"
+    "000000000c000000000000001000000000000000010000000000000018000000000000000000000000000000"
+    "180000000000000010000000000000002800000000000000010000000000000030000000000000000c000000"
+    "0000000040000000000000000100000000000000480000000000000001000000000000005000000000000000"
+    "0c00000000000000600000000000000000000000000000006000000000000000000000000000000060000000"
+    "0000000008000000000000006800000000000000010000000000000070000000000000000000000000000000"
+    "7000000000000000080000000000000078000000000000000100000000000000800000000000000000000000"
+    "0000000080000000000000001000000000000000000000000800000002000000000000000000000000000000"
+    "0200000000000000000000000000000002000000000000000100000000000000020000000000000001000000"
+    "0000000001000000000000000000000000000000010000000000000000000000000000000100000000000000"
+    "0000000000000000020000000000000000000000000000000000000001000000010000000000000061000000"
+    "000000000500000000000000ffffffffffffffff010000000000000000000000010000000100000000000000"
+    "6b00000000000000010000000000000000000000010000000100000000000000000000000100000078000000"
+    "0000000000000000010000007900000000000000ffffffffffffffff0800000007000000"
+)
+
+# Format 2, which earlier clients send: an Arrow IPC stream of the entries, its schema metadata
+# raydelay.v (2), producer and seq. Still decoded.
+GOLDEN_BATCH_V2 = (
     "ffffffff600200001000000000000a000e000600050008000a000000000104001000000000000a000c000000"
     "040008000a000000840000000400000003000000540000002400000004000000c0ffffff1000000004000000"
     "01000000340000000300000073657100dcffffff100000000400000001000000700000000800000070726f64"
