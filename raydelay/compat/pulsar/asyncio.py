@@ -105,26 +105,40 @@ def _now(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise _as_pulsar(exc) from exc
 
 
-async def _until_some(fetch: Callable[[float], list], put_back: Callable[[list], None]) -> list:
-    """Call the blocking ``fetch(step_s)`` in a worker thread until it returns something.
-    When the awaiting task is cancelled, what the thread still brings is put back."""
-    loop = asyncio.get_running_loop()
-    while True:
-        step = loop.run_in_executor(None, fetch, _STEP_S)
-        try:
-            got = await asyncio.shield(step)
-        except asyncio.CancelledError:
+class _Fetches:
+    """The blocking fetches of one reader or consumer, in worker threads, one at a time.
+    A read cancelled (``asyncio.wait_for``) while its thread still waits leaves that
+    thread running; what it then brings is put back at the front of the queue. The next
+    read waits for it first, so that no later message is taken before it."""
 
-            def keep(done: asyncio.Future) -> None:
-                if not done.cancelled() and done.exception() is None and done.result():
-                    put_back(done.result())
+    def __init__(self) -> None:
+        self._running: asyncio.Future | None = None
 
-            step.add_done_callback(keep)
-            raise
-        except Exception as exc:  # noqa: BLE001 - translated
-            raise _as_pulsar(exc) from exc
-        if got:
-            return got
+    async def until_some(
+        self, fetch: Callable[[float], list], put_back: Callable[[list], None]
+    ) -> list:
+        """Call the blocking ``fetch(step_s)`` until it returns something."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = self._running
+            if left is not None and not left.done():
+                # (its put_back was registered first: it runs before this wakes)
+                await asyncio.wait([left])
+            step = self._running = loop.run_in_executor(None, fetch, _STEP_S)
+            try:
+                got = await asyncio.shield(step)
+            except asyncio.CancelledError:
+
+                def keep(done: asyncio.Future) -> None:
+                    if not done.cancelled() and done.exception() is None and done.result():
+                        put_back(done.result())
+
+                step.add_done_callback(keep)
+                raise
+            except Exception as exc:  # noqa: BLE001 - translated
+                raise _as_pulsar(exc) from exc
+            if got:
+                return got
 
 
 async def _seek(sync: Any, messageid: Any) -> None:
@@ -220,6 +234,7 @@ class Consumer:
         core = sync._core
         # one topic: the receive calls' refs are awaited; several: a thread steps
         self._aio = _AioConsumer(core) if isinstance(core, _CoreConsumer) else None
+        self._fetches = _Fetches()
 
     async def receive(self) -> Message:
         """The next message, once one is there (``asyncio.wait_for`` bounds the wait)."""
@@ -238,7 +253,7 @@ class Consumer:
                 except InvalidArgument as exc:  # closed meanwhile
                     raise PulsarException(Result.AlreadyClosed, str(exc)) from exc
             else:
-                more = await _until_some(self._receive_step, self._give_back)
+                more = await self._fetches.until_some(self._receive_step, self._give_back)
             sync._refill(more)
 
     def _receive_step(self, step_s: float) -> list:
@@ -287,6 +302,7 @@ class Reader:
 
     def __init__(self, sync: _reader.Reader) -> None:
         self._sync = sync
+        self._fetches = _Fetches()
 
     async def read_next(self) -> Message:
         """The next message, once one is there (``asyncio.wait_for`` bounds the wait)."""
@@ -298,7 +314,7 @@ class Reader:
             return [] if m is None else [m]
 
         sync._check_open()
-        (m,) = await _until_some(fetch, core.unread)
+        (m,) = await self._fetches.until_some(fetch, core.unread)
         return wrap_message(sync._topics, m, BytesSchema(), sync._topic_name, sync._partitions)
 
     async def has_message_available(self) -> bool:
