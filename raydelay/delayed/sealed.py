@@ -458,7 +458,9 @@ class TopicIndex:
             return 0
         positions = (np.int64(obj.ledger_id) << SHIFT) | (obj.first_entry + keep).astype(np.int64)
         times = np.full(len(keep), obj.publish_time_ms, dtype=np.int64)
-        self._parts.append(_Part(Rows(positions, times, ents.take(keep))))
+        # (all of them: the block as it is, not a copy; a take of one row cost 70 us)
+        kept = ents if len(keep) == len(ents) else ents.take(keep)
+        self._parts.append(_Part(Rows(positions, times, kept)))
         self._merge_small()
         self._count += len(keep)
         return len(keep)

@@ -21,6 +21,7 @@ from raydelay.storage.keys import validate_key, validate_prefix
 _TMP_SUFFIX = ".rdtmp"
 # where an open file descriptor's real path can be read (Linux); elsewhere paths are resolved
 _FD_PATHS = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else ""
+_CHECKED_DIRS = 4096  # directories remembered as checked (then it starts over)
 _RETRIABLE_ERRNOS = {errno.EIO, errno.ENOSPC, errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.EMFILE}
 
 
@@ -35,6 +36,7 @@ class LocalDirObjectStore:
             self._root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _translate(exc, f"cannot create store root {self._root}") from exc
+        self._dirs: set[Path] = set()  # directories made and checked to be inside the root
 
     @property
     def root(self) -> Path:
@@ -73,15 +75,20 @@ class LocalDirObjectStore:
     def _write(self, key: str, data: bytes, *, create_only: bool) -> bool:
         """Write a temp file, fsync it, then rename it over the key (or, create-only, link it
         to the key: False if the key exists) and fsync the directory."""
-        path = self._path(key)
+        # (the key's own last part is not resolved: a link or a replace over a symlink puts
+        # the object in its place, never through it; its directory is checked)
+        path = self._root.joinpath(*self._key(key).split("/"))
         data = check_data(data)
         parent = path.parent
         tmp = parent / f".{path.name}.{uuid.uuid4().hex}{_TMP_SUFFIX}"
         try:
-            parent.mkdir(parents=True, exist_ok=True)
-            if not self._inside(os.path.realpath(parent)):
-                raise InvalidArgument(f"key: {key!r} resolves outside the store root")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._checked_dir(parent, key)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileNotFoundError:  # pruned since it was checked (a delete, elsewhere too)
+                self._dirs.discard(parent)
+                self._checked_dir(parent, key)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 view = memoryview(data)
                 while view:
@@ -109,6 +116,18 @@ class LocalDirObjectStore:
             except OSError:
                 pass
             raise _translate(exc, f"put {key!r} failed") from exc
+
+    def _checked_dir(self, parent: Path, key: str) -> None:
+        """Make ``parent`` and check that it resolves inside the root, once: a commit's
+        write no longer walks its key's path twice (a tenth of a send's time on the host)."""
+        if parent in self._dirs:
+            return
+        parent.mkdir(parents=True, exist_ok=True)
+        if not self._inside(os.path.realpath(parent)):
+            raise InvalidArgument(f"key: {key!r} resolves outside the store root")
+        if len(self._dirs) >= _CHECKED_DIRS:
+            self._dirs.clear()
+        self._dirs.add(parent)
 
     def get(self, key: str) -> bytes:
         return self._read(key, None, "get")
