@@ -7,7 +7,8 @@
   At most ``max_pending_messages`` sends wait for their answer: past that,
   ``send_async`` blocks, or raises ``ProducerQueueIsFull`` with
   ``block_if_queue_full=False``, as Pulsar's client does.
-- ``send`` is ``send_async(...).result()``: concurrent senders share round trips.
+- ``send`` with nothing queued or on its way sends from the calling thread; else it is
+  ``send_async(...).result()``: concurrent senders share round trips.
 - ``send_many`` is the fast path: it checks every message first (nothing is sent
   when one is bad), then sends one batch per partition (chunked to the ledger size)
   in parallel.
