@@ -48,6 +48,7 @@ from raydelay.client.message import (
     MessageBatch,
     MessageId,
     check_number,
+    load_arrow_conversions,
     messages_from_batch,
 )
 from raydelay.client.partition_health import PartitionHealth
@@ -101,6 +102,7 @@ class Consumer:
         seek: Callable[[Any, bool], Any] | None = None,
         tails: Callable[[], list] | None = None,
     ) -> None:
+        load_arrow_conversions()  # (not on the first delivery: see there)
         self._link = link
         self._seek = seek  # resets the subscription's cursor (Cluster._reset)
         self._tails = tails  # each partition's last position
@@ -115,7 +117,8 @@ class Consumer:
         self._rewinds = 0  # redeliver_unacknowledged() calls without messages so far
         self._stages = stages.StageCounts((stages.CONSUMER_STAGE,))
         self._stage_lock = threading.Lock()
-        self._metrics: Any = None  # made on the first count (False: this process has none)
+        # (made now, not on the first delivery; False: this process has no Ray metrics)
+        self._metrics: Any = consumer_metrics(topic, subscription)
         self._stop = threading.Event()
         self._health = PartitionHealth(
             link, f"{topic}/{subscription}", lambda p, work: self._acks.send(p, work), self._stop
@@ -212,22 +215,16 @@ class Consumer:
         """Count the ``returned`` stage of the first deliveries of delayed messages among
         the record batches handed out now, each with when its reply was made (see
         :mod:`raydelay.dispatch.stages`)."""
-        now = _now_ms()
         for rb, made_ms in got:
             if not made_ms:
                 continue
-            value, n = stages.returned(
-                rb.column("deliver_at_ms").to_numpy(),
-                rb.column("redelivery_count").to_numpy(),
-                made_ms,
-                now,
-            )
+            d = rb.column("deliver_at_ms").to_numpy()
+            redelivered = rb.column("redelivery_count").to_numpy()
+            value, n = stages.returned(d, redelivered, made_ms, _now_ms())
             if not n:
                 continue
             with self._stage_lock:
                 self._stages.add_one(0, value, n)
-            if self._metrics is None:
-                self._metrics = consumer_metrics(self.topic, self.subscription)
             if self._metrics:
                 self._metrics.returned(value)
 

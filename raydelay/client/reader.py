@@ -25,7 +25,13 @@ import numpy as np
 import ray
 
 from raydelay.actors.host import HostActor
-from raydelay.client.message import Message, MessageId, check_number, messages_from_batch
+from raydelay.client.message import (
+    Message,
+    MessageId,
+    check_number,
+    load_arrow_conversions,
+    messages_from_batch,
+)
 from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
 from raydelay.dispatch.subscription import Delivery
@@ -56,6 +62,7 @@ class Reader:
         resolve: Callable[[Any, bool], dict[int, Position]],
         tails: Callable[[], list[Position | None]],
     ) -> None:
+        load_arrow_conversions()  # (not on the first message read: see there)
         self.topic = topic
         self.partitions = len(peers)
         self._peers = peers
