@@ -68,7 +68,7 @@ class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
         )
 
     def receive_many(self, partitions: list[int], consumer: str, max_messages: int,
-                     timeout_s: float, rewinds: int) -> Any:  # fmt: skip
+                     timeout_s: float, rewinds: int, packed: bool = False) -> Any:  # fmt: skip
         return self._on(
             partitions[0],
             SubscriptionHost.receive_many,
@@ -77,6 +77,7 @@ class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
             max_messages,
             timeout_s,
             rewinds,
+            packed,
         )
 
     def ack(self, partition: int, consumer: str, keys: Any) -> Any:

@@ -97,12 +97,14 @@ class SubscriptionLink(Link, Protocol):
 
     def receive_many(
         self, partitions: list[int], consumer: str, max_messages: int, timeout_s: float,
-        rewinds: int,
+        rewinds: int, packed: bool = False,
     ) -> Reply:  # fmt: skip
         """One receive at ``partitions``, which one actor serves (a group of
         :meth:`heartbeat_groups`): up to ``max_messages`` from each. The answer comes when
         any has messages (or fails): a ``ReceiveReply`` (``raydelay.actors.protocol``), its
-        ``got`` [(partition, record batch)] and ``failed`` [(partition, error)]."""
+        ``got`` [(partition, record batch)] and ``failed`` [(partition, error)]; with
+        ``packed``, each record batch as ``raydelay.dispatch.wire.pack_delivery`` makes
+        it."""
         ...
 
     def ack(self, partition: int, consumer: str, keys: np.ndarray) -> Reply: ...

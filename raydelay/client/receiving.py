@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from raydelay.client.partition_health import PartitionHealth
+from raydelay.dispatch.wire import unpack_delivery
 from raydelay.errors import StorageError, Unavailable
 
 if TYPE_CHECKING:
@@ -176,7 +177,8 @@ class Receiver:
                 for p in parts:
                     self._receive_failed(p, exc)
                 continue
-            for p, rb in reply.got:
+            for p, got in reply.got:
+                rb = unpack_delivery(got)
                 if rb.num_rows:
                     self._buffer.append((p, rb, reply.made_ms))
             failed = reply.failed
@@ -214,7 +216,7 @@ class Receiver:
                 continue
             # (one partition too: its reply says when it was made, a bare batch would not)
             call = self._link.receive_many(
-                list(parts), self._consumer_id, share, timeout_s, self._rewinds()
+                list(parts), self._consumer_id, share, timeout_s, self._rewinds(), packed=True
             )
             self._inflight[call] = parts
             self._asked[call] = now + timeout_s + HUNG_S

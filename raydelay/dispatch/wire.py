@@ -3,9 +3,10 @@
 One receive from one partition is one Arrow record batch of :data:`DELIVERY_SCHEMA`.
 Its rows are taken out of the sources' columns with Arrow ``take`` (a copy in C++,
 no Python object per message), or sliced when they are a run and then compacted (a
-slice would carry its source's whole buffers over the wire); Ray ships the batch's
-buffers out of band (pickle protocol 5), so nothing is copied element by element on
-either side.
+slice would carry its source's whole buffers over the wire). A receive's reply carries it
+packed (:func:`pack_delivery`): one Arrow IPC record-batch message, a single buffer that
+Ray ships out of band (pickle protocol 5), read back on the consumer's side without a
+copy. Nothing is copied element by element on either side.
 """
 
 from __future__ import annotations
@@ -59,3 +60,19 @@ def delivery_batch(deliveries: list[Delivery]) -> pa.RecordBatch:
 
 def empty_delivery_batch() -> pa.RecordBatch:
     return empty_batch(DELIVERY_SCHEMA)
+
+
+def pack_delivery(rb: pa.RecordBatch) -> pa.Buffer | pa.RecordBatch:
+    """A delivery batch as one Arrow IPC record-batch message, without its schema (both
+    sides know :data:`DELIVERY_SCHEMA`): Ray ships the one buffer out of band. A record
+    batch pickled whole costs a reply 0.3-0.5 ms more here (its arrays and buffers are
+    pickled one by one, and rebuilt on the consumer's side). A batch of any other schema
+    goes as it is."""
+    return rb.serialize() if rb.schema.equals(DELIVERY_SCHEMA) else rb
+
+
+def unpack_delivery(got: pa.Buffer | pa.RecordBatch) -> pa.RecordBatch:
+    """The record batch of what :func:`pack_delivery` made (a record batch: itself)."""
+    if isinstance(got, pa.RecordBatch):
+        return got
+    return pa.ipc.read_record_batch(got, DELIVERY_SCHEMA)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydelay.actors.protocol import ReceiveReply
-from raydelay.dispatch.wire import DELIVERY_SCHEMA
+from raydelay.dispatch.wire import DELIVERY_SCHEMA, pack_delivery
 from raydelay.errors import Unavailable
 from raydelay.log.entries import decode_batch
 from raydelay.positions import position_keys
@@ -145,9 +145,10 @@ class FakeSubscription(FakeLink):
     def receive(self, partition, consumer, max_messages, timeout_s, rewinds):
         return self._call("receive", partition, consumer, max_messages)
 
-    def receive_many(self, partitions, consumer, max_messages, timeout_s, rewinds):
-        """As the actor's: what each partition has, and each one's error; the whole call
-        fails (Unavailable) only when every partition asked is down (the actor is)."""
+    def receive_many(self, partitions, consumer, max_messages, timeout_s, rewinds, packed=False):
+        """As the actor's: what each partition has (packed as asked), and each one's error;
+        the whole call fails (Unavailable) only when every partition asked is down (the
+        actor is)."""
         assert len({p % self.actors for p in partitions}) == 1, "one actor's partitions"
         self.calls.append(("receive_many", partitions[0], (tuple(partitions),)))
         if all(p in self.down for p in partitions):
@@ -159,7 +160,7 @@ class FakeSubscription(FakeLink):
             if one.error is not None:
                 failed.append((p, one.error))
             elif one.value.num_rows:
-                got.append((p, one.value))
+                got.append((p, pack_delivery(one.value) if packed else one.value))
         return Reply(ReceiveReply(got, failed))
 
     def ack(self, partition, consumer, keys):

@@ -273,9 +273,12 @@ class SubscriptionHost:
         max_messages: int,
         timeout_s: float,
         rewinds: int = 0,
+        packed: bool = False,
     ) -> ReceiveReply:
         part = await self._unit(unit)
-        return await part.receive_many(consumer_id, partitions, max_messages, timeout_s, rewinds)
+        return await part.receive_many(
+            consumer_id, partitions, max_messages, timeout_s, rewinds, packed
+        )
 
     async def reset(self, unit: Unit, marks: dict[int, list[int]]) -> None:
         await (await self._unit(unit)).reset(marks)

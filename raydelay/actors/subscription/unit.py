@@ -37,7 +37,7 @@ from raydelay.cluster import rpc
 from raydelay.cluster.handles import Peer
 from raydelay.cluster.names import Unit, subscription_groups
 from raydelay.config import config_from_dict
-from raydelay.dispatch.wire import delivery_batch
+from raydelay.dispatch.wire import delivery_batch, pack_delivery
 from raydelay.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
@@ -259,6 +259,7 @@ class SubscriptionUnit:
         max_messages: int,
         timeout_s: float,
         rewinds: int = 0,
+        packed: bool = False,
     ) -> ReceiveReply:
         """One receive at several partitions this actor serves (those of a consumer's that
         share it: one call for all, where one each would cost a call each): up to
@@ -266,7 +267,9 @@ class SubscriptionUnit:
         soon as one has something (or fails, or answers at once), or after ``timeout_s``:
         (partition, record batch) of those with messages, and (partition, error) of those
         whose receive failed (see ReceiveReply): what the others handed out still reaches
-        the consumer. A partition still recovering joins the receive once it is."""
+        the consumer. A partition still recovering joins the receive once it is. With
+        ``packed``, each record batch goes as :func:`~raydelay.dispatch.wire.pack_delivery`
+        makes it (a client of an earlier version asks without)."""
         if not partitions:
             raise InvalidArgument("partitions: at least one is needed")
         failed: dict[int, BaseException] = {}
@@ -302,7 +305,8 @@ class SubscriptionUnit:
                 elif p in answers:
                     out, answer = answers[p]
                     if out:
-                        got.append((p, delivery_batch(out)))
+                        rb = delivery_batch(out)
+                        got.append((p, pack_delivery(rb) if packed else rb))
                     done = done or answer
             live = [p for p in live if p not in failed]
             remaining = deadline - time.monotonic()
