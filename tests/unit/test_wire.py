@@ -10,6 +10,7 @@ import pytest
 
 from raydelay.dispatch.wire import (
     DELIVERY_SCHEMA,
+    PACK_MAX_BYTES,
     empty_delivery_batch,
     pack_delivery,
     unpack_delivery,
@@ -49,6 +50,15 @@ def test_a_slice_packs_only_its_own_rows():
     packed = pack_delivery(part)
     assert unpack_delivery(packed).to_pylist() == part.to_pylist()
     assert packed.size < pack_delivery(rb).size / 20  # (not its source's whole buffers)
+
+
+def test_a_batch_over_the_packed_size_goes_as_it_is():
+    rb = _batch(2_000)
+    big = rb.set_column(5, "payload", pa.array([b"x" * 300] * 2_000, pa.binary()))
+    assert big.nbytes > PACK_MAX_BYTES >= rb.nbytes
+    assert pack_delivery(big) is big
+    assert unpack_delivery(pack_delivery(big)) is big
+    assert isinstance(pack_delivery(rb), pa.Buffer)
 
 
 def test_the_empty_batch_and_other_schemas_go_as_they_are():
