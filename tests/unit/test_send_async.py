@@ -162,6 +162,7 @@ def test_close_with_sends_pending_resolves_them_all_then_refuses_new_ones(config
     closer = threading.Thread(target=producer.close)
     closer.start()
     wait_until(topic.waiting.is_set)
+    wait_until(lambda: producer.closed)  # (the flusher can reach the gate before close starts)
     with pytest.raises(InvalidArgument, match="closed"):
         producer.send_async(b"late")
     topic.gate.set()
