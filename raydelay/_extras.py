@@ -1,7 +1,7 @@
 """Optional parts of raydelay (the package's extras) and the one error for a missing one.
 
 The core (``connect``, producers, consumers, scheduled calls, the CLI) needs only what
-``pip install raydelay`` installs. Spark ingestion and the web console need an extra; their
+``pip install raydelay`` installs. Spark ingestion, the web console and the HTTP API need an extra; their
 modules call :func:`require` when they are imported, so a missing extra is one clear
 :class:`~raydelay.errors.MissingExtra` naming what to install, not a bare
 ``ModuleNotFoundError`` from deep inside.
@@ -18,6 +18,10 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "spark": (
         "Spark ingestion (raydelay.ingest, `raydelay ingest`, `raydelay demo`)",
         ("pyspark", "raydp"),
+    ),
+    "http": (
+        "the HTTP API (raydelay.http, `raydelay serve`)",
+        ("fastapi", "uvicorn"),
     ),
     "console": (
         "the web console (raydelay.web, `raydelay console`)",

@@ -274,6 +274,40 @@ class TasksConfig(_Section):
     misfire_grace_s: PositiveSeconds = 60.0
 
 
+class HttpConfig(_Section):
+    """``http``: the HTTP API (``raydelay serve``, docs/http.md). A request over
+    ``max_body_bytes`` is refused (413), a batch over ``max_batch_messages`` too (400); a
+    token made without ``--rate`` may make ``default_rate_per_s`` requests a second on each
+    replica (-1: no limit); a revoked token stops working within ``token_refresh_s``. TLS:
+    both ``ssl_certfile`` and ``ssl_keyfile`` (PEM paths on the node of the proxy)."""
+
+    _path = "http"
+
+    host: str = "127.0.0.1"  # where Ray Serve's proxy listens (0.0.0.0: every interface)
+    port: Annotated[int, Field(ge=1, le=65535)] = 8643
+    replicas: Positive = 1  # Serve replicas of the API, each with its own client
+    max_ongoing_requests: Positive = 256  # per replica
+    max_body_bytes: Positive = 16 * MIB
+    max_batch_messages: Positive = 10_000
+    default_rate_per_s: float = 1_000.0
+    token_refresh_s: PositiveSeconds = 5.0
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+
+    @field_validator("default_rate_per_s")
+    @classmethod
+    def _rate(cls, value: float) -> float:
+        if value != -1 and not 0 < value < float("inf"):
+            raise ValueError("must be > 0, or -1 for no limit")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> HttpConfig:
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("ssl_certfile and ssl_keyfile go together: give both or neither")
+        return self
+
+
 class RayConfig(_Section):
     """``ray``: health checks of a Ray that raydelay starts itself (``connect()`` without an
     address, ``raydelay up``); on a cluster started with ``ray start``, pass the same values
@@ -316,6 +350,7 @@ class Config(BaseSettings):
     client: ClientConfig = ClientConfig()
     placement: PlacementConfig = PlacementConfig()
     tasks: TasksConfig = TasksConfig()
+    http: HttpConfig = HttpConfig()
     ray: RayConfig = RayConfig()
 
     def __init__(self, **values: Any) -> None:

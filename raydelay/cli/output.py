@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import dataclasses
 import enum
 import json
-from collections.abc import Callable, Mapping
-from datetime import UTC, date, datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from raydelay.errors import (
@@ -32,6 +31,7 @@ from raydelay.errors import (
     StoreOwned,
     Unavailable,
 )
+from raydelay.jsonable import jsonable  # noqa: F401 - the commands' JSON form, here too
 
 PAYLOAD_FORMATS = ("auto", "text", "base64", "hex")
 
@@ -78,26 +78,6 @@ def emit(args: argparse.Namespace, doc: Any, text: Callable[[], str] | str) -> N
 
 def dumps(doc: Any) -> str:
     return json.dumps(jsonable(doc), ensure_ascii=False, separators=(",", ":"))
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with what JSON cannot hold made plain: tuples and sets as lists, numpy
-    scalars as numbers, times as ISO-8601, bytes as base64, dataclasses as dicts."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [jsonable(v) for v in value]
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return jsonable(dataclasses.asdict(value))
-    if hasattr(value, "tolist"):  # a numpy array or scalar
-        return jsonable(value.tolist())
-    return str(value)
 
 
 def payload_form(payload: bytes, fmt: str) -> tuple[str, str]:

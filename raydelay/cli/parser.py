@@ -6,6 +6,7 @@ import argparse
 import os
 
 from raydelay import __version__
+from raydelay.cli.http import cmd_serve, cmd_tokens
 from raydelay.cli.local import (
     cmd_console,
     cmd_demo,
@@ -282,6 +283,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="enable cancel, reset-cursor and redrive (each asks for confirmation)",
     )
     console.set_defaults(func=cmd_console)
+
+    api = sub.add_parser(
+        "serve",
+        help="start the HTTP API on Ray Serve (docs/http.md), or stop it",
+        description="Start the HTTP API (produce, cancel, read, schedules; bearer tokens "
+        "made by `raydelay tokens`) as a Ray Serve application of the cluster, wait until "
+        "it answers, and return: it runs in the cluster until `raydelay serve --stop`. "
+        "The options override the config's [http] table.",
+    )
+    api.add_argument("--host", default=None, help="where Serve's proxy listens (http.host)")
+    api.add_argument("--port", type=int, default=None, help="its port (http.port, default 8643)")
+    api.add_argument("--replicas", type=int, default=None, help="API replicas (http.replicas)")
+    api.add_argument("--stop", action="store_true", help="remove the HTTP API from Serve")
+    api.set_defaults(func=cmd_serve)
+
+    tokens = sub.add_parser(
+        "tokens",
+        help="the HTTP API's bearer tokens: create, list, revoke",
+        description="Tokens of the HTTP API, stored hashed in the cluster's store. A token "
+        "is shown once, when it is made.",
+    )
+    toks = tokens.add_subparsers(dest="action", metavar="ACTION")
+    tcreate = toks.add_parser("create", help="make a token (printed once)")
+    tcreate.add_argument("name", help="a name for it ([A-Za-z0-9._@-], unique)")
+    tcreate.add_argument(
+        "--scope",
+        action="append",
+        choices=["produce", "cancel", "read", "admin"],
+        help="what it may do (repeat for more; admin: everything)",
+    )
+    tcreate.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="requests/s on each replica (default http.default_rate_per_s; -1: no limit)",
+    )
+    toks.add_parser("list", help="the tokens (never the tokens themselves)")
+    trevoke = toks.add_parser("revoke", help="revoke a token by name or id")
+    trevoke.add_argument("name")
+    tokens.set_defaults(func=cmd_tokens, action="list")
 
     where = sub.add_parser(
         "placement", help="which Ray node holds which raydelay actor (and the actors per node)"

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+from raydelay.listen import LOOPBACK_NAMES
+
 # sent with every answer of the console
 SECURITY_HEADERS = {
     "Content-Security-Policy": "frame-ancestors 'none'",
@@ -22,7 +24,6 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
 }
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 _ANY_INTERFACE = ("0.0.0.0", "::", "")
 
 

@@ -11,10 +11,9 @@ on stderr.
 
 from __future__ import annotations
 
-import socket
 import sys
 
-from raydelay.errors import InvalidArgument
+from raydelay.listen import check_listen
 from raydelay.web.app import create_app
 from raydelay.web.attach import ClusterLink, LinkState, LinkStatus, RemoteCluster
 from raydelay.web.guard import LOOPBACK_NAMES
@@ -22,28 +21,6 @@ from raydelay.web.reader import AttachTarget
 
 # how long the console waits for its first attach before it gives up with an error
 FIRST_ATTACH_WAIT_S = 180.0
-
-
-def check_listen(host: str, port: int) -> None:
-    """InvalidArgument now if nothing can listen on host:port (a bad port, taken, or not
-    an address of this machine), rather than a server log line after attaching to Ray."""
-    if not 1 <= port <= 65535:
-        raise InvalidArgument(f"port: expected 1 to 65535, got {port}")
-    if not host.strip():
-        raise InvalidArgument("host: empty")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise InvalidArgument(f"host: {host!r} does not resolve ({exc})") from None
-    family, kind, proto, _, where = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(where)
-        except OSError as exc:
-            raise InvalidArgument(
-                f"port: cannot listen on {host}:{port} ({exc.strerror or exc})"
-            ) from None
 
 
 def serve(target: AttachTarget, host: str, port: int, *, allow_writes: bool) -> None:

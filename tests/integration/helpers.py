@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Collection, Sequence
 
 import ray
@@ -296,3 +298,14 @@ def wait_until(what: str, cond, timeout_s: float = 30.0, *, got=None):
             instead = f": {got()}" if got is not None else ""
             raise AssertionError(f"timed out waiting for {what}{instead}")
         time.sleep(0.2)
+
+
+def http_status(url: str, timeout_s: float = 10.0) -> int | None:
+    """The HTTP status of a GET of ``url`` (None: nothing answered)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None

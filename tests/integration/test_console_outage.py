@@ -17,8 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import pytest
 
 from tests.conftest import stop_processes_under
 from tests.integration import test_console
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import http_status, wait_until
 
 browser = test_console.browser  # its chromium, the same fixture
 
@@ -97,17 +95,6 @@ def own_ray(tmp_path) -> Iterator[OwnRay]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _status(url: str) -> int | None:
-    """The HTTP status of a GET (None: nothing answered)."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 @pytest.mark.timeout(900)
 def test_the_console_answers_503_while_ray_is_down_and_comes_back_after_up(
     own_ray, browser, tmp_path
@@ -128,7 +115,9 @@ def test_the_console_answers_503_while_ray_is_down_and_comes_back_after_up(
     page = browser.new_page()
     page.set_default_timeout(120_000)
     try:
-        wait_until("the console serves", lambda: _status(f"{url}/topics") == 200, ATTACH_BOUND_S)
+        wait_until(
+            "the console serves", lambda: http_status(f"{url}/topics") == 200, ATTACH_BOUND_S
+        )
         shown = page.goto(f"{url}/topics")
         assert shown is not None and shown.status == 200
         assert "outage-orders" in page.content()
@@ -154,7 +143,7 @@ def test_the_console_answers_503_while_ray_is_down_and_comes_back_after_up(
         # Then the same console process serves the pages again, the topic among them (a
         # read that takes over READ_WAIT_S while the cluster warms up is still a 503: the
         # browser asks until its page is served)
-        wait_until("the console re-attaches", lambda: _status(f"{url}/topics") == 200, 120)
+        wait_until("the console re-attaches", lambda: http_status(f"{url}/topics") == 200, 120)
         timings["`up` (s)"] = round(up_s, 1)
         timings["first 200 after `up` returned (s)"] = round(time.monotonic() - started - up_s, 1)
 

@@ -38,6 +38,7 @@ def installed_not_checkout(checkout: Path) -> None:
 def extras_named() -> None:
     for load, extra in (
         (lambda: __import__("raydelay.web"), "console"),
+        (lambda: __import__("raydelay.http.serve"), "http"),
         (lambda: __import__("raydelay.ingest.spark"), "spark"),
         (lambda: raydelay.ingest.ingest_dataframe, "spark"),
     ):

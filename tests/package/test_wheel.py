@@ -91,13 +91,21 @@ def test_the_wheel_declares_the_core_and_its_extras(dist):
     assert meta["Requires-Python"] == ">=3.11"
     assert meta["License-Expression"] == "Apache-2.0"
     assert "Typing :: Typed" in meta.get_all("Classifier")
-    assert set(meta.get_all("Provides-Extra")) >= {"spark", "console", "all", "dev", "bench"}
+    assert set(meta.get_all("Provides-Extra")) >= {
+        "spark",
+        "console",
+        "http",
+        "all",
+        "dev",
+        "bench",
+    }
     requires = meta.get_all("Requires-Dist")
     core = [r for r in requires if "extra ==" not in r]
     for heavy in ("pyspark", "raydp", "fastapi", "uvicorn", "jinja2"):
         assert not any(r.startswith(heavy) for r in core), (heavy, core)
     assert any(r.startswith("pyspark") and 'extra == "spark"' in r for r in requires)
     assert any(r.startswith("fastapi") and 'extra == "console"' in r for r in requires)
+    assert any(r.startswith("ray[serve]") and 'extra == "http"' in r for r in requires)
 
 
 def test_the_ray_range_is_the_one_the_docs_name():

@@ -1,0 +1,524 @@
+"""The HTTP API's ASGI app (FastAPI): the routes, each request's checks, and the answers.
+
+Every request but ``GET /v1/health`` and ``GET /openapi.json`` is checked in this order,
+and the first failure is its answer, with nothing sent to the cluster:
+
+1. its bearer token (:mod:`raydelay.http.tokens`): 401 when missing, malformed, unknown
+   or revoked; 403 when the token lacks the route's scope;
+2. its token's rate (:mod:`raydelay.http.ratelimit`): 429, with ``Retry-After``;
+3. its body's size: 413 past ``http.max_body_bytes`` (read no further);
+4. its fields (:mod:`raydelay.http.bodies`): 400 naming the field and the problem.
+
+Then the cluster answers: 404 for an unknown topic, subscription or schedule; 503 while it
+cannot be reached; 201 with the ids once a send is durable. Every error is
+``{"error": {"status": ..., "code": ..., "message": ...}}``.
+
+The app reads what it serves through ``context()`` (:class:`ApiContext`), called per
+request: in a Ray Serve replica that is the replica's client (:mod:`raydelay.http.serve`),
+in tests a fake cluster's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raydelay._extras import require
+
+require("http")  # (before the web stack's imports: a missing extra is one clear error)
+
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.openapi.utils import get_openapi  # noqa: E402
+from fastapi.responses import JSONResponse, Response  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
+from starlette.concurrency import run_in_threadpool  # noqa: E402
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+
+from raydelay import __version__, aio  # noqa: E402
+from raydelay.client.message import MessageId  # noqa: E402
+from raydelay.errors import InvalidArgument, NotFound, RaydelayError, StorageError, Unavailable  # noqa: E402
+from raydelay.http import bodies  # noqa: E402
+from raydelay.http.ratelimit import RateLimiter  # noqa: E402
+from raydelay.http.tokens import Scope, TokenCache, TokenRecord, Unauthorized  # noqa: E402
+from raydelay.jsonable import jsonable  # noqa: E402
+
+JSON = "application/json"
+RAW = "application/octet-stream"
+MAX_CANCEL_IDS = 10_000  # message ids in one cancel request
+MAX_PEEK = 1_000  # scheduled messages in one peek answer
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """The limits of one server (the ``http`` section of the config)."""
+
+    max_body_bytes: int
+    max_batch_messages: int
+
+
+@dataclass
+class ApiContext:
+    """What the routes serve from: a connected client, the token records and the buckets.
+    A topic's producer is made on its first send and kept: an asyncio producer over the
+    client's, so that a send awaits its append in the event loop (no thread per request)
+    and the sends of concurrent requests go out together, one append per partition."""
+
+    cluster: Any
+    tokens: TokenCache
+    settings: ApiSettings
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+    # (an asyncio producer belongs to the event loop it was made in: one loop in a server)
+    _producers: dict[tuple[int, str], aio.Producer] = field(default_factory=dict)
+
+    async def producer(self, topic: str) -> aio.Producer:
+        key = (id(asyncio.get_running_loop()), topic)
+        found = self._producers.get(key)
+        if found is not None and not found.sync.closed:
+            return found
+        # NotFound for an unknown topic; made in a thread (it asks the coordinator)
+        made = aio.Producer(await run_in_threadpool(self.cluster.create_producer, topic))
+        raced = self._producers.get(key)  # (another request made one meanwhile)
+        if raced is not None and not raced.sync.closed:
+            made.sync.close()
+            return raced
+        self._producers[key] = made
+        return made
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, decided before the cluster is asked."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.headers = status, code, headers or {}
+
+
+# --- the documented shapes (the OpenAPI document; the bodies are parsed by `bodies`) -----
+
+
+class MessageIn(BaseModel):
+    """One message. Exactly one of payload and text; at most one of deliver_at and
+    deliver_after (neither: delivered at once)."""
+
+    payload: str | None = Field(None, description="the payload, base64")
+    text: str | None = Field(None, description="the payload as UTF-8 text")
+    deliver_at: int | str | None = Field(
+        None, description="epoch ms, or an RFC 3339 time with an offset"
+    )
+    deliver_after: float | None = Field(None, description="seconds from now")
+    key: str | None = Field(None, description="the routing key (one key, one partition)")
+    properties: dict[str, str] | None = None
+
+
+class BatchIn(BaseModel):
+    messages: list[MessageIn]
+
+
+class CancelIn(BaseModel):
+    message_ids: list[str] = Field(description="ids as a send answered them")
+
+
+class SentOut(BaseModel):
+    message_id: str = Field(description="topic/partition/ledger:entry")
+
+
+class BatchOut(BaseModel):
+    message_ids: list[str]
+
+
+class CancelOut(BaseModel):
+    cancelled: list[bool] = Field(
+        description="per id: true if cancelled, false if delivered or cancelled before"
+    )
+
+
+class ScheduledOut(BaseModel):
+    message_id: str
+    payload: str = Field(description="base64")
+    key: str | None
+    properties: dict[str, str]
+    publish_time_ms: int
+    deliver_at_ms: int | None
+    redelivery_count: int
+
+
+class ErrorBody(BaseModel):
+    status: int
+    code: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": what}
+    for status, what in [
+        (400, "a field is missing or wrong (the message names it)"),
+        (401, "no token, or not a live one"),
+        (403, "the token lacks the scope"),
+        (404, "no such topic, subscription or schedule"),
+        (413, "the body is over http.max_body_bytes"),
+        (429, "over the token's rate (Retry-After says when to try again)"),
+        (503, "the cluster cannot be reached now"),
+    ]
+}
+
+
+def _body(model: type[BaseModel], raw: bool = False) -> dict[str, Any]:
+    content: dict[str, Any] = {JSON: {"schema": model.model_json_schema(ref_template="#/$defs")}}
+    if raw:
+        content[RAW] = {"schema": {"type": "string", "format": "binary"}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+# --- the app -------------------------------------------------------------------------------
+
+
+def create_api(context: Callable[[], ApiContext]) -> FastAPI:
+    """The HTTP API's app; ``context()`` gives what a request is served from."""
+    app = FastAPI(
+        title="raydelay",
+        version=__version__,
+        description="Delayed and scheduled messages over HTTP: see docs/http.md.",
+        docs_url=None,  # (Swagger's page loads its assets from a CDN; the document is served)
+        redoc_url=None,
+    )
+
+    app.add_middleware(ServerTiming)
+
+    async def authorized(request: Request, scope: Scope) -> tuple[ApiContext, TokenRecord]:
+        ctx = context()
+        header = request.headers.get("authorization")
+        try:
+            # (in the event loop when the records at hand answer; a store read in a thread)
+            record = ctx.tokens.check_cached(header) or await run_in_threadpool(
+                ctx.tokens.check, header
+            )
+        except Unauthorized as exc:
+            raise ApiError(
+                401, "unauthorized", str(exc), {"WWW-Authenticate": 'Bearer realm="raydelay"'}
+            ) from None
+        if not record.allows(scope):
+            raise ApiError(
+                403,
+                "forbidden",
+                f"token {record.name!r} has no {scope.value!r} scope "
+                f"(it has: {', '.join(sorted(s.value for s in record.scopes))})",
+            )
+        wait_s = ctx.limiter.take(record.token_id, record.rate_per_s)
+        if wait_s > 0:
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"token {record.name!r} is over its rate of {record.rate_per_s:g} requests/s",
+                {"Retry-After": RateLimiter.retry_after(wait_s)},
+            )
+        return ctx, record
+
+    async def body_of(request: Request, ctx: ApiContext) -> bytes:
+        limit = ctx.settings.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise _too_large(int(length), limit)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return _error(exc.status, exc.code, str(exc), exc.headers)
+
+    @app.exception_handler(RaydelayError)
+    async def _raydelay_error(request: Request, exc: RaydelayError) -> Response:
+        if isinstance(exc, InvalidArgument):
+            return _error(400, "invalid_argument", str(exc))
+        if isinstance(exc, NotFound):
+            return _error(404, "not_found", str(exc))
+        if isinstance(exc, Unavailable) or (isinstance(exc, StorageError) and exc.retriable):
+            return _error(503, "unavailable", str(exc), {"Retry-After": "1"})
+        return _error(500, type(exc).__name__, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_query(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        return _error(400, "invalid_argument", f"{where}: {first.get('msg', 'invalid')}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = "not_found" if exc.status_code == 404 else "http_error"
+        message = f"no route {request.method} {request.url.path}" if code == "not_found" else ""
+        return _error(exc.status_code, code, message or str(exc.detail))
+
+    @app.get("/v1/health", tags=["server"], openapi_extra={"security": []})
+    async def health() -> dict:
+        """Up, and its version (no token needed)."""
+        return {"status": "ok", "version": __version__}
+
+    @app.post(
+        "/v1/topics/{topic}/messages",
+        tags=["produce"],
+        status_code=201,
+        response_model=SentOut,
+        responses=_ERRORS,
+        openapi_extra=_body(MessageIn, raw=True),
+    )
+    async def send(topic: str, request: Request) -> Response:
+        """Send one message; answers once it is durable. A JSON body is a message; an
+        ``application/octet-stream`` body is the payload, with the other fields as
+        ``Raydelay-Deliver-At``, ``Raydelay-Deliver-After``, ``Raydelay-Key`` and
+        ``Raydelay-Properties`` (a JSON object) headers."""
+        ctx, _ = await authorized(request, Scope.PRODUCE)
+        body = await body_of(request, ctx)
+        if _content_type(request) == RAW:
+            out = bodies.raw_message_of(body, request.headers)
+        else:
+            out = bodies.message_of(bodies.parse_json(body))
+        mid = await _send_one(ctx, topic, out)
+        return JSONResponse({"message_id": str(mid)}, status_code=201)
+
+    @app.post(
+        "/v1/topics/{topic}/messages/batch",
+        tags=["produce"],
+        status_code=201,
+        response_model=BatchOut,
+        responses=_ERRORS,
+        openapi_extra=_body(BatchIn),
+    )
+    async def send_batch(topic: str, request: Request) -> Response:
+        """Send a batch (up to ``http.max_batch_messages``); answers once all are durable,
+        with the ids in input order. Every message is checked first: one bad message and
+        none is sent."""
+        ctx, _ = await authorized(request, Scope.PRODUCE)
+        body = await body_of(request, ctx)
+        outs = bodies.batch_of(bodies.parse_json(body), ctx.settings.max_batch_messages)
+        ids = await _send_many(ctx, topic, outs)
+        return JSONResponse({"message_ids": [str(m) for m in ids]}, status_code=201)
+
+    @app.post(
+        "/v1/cancel",
+        tags=["cancel"],
+        response_model=CancelOut,
+        responses=_ERRORS,
+        openapi_extra=_body(CancelIn),
+    )
+    async def cancel(request: Request) -> dict:
+        """Cancel messages by id (of any topics). Per id: true if this cancelled it,
+        false if it was delivered or cancelled already."""
+        ctx, _ = await authorized(request, Scope.CANCEL)
+        body = await body_of(request, ctx)
+        texts = bodies.message_ids_of(bodies.parse_json(body), MAX_CANCEL_IDS)
+        ids = [_message_id(f"message_ids[{i}]", t) for i, t in enumerate(texts)]
+        done = await run_in_threadpool(ctx.cluster.cancel, ids)
+        return {"cancelled": [bool(d) for d in done]}
+
+    @app.get("/v1/topics", tags=["read"], responses=_ERRORS)
+    async def topics(request: Request) -> dict:
+        """The topics and their partitions."""
+        ctx, _ = await authorized(request, Scope.READ)
+        return {"topics": await run_in_threadpool(ctx.cluster.topics)}
+
+    @app.get("/v1/topics/{topic}/stats", tags=["read"], responses=_ERRORS)
+    async def stats(topic: str, request: Request, subscription: str | None = None) -> Response:
+        """A topic's numbers, or one subscription's (``?subscription=``)."""
+        ctx, _ = await authorized(request, Scope.READ)
+        found = await run_in_threadpool(ctx.cluster.stats, topic, subscription)
+        return JSONResponse(jsonable(found))
+
+    @app.get(
+        "/v1/topics/{topic}/subscriptions/{subscription}/scheduled",
+        tags=["read"],
+        response_model=list[ScheduledOut],
+        responses=_ERRORS,
+    )
+    async def scheduled(
+        topic: str,
+        subscription: str,
+        request: Request,
+        limit: int = 100,
+        due_after: str | None = None,
+        due_before: str | None = None,
+        key: str | None = None,
+    ) -> Response:
+        """The next scheduled messages of a subscription, in delivery order (nothing is
+        delivered). ``limit``: 1 to 1,000; ``due_after`` / ``due_before``: epoch ms or
+        RFC 3339; ``key``: only this key's."""
+        ctx, _ = await authorized(request, Scope.READ)
+        if not 1 <= limit <= MAX_PEEK:
+            raise InvalidArgument(f"limit: must be 1 to {MAX_PEEK:,}, got {limit}")
+        after = bodies.time_of("due_after", due_after)
+        before = bodies.time_of("due_before", due_before)
+        found = await run_in_threadpool(
+            ctx.cluster.peek, topic, subscription, limit, after, before, key
+        )
+        return JSONResponse([_message(m) for m in found])
+
+    @app.get("/v1/schedules", tags=["schedules"], responses=_ERRORS)
+    async def schedules(request: Request) -> Response:
+        """The recurring schedules, with their next occurrence."""
+        ctx, _ = await authorized(request, Scope.READ)
+        return JSONResponse(jsonable(await run_in_threadpool(ctx.cluster.list_schedules)))
+
+    @app.post("/v1/schedules/{name}/pause", tags=["schedules"], responses=_ERRORS)
+    async def pause(name: str, request: Request) -> Response:
+        """Pause a schedule (admin)."""
+        ctx, _ = await authorized(request, Scope.ADMIN)
+        return JSONResponse(jsonable(await run_in_threadpool(ctx.cluster.pause_schedule, name)))
+
+    @app.post("/v1/schedules/{name}/resume", tags=["schedules"], responses=_ERRORS)
+    async def resume(name: str, request: Request) -> Response:
+        """Resume a paused schedule (admin)."""
+        ctx, _ = await authorized(request, Scope.ADMIN)
+        return JSONResponse(jsonable(await run_in_threadpool(ctx.cluster.resume_schedule, name)))
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(
+                title=app.title,
+                version="1",  # the API's version, not the package's (a new field is not a new API)
+                description=app.description,
+                routes=app.routes,
+            )
+            defs: dict[str, Any] = {}
+            for model in (MessageIn, BatchIn, CancelIn):
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                defs.update(schema.pop("$defs", {}))
+                defs[model.__name__] = schema
+            comps = doc.setdefault("components", {})
+            comps.setdefault("schemas", {}).update(defs)
+            comps["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            doc["security"] = [{"bearer": []}]
+            for path in doc["paths"].values():
+                for op in path.values():
+                    _refs_to_components(op)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+class ServerTiming:
+    """Every answer says how long the app took over it (``Server-Timing: app;dur=<ms>``):
+    what a caller measures beyond it went to the network and Serve's proxy."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def timed(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                took_ms = (time.perf_counter() - start) * 1000
+                message.setdefault("headers", []).append(
+                    (b"server-timing", b"app;dur=%.2f" % took_ms)
+                )
+            await send(message)
+
+        await self.app(scope, receive, timed)
+
+
+def _refs_to_components(op: dict[str, Any]) -> None:
+    """A request body documented from a model points at ``components/schemas``."""
+    content = op.get("requestBody", {}).get("content", {})
+    if JSON in content:
+        title = content[JSON]["schema"].get("title")
+        if title:
+            content[JSON]["schema"] = {"$ref": f"#/components/schemas/{title}"}
+
+
+async def _send_one(ctx: ApiContext, topic: str, out: bodies.Outgoing) -> MessageId:
+    producer = await ctx.producer(topic)
+    return await producer.send(
+        out.payload,
+        deliver_at=out.deliver_at,
+        deliver_after=out.deliver_after,
+        key=out.key,
+        properties=out.properties,
+    )
+
+
+async def _send_many(ctx: ApiContext, topic: str, outs: list[bodies.Outgoing]) -> Any:
+    keyed = any(o.key is not None for o in outs)
+    props = any(o.properties is not None for o in outs)
+    producer = await ctx.producer(topic)
+    return await producer.send_many(
+        [o.payload for o in outs],
+        deliver_at=_column([o.deliver_at for o in outs]),
+        deliver_after=_column([o.deliver_after for o in outs]),
+        keys=[o.key for o in outs] if keyed else None,
+        properties=[o.properties for o in outs] if props else None,
+    )
+
+
+def _column(values: list) -> list | None:
+    """A batch's column, or None when no message has it (the batch check is faster)."""
+    return values if any(v is not None for v in values) else None
+
+
+def _message_id(field_name: str, text: str) -> MessageId:
+    try:
+        return MessageId.parse(text)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{field_name}: {exc}") from None
+
+
+def _message(m: Any) -> dict[str, Any]:
+    return {
+        "message_id": str(m.message_id),
+        "payload": base64.b64encode(m.payload).decode("ascii"),
+        "key": m.key,
+        "properties": dict(m.properties),
+        "publish_time_ms": int(m.publish_time_ms),
+        "deliver_at_ms": None if m.deliver_at_ms is None else int(m.deliver_at_ms),
+        "redelivery_count": int(m.redelivery_count),
+    }
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", JSON).split(";")[0].strip().lower()
+
+
+def _too_large(size: int, limit: int) -> ApiError:
+    return ApiError(
+        413, "too_large", f"body: {size:,} bytes or more; at most {limit:,} (http.max_body_bytes)"
+    )
+
+
+def _error(status: int, code: str, message: str, headers: dict | None = None) -> Response:
+    return JSONResponse(
+        {"error": {"status": status, "code": code, "message": message}},
+        status_code=status,
+        headers=headers,
+    )
+
+
+def main() -> None:
+    """Print the API's OpenAPI document (``python -m raydelay.http.api``), as checked in
+    at docs/http-openapi.json."""
+    import json
+
+    print(json.dumps(create_api(_no_context).openapi(), indent=2, sort_keys=True))
+
+
+def _no_context() -> ApiContext:
+    raise RuntimeError("the document needs no cluster")
+
+
+if __name__ == "__main__":
+    main()
