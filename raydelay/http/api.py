@@ -198,9 +198,9 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
         header = request.headers.get("authorization")
         try:
             # (in the event loop when the records at hand answer; a store read in a thread)
-            record = ctx.tokens.check_cached(header) or await run_in_threadpool(
-                ctx.tokens.check, header
-            )
+            record = ctx.tokens.check_cached(header)
+            if record is None:
+                record = await run_in_threadpool(ctx.tokens.check, header)
         except Unauthorized as exc:
             raise ApiError(
                 401, "unauthorized", str(exc), {"WWW-Authenticate": 'Bearer realm="raydelay"'}
