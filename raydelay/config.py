@@ -272,6 +272,9 @@ class TasksConfig(_Section):
     max_in_flight: Positive = 1_000  # calls a runner has submitted and not seen finish
     # a cron occurrence later than this is "missed" for the catch_up policies
     misfire_grace_s: PositiveSeconds = 60.0
+    # a file holding the secret that signs scheduled calls (raydelay.tasks.signing), when
+    # RAYDELAY_TASKS_SECRET is not set; a store several machines share needs one of the two
+    secret_file: str = ""
 
 
 class HttpConfig(_Section):

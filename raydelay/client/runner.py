@@ -44,6 +44,7 @@ from raydelay.log.entries import Entries
 from raydelay.storage import make_store
 from raydelay.tasks import cron
 from raydelay.tasks.context import TaskContext, _invoke_remote
+from raydelay.tasks.signing import CallSigner, parse_secrets
 from raydelay.tasks.spec import (
     PROP_ATTEMPTS,
     PROP_ERROR,
@@ -82,15 +83,20 @@ class _StorePorts:
         self._store.put(cron.done_key(name, generation, occurrence_ms), b"")
 
     def arm(self, schedule: cron.Schedule, occurrence_ms: int) -> None:
-        arm_occurrence(self._topics, self._topic, schedule, occurrence_ms)
+        arm_occurrence(self._topics, self._topic, schedule, occurrence_ms, self.signer)
+
+    signer: CallSigner  # (the runner's, set when it starts)
 
 
 class TaskRunner:
     """One runner (see the module's docstring). Its loop runs on a thread of its own."""
 
-    def __init__(self, config: dict, index: int, max_in_flight: int) -> None:
+    def __init__(self, config: dict, index: int, max_in_flight: int, secrets_text: str) -> None:
         global IN_RUNNER
         IN_RUNNER = True
+        # the tasks secret of the client that started it (raydelay.tasks.signing): a call
+        # runs only if one of them signed it
+        self._signer = CallSigner(parse_secrets(secrets_text, "the runner's tasks secret"))
         self._config = config_from_dict(config)
         self._index = index
         self._cap = max_in_flight
@@ -104,6 +110,7 @@ class TaskRunner:
         self._consumer = self._topics.subscribe(self._topic, RUNNERS_SUBSCRIPTION, "shared")
         self._dlq = self._topics.create_producer(f"{self._topic}-DLQ")
         self._ports = _StorePorts(make_store(self._config), self._topics, self._topic)
+        self._ports.signer = self._signer
         self._inflight: dict[Any, tuple[Any, TaskSpec]] = {}  # ref -> (message, spec)
         self._remotes: dict[int, tuple[TaskSpec, Any]] = {}  # id(spec) -> (spec, options)
         self._actors: dict[tuple, Any] = {}  # (actor, namespace) -> handle
@@ -122,6 +129,10 @@ class TaskRunner:
         self._watcher.start()
 
     # --- calls --------------------------------------------------------------------------------
+
+    def key_ids(self) -> list[str]:
+        """The fingerprints of the tasks secrets this runner accepts."""
+        return self._signer.key_ids()
 
     def stats(self) -> dict:
         with self._lock:
@@ -218,13 +229,20 @@ class TaskRunner:
 
     def _start_one(self, m: Any, now: int, acks: list) -> None:
         try:
-            spec, args = decode_payload(m.payload)
+            # nothing of it is unpickled before its signature is checked
+            spec, args = decode_payload(self._signer.open(m.payload))
         except InvalidArgument as exc:
             self._dead(m, None, str(exc))
             acks.append(m)
             return
         occurrence = spec.occurrence_ms
-        if spec.schedule is not None and not self._fire(m, spec, now):
+        try:
+            fires = spec.schedule is None or self._fire(m, spec, now)
+        except InvalidArgument as exc:  # its schedule's record is not signed: it ends here
+            self._dead(m, spec, f"schedule {spec.schedule!r}: {exc}")
+            acks.append(m)
+            return
+        if not fires:
             acks.append(m)
             return
         if occurrence is None:
@@ -356,11 +374,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
-def spawn_runner(config: dict, index: int, max_in_flight: int) -> Any:
-    """The runner called ``runner/<index>``, started if it does not run."""
+def spawn_runner(config: dict, index: int, max_in_flight: int, signer: CallSigner) -> Any:
+    """The runner called ``runner/<index>``, started if it does not run, with ``signer``'s
+    secrets (they travel in its creation call, in Ray's control store, not in the store)."""
     name = runner_name(index)
     options = placement.floating_actor_options(name)
-    return ray.remote(TaskRunner).options(**options).remote(config, index, max_in_flight)
+    return (
+        ray.remote(TaskRunner)
+        .options(**options)
+        .remote(config, index, max_in_flight, signer.secret_text)
+    )
 
 
 def stop_runner_actors() -> int:
@@ -376,13 +399,16 @@ def stop_runner_actors() -> int:
     return len(live)
 
 
-def arm_occurrence(topics: Topics, topic: str, schedule: cron.Schedule, occurrence_ms: int) -> None:
+def arm_occurrence(
+    topics: Topics, topic: str, schedule: cron.Schedule, occurrence_ms: int, signer: CallSigner
+) -> None:
     """Append the message of ``schedule``'s occurrence ``occurrence_ms``, due then (at once
     if that has passed), once: the schedule's named producer uses the occurrence as its
-    sequence id, so arming it again appends nothing."""
-    spec, args = decode_payload(schedule.spec)
+    sequence id, so arming it again appends nothing. The record's call is opened with
+    ``signer`` (InvalidArgument if it is not signed) and the occurrence signed again."""
+    spec, args = decode_payload(signer.open(schedule.spec))
     spec.occurrence_ms = int(occurrence_ms)
-    payload = task_payload(spec.encode(), args)
+    payload = signer.sign(task_payload(spec.encode(), args))
     producer = topics.create_producer(topic, f"cron.{schedule.name}.{schedule.generation}")
     try:
         partition = key_hash(schedule.name) % producer.partitions

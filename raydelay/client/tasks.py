@@ -8,9 +8,11 @@ topic and the runners.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from raydelay.client import runner
@@ -25,10 +27,12 @@ from raydelay.client.runner import (
 )
 from raydelay.client.topics import Topics
 from raydelay.cluster import placement, rpc
+from raydelay.config import Config
 from raydelay.errors import Conflict, InvalidArgument, NotFound
 from raydelay.storage import make_store
 from raydelay.tasks import cron
 from raydelay.tasks.context import TaskId
+from raydelay.tasks.signing import CallSigner, load_signer
 from raydelay.tasks.spec import (
     TaskSpec,
     actor_target,
@@ -38,6 +42,8 @@ from raydelay.tasks.spec import (
     retry_policy,
     task_payload,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Tasks:
@@ -51,6 +57,7 @@ class Tasks:
         self.topic = self.config.topic
         self._producer: Any = None
         self._store: Any = None
+        self._signer: CallSigner | None = None
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -61,6 +68,13 @@ class Tasks:
             self.start_runners(self.config.runners)
             self._producer = self._topics.create_producer(self.topic)
         return self._producer
+
+    def signer(self) -> CallSigner:
+        """This client's tasks secret (InvalidArgument, saying what to set, when there is
+        none to be had)."""
+        if self._signer is None:
+            self._signer = signer_of(self._topics.config)
+        return self._signer
 
     def _make_topics(self) -> None:
         """The tasks topic and its dead-letter topic, created when missing."""
@@ -81,14 +95,24 @@ class Tasks:
         cap = self.config.max_in_flight if max_in_flight is None else max_in_flight
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise InvalidArgument(f"max_in_flight: expected 1 or more, got {cap!r}")
+        signer = self.signer()  # (before anything is made: without a secret, nothing is)
         self._make_topics()  # (a runner subscribes to them as it starts)
         started = 0
         handles = []
         for i in range(count):
             if placement.lookup_or_none(runner_name(i)) is None:
                 started += 1
-            handles.append(spawn_runner(self._topics.peers.config_dict, i, cap))
-        rpc.get([h.pid.remote() for h in handles], what="task runner", timeout_s=120)
+            handles.append(spawn_runner(self._topics.peers.config_dict, i, cap, signer))
+        accepted = rpc.get([h.key_ids.remote() for h in handles], what="task runner", timeout_s=120)
+        mine = signer.key_ids()[0]
+        if any(mine not in ids for ids in accepted):
+            raise InvalidArgument(
+                "tasks secret: the runners already running hold other tasks secrets than the "
+                f"one this client signs with (fingerprint {mine}), and would refuse its calls: "
+                "stop them (cluster.stop_runners(), or `raydelay down`) so that they start "
+                "again with it, or set this client's RAYDELAY_TASKS_SECRET or "
+                "tasks.secret_file to theirs (docs/security.md)"
+            )
         return started
 
     def runners(self) -> list[Any]:
@@ -135,7 +159,9 @@ class Tasks:
         )
 
     def schedule(self, spec: TaskSpec, args: tuple, kwargs: Any, **when: Any) -> TaskId:
-        payload = task_payload(spec.encode(), pickle_args(args, _kwargs(kwargs)))
+        payload = self.signer().sign(
+            task_payload(spec.encode(), pickle_args(args, _kwargs(kwargs)))
+        )
         mid = self.ready().send(payload, properties=spec.properties(), **when)
         return TaskId(str(mid))
 
@@ -156,8 +182,9 @@ class Tasks:
         if not args_list:
             raise InvalidArgument("args_list: empty")
         head = spec.encode()
+        sign = self.signer().sign
         payloads = [
-            task_payload(head, pickle_args(a if isinstance(a, tuple) else (a,), {}))
+            sign(task_payload(head, pickle_args(a if isinstance(a, tuple) else (a,), {})))
             for a in args_list
         ]
         return self.ready().send_many(
@@ -202,7 +229,7 @@ class Tasks:
             expr=expr,
             timezone=tz,
             catch_up=policy,
-            spec=task_payload(spec.encode(), args_blob),
+            spec=self.signer().sign(task_payload(spec.encode(), args_blob)),
             target=spec.target,
             generation=generation,
             created_ms=now,
@@ -221,7 +248,7 @@ class Tasks:
                     "replace=True"
                 ) from None
         try:
-            arm_occurrence(self._topics, self.topic, record, record.next_after(now))
+            arm_occurrence(self._topics, self.topic, record, record.next_after(now), self.signer())
         except BaseException:
             store.delete(key)  # no record without its first occurrence
             raise
@@ -294,8 +321,22 @@ def resume_runners(topics: Topics) -> None:
         return
     if tasks.topic not in topics.topics():
         return
+    try:
+        signer = signer_of(topics.config)
+    except InvalidArgument as exc:  # (a client without the secret starts no runners)
+        log.warning("scheduled calls wait: the runners are not started (%s)", exc)
+        return
     for i in range(tasks.runners):
-        spawn_runner(topics.peers.config_dict, i, tasks.max_in_flight)
+        spawn_runner(topics.peers.config_dict, i, tasks.max_in_flight, signer)
+
+
+def signer_of(config: Config) -> CallSigner:
+    """The tasks secret of a client of ``config``: see :func:`raydelay.tasks.signing.load_signer`
+    (a store of this machine alone may make its own)."""
+    storage = config.storage
+    local = storage.kind == "local" and not storage.local.shared
+    root = str(Path(storage.local.root).resolve()) if local else None
+    return load_signer(config.tasks.secret_file, root)
 
 
 def _describe(record: cron.Schedule, now_ms: int) -> dict:

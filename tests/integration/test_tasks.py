@@ -181,9 +181,14 @@ def test_cron_fires_every_occurrence_across_a_runner_kill(cluster, out):
         timeout_s=30,
     )
     occurrences = [int(r[1].rsplit("@", 1)[1]) for r in _lines(out)]
-    # every second from the first to the last, once each: none skipped, none doubled
-    assert occurrences == list(range(occurrences[0], occurrences[-1] + 1000, 1000))
-    assert all(o <= paused_at + 1000 for o in occurrences)
+    # every second from the first to the last: none skipped. An occurrence whose call the
+    # kill interrupted runs again with its key (at least once), so it may show twice; no
+    # other doubles
+    distinct = sorted(set(occurrences))
+    assert distinct == list(range(distinct[0], distinct[-1] + 1000, 1000))
+    assert all(occurrences.count(o) <= 2 for o in distinct)
+    assert len(occurrences) - len(distinct) <= 2, occurrences
+    assert all(o <= paused_at + 1000 for o in distinct)
     cluster.resume_schedule(name)
     n = len(_lines(out))
     wait_until("ticks again", lambda: len(_lines(out)) >= n + 2, timeout_s=30)
@@ -420,3 +425,135 @@ def test_runners_can_be_started_before_the_first_call(cluster):
             cluster.start_runners(bad)
     with pytest.raises(InvalidArgument, match="^max_in_flight: expected 1 or more"):
         cluster.start_runners(1, max_in_flight=0)
+
+
+def _dead_letters(cluster, since, matching) -> list:
+    reader = cluster.create_reader(f"{_topic(cluster)}-DLQ", since or "earliest")
+    try:
+        return [m for m in reader.read_batch(1_000, timeout_s=1) if matching(m)]
+    finally:
+        reader.close()
+
+
+def test_a_call_not_signed_with_the_clusters_secret_never_runs(cluster, out):
+    from raydelay.tasks.signing import CallSigner
+    from raydelay.tasks.spec import TaskSpec, function_target, pickle_args, task_payload
+
+    # Given calls written straight to the tasks topic, as anyone who can write there could:
+    # one not signed at all, one signed with another secret, one with a changed argument
+    since = cluster.create_reader(f"{_topic(cluster)}-DLQ", "latest").get_last_message_id()
+    target, _ = function_target(task_jobs.record, False)
+    spec = TaskSpec("fn", target)
+
+    def payload(label: str) -> bytes:
+        return task_payload(spec.encode(), pickle_args((out, label), {}))
+
+    signed = cluster._tasks.signer().sign(payload("genuine"))
+    forged = signed.replace(b"genuine", b"forged!")  # its argument changed, signature kept
+    assert forged != signed
+    producer = cluster.create_producer(_topic(cluster))
+    sent = producer.send_many(
+        [
+            payload("unsigned"),
+            CallSigner([b"not-the-cluster-secret"]).sign(payload("other")),
+            forged,
+        ],
+        deliver_after=0,
+        properties=spec.properties(),
+    )
+    ids = {str(m) for m in sent}
+    # When the runners take them, each goes to the dead-letter topic with its reason
+    found = wait_until(
+        "the three dead-lettered",
+        lambda: (
+            (
+                d := _dead_letters(
+                    cluster, since, lambda m: m.properties.get("raydelay.task.id") in ids
+                )
+            )
+            and len(d) == 3
+            and d
+        ),
+        timeout_s=60,
+        got=lambda: [
+            (m.properties.get("raydelay.task.id"), m.properties.get("raydelay.task.error"))
+            for m in _dead_letters(cluster, since, lambda m: True)
+        ],
+    )
+    reasons = {m.properties["raydelay.task.id"]: m.properties["raydelay.task.error"] for m in found}
+    ordered = [reasons[str(m)] for m in sent]
+    assert "the call is not signed" in ordered[0]
+    assert "matches none of this cluster's tasks secrets" in ordered[1]
+    assert "matches none of this cluster's tasks secrets" in ordered[2]
+    # Then none of them ran (a runner dead-letters a call instead of starting it)
+    assert _lines(out) == []
+    # And a call scheduled as usual still runs
+    cluster.schedule(task_jobs.record, out, "scheduled", deliver_after=0)
+    wait_until("the signed call ran", lambda: _lines(out))
+    assert [r[0] for r in _lines(out)] == ["scheduled"]
+
+
+def test_a_schedule_whose_stored_call_was_changed_stops_with_the_reason(cluster, out):
+    from raydelay.storage import make_store
+    from raydelay.tasks import cron
+    from raydelay.tasks.spec import TaskSpec, function_target, pickle_args, task_payload
+
+    # Given a schedule that ticks every second
+    since = cluster.create_reader(f"{_topic(cluster)}-DLQ", "latest").get_last_message_id()
+    name = f"tampered-{uuid.uuid4().hex[:6]}"
+    cluster.schedule_cron("* * * * * *", task_jobs.record, out, "tick", name=name)
+    wait_until("a tick", lambda: _lines(out), timeout_s=30)
+    # When its stored call is replaced by an unsigned one of the same target
+    store = make_store(cluster.config)
+    record = cron.Schedule.from_bytes(store.get(cron.schedule_key(name)))
+    target, _ = function_target(task_jobs.record, False)
+    unsigned = TaskSpec("fn", target, schedule=name, generation=record.generation)
+    record.spec = task_payload(unsigned.encode(), pickle_args((out, "injected"), {}))
+    store.put(cron.schedule_key(name), record.to_bytes())
+    # Then the next occurrence cannot arm from it: it is dead-lettered with the reason
+    found = wait_until(
+        "an occurrence dead-lettered",
+        lambda: _dead_letters(
+            cluster,
+            since,
+            lambda m: f"schedule {name!r}" in m.properties.get("raydelay.task.error", ""),
+        ),
+        timeout_s=30,
+    )
+    assert "not signed" in found[0].properties["raydelay.task.error"]
+    # And the injected call never ran
+    assert "injected" not in [r[0] for r in _lines(out)]
+    cluster.delete_schedule(name)
+
+
+def test_a_client_with_another_secret_than_the_runners_is_told_before_it_schedules(cluster, out):
+    import subprocess
+    import sys
+
+    # Given runners that run with the session's tasks secret, and a second client process
+    # whose RAYDELAY_TASKS_SECRET is another one
+    script = (
+        "import sys, raydelay\n"
+        "from tests.integration import task_jobs\n"
+        "c = raydelay.connect(address=sys.argv[1])\n"
+        "try:\n"
+        "    c.schedule(task_jobs.record, sys.argv[2], 'other-secret', deliver_after=0)\n"
+        "except raydelay.InvalidArgument as exc:\n"
+        "    print('REFUSED', exc)\n"
+        "c.shutdown()\n"
+    )
+    env = {**os.environ, "RAYDELAY_TASKS_SECRET": "another-secret-" + "x" * 20}
+    done = subprocess.run(
+        [sys.executable, "-c", script, ray.get_runtime_context().gcs_address, out],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    # When it schedules, it is refused with what to do, and nothing is scheduled
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "REFUSED tasks secret: the runners already running hold other tasks secrets" in done.stdout
+    # Then the session's own calls still run (and the refused one was never written)
+    cluster.schedule(task_jobs.record, out, "same-secret", deliver_after=0)
+    wait_until("the call ran", lambda: _lines(out))
+    assert [r[0] for r in _lines(out)] == ["same-secret"]
