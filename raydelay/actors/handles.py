@@ -47,6 +47,9 @@ class TopicHandles(PartitionPeers[HostActor]):
         peer = self._peers[partition]
         return peer.submit(HostActor.last_sequence, self.topic, partition, producer)
 
+    def check_cancel(self, targets: dict[int, list[tuple[int, int]]]) -> None:
+        check_cancel_targets(self.topic, self._peers.__getitem__, targets, self.deadline_s)
+
 
 class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
     """A subscription's partitions on the hosts of its units, as a consumer calls them
@@ -134,6 +137,29 @@ class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
         return peer.submit(method, peer.unit, *args, **kwargs)
 
 
+def check_cancel_targets(
+    topic: str,
+    topic_peer: Callable[[int], Peer[HostActor]],
+    targets: dict[int, list[tuple[int, int]]],
+    deadline_s: float,
+) -> None:
+    """NotFound for the first target that a cancel would refuse, asked of every partition
+    at once, before anything is written: a cancel of several partitions (or topics) is
+    then all or nothing (a target that passed stays good, see ``Appender.check_targets``)."""
+    parts = list(targets)
+    rpc.call(
+        lambda: [topic_peer(p).submit(HostActor.check_cancel, topic, p, targets[p]) for p in parts],
+        what="cancel targets",
+        deadline_s=deadline_s,
+        on_failure=lambda: _refresh([topic_peer(p) for p in parts]),
+    )
+
+
+def _refresh(peers: list[Peer]) -> None:
+    for peer in peers:
+        peer.refresh_or_drop()
+
+
 def fan_out_cancel(
     topic: str,
     topic_peer: Callable[[int], Peer[HostActor]],
@@ -154,6 +180,10 @@ def fan_out_cancel(
     ``deadline_s``."""
     parts = list(batches)
     sends = 0
+    if len(parts) > 1:  # (one partition's host checks its targets before it writes)
+        check_cancel_targets(
+            topic, topic_peer, {p: batches[p][0] for p in parts}, deadline_s=deadline_s
+        )
 
     def send_markers() -> list:
         nonlocal sends

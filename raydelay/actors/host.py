@@ -94,6 +94,13 @@ class HostActor:
         part = await self._partition(topic, partition)
         return await part.cancel(positions, producer, sequence_id)
 
+    async def check_cancel(
+        self, topic: str, partition: int, positions: list[tuple[int, int]]
+    ) -> None:
+        """NotFound for a target a cancel would refuse; nothing is written (a cancel of
+        several partitions checks them all before it writes any marker)."""
+        await (await self._partition(topic, partition)).check_cancel(positions)
+
     async def read(
         self,
         topic: str,

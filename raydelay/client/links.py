@@ -85,6 +85,11 @@ class TopicLink(Link, Protocol):
         how many times the markers were sent again."""
         ...
 
+    def check_cancel(self, targets: dict[int, list[tuple[int, int]]]) -> None:
+        """NotFound for the first of ``{partition: positions}`` that a cancel would
+        refuse; nothing is written."""
+        ...
+
 
 class SubscriptionLink(Link, Protocol):
     """What a consumer calls: a subscription's partitions."""

@@ -50,14 +50,20 @@ class Operations:
         for i, mid in enumerate(ids):
             by_topic.setdefault(mid.topic, []).append(i)
         outcome = [False] * len(ids)
-        for topic, where in by_topic.items():
-            producer = self._topics.create_producer(topic)
-            try:
-                done = producer.cancel_many([ids[i] for i in where])
-            finally:
+        producers: dict[str, Any] = {}
+        try:
+            for topic in by_topic:  # (NotFound for an unknown topic: nothing is written)
+                producers[topic] = self._topics.create_producer(topic)
+            if len(by_topic) > 1:  # all or nothing: every topic's targets checked first
+                for topic, where in by_topic.items():
+                    producers[topic].check_cancel([ids[i] for i in where])
+            for topic, where in by_topic.items():
+                done = producers[topic].cancel_many([ids[i] for i in where])
+                for i, ok in zip(where, done, strict=True):
+                    outcome[i] = bool(ok)
+        finally:
+            for producer in producers.values():
                 producer.close()
-            for i, ok in zip(where, done, strict=True):
-                outcome[i] = bool(ok)
         return outcome
 
     def due_histogram(

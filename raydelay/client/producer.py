@@ -471,14 +471,9 @@ class Producer:
 
     def cancel_many(self, message_ids: Sequence[MessageId]) -> list[bool]:
         """Cancel many messages in one call per partition (and per subscription partition);
-        one result per id, as :meth:`cancel` gives. Every id is checked before any is sent."""
-        self._check_open()
-        if isinstance(message_ids, MessageId) or not isinstance(message_ids, Sequence):
-            raise InvalidArgument("message_ids: expected a sequence of MessageId")
-        by_partition: dict[int, list[int]] = {}
-        for i, mid in enumerate(message_ids):
-            check_cancel_target(f"message_ids[{i}]", mid, self.topic, self.partitions)
-            by_partition.setdefault(mid.partition, []).append(i)
+        one result per id, as :meth:`cancel` gives. Every id is checked before any is sent:
+        one that is not in the log (NotFound) and none is cancelled."""
+        by_partition = self._by_partition(message_ids)
         batches = {}
         with self._seq_lock:  # the markers are deduplicated like any batch of this producer
             for p, idx in by_partition.items():
@@ -492,6 +487,29 @@ class Producer:
             for i, ok in zip(idx, results[p], strict=True):
                 out[i] = ok
         return out
+
+    def check_cancel(self, message_ids: Sequence[MessageId]) -> None:
+        """What :meth:`cancel_many` checks before it writes, and nothing more: InvalidArgument
+        or NotFound for the first id it would refuse (a cancel of several topics checks
+        them all first)."""
+        by_partition = self._by_partition(message_ids)
+        self._link.check_cancel(
+            {
+                p: [(message_ids[i].ledger_id, message_ids[i].entry_id) for i in idx]
+                for p, idx in by_partition.items()
+            }
+        )
+
+    def _by_partition(self, message_ids: Sequence[MessageId]) -> dict[int, list[int]]:
+        """The indexes of ``message_ids`` by partition, each id checked."""
+        self._check_open()
+        if isinstance(message_ids, MessageId) or not isinstance(message_ids, Sequence):
+            raise InvalidArgument("message_ids: expected a sequence of MessageId")
+        by_partition: dict[int, list[int]] = {}
+        for i, mid in enumerate(message_ids):
+            check_cancel_target(f"message_ids[{i}]", mid, self.topic, self.partitions)
+            by_partition.setdefault(mid.partition, []).append(i)
+        return by_partition
 
     def flush(self) -> None:
         """Wait until every ``send_async`` made so far is resolved: durable, or failed."""

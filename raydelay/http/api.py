@@ -6,8 +6,10 @@ and the first failure is its answer, with nothing sent to the cluster:
 1. its bearer token (:mod:`raydelay.http.tokens`): 401 when missing, malformed, unknown
    or revoked; 403 when the token lacks the route's scope;
 2. its token's rate (:mod:`raydelay.http.ratelimit`): 429, with ``Retry-After``;
-3. its body's size: 413 past ``http.max_body_bytes`` (read no further);
-4. its fields (:mod:`raydelay.http.bodies`): 400 naming the field and the problem.
+3. its type: 415 for a Content-Type the route does not take (JSON, and for a single
+   send also ``application/octet-stream``);
+4. its body's size: 413 past ``http.max_body_bytes`` (read no further);
+5. its fields (:mod:`raydelay.http.bodies`): 400 naming the field and the problem.
 
 Then the cluster answers: 404 for an unknown topic, subscription or schedule; 503 while it
 cannot be reached; 201 with the ids once a send is durable. Every error is
@@ -48,7 +50,7 @@ from raydelay.http.tokens import Scope, TokenCache, TokenRecord, Unauthorized  #
 from raydelay.jsonable import jsonable  # noqa: E402
 
 JSON = "application/json"
-RAW = "application/octet-stream"
+RAW = bodies.RAW
 MAX_CANCEL_IDS = 10_000  # message ids in one cancel request
 MAX_PEEK = 1_000  # scheduled messages in one peek answer
 
@@ -165,6 +167,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "the token lacks the scope"),
         (404, "no such topic, subscription or schedule"),
         (413, "the body is over http.max_body_bytes"),
+        (415, "the body is of a Content-Type the route does not take"),
         (429, "over the token's rate (Retry-After says when to try again)"),
         (503, "the cluster cannot be reached now"),
     ]
@@ -221,6 +224,19 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
                 {"Retry-After": RateLimiter.retry_after(wait_s)},
             )
         return ctx, record
+
+    async def json_of(request: Request, ctx: ApiContext, also: str | None = None) -> Any:
+        """The request's JSON document: 415 for a body of another type (``also``: the
+        other type the route takes, named in the answer), 413 past the size bound."""
+        kind = _content_type(request)
+        if kind != JSON and not kind.endswith("+json"):
+            takes = JSON if also is None else f"{JSON} or {also}"
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"Content-Type: {kind!r} is not taken here; send {takes}",
+            )
+        return bodies.parse_json(await body_of(request, ctx))
 
     async def body_of(request: Request, ctx: ApiContext) -> bytes:
         limit = ctx.settings.max_body_bytes
@@ -280,12 +296,16 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
         ``Raydelay-Deliver-At``, ``Raydelay-Deliver-After``, ``Raydelay-Key`` and
         ``Raydelay-Properties`` (a JSON object) headers."""
         ctx, _ = await authorized(request, Scope.PRODUCE)
-        body = await body_of(request, ctx)
-        if _content_type(request) == RAW:
-            out = bodies.raw_message_of(body, request.headers)
-        else:
-            out = bodies.message_of(bodies.parse_json(body))
-        mid = await _send_one(ctx, topic, out)
+        if _content_type(request) != RAW:
+            bodies.no_raw_headers(request.headers)
+            out = bodies.message_of(await json_of(request, ctx, also=RAW))
+            mid = await _send_one(ctx, topic, out)
+            return JSONResponse({"message_id": str(mid)}, status_code=201)
+        out = bodies.raw_message_of(await body_of(request, ctx), request.headers)
+        try:
+            mid = await _send_one(ctx, topic, out)
+        except InvalidArgument as exc:  # (the client's checks name fields, not headers)
+            raise bodies.raw_field_error(exc) from None
         return JSONResponse({"message_id": str(mid)}, status_code=201)
 
     @app.post(
@@ -301,8 +321,7 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
         with the ids in input order. Every message is checked first: one bad message and
         none is sent."""
         ctx, _ = await authorized(request, Scope.PRODUCE)
-        body = await body_of(request, ctx)
-        outs = bodies.batch_of(bodies.parse_json(body), ctx.settings.max_batch_messages)
+        outs = bodies.batch_of(await json_of(request, ctx), ctx.settings.max_batch_messages)
         ids = await _send_many(ctx, topic, outs)
         return JSONResponse({"message_ids": [str(m) for m in ids]}, status_code=201)
 
@@ -315,10 +334,10 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
     )
     async def cancel(request: Request) -> dict:
         """Cancel messages by id (of any topics). Per id: true if this cancelled it,
-        false if it was delivered or cancelled already."""
+        false if it was delivered or cancelled already. All or nothing: an id that is not
+        in its topic's log, or of an unknown topic, is a 404 and none is cancelled."""
         ctx, _ = await authorized(request, Scope.CANCEL)
-        body = await body_of(request, ctx)
-        texts = bodies.message_ids_of(bodies.parse_json(body), MAX_CANCEL_IDS)
+        texts = bodies.message_ids_of(await json_of(request, ctx), MAX_CANCEL_IDS)
         ids = [_message_id(f"message_ids[{i}]", t) for i, t in enumerate(texts)]
         done = await run_in_threadpool(ctx.cluster.cancel, ids)
         return {"cancelled": [bool(d) for d in done]}
@@ -402,6 +421,11 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
             for path in doc["paths"].values():
                 for op in path.values():
                     _refs_to_components(op)
+                    for param in op.get("parameters", []):
+                        # (under serve.ingress, FastAPI documents {} as each parameter's
+                        # example: the same document either way)
+                        if param.get("example") == {}:
+                            del param["example"]
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -33,6 +33,10 @@ RAW_HEADERS = {
     "properties": "raydelay-properties",
 }
 MESSAGE_FIELDS = frozenset({"payload", "text", "deliver_at", "deliver_after", "key", "properties"})
+_RAW_NAMES = frozenset(RAW_HEADERS.values())
+_HEADER_TITLES = {h: "-".join(p.capitalize() for p in h.split("-")) for h in _RAW_NAMES}
+_FIELD_OF_HEADER = {h: f for f, h in RAW_HEADERS.items()}
+RAW = "application/octet-stream"
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def parse_json(body: bytes) -> Any:
 def message_of(doc: object, where: str = "") -> Outgoing:
     """One message of a JSON body; ``where`` prefixes field names (``messages[3].``)."""
     if not isinstance(doc, dict):
-        raise InvalidArgument(f"{where or 'body'}: expected a JSON object")
+        raise InvalidArgument(f"{where.rstrip('.') or 'body'}: expected a JSON object")
     unknown = sorted(set(doc) - MESSAGE_FIELDS)
     if unknown:
         raise InvalidArgument(
@@ -73,9 +77,7 @@ def message_of(doc: object, where: str = "") -> Outgoing:
     if "payload" in doc:
         payload = _base64(f"{where}payload", doc["payload"])
     else:
-        if not isinstance(doc["text"], str):
-            raise InvalidArgument(f"{where}text: expected a string")
-        payload = doc["text"].encode("utf-8")
+        payload = _text(f"{where}text", doc["text"]).encode("utf-8")
     deliver_at, deliver_after = _when(where, doc.get("deliver_at"), doc.get("deliver_after"))
     return Outgoing(
         payload,
@@ -102,8 +104,9 @@ def batch_of(doc: object, max_messages: int) -> list[Outgoing]:
 
 
 def raw_message_of(body: bytes, headers: Mapping[str, str]) -> Outgoing:
-    """A raw message: the body, and its fields as headers (names in any case)."""
-    got = {k.lower(): v for k, v in headers.items()}
+    """A raw message: the body, and its fields as headers (names in any case; values in
+    UTF-8, as a client sends them, though HTTP reads headers as Latin-1)."""
+    got = {k.lower(): _utf8(k, v) for k, v in headers.items() if k.lower() in _RAW_NAMES}
     at_text = got.get(RAW_HEADERS["deliver_at"])
     after_text = got.get(RAW_HEADERS["deliver_after"])
     at: object = at_text
@@ -132,6 +135,26 @@ def raw_message_of(body: bytes, headers: Mapping[str, str]) -> Outgoing:
         _key("Raydelay-Key", got.get(RAW_HEADERS["key"])),
         _properties("Raydelay-Properties", props),
     )
+
+
+def no_raw_headers(headers: Mapping[str, str]) -> None:
+    """InvalidArgument for a ``Raydelay-*`` field header on a JSON message: its fields go
+    in the body (a header there would be ignored, and its message sent otherwise)."""
+    for k in headers:
+        if k.lower() in _RAW_NAMES:
+            raise InvalidArgument(
+                f"{_HEADER_TITLES[k.lower()]}: a header of raw messages (Content-Type: "
+                f"{RAW}); a JSON message carries "
+                f"{_FIELD_OF_HEADER[k.lower()]} in its body"
+            )
+
+
+def raw_field_error(exc: InvalidArgument) -> InvalidArgument:
+    """A client's InvalidArgument about a raw message's field (``deliver_after: ...``),
+    naming the header that carried it."""
+    field, sep, rest = str(exc).partition(":")
+    header = RAW_HEADERS.get(field.strip())
+    return InvalidArgument(f"{_HEADER_TITLES[header]}:{rest}") if sep and header else exc
 
 
 def message_ids_of(doc: object, max_ids: int) -> list[str]:
@@ -204,9 +227,27 @@ def _base64(field: str, value: object) -> bytes:
 
 
 def _key(field: str, value: object) -> str | None:
-    if value is not None and not isinstance(value, str):
+    return None if value is None else _text(field, value)
+
+
+def _text(field: str, value: object) -> str:
+    """A JSON string that is Unicode text: JSON's escapes can spell a lone surrogate."""
+    if not isinstance(value, str):
         raise InvalidArgument(f"{field}: expected a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{field}: not valid Unicode (a lone surrogate at character {exc.start})"
+        ) from None
     return value
+
+
+def _utf8(name: str, value: str) -> str:
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise InvalidArgument(f"{_HEADER_TITLES[name.lower()]}: not valid UTF-8") from None
 
 
 def _properties(field: str, value: object) -> dict[str, str] | None:
@@ -215,6 +256,6 @@ def _properties(field: str, value: object) -> dict[str, str] | None:
     if not isinstance(value, dict):
         raise InvalidArgument(f"{field}: expected a JSON object of strings")
     for k, v in value.items():
-        if not isinstance(v, str):
-            raise InvalidArgument(f"{field}.{k}: expected a string")
+        _text(f"{field} key {k!r}", k)
+        _text(f"{field}.{k}", v)
     return value

@@ -79,6 +79,10 @@ def deployment(http: HttpConfig) -> Any:
         num_replicas=http.replicas,
         max_ongoing_requests=http.max_ongoing_requests,
         ray_actor_options={"num_cpus": 0},
+        # a replica that dies is found and replaced within seconds (Serve's defaults: 10 s
+        # between checks, 30 s to answer); requests to it wait meanwhile
+        health_check_period_s=2.0,
+        health_check_timeout_s=10.0,
         # (a log line per request cost a replica 1-2 ms of its 2 cores' time here)
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
@@ -106,8 +110,9 @@ def start(config: Config, http: HttpConfig) -> str:
         host, port = listening
         raise InvalidArgument(
             f"port: Ray Serve already runs on this cluster with its proxy on {host}:{port}; "
-            f"serve the API there (--host {host} --port {port}), or stop Serve first "
-            "(`serve shutdown`, which stops its other applications too)"
+            f"serve the API there (--host {host} --port {port}), or stop it first "
+            "(`raydelay serve --stop`, which also stops Serve when no other application "
+            "of Serve runs)"
         )
     options: dict[str, Any] = {"host": http.host, "port": http.port}
     if http.ssl_certfile:
@@ -136,14 +141,14 @@ def proxy_address() -> tuple[str, int] | None:
 
 def stop() -> bool:
     """Remove the API from Serve; False if it was not running. Serve itself (its
-    controller and proxies) stays for other applications."""
-    if not ray.is_initialized():
+    controller and the proxies, which hold the port) stops too when no other application
+    of Serve is left; else it stays for them."""
+    if not ray.is_initialized() or proxy_address() is None:
         return False
-    try:
-        status = serve.status()
-    except Exception:  # noqa: BLE001 - no Serve on this cluster: nothing to stop
-        return False
+    status = serve.status()
     if APP_NAME not in status.applications:
         return False
     serve.delete(APP_NAME)
+    if not set(serve.status().applications) - {APP_NAME}:
+        serve.shutdown()
     return True

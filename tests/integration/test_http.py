@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from raydelay.config import config_from_dict, config_to_dict
 from tests.conftest import missing_backend
 from tests.integration.helpers import (
     http_status,
+    key_on,
     receive_until,
     received_before,
     send_markers,
@@ -415,15 +417,47 @@ def test_raydelay_serve_stops_and_starts_the_api_and_refuses_to_move_its_port(ap
     assert moved.returncode == 2, moved.stderr
     assert f"proxy on 127.0.0.1:{port}" in moved.stderr
     assert http_status(api.url + "/v1/health") == 200
-    # When it is stopped, the routes are gone
+    # When it is stopped, nothing answers there any more
     stopped = serve("--stop", "--json")
     assert stopped.returncode == 0 and json.loads(stopped.stdout) == {"stopped": True}, (
         stopped.stderr
     )
-    wait_until("the API to be removed", lambda: http_status(api.url + "/v1/health") == 404, 60)
+    # (no other application of Serve ran: Serve stopped too, and its port is free)
+    wait_until("the API to be removed", lambda: http_status(api.url + "/v1/health") is None, 60)
     assert json.loads(serve("--stop", "--json").stdout) == {"stopped": False}
     # Then `raydelay serve` starts it again, and returns once it answers
     started = serve("--port", str(port), "--json")
     assert started.returncode == 0, started.stderr
     assert json.loads(started.stdout) == {"url": api.url, "replicas": 1}
     assert http_status(api.url + "/v1/health") == 200
+
+
+def test_a_cancel_with_an_id_that_is_not_there_cancels_none(api, cluster, topic_name):
+    # Given two messages due later, on the two partitions of a topic
+    cluster.create_topic(topic_name, partitions=2)
+    token = api.token("produce", "cancel")
+    producer = cluster.create_producer(topic_name)
+    keys = [key_on(p, 2) for p in (0, 1)]
+    ids = producer.send_many([b"a", b"b"], deliver_after=[3600, 3600], keys=keys)
+    assert {m.partition for m in ids} == {0, 1}
+    cancel = ["-H", "Content-Type: application/json", f"{api.url}/v1/cancel"]
+    missing = f"{topic_name}/1/{ids[1].ledger_id}:{ids[1].entry_id + 1000}"
+    # When a cancel names them with an id not in the log, or an id of an unknown topic
+    for bad in (missing, f"no-such-{topic_name}/0/1:0"):
+        code, answer = curl(
+            *cancel[:2],
+            "-d",
+            json.dumps({"message_ids": [str(ids[0]), bad]}),
+            cancel[2],
+            token=token,
+        )
+        # Then it is a 404 naming the id, and none of the ids was cancelled
+        assert code == 404, answer
+        assert bad.split("/")[0] in answer["error"]["message"], answer
+    assert cluster.cancel(ids) == [True, True]
+
+
+def test_the_served_openapi_document_is_the_checked_in_one(api):
+    with urllib.request.urlopen(api.url + "/openapi.json", timeout=30) as reply:
+        served = json.loads(reply.read())
+    assert served == json.loads((HERE.parents[1] / "docs" / "http-openapi.json").read_text())

@@ -552,7 +552,9 @@ def test_a_client_with_another_secret_than_the_runners_is_told_before_it_schedul
     )
     # When it schedules, it is refused with what to do, and nothing is scheduled
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "REFUSED tasks secret: the runners already running hold other tasks secrets" in done.stdout
+    assert (
+        "REFUSED tasks secret: the runners already running hold other tasks secrets" in done.stdout
+    )
     # Then the session's own calls still run (and the refused one was never written)
     cluster.schedule(task_jobs.record, out, "same-secret", deliver_after=0)
     wait_until("the call ran", lambda: _lines(out))

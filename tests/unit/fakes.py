@@ -93,6 +93,7 @@ class FakeTopic(FakeLink):
     def __init__(self, partitions: int) -> None:
         super().__init__(partitions)
         self.payloads: dict[int, list[bytes]] = defaultdict(list)
+        self.keys: dict[int, list[str | None]] = defaultdict(list)
         self.seen: dict[int, dict[tuple[str, int], list]] = defaultdict(dict)
 
     def append(self, partition, batches):
@@ -104,6 +105,9 @@ class FakeTopic(FakeLink):
     def cancel(self, batches, producer):
         return {p: [True] * len(positions) for p, (positions, _) in batches.items()}, 0
 
+    def check_cancel(self, targets):
+        self.checked = getattr(self, "checked", []) + [targets]
+
     def _append(self, partition, batches):
         out = []
         for data in batches:
@@ -113,6 +117,7 @@ class FakeTopic(FakeLink):
                 first = len(self.payloads[partition])
                 payloads = batch.entries.batch.column(0).to_pylist()
                 self.payloads[partition].extend(payloads)
+                self.keys[partition].extend(batch.entries.batch.column("key").to_pylist())
                 known = [(partition, first, len(payloads))]  # (ledger, first entry, count)
                 self.seen[partition][(batch.producer, batch.sequence_id)] = known
             out.append(known)

@@ -130,6 +130,31 @@ def test_a_raw_message_takes_its_fields_from_headers(world):
     assert cluster.sent() == [b"raw bytes \xff"]
 
 
+def test_a_raw_message_takes_utf8_headers_as_text(world):
+    cluster, tokens, client = world
+    r = client.post(
+        "/v1/topics/orders/messages",
+        content=b"payload",
+        headers={
+            **auth(tokens["produce"]),
+            "Content-Type": "application/octet-stream",
+            "Raydelay-Key": "ключ".encode(),
+            "Raydelay-Properties": '{"città": "Zürich ☃"}'.encode(),
+        },
+    )
+    assert r.status_code == 201, r.text
+    keys = [k for part in cluster.logs["orders"].keys.values() for k in part]
+    assert keys == ["ключ"]
+
+
+def test_a_raw_header_that_is_not_utf8_is_refused():
+    from raydelay.http import bodies
+
+    # (Starlette hands header bytes over as Latin-1 text: \xff\xfe is no UTF-8)
+    with pytest.raises(InvalidArgument, match="^Raydelay-Key: not valid UTF-8"):
+        bodies.raw_message_of(b"x", {"Raydelay-Key": "\xff\xfe"})
+
+
 def test_a_batch_is_sent_in_order_and_answers_every_id(world):
     cluster, tokens, client = world
     messages = [{"text": f"m{i}", "deliver_at": 1_900_000_000_000 + i} for i in range(50)]
@@ -289,6 +314,66 @@ def test_a_batch_is_sent_in_order_and_answers_every_id(world):
             {"token": "read"},
             403,
             "has no 'produce' scope",
+        ),
+        # JSON's escapes can spell a lone surrogate, which is no Unicode text
+        ("/v1/topics/orders/messages", '{"text": "\\ud800"}', {}, 400, "text: not valid Unicode"),
+        (
+            "/v1/topics/orders/messages",
+            '{"text": "x", "key": "\\udc00"}',
+            {},
+            400,
+            "key: not valid Unicode",
+        ),
+        (
+            "/v1/topics/orders/messages",
+            '{"text": "x", "properties": {"a": "\\ud800"}}',
+            {},
+            400,
+            "properties.a: not valid Unicode",
+        ),
+        (
+            "/v1/topics/orders/messages/batch",
+            '{"messages": [{"text": "ok"}, {"text": "\\ud800"}]}',
+            {},
+            400,
+            "messages[1].text: not valid Unicode",
+        ),
+        (
+            "/v1/topics/orders/messages/batch",
+            '{"messages": [1]}',
+            {},
+            400,
+            "messages[0]: expected a JSON object",
+        ),
+        # a body of a type the route does not take, and a raw message's headers on JSON
+        (
+            "/v1/topics/orders/messages",
+            '{"text": "x"}',
+            {"Content-Type": "text/plain"},
+            415,
+            "'text/plain' is not taken here; send application/json or application/octet-stream",
+        ),
+        (
+            "/v1/topics/orders/messages/batch",
+            b"a=1",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            415,
+            "send application/json",
+        ),
+        (
+            "/v1/topics/orders/messages",
+            {"text": "x"},
+            {"Raydelay-Deliver-After": "999"},
+            400,
+            "Raydelay-Deliver-After: a header of raw messages",
+        ),
+        # a raw message's field errors name its header, also those the client finds
+        (
+            "/v1/topics/orders/messages",
+            b"x",
+            {"Content-Type": "application/octet-stream", "Raydelay-Deliver-After": "-1"},
+            400,
+            "Raydelay-Deliver-After: ",
         ),
     ],
 )

@@ -113,22 +113,28 @@ class Appender:
             known = await self._ctx.threads.run(self._log.recorded, producer, int(sequence_id))
             if known is not None:
                 return positions_of(known)
-        # A target in a ledger retention deleted is taken too: the ledger went once every
-        # subscription had acknowledged it or held its delayed rest in a sealed bucket, so
-        # the subscriptions answer whether it was kept from delivery (a cancel held up by a
-        # host restart may well arrive after its message was delivered and trimmed).
-        first = self._log.ledgers[0].ledger_id if self._log.ledgers else 0
-        missing = [t for t in targets if t[0] >= first and not self._log.contains(*t)]
-        if missing:
-            raise NotFound(
-                f"message {self._topic}/{self._partition}/{missing[0][0]}:{missing[0][1]} "
-                "is not in the log"
-            )
+        self.check_targets(targets)
         n = len(targets)
         entries = Entries.build(
             [b""] * n, np.full(n, NO_DELAY, dtype=np.int64), cancels=dict(enumerate(targets))
         )
         return positions_of(await self._queue_batch(AppendBatch(producer, sequence_id, entries)))
+
+    def check_targets(self, positions: list[tuple[int, int]]) -> None:
+        """NotFound naming the first of ``positions`` that is not in this partition's log
+        and not in a ledger it deleted (nothing is written). A position that passes stays
+        good: it can only leave the log by retention, whose ledgers a cancel takes too.
+
+        A target in a ledger retention deleted is taken: the ledger went once every
+        subscription had acknowledged it or held its delayed rest in a sealed bucket, so
+        the subscriptions answer whether it was kept from delivery (a cancel held up by a
+        host restart may well arrive after its message was delivered and trimmed)."""
+        first = self._log.ledgers[0].ledger_id if self._log.ledgers else 0
+        for lg, en in positions:
+            if int(lg) >= first and not self._log.contains(int(lg), int(en)):
+                raise NotFound(
+                    f"message {self._topic}/{self._partition}/{int(lg)}:{int(en)} is not in the log"
+                )
 
     async def last_sequence(self, producer: str) -> int:
         """The last sequence id the log recorded of ``producer`` (its sends resume after)."""

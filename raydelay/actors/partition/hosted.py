@@ -135,6 +135,10 @@ class HostedPartition:
         self._ensure_started()
         return await self._appender.cancel(positions, producer, sequence_id)
 
+    async def check_cancel(self, positions: list[tuple[int, int]]) -> None:
+        self._ensure_started()
+        self._appender.check_targets(positions)
+
     async def last_sequence(self, producer: str) -> int:
         self._ensure_started()
         return await self._appender.last_sequence(producer)
