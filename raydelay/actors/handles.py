@@ -151,13 +151,21 @@ def check_cancel_targets(
         lambda: [topic_peer(p).submit(HostActor.check_cancel, topic, p, targets[p]) for p in parts],
         what="cancel targets",
         deadline_s=deadline_s,
-        on_failure=lambda: _refresh([topic_peer(p) for p in parts]),
+        on_failure=lost_all([topic_peer(p) for p in parts]),
     )
 
 
-def _refresh(peers: list[Peer]) -> None:
-    for peer in peers:
-        peer.refresh_or_drop()
+def lost_all(peers: list[Peer]) -> Callable[[], None]:
+    """What a retried call of ``peers`` does after a failure: look each up again, in place
+    (the peers are the client's, which its consumers share, and one partition failing,
+    its host lost, must not leave a consumer's thread looking its unit up through the
+    coordinator while the others wait)."""
+
+    def lost() -> None:
+        for peer in {id(p): p for p in peers}.values():  # (a unit's partitions share one)
+            peer.refresh_or_drop()
+
+    return lost
 
 
 def fan_out_cancel(
@@ -192,16 +200,6 @@ def fan_out_cancel(
             topic_peer(p).submit(HostActor.cancel, topic, p, batches[p][0], producer, batches[p][1])
             for p in parts
         ]
-
-    def lost_all(peers: list[Peer]) -> Callable[[], None]:
-        # (looked up again in place: the peers are the client's, which its consumers share,
-        # and one partition failing, its host lost, must not leave a consumer's thread
-        # looking its unit up through the coordinator while the others wait)
-        def lost() -> None:
-            for peer in {id(p): p for p in peers}.values():  # (a unit's partitions share one)
-                peer.refresh_or_drop()
-
-        return lost
 
     markers = dict(
         zip(

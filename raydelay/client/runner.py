@@ -67,8 +67,9 @@ def runner_name(index: int) -> str:
 class _StorePorts:
     """:class:`raydelay.tasks.cron.CronPorts` over the store and the tasks topic."""
 
-    def __init__(self, store: Any, topics: Topics, topic: str) -> None:
+    def __init__(self, store: Any, topics: Topics, topic: str, signer: CallSigner) -> None:
         self._store, self._topics, self._topic = store, topics, topic
+        self._signer = signer  # (the runner's: it opens the record's call, signs the occurrence)
 
     def load(self, name: str) -> cron.Schedule | None:
         try:
@@ -83,9 +84,7 @@ class _StorePorts:
         self._store.put(cron.done_key(name, generation, occurrence_ms), b"")
 
     def arm(self, schedule: cron.Schedule, occurrence_ms: int) -> None:
-        arm_occurrence(self._topics, self._topic, schedule, occurrence_ms, self.signer)
-
-    signer: CallSigner  # (the runner's, set when it starts)
+        arm_occurrence(self._topics, self._topic, schedule, occurrence_ms, self._signer)
 
 
 class TaskRunner:
@@ -109,8 +108,7 @@ class TaskRunner:
         )
         self._consumer = self._topics.subscribe(self._topic, RUNNERS_SUBSCRIPTION, "shared")
         self._dlq = self._topics.create_producer(f"{self._topic}-DLQ")
-        self._ports = _StorePorts(make_store(self._config), self._topics, self._topic)
-        self._ports.signer = self._signer
+        self._ports = _StorePorts(make_store(self._config), self._topics, self._topic, self._signer)
         self._inflight: dict[Any, tuple[Any, TaskSpec]] = {}  # ref -> (message, spec)
         self._remotes: dict[int, tuple[TaskSpec, Any]] = {}  # id(spec) -> (spec, options)
         self._actors: dict[tuple, Any] = {}  # (actor, namespace) -> handle
