@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 DOCS = HERE.parents[1] / "docs" / "http.md"
 NODE_CLIENT = HERE / "http_client.mjs"
 MAX_BODY_BYTES = 64 * 1024  # this server's http.max_body_bytes
-DOCS_TOPIC = "followups"  # the topic docs/http.md's examples use (README's is "reminders")
+DOCS_TOPIC = "webhooks"  # docs/http.md's topic (a name no other page uses: one session cluster)
 
 
 def _tool(name: str) -> str:
