@@ -77,11 +77,12 @@ $(BENCH_STAMP): $(STAMP)
 
 # A few minutes: raydelay against Redis and heapq -> bench/results/<date>-quick.md + plots;
 # then Spark-on-Ray ingestion against a driver loop -> bench/results/<date>-ingest.md;
-# then the HTTP API against the Python client (a table on stdout).
+# then the HTTP API against the Python client, and what keys cost (tables on stdout).
 bench: $(BENCH_STAMP)
 	$(PY) bench/compare.py --suite quick
 	$(PY) bench/ingest_bench.py --rows 1000000 --out bench/results/$$(date +%F)-ingest.md
 	$(PY) bench/http_bench.py --rounds 3
+	$(PY) bench/keys_bench.py
 
 # About an hour: adds 10M / 50M pending, recovery at 10M and 100M in one subscription.
 bench-full: $(BENCH_STAMP)

@@ -10,7 +10,9 @@ machine's drift falls on both:
   message durable); Python: ``send()``;
 - **batch send**: ``--batch`` messages per request (JSON, base64 payloads of 100 B);
   Python: ``send_many`` of as many, in messages per second;
-- **cancel by id**: one id per request; Python: ``cluster.cancel([id])``.
+- **cancel by id**: one id per request; Python: ``cluster.cancel([id])``;
+- **cancel by key**: ``DELETE /v1/topics/{topic}/keys/{key}``; Python:
+  ``cluster.cancel(topic, key=key)``.
 
 The floor of each HTTP figure is the Python client's in the same run: the API is that
 client behind Serve's proxy and a replica, so the ratio is what HTTP, JSON and Serve add.
@@ -57,6 +59,14 @@ class Http:
         reply = self.conn.getresponse()
         reply.read()
         return _app_ms(reply)
+
+    def delete(self, path: str) -> dict:
+        self.conn.request("DELETE", path, headers=self.headers)
+        reply = self.conn.getresponse()
+        body = reply.read()
+        if reply.status >= 300:
+            raise RuntimeError(f"DELETE {path}: {reply.status} {body[:300]!r}")
+        return json.loads(body)
 
     def post(self, path: str, doc: object) -> dict:
         self.conn.request("POST", path, body=json.dumps(doc), headers=self.headers)
@@ -139,6 +149,20 @@ def main() -> None:
         client.post("/v1/cancel", {"message_ids": [mid]})
         cancel_times["http"].append(time.perf_counter() - t0)
 
+    def http_cancel_key(i: int) -> None:
+        key = f"http-{i}-{time.monotonic_ns()}"
+        client.post(f"/v1/topics/{TOPIC}/messages", {**one, "key": key})
+        t0 = time.perf_counter()
+        assert client.delete(f"/v1/topics/{TOPIC}/keys/{key}")["cancelled"]
+        cancel_times["http key"].append(time.perf_counter() - t0)
+
+    def py_cancel_key(i: int) -> None:
+        key = f"py-{i}-{time.monotonic_ns()}"
+        producer.send(PAYLOAD, deliver_at=far, key=key)
+        t0 = time.perf_counter()
+        assert cluster.cancel(TOPIC, key=key)
+        cancel_times["python key"].append(time.perf_counter() - t0)
+
     def py_cancel(_: int) -> None:
         mid = producer.send(PAYLOAD, deliver_at=far)
         t0 = time.perf_counter()
@@ -148,7 +172,12 @@ def main() -> None:
     results = {k: {"single": [], "batch": []} for k in ("http", "python")}
     floor: list[float] = []  # GET /v1/health: Serve's proxy and a replica, the app doing nothing
     app_single: list[float] = []  # the app's own time over each single send, ms
-    cancel_times: dict[str, list[float]] = {"http": [], "python": []}
+    cancel_times: dict[str, list[float]] = {
+        "http": [],
+        "python": [],
+        "http key": [],
+        "python key": [],
+    }
     for _ in range(20):  # warm both paths
         client.post(f"/v1/topics/{TOPIC}/messages", one)
         producer.send(PAYLOAD, deliver_at=far)
@@ -167,6 +196,7 @@ def main() -> None:
                     args.batches,
                 )
                 timed(http_cancel, args.sends // 3)
+                timed(http_cancel_key, args.sends // 3)
             else:
                 single = timed(lambda _: producer.send(PAYLOAD, deliver_at=far), args.sends)
                 batch = timed(
@@ -174,6 +204,7 @@ def main() -> None:
                     args.batches,
                 )
                 timed(py_cancel, args.sends // 3)
+                timed(py_cancel_key, args.sends // 3)
             results[kind]["single"] += single
             results[kind]["batch"].append(args.batch * args.batches / sum(batch))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
@@ -208,6 +239,12 @@ def main() -> None:
             f"{ms(cancel_times['http'], 50):.2f} / {ms(cancel_times['http'], 99):.2f}",
             f"{ms(cancel_times['python'], 50):.2f} / {ms(cancel_times['python'], 99):.2f}",
             f"{ms(cancel_times['http'], 50) / ms(cancel_times['python'], 50):.2f}x",
+        ],
+        [
+            "cancel by key p50 / p99 ms",
+            f"{ms(cancel_times['http key'], 50):.2f} / {ms(cancel_times['http key'], 99):.2f}",
+            f"{ms(cancel_times['python key'], 50):.2f} / {ms(cancel_times['python key'], 99):.2f}",
+            f"{ms(cancel_times['http key'], 50) / ms(cancel_times['python key'], 50):.2f}x",
         ],
     ]
     print(table(["figure", "HTTP API", "Python client", "HTTP / Python"], rows))

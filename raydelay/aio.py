@@ -53,8 +53,10 @@ from raydelay.client.message import (
 )
 from raydelay.client.producer import Producer as SyncProducer
 from raydelay.client.producer import queue_full
+from raydelay.clock import now_ms
 from raydelay.config import Config
 from raydelay.errors import InvalidArgument
+from raydelay.log.keys import check_on_duplicate
 
 __all__ = ["Cluster", "Consumer", "Producer", "connect"]
 
@@ -128,8 +130,11 @@ class Cluster:
     async def peek(self, topic: str, subscription: str, limit: int = 100, **options: Any) -> list:
         return await asyncio.to_thread(self.sync.peek, topic, subscription, limit, **options)
 
-    async def cancel(self, message_ids: MessageId | Sequence[MessageId]) -> Any:
-        return await asyncio.to_thread(self.sync.cancel, message_ids)
+    async def cancel(
+        self, message_ids: Any, /, key: str | None = None, *, keys: Sequence[str] | None = None
+    ) -> Any:
+        """See :meth:`raydelay.Cluster.cancel` (by id, or ``cancel(topic, key=...)``)."""
+        return await asyncio.to_thread(self.sync.cancel, message_ids, key, keys=keys)
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.sync.shutdown)
@@ -163,16 +168,31 @@ class Producer:
         deliver_at: Any = None,
         key: str | None = None,
         properties: dict[str, str] | None = None,
+        on_duplicate: str = "ignore",
     ) -> MessageId:
         """Send one message; returns its MessageId once it is durable. Takes what
         :meth:`raydelay.Producer.send` takes, checked at the call. Sends made while a batch
         is on its way go in the next one (one append call per partition). With
         ``max_pending_messages`` unresolved, it waits for room, or raises
-        ``ProducerQueueIsFull`` for a producer made with ``block_if_queue_full=False``."""
+        ``ProducerQueueIsFull`` for a producer made with ``block_if_queue_full=False``.
+        A keyed message scheduled for later goes on its own, in a worker thread (its key is
+        checked on the partition's host: see ``on_duplicate``)."""
         self._check_open()
         partition, payload, key, properties, at = self.sync.checked_one(
             payload, deliver_after, deliver_at, key, properties
         )
+        check_on_duplicate(on_duplicate)
+        if key is not None and on_duplicate != "allow" and at > now_ms():
+            ids = await asyncio.to_thread(
+                self.sync.send_keyed,
+                np.array([partition], dtype=np.int64),
+                [payload],
+                [key],
+                None if properties is None else [properties],
+                np.array([at], dtype=np.int64),
+                on_duplicate,
+            )
+            return ids[0]
         while self._pending >= self.sync.pending_limit:
             if not self.sync.block_if_queue_full:
                 raise queue_full(self._pending, self.sync.max_pending_messages)
@@ -196,11 +216,19 @@ class Producer:
         deliver_at: Any = None,
         keys: Any = None,
         properties: Any = None,
+        on_duplicate: str = "ignore",
     ) -> MessageIds:
         """Send a batch (what :meth:`raydelay.Producer.send_many` takes); returns the
         MessageIds in input order once all are durable."""
         self._check_open()
+        check_on_duplicate(on_duplicate)
         checked = self.sync.checked_many(payloads, deliver_after, deliver_at, keys, properties)
+        if (
+            checked[2] is not None
+            and on_duplicate != "allow"
+            and bool(np.any(checked[4] > now_ms()))
+        ):
+            return await asyncio.to_thread(self.sync.send_keyed, *checked, on_duplicate)
         ids, failed = await self._append(*checked)
         if failed:
             raise next(iter(failed.values()))
@@ -281,6 +309,10 @@ class Producer:
     async def cancel(self, message_id: MessageId) -> bool:
         """See :meth:`raydelay.Producer.cancel`."""
         return await asyncio.to_thread(self.sync.cancel, message_id)
+
+    async def cancel_keys(self, keys: Sequence[str]) -> list[bool]:
+        """See :meth:`raydelay.Producer.cancel_keys`."""
+        return await asyncio.to_thread(self.sync.cancel_keys, keys)
 
     async def close(self) -> None:
         """Send what is queued, then close the producer."""

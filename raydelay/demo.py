@@ -6,10 +6,11 @@
 3. Pace the schedule to this machine: two small warm-up jobs on a scratch topic (the
    first pays Spark's cold start, the second measures the warm ingest rate); the timeouts
    then start after a lead that covers twice the ingestion that rate predicts.
-4. Ingest the file with the Spark-on-Ray job (keys route each order to one partition);
-   the job also writes each row's message id, which the payment service needs.
+4. Ingest the file with the Spark-on-Ray job: each timeout's key is its order id, which
+   routes it to one partition and names it there.
 5. Meanwhile a share of the orders get paid, some time before their timeout: the payment
-   service cancels those timeouts (in batches).
+   service cancels those timeouts by order id (``cancel_keys``, in batches), keeping no
+   message ids.
 6. Shared-subscription consumers receive the timeouts as they fall due, and ack them.
    A live line shows delivered / pending / cancelled / late and a lateness histogram.
 7. The report: delivered, cancels honoured, early (must be 0), and lateness in two parts.
@@ -60,7 +61,6 @@ _ORDER_COLUMNS: dict[str, Any] = {
     "key_col": "order_id",
     "property_cols": ["region"],
 }
-PAY_SETUP_ROWS_PER_S = 100_000  # the lead allows the payment service 1 s per 100k ids to read
 
 
 @dataclass
@@ -200,19 +200,13 @@ def run_demo(
                 _timeouts(spark, path, base),
                 topic,
                 **_ORDER_COLUMNS,
-                ids_path=str(work / "ids"),
                 cluster=cluster,
                 total_rows=messages,
             )
         finally:
             stop_spark(spark)
         report.ingest_rows_per_s, report.ingest_s = ing.rows_per_s, ing.elapsed_s
-        gc.disable()  # (building 200k ids while timeouts fall due: no full passes meanwhile)
-        try:
-            run.pay(_read_ids(work / "ids"), paid_share)
-        finally:
-            gc.freeze()
-            gc.enable()
+        run.pay(ing.accepted, paid_share)
         run.watch(deadline_s=spread_s + lead_s + 60)
         report.elapsed_s = time.monotonic() - started
     finally:
@@ -274,10 +268,9 @@ def _orders(n: int, spread_s: float) -> _Orders:
 
 def _lead_s(messages: int, rows_per_s: float) -> float:
     """From the ingestion's start to the first timeout: twice the ingestion at the rate
-    the warm-up measured, plus the payment service's start (it reads every id), plus a
-    margin of LEAD_MIN_S (so never less than that)."""
+    the warm-up measured, plus a margin of LEAD_MIN_S (so never less than that)."""
     ingest_s = messages / max(rows_per_s, 1.0)
-    return 2.0 * ingest_s + LEAD_MIN_S + messages / PAY_SETUP_ROWS_PER_S
+    return 2.0 * ingest_s + LEAD_MIN_S
 
 
 def _warm_up(cluster, spark, work: Path, rows: int, say) -> float:
@@ -351,20 +344,6 @@ def _write_parquet(orders: _Orders, path: Path, files: int) -> None:
             pq.write_table(part, path / f"part-{i:05d}.parquet", row_group_size=25_000)
 
 
-def _read_ids(path: Path) -> dict[str, Any]:
-    import pyarrow.parquet as pq
-
-    from raydelay.client.message import MessageId
-
-    t = pq.read_table(path)
-    return {
-        oid: MessageId.parse(mid)
-        for oid, mid in zip(
-            t.column("order_id").to_pylist(), t.column("message_id").to_pylist(), strict=True
-        )
-    }
-
-
 class _Run:
     """Consume the timeouts, pay some orders (cancel their timeouts), show it live."""
 
@@ -374,7 +353,6 @@ class _Run:
         if orders.timeout_at is None:
             raise ValueError("orders: their schedule has no start yet")
         self.due = {oid: int(d) for oid, d in zip(orders.order_id, orders.timeout_at, strict=True)}
-        self.ids: dict[str, Any] = {}
         self.pay_at: list[tuple[int, str]] = []
         self.paid: set[str] = set()
         self.cancelled_ok: set[str] = set()
@@ -395,12 +373,14 @@ class _Run:
             t.start()
             self.threads.append(t)
 
-    def pay(self, ids: dict[str, Any], paid_share: float) -> None:
+    def pay(self, accepted: int, paid_share: float) -> None:
         """Pick the orders that get paid, each at a random time at least _PAY_MARGIN_MS
-        before its timeout, and start the payment service."""
-        if len(ids) != len(self.due):
-            raise RuntimeError(f"ingestion wrote {len(ids)} ids for {len(self.due)} orders")
-        self.ids = ids
+        before its timeout, and start the payment service (``accepted``: the timeouts the
+        ingestion wrote, all of them)."""
+        if accepted != len(self.due):
+            raise RuntimeError(
+                f"ingestion wrote {accepted:,} timeouts for {len(self.due):,} orders"
+            )
         now = time.time_ns() // 1_000_000
         rng = np.random.default_rng()
         eligible = [o for o, d in self.due.items() if d - now > 2 * _PAY_MARGIN_MS]
@@ -457,7 +437,8 @@ class _Run:
         self.threads = []
 
     def _pay(self) -> None:
-        """The payment service: cancel each paid order's timeout at its payment time."""
+        """The payment service: cancel each paid order's timeout at its payment time, by
+        its order id (the timeout's key)."""
         producer = self.cluster.create_producer(self.topic)
         i = 0
         try:
@@ -468,8 +449,7 @@ class _Run:
                     batch.append(self.pay_at[i][1])
                     i += 1
                 if batch:
-                    mids = [self.ids[o] for o in batch]
-                    results = producer.cancel_many(mids)
+                    results = producer.cancel_keys(batch)
                     self.ledger.record_cancels(batch, results)
                     with self.lock:
                         self.paid.update(batch)

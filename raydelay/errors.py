@@ -50,6 +50,11 @@ class Conflict(StorageError):
         return (Conflict, (self.args[0] if self.args else "",))
 
 
+class KeyPending(RaydelayError):
+    """A send with ``on_duplicate="error"`` found a message with its key still scheduled
+    in its topic. Nothing of the batch was written."""
+
+
 class ConsumerBusy(RaydelayError):
     """An exclusive subscription already has a consumer (until it closes, or its lease
     lapses: ``subscription.consumer_lease_s``)."""

@@ -3,7 +3,8 @@
 - :class:`TopicHandles` and :class:`SubscriptionHandles`: what a Producer and a Consumer
   call (``raydelay.client.links``' protocols), one :class:`~raydelay.cluster.handles.Peer`
   per partition.
-- :func:`fan_out_cancel`: a cancel, from the markers in the log to every subscription.
+- :func:`fan_out_cancel`: a cancel, from the markers in the log to every subscription
+  (:func:`apply_markers`, its second half, also applies the markers of keyed sends).
 - :class:`HostPartition` and :class:`SubscriptionPartition`: one partition, called
   directly (tools, benchmarks and tests): ``part.submit(HostActor.stats)``.
 
@@ -34,14 +35,34 @@ class TopicHandles(PartitionPeers[HostActor]):
     """A topic's partitions on their hosts, as a producer calls them (``links.TopicLink``)."""
 
     def __init__(
-        self, topic: str, peers: list[Peer[HostActor]], *, deadline_s: float, cancel: Callable
+        self,
+        topic: str,
+        peers: list[Peer[HostActor]],
+        *,
+        deadline_s: float,
+        cancel: Callable,
+        apply: Callable,
     ) -> None:
         super().__init__(peers, deadline_s=deadline_s)
         self.topic = topic
         self.cancel = cancel  # markers through the topic, outcomes from every subscription
+        self.apply = apply  # markers in the log already: outcomes from every subscription
 
     def append(self, partition: int, batches: list[bytes]) -> Any:
         return self._peers[partition].submit(HostActor.append, self.topic, partition, batches)
+
+    def append_keyed(self, partition: int, batch: bytes, on_duplicate: str) -> Any:
+        peer = self._peers[partition]
+        return peer.submit(HostActor.append_keyed, self.topic, partition, batch, on_duplicate)
+
+    def cancel_keys(self, partition: int, keys: list[str], producer: str, sequence_id: int) -> Any:
+        peer = self._peers[partition]
+        return peer.submit(
+            HostActor.cancel_keys, self.topic, partition, keys, producer, sequence_id
+        )
+
+    def pending_keys(self, partition: int, keys: list[str]) -> Any:
+        return self._peers[partition].submit(HostActor.pending_keys, self.topic, partition, keys)
 
     def last_sequence(self, partition: int, producer: str) -> Any:
         peer = self._peers[partition]
@@ -213,7 +234,23 @@ def fan_out_cancel(
             strict=True,
         )
     )
-    out = {p: [True] * len(batches[p][0]) for p in parts}
+    work = {p: (batches[p][0], markers[p]) for p in parts}
+    return apply_markers(subscription_peer, subscriptions, work, deadline_s=deadline_s), sends - 1
+
+
+def apply_markers(
+    subscription_peer: Callable[[int, str], UnitPeer],
+    subscriptions: list[str],
+    work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]],
+    *,
+    deadline_s: float,
+) -> dict[int, list[bool]]:
+    """Have every subscription apply cancel markers already in the log: ``work[p]`` =
+    (targets, markers) of partition p. One call per subscription actor for all its
+    partitions (``cancel_many``); per partition, whether each target was kept from
+    delivery in every subscription. Retried, with handles looked up again."""
+    parts = [p for p in work if work[p][0]]
+    out = {p: [True] * len(work[p][0]) for p in work}
     # one call per unit of each subscription: its partitions' targets and markers together
     groups: dict[str, tuple[UnitPeer, dict[int, tuple[list, list]]]] = {}
     peers: list[Peer] = []
@@ -221,14 +258,13 @@ def fan_out_cancel(
         for p in parts:
             peer = subscription_peer(p, sub)
             peers.append(peer)
-            groups.setdefault(peer.name, (peer, {}))[1][p] = (batches[p][0], markers[p])
+            groups.setdefault(peer.name, (peer, {}))[1][p] = work[p]
     if not groups:
-        return out, sends - 1
+        return out
 
     def apply() -> list:
         return [
-            peer.submit(SubscriptionHost.cancel_many, peer.unit, work)
-            for peer, work in groups.values()
+            peer.submit(SubscriptionHost.cancel_many, peer.unit, w) for peer, w in groups.values()
         ]
 
     answers = rpc.call(
@@ -237,7 +273,7 @@ def fan_out_cancel(
     for answer in answers:
         for p, kept in answer.items():
             out[p] = [a and b for a, b in zip(out[p], kept, strict=True)]
-    return out, sends - 1
+    return out
 
 
 # --- one partition, called directly (tools, benchmarks, tests) --------------------------------

@@ -39,6 +39,7 @@ import ray
 
 from raydelay.actors.coordinator import CoordinatorActor, spawn_coordinator
 from raydelay.actors.partition.hosted import HostedPartition
+from raydelay.actors.partition.keyed import KeyedReply
 from raydelay.actors.protocol import BucketList, DueReply, ReadReply
 from raydelay.actors.standby import FoundCoordinator, find_coordinator
 from raydelay.cluster import placement, rpc
@@ -100,6 +101,25 @@ class HostActor:
         """NotFound for a target a cancel would refuse; nothing is written (a cancel of
         several partitions checks them all before it writes any marker)."""
         await (await self._partition(topic, partition)).check_cancel(positions)
+
+    async def append_keyed(
+        self, topic: str, partition: int, batch: bytes, on_duplicate: str
+    ) -> KeyedReply:
+        """Append a batch whose keys are its messages' identities; see
+        ``raydelay.actors.partition.keyed``."""
+        return await (await self._partition(topic, partition)).append_keyed(batch, on_duplicate)
+
+    async def cancel_keys(
+        self, topic: str, partition: int, keys: list[str], producer: str = "", sequence_id: int = 0
+    ) -> list[list]:
+        """Cancel markers for the messages pending under ``keys``: per key, its [(target,
+        marker)]."""
+        part = await self._partition(topic, partition)
+        return await part.cancel_keys(keys, producer, sequence_id)
+
+    async def pending_keys(self, topic: str, partition: int, keys: list[str]) -> dict:
+        """The position keys of the messages pending under each of ``keys``."""
+        return await (await self._partition(topic, partition)).pending_keys(keys)
 
     async def read(
         self,

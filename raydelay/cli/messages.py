@@ -103,6 +103,7 @@ def _send(producer, payloads, args, deliver_at, props) -> int:
         deliver_at=deliver_at,
         keys=[args.key] * n if args.key is not None else None,
         properties=props,
+        on_duplicate=args.on_duplicate,
     )
     if args.ids and wants_json(args):
         print("\n".join(dumps({"message_id": str(mid)}) for mid in ids))
@@ -253,6 +254,10 @@ def cmd_redrive(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from raydelay.client.message import MessageId
 
+    if args.keys or args.topic is not None:
+        return _cancel_keys(args)
+    if not args.message_ids:
+        raise InvalidArgument("message_ids: give message ids, or --topic T --key K")
     ids = [MessageId.parse(t) for t in args.message_ids]
     cluster = attach(args)
     outcome = cluster.cancel(ids)
@@ -263,6 +268,25 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         lambda: "\n".join(
             f"{mid}\t{'cancelled' if ok else 'not cancelled: delivered already, or cancelled before'}"
             for mid, ok in pairs
+        ),
+    )
+    return Exit.OK if all(outcome) else Exit.REFUSED
+
+
+def _cancel_keys(args: argparse.Namespace) -> int:
+    """``raydelay cancel --topic T --key K ...``: the messages scheduled under the keys."""
+    if args.message_ids:
+        raise InvalidArgument("message_ids: give ids, or --topic and --key, not both")
+    if args.topic is None or not args.keys:
+        raise InvalidArgument("--key: a cancel by key needs --topic and at least one --key")
+    outcome = attach(args).cancel(args.topic, keys=list(args.keys))
+    pairs = list(zip(args.keys, outcome, strict=True))
+    emit(
+        args,
+        {"results": [{"key": k, "cancelled": bool(ok)} for k, ok in pairs]},
+        lambda: "\n".join(
+            f"{k}\t{'cancelled' if ok else 'not cancelled: nothing scheduled under it'}"
+            for k, ok in pairs
         ),
     )
     return Exit.OK if all(outcome) else Exit.REFUSED

@@ -23,6 +23,7 @@ from raydelay.errors import (
     Conflict,
     ConsumerBusy,
     InvalidArgument,
+    KeyPending,
     MissingExtra,
     NotFound,
     ProducerQueueIsFull,
@@ -44,11 +45,11 @@ class Exit(enum.IntEnum):
     USAGE = 2  # bad arguments or input, or a feature whose extra is not installed
     NOT_FOUND = 3  # a topic, subscription, schedule or message that does not exist
     UNAVAILABLE = 4  # no cluster to attach to, an actor or the store out of reach: retry later
-    REFUSED = 5  # the cluster said no: a cancel too late, a store owned by another cluster
+    REFUSED = 5  # the cluster said no: a cancel too late, a pending key, another cluster's store
     INTERRUPTED = 130  # Ctrl-C
 
 
-_REFUSALS = (Conflict, StoreOwned, ConsumerBusy, ProducerQueueIsFull)
+_REFUSALS = (Conflict, StoreOwned, ConsumerBusy, ProducerQueueIsFull, KeyPending)
 
 
 def exit_for(exc: RaydelayError) -> Exit:

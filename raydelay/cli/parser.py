@@ -139,7 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument(
         "--deliver-at", metavar="TIME", help="ISO-8601 time with an offset, or epoch ms"
     )
-    produce.add_argument("--key", help="the messages' key")
+    produce.add_argument(
+        "--key",
+        help="the messages' key: a message scheduled for later is its key's while pending "
+        "(see --on-duplicate)",
+    )
+    produce.add_argument(
+        "--on-duplicate",
+        choices=("ignore", "replace", "error", "allow"),
+        default="ignore",
+        help="what a keyed message scheduled for later does when one is pending under its "
+        "key: ignore it (default), replace that one, refuse (exit 5, nothing sent), or allow "
+        "it beside that one (the key only routes)",
+    )
     produce.add_argument(
         "--property", action="append", default=[], metavar="K=V", help="a property (repeatable)"
     )
@@ -222,11 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = sub.add_parser(
         "cancel",
-        help="cancel scheduled messages by id",
+        help="cancel scheduled messages by id, or by key",
         description="Cancel messages by id (topic/partition/ledger:entry, as produce --ids "
-        "prints them).",
+        "prints them), or the messages scheduled under keys: --topic T --key K [--key K2].",
     )
-    cancel.add_argument("message_ids", nargs="+", metavar="MESSAGE_ID")
+    cancel.add_argument("message_ids", nargs="*", metavar="MESSAGE_ID")
+    cancel.add_argument("--topic", help="the topic of the keys (with --key)")
+    cancel.add_argument(
+        "--key", action="append", default=[], dest="keys", help="a key to cancel (repeatable)"
+    )
     cancel.set_defaults(func=cmd_cancel)
 
     stats = sub.add_parser(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -242,11 +242,19 @@ class Cluster(ScheduledCalls):
 
     # --- operations --------------------------------------------------------------------------
 
-    def cancel(self, message_ids: Any) -> list[bool]:
+    def cancel(
+        self, message_ids: Any, /, key: str | None = None, *, keys: Sequence[str] | None = None
+    ) -> Any:
         """Cancel messages by id (MessageIds or their strings, of any topics), in batches per
         topic. One bool per id, in order: True if it was cancelled, False if it was delivered
-        (acknowledged) already or cancelled before."""
+        (acknowledged) already or cancelled before.
+
+        By key: ``cancel(topic, key="order-17")`` cancels the message scheduled under that
+        key (see ``Producer.send``) and answers one bool: True when one was pending and no
+        subscription has had it delivered. ``cancel(topic, keys=[...])``: one bool per key."""
         self._check_open()
+        if key is not None or keys is not None:
+            return self._ops.cancel_keys(message_ids, key, keys)
         return self._ops.cancel(message_ids)
 
     def due_histogram(

@@ -73,6 +73,29 @@ class TopicLink(Link, Protocol):
         """Append encoded batches in order; the answer is each batch's position ranges."""
         ...
 
+    def append_keyed(self, partition: int, batch: bytes, on_duplicate: str) -> Reply:
+        """Append one encoded batch whose keys are its messages' identities; the answer
+        is a ``KeyedReply`` (``raydelay.actors.partition.keyed``)."""
+        ...
+
+    def cancel_keys(
+        self, partition: int, keys: list[str], producer: str, sequence_id: int
+    ) -> Reply:
+        """Cancel markers for the messages pending under ``keys``; the answer is, per key,
+        its [(target, marker)]."""
+        ...
+
+    def pending_keys(self, partition: int, keys: list[str]) -> Reply:
+        """The answer maps each of ``keys`` that a message pending holds to its positions."""
+        ...
+
+    def apply(
+        self, work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
+    ) -> dict[int, list[bool]]:
+        """Have every subscription apply cancel markers already in the log ({partition:
+        (targets, markers)}); per partition, whether each target was kept from delivery."""
+        ...
+
     def last_sequence(self, partition: int, producer: str) -> Reply:
         """The largest sequence id the partition holds from ``producer``."""
         ...

@@ -66,6 +66,27 @@ class Operations:
                 producer.close()
         return outcome
 
+    def cancel_keys(self, topic: Any, key: Any, keys: Any) -> bool | list[bool]:
+        """See :meth:`Cluster.cancel` (by key)."""
+        if not isinstance(topic, str):
+            raise InvalidArgument(
+                f"topic: a cancel by key names its topic first, got {type(topic).__name__}"
+            )
+        if key is not None and keys is not None:
+            raise InvalidArgument("key: give key or keys, not both")
+        one = key is not None
+        if one and not isinstance(key, str):
+            raise InvalidArgument(f"key: expected a str, got {type(key).__name__}")
+        wanted = [key] if one else keys
+        if isinstance(wanted, str) or not isinstance(wanted, (list, tuple)):
+            raise InvalidArgument(f"keys: expected a list of str, got {type(wanted).__name__}")
+        producer = self._topics.create_producer(topic)  # (NotFound for an unknown topic)
+        try:
+            out = producer.cancel_keys(list(wanted)) if wanted else []
+        finally:
+            producer.close()
+        return out[0] if one else out
+
     def due_histogram(
         self, topic: str, subscription: str, windows_s: tuple[float, ...] = (60, 3600, 86400)
     ) -> list[tuple[str, int]]:

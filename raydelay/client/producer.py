@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -50,12 +51,14 @@ from raydelay.clock import now_ms as _now_ms
 from raydelay.dispatch.keys import key_hash
 from raydelay.errors import (
     InvalidArgument,
+    KeyPending,
     ProducerQueueIsFull,
     StorageError,
     Unavailable,
 )
 from raydelay.limits import check_limit
 from raydelay.log.entries import AppendBatch, Entries, encode_batch
+from raydelay.log.keys import check_on_duplicate
 from raydelay.positions import position_in_range
 from raydelay.storage.keys import validate_name
 
@@ -136,6 +139,9 @@ class Producer:
         self._sticky_at, self._sticky_left = 0, 0  # keyless sends: partition, sends left
         self._closed = False
         self._thread: threading.Thread | None = None
+        # keyed send_async: its queue (checked send, on_duplicate, future) and its sender
+        self._keyed_queue: list[tuple[tuple, str, Future]] = []
+        self._keyed_thread: threading.Thread | None = None
         cfg = config
         self._max_bytes = cfg.topic.max_message_bytes
         self._max_delay_ms = cfg.delayed.max_delay_ms
@@ -151,6 +157,7 @@ class Producer:
         deliver_at: Any = None,
         key: str | None = None,
         properties: dict[str, str] | None = None,
+        on_duplicate: str = "ignore",
     ) -> MessageId:
         """Send one message; returns its MessageId once it is durable.
 
@@ -158,10 +165,30 @@ class Producer:
         (an int, numpy's too) or an aware datetime. Neither: deliver at once. A time after
         year 9999 is an InvalidArgument, raised before anything is queued.
 
+        ``key``: the message's identity within the topic while it is scheduled (and its
+        partition: one key, one partition). If a message with this key is still pending
+        (sent for later, not due yet, not cancelled), ``on_duplicate`` says what happens:
+        ``"ignore"`` (the default) keeps the first and returns its id; ``"replace"``
+        cancels it and schedules this one; ``"error"`` raises :class:`KeyPending`;
+        ``"allow"`` sends it beside the first (the key only routes and groups, as for a
+        ``key_shared`` subscription's ordering). A message due at once has no pending
+        life: its key only routes it.
+
         With nothing queued or on its way, the calling thread sends it itself; else it
         goes with the next round of queued sends (concurrent senders share round trips)."""
         self._check_open()
         checked = self.checked_one(payload, deliver_after, deliver_at, key, properties)
+        check_on_duplicate(on_duplicate)
+        if key is not None and on_duplicate != "allow" and checked[4] > _now_ms():  # (keyed, later)
+            p, payload, key, properties, at = checked
+            return self.send_keyed(
+                np.array([p], dtype=np.int64),
+                [payload],
+                [key],
+                None if properties is None else [properties],
+                np.array([at], dtype=np.int64),
+                on_duplicate,
+            )[0]
         with self._lock:
             inline = self._pending == 0 and not self._closed
             if inline:  # (the flusher waits while it is on its way: sends keep their order)
@@ -195,7 +222,8 @@ class Producer:
         deliver_at: Any = None,
         key: str | None = None,
         properties: dict[str, str] | None = None,
-    ) -> SendFuture:
+        on_duplicate: str = "ignore",
+    ) -> SendFuture | Future:
         """Queue one message and return a ``concurrent.futures.Future`` of its MessageId,
         resolved once the message is durable (or with the error that kept it from being
         written: then it was not appended).
@@ -204,9 +232,80 @@ class Producer:
         nothing is queued. It is sent with whatever else is queued. With
         ``max_pending_messages`` sends unresolved, it waits for room, or raises
         ``ProducerQueueIsFull`` when the producer was created with
-        ``block_if_queue_full=False``. :meth:`flush` waits for every one."""
+        ``block_if_queue_full=False``. :meth:`flush` waits for every one.
+
+        A keyed message scheduled for later (see :meth:`send`'s ``on_duplicate``) goes
+        through a sending thread of its own, in order with the other keyed ones (not with
+        the rest: its key is checked on the partition's host first), in batches as they
+        queue up."""
         self._check_open()
-        return self._enqueue(*self.checked_one(payload, deliver_after, deliver_at, key, properties))
+        checked = self.checked_one(payload, deliver_after, deliver_at, key, properties)
+        check_on_duplicate(on_duplicate)
+        if key is not None and on_duplicate != "allow" and checked[4] > _now_ms():
+            return self._keyed_async(checked, on_duplicate)
+        return self._enqueue(*checked)
+
+    def _keyed_async(self, checked: tuple, on_duplicate: str) -> Future:
+        """:meth:`send_async` of a keyed scheduled message: queued for the producer's keyed
+        sender (:meth:`_keyed_sender`); counted as pending until it is resolved."""
+        fut: Future = Future()
+        with self._lock:
+            while self._pending >= self._pending_limit and not self._closed:
+                if not self.block_if_queue_full or threading.current_thread() in (
+                    self._thread,
+                    self._keyed_thread,
+                ):
+                    raise queue_full(self._pending, self.max_pending_messages)
+                self._cv.wait()
+            self._check_open()
+            self._pending += 1
+            self._keyed_queue.append((checked, on_duplicate, fut))
+            if self._keyed_thread is None:
+                self._keyed_thread = threading.Thread(
+                    target=self._keyed_sender, name=f"raydelay-keyed-{self.topic}", daemon=True
+                )
+                self._keyed_thread.start()
+            self._cv.notify_all()
+        return fut
+
+    def _keyed_sender(self) -> None:
+        """Send the queued keyed messages as they come: what queued while a call was on its
+        way goes in the next (one :meth:`send_keyed` per run of one ``on_duplicate``, so
+        under load the calls grow, as the flusher's do). With "error" each goes alone: one
+        pending key must refuse its own send, not its neighbours'."""
+        while True:
+            with self._lock:
+                while not self._keyed_queue:
+                    if self._closed:
+                        return
+                    self._cv.wait()
+                batch, self._keyed_queue = self._keyed_queue, []
+            try:
+                for run in _runs(batch):
+                    self._send_keyed_run(run)
+            finally:
+                with self._lock:
+                    self._pending -= len(batch)
+                    self._cv.notify_all()
+
+    def _send_keyed_run(self, run: list[tuple[tuple, str, Future]]) -> None:
+        on_duplicate = run[0][1]
+        props = [c[3] for c, _, _ in run]
+        try:
+            ids = self.send_keyed(
+                np.array([c[0] for c, _, _ in run], dtype=np.int64),
+                [c[1] for c, _, _ in run],
+                [c[2] for c, _, _ in run],
+                props if any(p is not None for p in props) else None,
+                np.array([c[4] for c, _, _ in run], dtype=np.int64),
+                on_duplicate,
+            )
+        except BaseException as exc:  # noqa: BLE001 - the senders' futures carry it
+            for _, _, fut in run:
+                fut.set_exception(exc)
+            return
+        for (_, _, fut), mid in zip(run, ids, strict=True):
+            fut.set_result(mid)
 
     def _enqueue(
         self, partition: int, payload: bytes, key: str | None, properties: dict | None, at: int
@@ -265,9 +364,15 @@ class Producer:
         deliver_at: Any = None,
         keys: Sequence[str | None] | pa.Array | pa.ChunkedArray | None = None,
         properties: Sequence[dict[str, str] | None] | dict[str, str] | None = None,
+        on_duplicate: str = "ignore",
     ) -> MessageIds:
         """Send a batch; returns the MessageIds in input order once all are durable (a
         :class:`MessageIds` sequence, which keeps them as columns).
+
+        ``keys``: as :meth:`send`'s ``key``, with ``on_duplicate`` for the keyed
+        messages scheduled for later (two of one key in the batch count as a duplicate
+        too: "ignore" keeps the first, "replace" the last). A message ignored gets the id
+        of the one pending under its key.
 
         ``deliver_at`` / ``deliver_after`` are one value for all messages or a sequence (a list
         or a 1-d numpy array) with one value (or None) per message. Every message is checked
@@ -276,9 +381,130 @@ class Producer:
         Columns may be Arrow arrays as they come from a parquet file: payloads a binary
         array (kept as Arrow: no Python bytes per message), ``deliver_at`` epoch ms or
         aware timestamps, ``deliver_after`` seconds, keys strings."""
-        return self._append(
-            *self.checked_many(payloads, deliver_after, deliver_at, keys, properties)
+        check_on_duplicate(on_duplicate)
+        checked = self.checked_many(payloads, deliver_after, deliver_at, keys, properties)
+        parts, _, ks, _, d = checked
+        if ks is not None and on_duplicate != "allow" and bool(np.any(d > _now_ms())):
+            return self.send_keyed(*checked, on_duplicate)
+        return self._append(*checked)
+
+    def send_keyed(
+        self,
+        parts: np.ndarray,
+        payloads: Any,
+        keys: list | None,
+        props: list | None,
+        d: np.ndarray,
+        on_duplicate: str,
+    ) -> MessageIds:
+        """Send messages whose keys are their identities (see :meth:`send`): one
+        ``append_keyed`` call per partition chunk, the partitions in parallel; then every
+        subscription applies the cancel markers of the messages replaced. With
+        ``on_duplicate="error"`` and several calls, every partition is asked first, so a
+        pending key refuses the whole batch before anything is written."""
+        by_partition = chunks_by_partition(
+            parts, payloads, keys, props, d, self.partitions, self._chunk
         )
+        if on_duplicate == "error" and sum(len(c) for c in by_partition.values()) > 1:
+            self._refuse_pending(keys, parts, d)
+        calls = []
+        with self._seq_lock:
+            for p, chunks in by_partition.items():
+                for idx, entries in chunks:
+                    self._seq[p] += 1
+                    data = encode_batch(AppendBatch(self.name, self._seq[p], entries))
+                    calls.append((p, idx, data, self._link.append_keyed(p, data, on_duplicate)))
+        ledger_col = np.zeros(len(parts), dtype=np.int64)
+        entry_col = np.zeros(len(parts), dtype=np.int64)
+        replaced: dict[int, tuple[list, list]] = {}
+        first_error: BaseException | None = None
+        for p, idx, data, ref in calls:
+            try:
+                reply = self._keyed_reply(p, data, ref, on_duplicate)
+            except Exception as exc:  # noqa: BLE001 - every call is awaited, the first raised
+                first_error = first_error or exc
+                continue
+            ledger_col[idx] = [lg for lg, _ in reply.positions]
+            entry_col[idx] = [en for _, en in reply.positions]
+            for target, marker in reply.replaced:
+                work = replaced.setdefault(p, ([], []))
+                work[0].append(target)
+                work[1].append(marker)
+        if replaced:  # (the markers are durable: a failure here leaves them to the log read)
+            self._link.apply(replaced)
+        if first_error is not None:
+            raise first_error
+        return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col)
+
+    def _keyed_reply(self, p: int, data: bytes, ref: Any, on_duplicate: str) -> Any:
+        """The answer of one keyed append, sent again (same sequence id) while the
+        partition's host restarts or the store fails retriably."""
+        return self._answer(p, ref, lambda: self._link.append_keyed(p, data, on_duplicate))
+
+    def _refuse_pending(self, keys: list | None, parts: np.ndarray, d: np.ndarray) -> None:
+        """KeyPending for the first scheduled key of the batch that is pending already."""
+        now = _now_ms()
+        asked: dict[int, list[str]] = {}
+        for i, k in enumerate(keys or []):
+            if k is not None and d[i] > now:
+                asked.setdefault(int(parts[i]), []).append(k)
+        found = self._link.retried(
+            lambda: [self._link.pending_keys(p, ks) for p, ks in asked.items()],
+            f"topic {self.topic}",
+        )
+        for held in found:
+            if held:
+                k = sorted(held)[0]
+                raise KeyPending(
+                    f"key: {k!r} is held by a message still scheduled in topic {self.topic} "
+                    "(on_duplicate='error'); nothing was written"
+                )
+
+    def cancel_keys(self, keys: Sequence[str]) -> list[bool]:
+        """Cancel the messages pending under ``keys``, one call per partition (and per
+        subscription actor); per key, True when a message was pending under it and no
+        subscription has had it delivered."""
+        self._check_open()
+        if isinstance(keys, str) or not isinstance(keys, Sequence):
+            raise InvalidArgument(f"keys: expected a sequence of str, got {type(keys).__name__}")
+        for i, k in enumerate(keys):
+            if not isinstance(k, str):
+                raise InvalidArgument(f"keys[{i}]: expected a str, got {type(k).__name__}")
+        by_partition: dict[int, list[int]] = {}
+        for i, k in enumerate(keys):
+            by_partition.setdefault(key_hash(k) % self.partitions, []).append(i)
+        with self._seq_lock:
+            calls = {}
+            for p in by_partition:
+                self._seq[p] += 1
+                calls[p] = self._seq[p]
+        answers = self._link.retried(
+            lambda: [
+                self._link.cancel_keys(p, [keys[i] for i in by_partition[p]], self.name, calls[p])
+                for p in by_partition
+            ],
+            f"topic {self.topic}",
+        )
+        work: dict[int, tuple[list, list]] = {}
+        for p, answer in zip(by_partition, answers, strict=True):
+            seen = set()
+            for pairs in answer:
+                for target, marker in pairs:
+                    if tuple(marker) not in seen:
+                        seen.add(tuple(marker))
+                        work.setdefault(p, ([], []))[0].append(tuple(target))
+                        work[p][1].append(tuple(marker))
+        kept = self._link.apply(work) if work else {}
+        outcome = {
+            (p, tuple(t)): ok
+            for p, (ts, _) in work.items()
+            for t, ok in zip(ts, kept[p], strict=True)
+        }
+        out = [False] * len(keys)
+        for p, answer in zip(by_partition, answers, strict=True):
+            for i, pairs in zip(by_partition[p], answer, strict=True):
+                out[i] = bool(pairs) and any(outcome[(p, tuple(t))] for t, _ in pairs)
+        return out
 
     def checked_many(
         self,
@@ -411,6 +637,12 @@ class Producer:
         """Each batch's position ranges. While the
         partition's actor restarts or the store fails retriably, the same bytes (same sequence id) are sent again: the partition
         recognises a batch it already holds, so nothing is appended twice."""
+        return self._answer(p, ref, lambda: self._link.append(p, data))
+
+    def _answer(self, p: int, ref: Any, resend: Callable[[], Any]) -> Any:
+        """The answer of an append call to partition ``p``; while its actor restarts or
+        the store fails retriably, ``resend()`` (the same bytes, the same sequence id)
+        until it goes through."""
         try:
             return self._link.get(ref, what=f"topic {self.topic}/{p}")
         except (Unavailable, StorageError) as exc:
@@ -422,9 +654,7 @@ class Producer:
             log.debug("append to %s/%d failed (%s); retrying", self.topic, p, exc)
 
         # the partition's actor is looked up again: one that ended is re-created
-        out = self._link.retried(
-            lambda: self._link.append(p, data), f"topic {self.topic}/{p}", partition=p
-        )
+        out = self._link.retried(resend, f"topic {self.topic}/{p}", partition=p)
         with self._seq_lock:  # one line per outage, whichever send saw it end first
             since = self._down_since.pop(p, None)
         if since is not None:
@@ -581,3 +811,15 @@ def check_cancel_target(field: str, mid: Any, topic: str, partitions: int) -> No
         )
     if not position_in_range(mid.ledger_id, mid.entry_id):
         raise InvalidArgument(f"{field}: {mid} is no message position")
+
+
+def _runs(batch: list[tuple[tuple, str, Future]]) -> list[list[tuple[tuple, str, Future]]]:
+    """Queued keyed sends cut into runs of one ``on_duplicate`` (in order); "error" sends
+    each alone."""
+    runs: list[list[tuple[tuple, str, Future]]] = []
+    for item in batch:
+        if runs and runs[-1][0][1] == item[1] and item[1] != "error":
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs

@@ -10,7 +10,12 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from raydelay.actors.coordinator import CoordinatorActor
-from raydelay.actors.handles import SubscriptionHandles, TopicHandles, fan_out_cancel
+from raydelay.actors.handles import (
+    SubscriptionHandles,
+    TopicHandles,
+    apply_markers,
+    fan_out_cancel,
+)
 from raydelay.actors.host import HostActor
 from raydelay.actors.metrics import LATENESS_BOUNDARIES_MS
 from raydelay.actors.subscription import SubscriptionHost
@@ -127,7 +132,12 @@ class Topics:
         def cancel(batches: dict, producer: str) -> tuple[dict[int, list[bool]], int]:
             return self.cancel_batches(topic, batches, producer)
 
-        link = TopicHandles(topic, peers, deadline_s=self.peers.deadline_s, cancel=cancel)
+        def apply(work: dict) -> dict[int, list[bool]]:
+            return self.apply_markers(topic, work)
+
+        link = TopicHandles(
+            topic, peers, deadline_s=self.peers.deadline_s, cancel=cancel, apply=apply
+        )
         producer = Producer(
             link,
             topic,
@@ -335,6 +345,17 @@ class Topics:
             list(self.peers.coord(CoordinatorActor.subscriptions, topic)),
             batches,
             producer,
+            deadline_s=self.peers.deadline_s,
+        )
+
+    def apply_markers(
+        self, topic: str, work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
+    ) -> dict[int, list[bool]]:
+        """See :func:`raydelay.actors.handles.apply_markers`."""
+        return apply_markers(
+            lambda p, s: self.peers.subscription_peer(topic, p, s),
+            list(self.peers.coord(CoordinatorActor.subscriptions, topic)),
+            work,
             deadline_s=self.peers.deadline_s,
         )
 

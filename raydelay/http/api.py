@@ -11,7 +11,8 @@ and the first failure is its answer, with nothing sent to the cluster:
 4. its body's size: 413 past ``http.max_body_bytes`` (read no further);
 5. its fields (:mod:`raydelay.http.bodies`): 400 naming the field and the problem.
 
-Then the cluster answers: 404 for an unknown topic, subscription or schedule; 503 while it
+Then the cluster answers: 404 for an unknown topic, subscription or schedule; 409 for a
+keyed send with ``on_duplicate: error`` whose key a scheduled message holds; 503 while it
 cannot be reached; 201 with the ids once a send is durable. Every error is
 ``{"error": {"status": ..., "code": ..., "message": ...}}``.
 
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from raydelay._extras import require
 
@@ -43,7 +45,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa
 
 from raydelay import __version__, aio  # noqa: E402
 from raydelay.client.message import MessageId  # noqa: E402
-from raydelay.errors import InvalidArgument, NotFound, RaydelayError, StorageError, Unavailable  # noqa: E402
+from raydelay.errors import (  # noqa: E402
+    InvalidArgument,
+    KeyPending,
+    NotFound,
+    RaydelayError,
+    StorageError,
+    Unavailable,
+)
 from raydelay.http import bodies  # noqa: E402
 from raydelay.http.ratelimit import RateLimiter  # noqa: E402
 from raydelay.http.tokens import Scope, TokenCache, TokenRecord, Unauthorized  # noqa: E402
@@ -103,9 +112,12 @@ class ApiError(Exception):
 # --- the documented shapes (the OpenAPI document; the bodies are parsed by `bodies`) -----
 
 
-class MessageIn(BaseModel):
-    """One message. Exactly one of payload and text; at most one of deliver_at and
-    deliver_after (neither: delivered at once)."""
+OnDuplicate = Literal["ignore", "replace", "error", "allow"]
+
+
+class _Message(BaseModel):
+    """What every message body has. Exactly one of payload and text; at most one of
+    deliver_at and deliver_after (neither: delivered at once)."""
 
     payload: str | None = Field(None, description="the payload, base64")
     text: str | None = Field(None, description="the payload as UTF-8 text")
@@ -113,12 +125,47 @@ class MessageIn(BaseModel):
         None, description="epoch ms, or an RFC 3339 time with an offset"
     )
     deliver_after: float | None = Field(None, description="seconds from now")
-    key: str | None = Field(None, description="the routing key (one key, one partition)")
     properties: dict[str, str] | None = None
 
 
+class BatchMessageIn(_Message):
+    """One message of a batch (its on_duplicate is the batch's)."""
+
+    key: str | None = Field(
+        None,
+        description="the message's identity in its topic while it is scheduled (and its "
+        "partition: one key, one partition)",
+    )
+
+
+class MessageIn(BatchMessageIn):
+    """One message."""
+
+    on_duplicate: OnDuplicate = Field(
+        "ignore",
+        description="a keyed message scheduled for later, when a message is pending under "
+        "its key: ignore (keep that one; answer its id), replace (cancel it, schedule this), "
+        "error (409), allow (send this one too: the key only routes)",
+    )
+
+
 class BatchIn(BaseModel):
-    messages: list[MessageIn]
+    messages: list[BatchMessageIn]
+    on_duplicate: OnDuplicate = Field("ignore", description="as a single message's")
+
+
+class KeyedMessageIn(_Message):
+    """A message put under the key the path names (no key of its own)."""
+
+
+class KeysIn(BaseModel):
+    keys: list[str] = Field(description="keys the messages were sent with")
+
+
+class KeyCancelOut(BaseModel):
+    cancelled: bool = Field(
+        description="true if a message was scheduled under the key and this cancelled it"
+    )
 
 
 class CancelIn(BaseModel):
@@ -166,6 +213,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "no token, or not a live one"),
         (403, "the token lacks the scope"),
         (404, "no such topic, subscription or schedule"),
+        (409, "a message is scheduled under the key (on_duplicate: error)"),
         (413, "the body is over http.max_body_bytes"),
         (415, "the body is of a Content-Type the route does not take"),
         (429, "over the token's rate (Retry-After says when to try again)"),
@@ -261,6 +309,8 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
             return _error(400, "invalid_argument", str(exc))
         if isinstance(exc, NotFound):
             return _error(404, "not_found", str(exc))
+        if isinstance(exc, KeyPending):
+            return _error(409, "key_pending", str(exc))
         if isinstance(exc, Unavailable) or (isinstance(exc, StorageError) and exc.retriable):
             return _error(503, "unavailable", str(exc), {"Retry-After": "1"})
         return _error(500, type(exc).__name__, str(exc))
@@ -321,8 +371,10 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
         with the ids in input order. Every message is checked first: one bad message and
         none is sent."""
         ctx, _ = await authorized(request, Scope.PRODUCE)
-        outs = bodies.batch_of(await json_of(request, ctx), ctx.settings.max_batch_messages)
-        ids = await _send_many(ctx, topic, outs)
+        outs, on_duplicate = bodies.batch_of(
+            await json_of(request, ctx), ctx.settings.max_batch_messages
+        )
+        ids = await _send_many(ctx, topic, outs, on_duplicate)
         return JSONResponse({"message_ids": [str(m) for m in ids]}, status_code=201)
 
     @app.post(
@@ -340,6 +392,62 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
         texts = bodies.message_ids_of(await json_of(request, ctx), MAX_CANCEL_IDS)
         ids = [_message_id(f"message_ids[{i}]", t) for i, t in enumerate(texts)]
         done = await run_in_threadpool(ctx.cluster.cancel, ids)
+        return {"cancelled": [bool(d) for d in done]}
+
+    @app.put(
+        "/v1/topics/{topic}/keys/{key}",
+        tags=["produce"],
+        status_code=201,
+        response_model=SentOut,
+        responses=_ERRORS,
+        openapi_extra=_body(KeyedMessageIn, raw=True),
+    )
+    async def put_key(topic: str, key: str, request: Request) -> Response:
+        """Schedule a message under ``key``, replacing the one pending under it (if any):
+        a send with ``on_duplicate: replace``. The body is a JSON message without a key,
+        or raw bytes with ``Raydelay-*`` headers."""
+        ctx, _ = await authorized(request, Scope.PRODUCE)
+        if _content_type(request) != RAW:
+            bodies.no_raw_headers(request.headers)
+            doc = await json_of(request, ctx, also=RAW)
+            if isinstance(doc, dict) and "on_duplicate" in doc:
+                raise InvalidArgument("on_duplicate: a PUT replaces; send with POST to choose")
+            out = bodies.message_of(doc, key=key)
+        else:
+            out = bodies.raw_message_of(await body_of(request, ctx), request.headers, key=key)
+        out = dataclasses.replace(out, on_duplicate="replace")
+        try:
+            mid = await _send_one(ctx, topic, out)
+        except InvalidArgument as exc:
+            raise bodies.raw_field_error(exc) from None
+        return JSONResponse({"message_id": str(mid)}, status_code=201)
+
+    @app.delete(
+        "/v1/topics/{topic}/keys/{key}",
+        tags=["cancel"],
+        response_model=KeyCancelOut,
+        responses=_ERRORS,
+    )
+    async def cancel_key(topic: str, key: str, request: Request) -> dict:
+        """Cancel the message scheduled under ``key``: true if one was pending and this
+        kept it from delivery; false if none was (delivered, cancelled, or never sent)."""
+        ctx, _ = await authorized(request, Scope.CANCEL)
+        done = await run_in_threadpool(ctx.cluster.cancel, topic, key)
+        return {"cancelled": bool(done)}
+
+    @app.post(
+        "/v1/topics/{topic}/cancel",
+        tags=["cancel"],
+        response_model=CancelOut,
+        responses=_ERRORS,
+        openapi_extra=_body(KeysIn),
+    )
+    async def cancel_keys(topic: str, request: Request) -> dict:
+        """Cancel messages by key: per key, true if one was pending under it and this
+        kept it from delivery."""
+        ctx, _ = await authorized(request, Scope.CANCEL)
+        keys = bodies.keys_of(await json_of(request, ctx), MAX_CANCEL_IDS)
+        done = await run_in_threadpool(ctx.cluster.cancel, topic, keys=keys)
         return {"cancelled": [bool(d) for d in done]}
 
     @app.get("/v1/topics", tags=["read"], responses=_ERRORS)
@@ -474,10 +582,13 @@ async def _send_one(ctx: ApiContext, topic: str, out: bodies.Outgoing) -> Messag
         deliver_after=out.deliver_after,
         key=out.key,
         properties=out.properties,
+        on_duplicate=out.on_duplicate,
     )
 
 
-async def _send_many(ctx: ApiContext, topic: str, outs: list[bodies.Outgoing]) -> Any:
+async def _send_many(
+    ctx: ApiContext, topic: str, outs: list[bodies.Outgoing], on_duplicate: str
+) -> Any:
     keyed = any(o.key is not None for o in outs)
     props = any(o.properties is not None for o in outs)
     producer = await ctx.producer(topic)
@@ -487,6 +598,7 @@ async def _send_many(ctx: ApiContext, topic: str, outs: list[bodies.Outgoing]) -
         deliver_after=_column([o.deliver_after for o in outs]),
         keys=[o.key for o in outs] if keyed else None,
         properties=[o.properties for o in outs] if props else None,
+        on_duplicate=on_duplicate,
     )
 
 

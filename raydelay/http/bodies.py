@@ -7,9 +7,12 @@ A message in JSON::
     {"payload": "<base64>"  or  "text": "<UTF-8 text>",
      "deliver_at": 1790000000000  or  "2026-12-02T10:00:00Z",   # epoch ms, or RFC 3339
      "deliver_after": 30.5,                                      # seconds (not both)
-     "key": "order-17", "properties": {"k": "v"}}
+     "key": "order-17", "properties": {"k": "v"},
+     "on_duplicate": "ignore"}                     # or "replace", "error", "allow"
 
-Neither time: delivered at once. A raw message is the request body as it is, with the same
+Neither time: delivered at once. ``on_duplicate`` says what a keyed message scheduled for
+later does about a message still pending under its key (a batch gives it once, beside
+``messages``). A raw message is the request body as it is, with the same
 fields as headers (:data:`RAW_HEADERS`); its ``Raydelay-Properties`` is a JSON object.
 """
 
@@ -24,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from raydelay.errors import InvalidArgument
+from raydelay.log.keys import ON_DUPLICATE
 
 # the headers of a raw message (Content-Type: application/octet-stream)
 RAW_HEADERS = {
@@ -31,8 +35,10 @@ RAW_HEADERS = {
     "deliver_after": "raydelay-deliver-after",
     "key": "raydelay-key",
     "properties": "raydelay-properties",
+    "on_duplicate": "raydelay-on-duplicate",
 }
 MESSAGE_FIELDS = frozenset({"payload", "text", "deliver_at", "deliver_after", "key", "properties"})
+ONE_MESSAGE_FIELDS = MESSAGE_FIELDS | {"on_duplicate"}  # (a batch gives it once, for all)
 _RAW_NAMES = frozenset(RAW_HEADERS.values())
 _HEADER_TITLES = {h: "-".join(p.capitalize() for p in h.split("-")) for h in _RAW_NAMES}
 _FIELD_OF_HEADER = {h: f for f, h in RAW_HEADERS.items()}
@@ -48,6 +54,7 @@ class Outgoing:
     deliver_after: float | None
     key: str | None
     properties: dict[str, str] | None
+    on_duplicate: str = "ignore"
 
 
 def parse_json(body: bytes) -> Any:
@@ -60,16 +67,25 @@ def parse_json(body: bytes) -> Any:
         raise InvalidArgument(f"body: not valid JSON ({exc})") from None
 
 
-def message_of(doc: object, where: str = "") -> Outgoing:
-    """One message of a JSON body; ``where`` prefixes field names (``messages[3].``)."""
+def message_of(doc: object, where: str = "", key: str | None = None) -> Outgoing:
+    """One message of a JSON body; ``where`` prefixes field names (``messages[3].``).
+    ``key``: the key the route names (the body then has none of its own)."""
     if not isinstance(doc, dict):
         raise InvalidArgument(f"{where.rstrip('.') or 'body'}: expected a JSON object")
-    unknown = sorted(set(doc) - MESSAGE_FIELDS)
+    fields = MESSAGE_FIELDS if where else ONE_MESSAGE_FIELDS
+    unknown = sorted(set(doc) - fields)
     if unknown:
-        raise InvalidArgument(
-            f"{where}{unknown[0]}: not a field of a message "
-            f"(fields: {', '.join(sorted(MESSAGE_FIELDS))})"
+        also = (
+            " (a batch gives on_duplicate once, beside messages)"
+            if unknown[0] == "on_duplicate"
+            else ""
         )
+        raise InvalidArgument(
+            f"{where}{unknown[0]}: not a field of a message{also} "
+            f"(fields: {', '.join(sorted(fields))})"
+        )
+    if key is not None and "key" in doc:
+        raise InvalidArgument("key: the path names the key; the body must not")
     if ("payload" in doc) == ("text" in doc):
         raise InvalidArgument(
             f"{where}payload: give exactly one of 'payload' (base64) and 'text' (UTF-8)"
@@ -83,15 +99,22 @@ def message_of(doc: object, where: str = "") -> Outgoing:
         payload,
         deliver_at,
         deliver_after,
-        _key(f"{where}key", doc.get("key")),
+        key if key is not None else _key(f"{where}key", doc.get("key")),
         _properties(f"{where}properties", doc.get("properties")),
+        _on_duplicate("on_duplicate", doc.get("on_duplicate", "ignore")),
     )
 
 
-def batch_of(doc: object, max_messages: int) -> list[Outgoing]:
-    """The messages of a batch body ``{"messages": [...]}``."""
-    if not isinstance(doc, dict) or set(doc) != {"messages"}:
-        raise InvalidArgument('body: expected {"messages": [ ... ]}')
+def batch_of(doc: object, max_messages: int) -> tuple[list[Outgoing], str]:
+    """The messages of a batch body ``{"messages": [...], "on_duplicate": "ignore"}``
+    (``on_duplicate`` optional), and its on_duplicate."""
+    if (
+        not isinstance(doc, dict)
+        or "messages" not in doc
+        or set(doc) - {"messages", "on_duplicate"}
+    ):
+        raise InvalidArgument('body: expected {"messages": [ ... ], "on_duplicate": ...}')
+    on_duplicate = _on_duplicate("on_duplicate", doc.get("on_duplicate", "ignore"))
     items = doc["messages"]
     if not isinstance(items, list) or not items:
         raise InvalidArgument("messages: expected a non-empty JSON array")
@@ -100,13 +123,16 @@ def batch_of(doc: object, max_messages: int) -> list[Outgoing]:
             f"messages: {len(items):,} in one request; at most {max_messages:,} "
             "(http.max_batch_messages)"
         )
-    return [message_of(m, f"messages[{i}].") for i, m in enumerate(items)]
+    return [message_of(m, f"messages[{i}].") for i, m in enumerate(items)], on_duplicate
 
 
-def raw_message_of(body: bytes, headers: Mapping[str, str]) -> Outgoing:
+def raw_message_of(body: bytes, headers: Mapping[str, str], key: str | None = None) -> Outgoing:
     """A raw message: the body, and its fields as headers (names in any case; values in
-    UTF-8, as a client sends them, though HTTP reads headers as Latin-1)."""
+    UTF-8, as a client sends them, though HTTP reads headers as Latin-1). ``key``: the
+    key the route names (then no Raydelay-Key header)."""
     got = {k.lower(): _utf8(k, v) for k, v in headers.items() if k.lower() in _RAW_NAMES}
+    if key is not None and RAW_HEADERS["key"] in got:
+        raise InvalidArgument("Raydelay-Key: the path names the key; no header may")
     at_text = got.get(RAW_HEADERS["deliver_at"])
     after_text = got.get(RAW_HEADERS["deliver_after"])
     at: object = at_text
@@ -132,8 +158,9 @@ def raw_message_of(body: bytes, headers: Mapping[str, str]) -> Outgoing:
         body,
         deliver_at,
         deliver_after,
-        _key("Raydelay-Key", got.get(RAW_HEADERS["key"])),
+        key if key is not None else _key("Raydelay-Key", got.get(RAW_HEADERS["key"])),
         _properties("Raydelay-Properties", props),
+        _on_duplicate("Raydelay-On-Duplicate", got.get(RAW_HEADERS["on_duplicate"], "ignore")),
     )
 
 
@@ -159,17 +186,33 @@ def raw_field_error(exc: InvalidArgument) -> InvalidArgument:
 
 def message_ids_of(doc: object, max_ids: int) -> list[str]:
     """The ids of a cancel body ``{"message_ids": ["topic/partition/ledger:entry", ...]}``."""
-    if not isinstance(doc, dict) or set(doc) != {"message_ids"}:
-        raise InvalidArgument('body: expected {"message_ids": [ ... ]}')
-    ids = doc["message_ids"]
-    if not isinstance(ids, list) or not ids:
-        raise InvalidArgument("message_ids: expected a non-empty JSON array")
-    if len(ids) > max_ids:
-        raise InvalidArgument(f"message_ids: {len(ids):,} in one request; at most {max_ids:,}")
-    for i, mid in enumerate(ids):
-        if not isinstance(mid, str):
-            raise InvalidArgument(f"message_ids[{i}]: expected a string")
-    return ids
+    return _strings(doc, "message_ids", max_ids)
+
+
+def keys_of(doc: object, max_keys: int) -> list[str]:
+    """The keys of a cancel-by-key body ``{"keys": ["order-17", ...]}``."""
+    return _strings(doc, "keys", max_keys)
+
+
+def _strings(doc: object, name: str, most: int) -> list[str]:
+    """The non-empty strings of a body ``{name: [...]}`` (at least one, at most ``most``)."""
+    if not isinstance(doc, dict) or set(doc) != {name}:
+        raise InvalidArgument(f'body: expected {{"{name}": [ ... ]}}')
+    items = doc[name]
+    if not isinstance(items, list) or not items:
+        raise InvalidArgument(f"{name}: expected a non-empty JSON array")
+    if len(items) > most:
+        raise InvalidArgument(f"{name}: {len(items):,} in one request; at most {most:,}")
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            raise InvalidArgument(f"{name}[{i}]: expected a non-empty string")
+    return items
+
+
+def _on_duplicate(field: str, value: object) -> str:
+    if value not in ON_DUPLICATE:
+        raise InvalidArgument(f"{field}: expected one of {', '.join(ON_DUPLICATE)}, got {value!r}")
+    return str(value)
 
 
 def time_of(field: str, value: str | None) -> int | datetime | None:

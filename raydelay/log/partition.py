@@ -6,12 +6,14 @@ own module, and owns what spans them: recovery from the store and retention.
 - :mod:`raydelay.log.ledgers`: the ledgers and their entry counts (which positions exist);
 - :mod:`raydelay.log.commit`: group commits and ledger rolls;
 - :mod:`raydelay.log.dedup`: producer deduplication and its snapshots;
+- :mod:`raydelay.log.keys`: the index of pending keyed messages, and its deltas;
 - :mod:`raydelay.log.reader`: reads of whole objects, scattered positions and cancel
   markers, with their caches.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -20,10 +22,14 @@ from raydelay.clock import Clock
 from raydelay.log.commit import CommitResult, Committer, RollFn
 from raydelay.log.dedup import ProducerDedup, Range, StaleSequence
 from raydelay.log.entries import AppendBatch, DelayedRun, Entries, LedgerObject, Rows
+from raydelay.log.keys import KeyIndex, KeyStore, ledger_through
 from raydelay.log.ledgers import LedgerInfo, LedgerTable, Position
 from raydelay.log.reader import LogReader, ReadReply, ledger_prefix
+from raydelay.positions import key_of
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import validate_name
+
+log = logging.getLogger(__name__)
 
 
 class PartitionLog:
@@ -49,6 +55,9 @@ class PartitionLog:
         self._roll_fn = roll
         self._ledgers = LedgerTable(ledgers)
         self._dedup = ProducerDedup(store, topic, partition)
+        self._clock = clock
+        self.keys = KeyIndex()  # pending keyed messages (observed as objects are written)
+        self._key_store = KeyStore(store, topic, partition)
         self._reader = LogReader(
             store=store,
             topic=topic,
@@ -133,12 +142,24 @@ class PartitionLog:
 
     def _written(self, obj: LedgerObject, data: bytes) -> None:
         self._reader.added(obj, data)
+        self.keys.observe(obj)
         if self.on_object is not None:
             self.on_object(obj)
 
     def _rolled(self, closed: int) -> None:
+        try:  # (a failed write leaves its changes for the next roll's)
+            self._key_store.cut(self.keys, self._clock.now_ms())
+        except Exception as exc:  # noqa: BLE001 - retention keeps the ledgers it misses
+            log.warning("%s/%d: key index delta not written (%s)", self._topic,
+                        self._partition, exc)  # fmt: skip
         if self.on_roll is not None:
             self.on_roll(closed)
+
+    @property
+    def keys_ledger_through(self) -> int:
+        """The last ledger whose keyed entries the key index has in the store (-1: none):
+        retention deletes no ledger after it."""
+        return ledger_through(self.keys)
 
     # --- reading -----------------------------------------------------------------------
 
@@ -184,6 +205,7 @@ class PartitionLog:
                 index = self._reader.object_index(info.ledger_id, first)[0]
                 for producer, (seq, ranges) in index.dedup.items():
                     self._dedup.record(producer, seq, ranges, index.publish_time_ms)
+        self._recover_keys()
         if not self._ledgers.has_open:
             self._ledgers.open(self._roll_fn(None, 0))
             return
@@ -191,6 +213,16 @@ class PartitionLog:
         self._ledgers.set_open_count(count)
         if count > 0:
             self._committer.roll()
+
+    def _recover_keys(self) -> None:
+        """The key index: the newest base and the deltas after it from the store, then
+        the entries of the ledgers they do not cover yet."""
+        through = self._key_store.load(self.keys)
+        for info in self._ledgers.infos:
+            if info.count is not None and key_of(info.ledger_id, info.count - 1) <= through:
+                continue  # (every entry of the ledger is in what was loaded)
+            for obj in self._reader.objects_of(info.ledger_id):
+                self.keys.observe(obj, through)
 
     # --- retention ------------------------------------------------------------------------
 

@@ -30,6 +30,12 @@ class Ledger:
     producer_retries: int = 0
     # id -> deliver_at of the markers sent once everything arrived (not counted in ``sent``)
     markers: dict[MessageId, int | None] = field(default_factory=dict)
+    # keyed rounds: the messages replaced (their replace answered: counted as cancelled), and
+    # the second sends of a pending key ("ignore") that did not answer the first one's id
+    replaced: set[MessageId] = field(default_factory=set)
+    cancelled_by_key: int = 0
+    ignored: int = 0
+    ignored_wrong: list[tuple[MessageId, MessageId]] = field(default_factory=list)
 
     def record(self, name: str, msgs, t: int) -> None:
         self.received[name].extend(
@@ -110,10 +116,16 @@ def run_workload(
     seed: int,
     cancel_share: float = 0.1,
     chaos=None,
+    keyed: bool = False,
 ) -> Ledger:
     """Send ``messages`` over ``seconds`` (delays 0.5-4 s, some immediate), cancel a share of
     them before they are due, consume everything with one consumer per subscription, while
-    ``chaos(stop_event)`` runs in another thread. Returns the ledger."""
+    ``chaos(stop_event)`` runs in another thread. Returns the ledger.
+
+    ``keyed``: every delayed message has a key of its own; the cancels go by key, as many
+    more are replaced by key (a new payload and time: the old one counts as cancelled once
+    the replace answered), and as many are sent a second time, which must answer the
+    first one's id ("ignore")."""
     rng = random.Random(seed)
     ledger = Ledger(received={s: [] for s in subs})
     consumers = {s: cluster.subscribe(topic, s) for s in subs}
@@ -144,8 +156,11 @@ def run_workload(
             ats = [
                 None if rng.random() < 0.2 else base + rng.randint(500, 4_000) for _ in range(batch)
             ]
+            keys = [None if at is None else f"{seed}-{r}-{i}" for i, at in enumerate(ats)]
             mids = producer.send_many(
-                [b"%d" % (r * batch + i) for i in range(batch)], deliver_at=ats
+                [b"%d" % (r * batch + i) for i in range(batch)],
+                deliver_at=ats,
+                keys=keys if keyed else None,
             )
             ledger.sent.update(zip(mids, ats, strict=True))
             # cancel some of the ones due at least 2 s from now (well before they are due): in
@@ -158,7 +173,11 @@ def run_workload(
             ]
             ledger.cancel_attempts.update(doomed)
             called = now_ms()
-            if r % 25 == 0:
+            if keyed:
+                key_of = dict(zip(mids, keys, strict=True))
+                honoured = producer.cancel_keys([key_of[m] for m in doomed]) if doomed else []
+                ledger.cancelled_by_key += sum(honoured)
+            elif r % 25 == 0:
                 honoured = [producer.cancel(mid) for mid in doomed]
             else:
                 honoured = producer.cancel_many(doomed) if doomed else []
@@ -166,6 +185,8 @@ def run_workload(
             kept = [m for m, ok in zip(doomed, honoured, strict=True) if ok]
             ledger.cancelled.update(kept)
             ledger.cancel_times.update((m, (called, answered)) for m in kept)
+            if keyed:
+                _replace_and_repeat(producer, ledger, rng, mids, keys, ats, set(doomed), late)
             time.sleep(max(0.0, seconds / rounds - (now_ms() - base) / 1000))
         produced.set()
         ledger.producer_retries = producer.retries
@@ -186,6 +207,51 @@ def run_workload(
         for t in threads:
             t.join(timeout=10)
     return ledger
+
+
+def _replace_and_repeat(producer, ledger: Ledger, rng, mids, keys, ats, doomed, late) -> None:
+    """A keyed round's replaces and repeated sends, each of messages due later than
+    ``late`` and not cancelled: a share replaced (the old ones count as cancelled once the
+    replace answered), a share sent again (which must answer the pending one's id)."""
+    live = [
+        (m, k, at)
+        for m, k, at in zip(mids, keys, ats, strict=True)
+        if at is not None and at > late and m not in doomed
+    ]
+    picked = [x for x in live if rng.random() < 0.2]
+    replace, repeat = picked[::2], picked[1::2]
+    if replace:
+        base = now_ms()
+        new_ats = [base + rng.randint(500, 4_000) for _ in replace]
+        old = [m for m, _, _ in replace]
+        ledger.cancel_attempts.update(old)
+        called = now_ms()
+        new = producer.send_many(
+            [b"replaces " + str(m).encode() for m in old],
+            deliver_at=new_ats,
+            keys=[k for _, k, _ in replace],
+            on_duplicate="replace",
+        )
+        answered = now_ms()
+        ledger.sent.update(zip(new, new_ats, strict=True))
+        # a replace that answered before the old one was due kept it from delivery (never
+        # early: it was not due yet); one held up past that by a kill may come too late
+        kept = [m for m, _, at in replace if answered < at]
+        ledger.cancelled.update(kept)
+        ledger.replaced.update(kept)
+        ledger.cancel_times.update((m, (called, answered)) for m in kept)
+    if repeat:
+        at = now_ms() + 3_000
+        again = producer.send_many(
+            [b"again"] * len(repeat), deliver_at=[at] * len(repeat), keys=[k for _, k, _ in repeat]
+        )
+        answered = now_ms()
+        ledger.ignored += len(repeat)
+        for (first, _, first_at), got in zip(repeat, again, strict=True):
+            if got != first:  # a second message: it must arrive too
+                ledger.sent[got] = at
+                if answered < first_at:  # (the first was still pending: it should have won)
+                    ledger.ignored_wrong.append((first, got))
 
 
 def wait_for(ledger: Ledger, timeout_s: float) -> bool:

@@ -199,7 +199,10 @@ def send_markers(
     n = producer.partitions
     keys = [key_on(p, n) for p in range(n)] * len(deliver_at_ms)
     ats = [at for at in deliver_at_ms for _ in range(n)]
-    ids = producer.send_many([b"marker"] * len(keys), deliver_at=ats, keys=keys)
+    # (keys route each to its partition; "allow": markers of one partition share a key)
+    ids = producer.send_many(
+        [b"marker"] * len(keys), deliver_at=ats, keys=keys, on_duplicate="allow"
+    )
     return dict(zip(ids, ats, strict=True))
 
 

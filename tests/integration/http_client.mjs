@@ -1,8 +1,10 @@
 // A service outside Python and Ray: Node's built-in fetch against raydelay's HTTP API.
 // Run by tests/integration/test_http.py as
 //   node http_client.mjs <base url> <token> <topic> <subscription>
-// It sends a batch, a raw message and a JSON one, cancels one of the batch by id, reads the
-// topic's stats and the subscription's schedule, and prints one JSON line with what it got.
+// It sends a batch, a raw message and a JSON one, cancels one of the batch by id, puts a
+// message under a key twice (the second replaces the first), sends one key twice (the
+// second is ignored), cancels another key, reads the topic's stats and the subscription's
+// schedule, and prints one JSON line with what it got.
 
 const [url, token, topic, subscription] = process.argv.slice(2);
 const auth = { Authorization: `Bearer ${token}` };
@@ -51,6 +53,22 @@ const one = await call("POST", `/v1/topics/${topic}/messages`, {
 const cancel = await call("POST", "/v1/cancel", {
   json: { message_ids: [batch.doc.message_ids[1]] },
 });
+const put1 = await call("PUT", `/v1/topics/${topic}/keys/order-9`, {
+  json: { text: "order-9 v1", deliver_after: 2 },
+});
+const put2 = await call("PUT", `/v1/topics/${topic}/keys/order-9`, {
+  json: { text: "order-9 v2", deliver_after: 2.5 },
+});
+const dup1 = await call("POST", `/v1/topics/${topic}/messages`, {
+  json: { text: "dup first", deliver_after: 2, key: "dup" },
+});
+const dup2 = await call("POST", `/v1/topics/${topic}/messages`, {
+  json: { text: "dup second", deliver_after: 2, key: "dup" },
+});
+const doomed = await call("POST", `/v1/topics/${topic}/messages`, {
+  json: { text: "order-5 timeout", deliver_after: 2, key: "order-5" },
+});
+const byKey = await call("DELETE", `/v1/topics/${topic}/keys/order-5`);
 const stats = await call("GET", `/v1/topics/${topic}/stats?subscription=${subscription}`);
 const scheduled = await call(
   "GET",
@@ -64,6 +82,10 @@ console.log(
     raw: raw.doc.message_id,
     one: one.doc.message_id,
     cancelled: cancel.doc.cancelled,
+    put: [put1.doc.message_id, put2.doc.message_id],
+    dup: [dup1.doc.message_id, dup2.doc.message_id],
+    doomed: doomed.doc.message_id,
+    cancelled_by_key: byKey.doc.cancelled,
     stats_keys: Object.keys(stats.doc),
     scheduled: scheduled.doc.map((m) => m.message_id),
   }),

@@ -115,7 +115,9 @@ def scene(ray_cluster):
     for minutes, (n, key) in plan.items():
         for i in range(n):
             at = base + int(minutes * MIN) + i
-            producer.send(f'{{"order": "{key}-{i}"}}'.encode(), key=key, deliver_at=at)
+            producer.send(
+                f'{{"order": "{key}-{i}"}}'.encode(), key=key, deliver_at=at, on_duplicate="allow"
+            )
             due.append(at)
     producer.close()
     writes = _Server(create_app(cluster, allow_writes=True, sample_every_s=0.5))

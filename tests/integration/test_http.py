@@ -184,9 +184,12 @@ def test_a_node_service_with_fetch_sends_and_a_python_consumer_receives(api, clu
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["statuses"] == [201, 201, 201, 200] and doc["cancelled"] == [True]
     assert {"delayed", "backlog", "consumers"} <= set(doc["stats_keys"]), doc
-    # Then a Python consumer receives the four it did not cancel, with their fields
+    assert doc["put"][0] != doc["put"][1] and doc["dup"][0] == doc["dup"][1]
+    assert doc["cancelled_by_key"] is True
+    # Then a Python consumer receives the six it did not cancel or replace, with their fields
     cancelled = doc["batch"][1]
-    wanted = {doc["batch"][0], doc["batch"][2], doc["raw"], doc["one"]}
+    wanted = {doc["batch"][0], doc["batch"][2], doc["raw"], doc["one"], doc["put"][1],
+              doc["dup"][0]}  # fmt: skip
     got = {str(m.message_id): m for m, _ in receive_until(
         consumer, lambda ms: wanted <= {str(m.message_id) for m in ms}
     )}  # fmt: skip
@@ -195,8 +198,12 @@ def test_a_node_service_with_fetch_sends_and_a_python_consumer_receives(api, clu
     assert got[doc["batch"][2]].properties == {"from": "node"}
     assert got[doc["raw"]].payload == bytes([0, 1, 2, 255]) and got[doc["raw"]].key == "raw-key"
     assert got[doc["one"]].payload == b"node-json"
+    assert got[doc["put"][1]].payload == b"order-9 v2" and got[doc["put"][1]].key == "order-9"
+    assert got[doc["dup"][0]].payload == b"dup first"
     markers = send_markers(cluster.create_producer(topic_name), [now_ms() + 500])
-    assert cancelled not in {str(m.message_id) for m in received_before(consumer, markers)}
+    later = {str(m.message_id) for m in received_before(consumer, markers)}
+    assert not later & {cancelled, doc["put"][0], doc["doomed"]}
+    assert not {cancelled, doc["put"][0], doc["doomed"]} & set(got)
 
 
 BAD_REQUESTS = [

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from raydelay.actors.partition.keyed import KeyedReply
 from raydelay.actors.protocol import ReceiveReply
 from raydelay.dispatch.wire import DELIVERY_SCHEMA, pack_delivery
-from raydelay.errors import Unavailable
-from raydelay.log.entries import decode_batch
+from raydelay.errors import KeyPending, Unavailable
+from raydelay.log.entries import AppendBatch, decode_batch, encode_batch
 from raydelay.positions import position_keys
 
 
@@ -122,6 +123,60 @@ class FakeTopic(FakeLink):
                 self.seen[partition][(batch.producer, batch.sequence_id)] = known
             out.append(known)
         return out
+
+    def append_keyed(self, partition, data, on_duplicate):
+        return self._call("append_keyed", partition, data, on_duplicate)
+
+    def cancel_keys(self, partition, keys, producer, sequence_id):
+        return self._call("cancel_keys", partition, keys)
+
+    def pending_keys(self, partition, keys):
+        return self._call("pending_keys", partition, keys)
+
+    def apply(self, work):
+        self.applied = getattr(self, "applied", []) + [work]
+        return {p: [True] * len(targets) for p, (targets, _) in work.items()}
+
+    def _pending(self, partition):
+        """key -> entry of the message pending under it (a fake's: kept until cancelled)."""
+        if not hasattr(self, "pending"):
+            self.pending = defaultdict(dict)
+        return self.pending[partition]
+
+    def _append_keyed(self, partition, data, on_duplicate):
+        """As a host's keyed append (one batch at a time), over :meth:`_append`."""
+        batch = decode_batch(data)
+        keys = batch.entries.batch.column("key").to_pylist()
+        pending = self._pending(partition)
+        for k in keys:
+            if k in pending and on_duplicate == "error":
+                raise KeyPending(f"key: {k!r} is held by a message still scheduled")
+        positions, replaced = [], []
+        for i, k in enumerate(keys):
+            if k in pending and on_duplicate == "ignore":
+                positions.append((partition, pending[k]))
+                continue
+            one = AppendBatch(batch.producer, batch.sequence_id * 10_000 + i,
+                              batch.entries.slice(i, i + 1))  # fmt: skip
+            ((lg, first, _),) = self._append(partition, [encode_batch(one)])[0]
+            if k in pending:
+                replaced.append(((partition, pending[k]), (partition, first)))
+            if k is not None:
+                pending[k] = first
+            positions.append((lg, first))
+        return KeyedReply(positions, replaced, len(positions))
+
+    def _cancel_keys(self, partition, keys):
+        pending = self._pending(partition)
+        out = []
+        for k in keys:
+            entry = pending.pop(k, None)
+            out.append([] if entry is None else [((partition, entry), (partition, -1))])
+        return out
+
+    def _pending_keys(self, partition, keys):
+        pending = self._pending(partition)
+        return {k: [pending[k]] for k in keys if k in pending}
 
     def _last_sequence(self, partition, producer):
         return max((s for name, s in self.seen[partition] if name == producer), default=0)

@@ -153,11 +153,18 @@ def recorders():
 
 def test_what_a_producer_submits_binds_to_the_host(recorders):
     made, peers = recorders
-    topic = TopicHandles("t", peers(2), deadline_s=1, cancel=lambda b, p: ({}, 0))
+    topic = TopicHandles(
+        "t", peers(2), deadline_s=1, cancel=lambda b, p: ({}, 0), apply=lambda w: {}
+    )
     topic.append(1, [b"batch"])
     topic.last_sequence(0, "producer")
+    topic.append_keyed(1, b"batch", "replace")
+    topic.cancel_keys(0, ["k"], "producer", 3)
+    topic.pending_keys(1, ["k"])
     calls = [c for r in made for c in r.calls]
-    assert [c[0] for c in calls] == ["last_sequence", "append"]
+    assert sorted(c[0] for c in calls) == sorted(
+        ["last_sequence", "append", "append_keyed", "cancel_keys", "pending_keys"]
+    )
     _binds(HostActor, calls)
 
 

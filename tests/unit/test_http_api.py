@@ -45,7 +45,11 @@ class FakeCluster:
             p for part in sorted(self.logs[topic].payloads) for p in self.logs[topic].payloads[part]
         ]
 
-    def cancel(self, ids):
+    def cancel(self, ids, key=None, *, keys=None):
+        if key is not None or keys is not None:  # by key: ids is the topic
+            producer = self.create_producer(ids)
+            done = producer.cancel_keys([key] if key is not None else keys)
+            return done[0] if key is not None else done
         self.cancelled.append(list(ids))
         return [i % 2 == 0 for i in range(len(ids))]
 
@@ -544,3 +548,76 @@ def test_every_answer_says_how_long_the_app_took(world):
     ):
         name, _, duration = r.headers["Server-Timing"].partition(";dur=")
         assert name == "app" and float(duration) >= 0
+
+
+# --- keys of the caller's choosing ----------------------------------------------------------
+
+
+def test_a_second_send_of_a_pending_key_does_what_on_duplicate_says(world):
+    cluster, tokens, client = world
+    h = auth(tokens["produce"])
+    url = "/v1/topics/orders/messages"
+    first = client.post(url, json={"text": "a", "deliver_after": 60, "key": "o-1"}, headers=h)
+    same = client.post(url, json={"text": "b", "deliver_after": 60, "key": "o-1"}, headers=h)
+    assert same.status_code == 201 and same.json() == first.json()  # ignored
+    refused = client.post(
+        url, json={"text": "c", "deliver_after": 60, "key": "o-1", "on_duplicate": "error"},
+        headers=h,
+    )  # fmt: skip
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "key_pending"
+    raw = client.post(
+        url, content=b"d", headers={**h, "Content-Type": "application/octet-stream",
+        "Raydelay-Deliver-After": "60", "Raydelay-Key": "o-1", "Raydelay-On-Duplicate": "replace"},
+    )  # fmt: skip
+    assert raw.status_code == 201 and raw.json() != first.json()
+    assert cluster.sent() == [b"a", b"d"]
+
+
+def test_put_under_a_key_replaces_and_delete_cancels(world):
+    cluster, tokens, client = world
+    put = "/v1/topics/orders/keys/order-17"
+    a = client.put(put, json={"text": "v1", "deliver_after": 60}, headers=auth(tokens["produce"]))
+    b = client.put(put, json={"text": "v2", "deliver_after": 60}, headers=auth(tokens["produce"]))
+    assert a.status_code == b.status_code == 201 and a.json() != b.json()
+    assert cluster.logs["orders"].applied  # the replaced one's marker went to the subscriptions
+    bad = client.put(
+        put, json={"text": "v3", "deliver_after": 60, "key": "x"}, headers=auth(tokens["produce"])
+    )
+    assert bad.status_code == 400 and "key" in bad.json()["error"]["message"]
+    gone = client.delete(put, headers=auth(tokens["cancel"]))
+    assert gone.status_code == 200 and gone.json() == {"cancelled": True}
+    assert client.delete(put, headers=auth(tokens["cancel"])).json() == {"cancelled": False}
+    assert client.delete(put, headers=auth(tokens["produce"])).status_code == 403
+
+
+def test_cancel_by_keys_and_its_bad_bodies(world):
+    cluster, tokens, client = world
+    client.post(
+        "/v1/topics/orders/messages/batch",
+        json={"messages": [{"text": "x", "deliver_after": 60, "key": "k1"}],
+              "on_duplicate": "replace"},
+        headers=auth(tokens["produce"]),
+    )  # fmt: skip
+    url = "/v1/topics/orders/cancel"
+    r = client.post(url, json={"keys": ["k1", "k2"]}, headers=auth(tokens["cancel"]))
+    assert r.status_code == 200 and r.json() == {"cancelled": [True, False]}
+    for body, field in [
+        ({"keys": []}, "keys"),
+        ({"keys": [3]}, "keys[0]"),
+        ({"ids": ["k"]}, "body"),
+    ]:
+        r = client.post(url, json=body, headers=auth(tokens["cancel"]))
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith(field), r.text
+    r = client.post(
+        "/v1/topics/orders/messages/batch",
+        json={"messages": [{"text": "x", "on_duplicate": "error"}]},
+        headers=auth(tokens["produce"]),
+    )
+    assert r.status_code == 400 and "once, beside messages" in r.json()["error"]["message"]
+    r = client.post(
+        "/v1/topics/orders/messages",
+        json={"text": "x", "on_duplicate": "overwrite"},
+        headers=auth(tokens["produce"]),
+    )
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("on_duplicate")

@@ -17,9 +17,12 @@ import logging
 import numpy as np
 
 from raydelay.actors.partition.context import PartitionContext
+from raydelay.actors.partition.keyed import KeyedAppends, KeyedReply
 from raydelay.actors.partition.reads import LogReads
+from raydelay.clock import now_ms
 from raydelay.errors import InvalidArgument, NotFound, Unavailable
 from raydelay.log.entries import NO_DELAY, AppendBatch, Entries, decode_batch
+from raydelay.log.keys import check_on_duplicate
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ class Appender:
         # (asyncio's primitives bind to the event loop on first use, not here)
         self._work = asyncio.Event()
         self._full = asyncio.Event()
+        self._keyed = KeyedAppends(ctx, reads, self._queue_batch)
 
     @property
     def queued(self) -> int:
@@ -73,6 +77,23 @@ class Appender:
         futures = [self._queue_batch(b) for b in decoded]
         results = await asyncio.gather(*futures)
         return list(results) if many else results[0]
+
+    async def append_keyed(self, batch: bytes, on_duplicate: str) -> KeyedReply:
+        """Append one batch whose keys are its messages' identities (see
+        :mod:`raydelay.actors.partition.keyed`)."""
+        check_on_duplicate(on_duplicate)
+        return await self._keyed.append(self._check(batch), on_duplicate)
+
+    async def cancel_keys(self, keys: list[str], producer: str, sequence_id: int) -> list[list]:
+        """Cancel markers for the messages pending under ``keys`` (see
+        :meth:`KeyedAppends.cancel`)."""
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise InvalidArgument("keys: expected a list of str")
+        return await self._keyed.cancel(keys, producer, sequence_id)
+
+    async def pending_keys(self, keys: list[str]) -> dict[str, list[int]]:
+        """The positions of the messages pending under each of ``keys``."""
+        return await self._keyed.pending(keys, now_ms())
 
     def _check(self, data: bytes) -> AppendBatch:
         decoded = decode_batch(data)

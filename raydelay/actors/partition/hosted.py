@@ -39,6 +39,7 @@ from raydelay.actors.partition.context import (
     seal_counters,
 )
 from raydelay.actors.partition.index import PartitionIndex
+from raydelay.actors.partition.keyed import KeyedReply
 from raydelay.actors.partition.merges import BucketMerger
 from raydelay.actors.partition.reads import LogReads
 from raydelay.actors.partition.retention import Retention
@@ -138,6 +139,18 @@ class HostedPartition:
     async def check_cancel(self, positions: list[tuple[int, int]]) -> None:
         self._ensure_started()
         self._appender.check_targets(positions)
+
+    async def append_keyed(self, batch: bytes, on_duplicate: str) -> KeyedReply:
+        self._ensure_started()
+        return await self._appender.append_keyed(batch, on_duplicate)
+
+    async def cancel_keys(self, keys: list[str], producer: str, sequence_id: int) -> list[list]:
+        self._ensure_started()
+        return await self._appender.cancel_keys(keys, producer, sequence_id)
+
+    async def pending_keys(self, keys: list[str]) -> dict[str, list[int]]:
+        self._ensure_started()
+        return await self._appender.pending_keys(keys)
 
     async def last_sequence(self, producer: str) -> int:
         self._ensure_started()
@@ -251,6 +264,8 @@ class HostedPartition:
             "buckets": len(self._buckets.entries),
             "sealed_through": self._buckets.through,
             "unsealed_delayed": self._index.count,
+            "key_index_entries": len(self._log.keys),
+            "key_index_bytes": self._log.keys.nbytes(),
             **self.seal_counters,
             **self._log.stats_counters,
         }

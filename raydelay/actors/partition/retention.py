@@ -32,7 +32,10 @@ class Retention:
         subscription needs; returns the ledger ids."""
         await self._trim_buckets()
         ids = await self._coordinator.once(CoordinatorActor.retention, self._topic, self._partition)
-        ids = [i for i in ids if i != self._log.current_ledger]
+        # (a ledger whose keyed entries the key index has not written yet stays: a
+        # restarted host reads them from it)
+        keys_through = self._log.keys_ledger_through
+        ids = [i for i in ids if i != self._log.current_ledger and i <= keys_through]
         if not ids:
             return []
         deleted = await self._ctx.threads.run(self._log.delete_ledgers, ids)
