@@ -6,15 +6,16 @@ until it falls due (or is cancelled). The index answers "which positions may hol
 pending message with this key?" without a dict of every key: each entry is 16 bytes in
 two sorted numpy columns,
 
-- ``packed``: the key's 32-bit fingerprint (CRC-32 of its UTF-8) in the high half and
-  the second it falls due (``deliver_at_ms // 1000``) in the low half, sorted;
+- ``packed``: the key's 32-bit fingerprint (a hash of its UTF-8 bytes, computed over a
+  whole key column at once: :func:`fingerprints`) in the high half and the second it
+  falls due (``deliver_at_ms // 1000``) in the low half, sorted;
 - ``pos``: the position key of the message.
 
 A fingerprint is only a hint: two keys can share one. The caller reads the rows at the
 candidate positions and compares their keys and ``deliver_at`` (the host does, see
 ``raydelay.actors.partition.appender``), so a collision costs a read, never a wrong answer.
-New entries wait in a small dict until there are ``MERGE_AT`` of them, then go into the
-columns in one merge. Cancelled positions are kept in a roaring bitmap until the next
+New entries go into two small sorted columns of their own, which merge into the big ones
+once they hold ``MERGE_AT`` entries (so a commit never copies the big ones). Cancelled positions are kept in a roaring bitmap until the next
 compaction drops them with the entries that fell due.
 
 The index is a function of the log alone: :meth:`KeyIndex.observe` takes each committed
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import zlib
 from collections.abc import Iterable
 
 import msgpack
@@ -52,7 +52,7 @@ from raydelay.storage.keys import validate_name
 log = logging.getLogger(__name__)
 
 KEYS_VERSION = 1
-MERGE_AT = 1 << 16  # new entries held in a dict before they merge into the columns
+MERGE_AT = 1 << 18  # new entries held in small columns of their own before they merge
 BASE_AFTER_DELTAS = 64  # a base is written once this many deltas pile up ...
 _U32 = (1 << 32) - 1
 _U8 = np.dtype("<u8")
@@ -73,9 +73,73 @@ def check_on_duplicate(value: object) -> str:
     return value
 
 
+_MUL = np.uint64(0x9E3779B97F4A7C15)  # the fingerprint's multiplier (odd; 2**64 / golden ratio)
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
+_POWERS = np.ones(1, dtype=np.uint64)  # _MUL ** i (mod 2**64), grown as longer keys come
+
+
+def _powers(n: int) -> np.ndarray:
+    global _POWERS
+    if len(_POWERS) < n:
+        grown = np.empty(max(n, 2 * len(_POWERS)), dtype=np.uint64)
+        grown[0] = 1
+        with np.errstate(over="ignore"):
+            for i in range(1, len(grown)):
+                grown[i] = grown[i - 1] * _MUL
+        _POWERS = grown
+    return _POWERS
+
+
+def fingerprints(keys: pa.Array) -> np.ndarray:
+    """The 32-bit fingerprints (uint64 values < 2**32) of a string column without nulls,
+    computed over its UTF-8 bytes as columns, with no Python call per key: a polynomial
+    hash of the bytes (mod 2**64), mixed with the length. A hint: keys can share one."""
+    keys = keys.cast(pa.string()) if keys.type != pa.string() else keys
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * keys.offset)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    body = keys.buffers()[2]  # (None when every key is empty)
+    data = (
+        np.frombuffer(body, dtype=np.uint8)[lo:hi].astype(np.uint64)
+        if body
+        else np.zeros(0, np.uint64)
+    )
+    lengths = np.diff(offsets).astype(np.int64)
+    starts = offsets[:-1].astype(np.int64) - lo
+    h = np.zeros(n, dtype=np.uint64)
+    if hi > lo:
+        at = np.arange(hi - lo, dtype=np.int64) - np.repeat(starts, lengths)
+        with np.errstate(over="ignore"):
+            terms = (data + np.uint64(1)) * _powers(int(lengths.max()))[at]
+            nonempty = lengths > 0
+            h[nonempty] = np.add.reduceat(terms, starts[nonempty])
+    with np.errstate(over="ignore"):
+        h ^= lengths.astype(np.uint64) * _MUL
+        h ^= h >> np.uint64(31)
+        h *= _MIX
+        h ^= h >> np.uint64(29)
+    return h >> np.uint64(32)
+
+
+_M64 = (1 << 64) - 1
+
+
 def fingerprint(key: str) -> int:
-    """The 32-bit fingerprint of a key (a hint: keys can share one)."""
-    return zlib.crc32(key.encode("utf-8"))
+    """The fingerprint of one key: what :func:`fingerprints` gives it in a column, in
+    Python's own integers (cheaper than the columns for one key)."""
+    data = key.encode("utf-8")
+    mul = int(_MUL)
+    h, power = 0, 1
+    for byte in data:
+        h = (h + (byte + 1) * power) & _M64
+        power = (power * mul) & _M64
+    h ^= (len(data) * mul) & _M64
+    h ^= h >> 31
+    h = (h * int(_MIX)) & _M64
+    h ^= h >> 29
+    return h >> 32
 
 
 def due_second(deliver_at_ms: int) -> int:
@@ -96,12 +160,13 @@ class KeyIndex:
         self.lock = threading.Lock()
         self._packed = np.zeros(0, dtype=_U8)
         self._pos = np.zeros(0, dtype=_I8)
-        self._recent: dict[int, list[tuple[int, int]]] = {}  # fingerprint -> [(pos, due_s)]
-        self._recent_n = 0
+        # the newest entries, in two small sorted columns of their own (merged into the big
+        # ones past MERGE_AT, so that a commit never copies the big ones)
+        self._rpacked = np.zeros(0, dtype=_U8)
+        self._rpos = np.zeros(0, dtype=_I8)
         self._gone = BitMap64()  # cancelled positions (dropped at the next compaction)
         # changes since the last cut, for the next delta
-        self._delta_packed: list[int] = []
-        self._delta_pos: list[int] = []
+        self._delta: list[tuple[np.ndarray, np.ndarray]] = []
         self._delta_gone = BitMap64()
         self.through = -1  # the last position key observed (or loaded)
         self.persisted_through = -1  # the last position key written to the store
@@ -123,95 +188,89 @@ class KeyIndex:
         skip = max(0, after - first + 1)
         if skip >= n:
             return 0
-        batch = entries.batch
         targets = entries.cancel_targets[skip:]
-        keys_col = batch.column(2).slice(skip)
+        keys_col = entries.batch.column(2).slice(skip)
         deliver = entries.deliver_at_ms[skip:]
-        added = 0
+        which = np.zeros(0, dtype=np.int64)
+        if keys_col.null_count < len(keys_col):
+            valid = np.asarray(pc.is_valid(keys_col).to_numpy(zero_copy_only=False))
+            which = np.flatnonzero(valid & (deliver > obj.publish_time_ms) & (targets == NO_CANCEL))
+        packed = pos = None
+        if len(which):
+            fps = fingerprints(keys_col.take(pa.array(which)))
+            due = np.clip(deliver[which] // 1000, 0, _U32).astype(_U8)
+            packed = (fps << np.uint64(32)) | due
+            pos = (first + skip + which).astype(_I8)
+        marked = targets[targets != NO_CANCEL].astype(np.uint64)
         with self.lock:
-            marked = targets[targets != NO_CANCEL]
             if len(marked):
-                self._gone.update(marked.astype(np.uint64))
-                self._delta_gone.update(marked.astype(np.uint64))
-            if keys_col.null_count < len(keys_col):
-                valid = np.asarray(pc.is_valid(keys_col).to_numpy(zero_copy_only=False))
-                which = np.flatnonzero(
-                    valid & (deliver > obj.publish_time_ms) & (targets == NO_CANCEL)
-                )
-                if len(which):
-                    texts = keys_col.take(pa.array(which)).to_pylist()
-                    for i, text in zip(which.tolist(), texts, strict=True):
-                        self._add(fingerprint(text), due_second(deliver[i]), first + skip + i)
-                    added = len(which)
+                self._gone.update(marked)
+                self._delta_gone.update(marked)
+            if packed is not None and pos is not None:
+                self._rpacked, self._rpos = _merged(self._rpacked, self._rpos, packed, pos)
+                self._delta.append((packed, pos))
             self.through = max(self.through, first + n - 1)
-        if self._recent_n >= MERGE_AT:
-            self.merge()
-        return added
-
-    def _add(self, fp: int, due_s: int, pos: int) -> None:
-        self._recent.setdefault(fp, []).append((pos, due_s))
-        self._recent_n += 1
-        self._delta_packed.append((fp << 32) | due_s)
-        self._delta_pos.append(pos)
+            if len(self._rpacked) >= MERGE_AT:
+                self._merge()
+        return len(which)
 
     def merge(self) -> None:
-        """Move the recent entries into the sorted columns."""
+        """Move the recent entries into the big columns."""
         with self.lock:
-            if not self._recent_n:
-                return
-            packed = np.fromiter(
-                ((fp << 32) | due for fp, items in self._recent.items() for _, due in items),
-                dtype=_U8,
-                count=self._recent_n,
-            )
-            pos = np.fromiter(
-                (p for items in self._recent.values() for p, _ in items),
-                dtype=_I8,
-                count=self._recent_n,
-            )
-            self._insert(packed, pos)
-            self._recent, self._recent_n = {}, 0
+            self._merge()
+
+    def _merge(self) -> None:
+        if len(self._rpacked):
+            self._packed, self._pos = _merged(self._packed, self._pos, self._rpacked, self._rpos)
+            self._rpacked, self._rpos = np.zeros(0, dtype=_U8), np.zeros(0, dtype=_I8)
 
     def _insert(self, packed: np.ndarray, pos: np.ndarray) -> None:
-        order = np.argsort(packed, kind="stable")
-        packed, pos = packed[order], pos[order]
-        at = np.searchsorted(self._packed, packed)
-        self._packed = np.insert(self._packed, at, packed)
-        self._pos = np.insert(self._pos, at, pos)
+        self._packed, self._pos = _merged(self._packed, self._pos, packed, pos)
 
     # --- looking up --------------------------------------------------------------------
 
     def candidates(self, key: str, now_ms: int) -> list[int]:
         """The positions that may hold a message with ``key`` still pending at ``now_ms``
         (ascending; the caller checks the rows)."""
-        fp = fingerprint(key)
+        return self.candidates_of([key], now_ms)[key]
+
+    def candidates_of(self, keys: list[str], now_ms: int) -> dict[str, list[int]]:
+        """:meth:`candidates` of many keys at once (their fingerprints as one column)."""
+        if len(keys) <= 16:  # (a few keys: Python's integers beat building a column)
+            fps = [fingerprint(k) for k in keys]
+        else:
+            fps = fingerprints(pa.array(keys, type=pa.string())).tolist()
         floor = int(now_ms) // 1000
+        out: dict[str, list[int]] = {}
         with self.lock:
-            lo = np.searchsorted(self._packed, np.uint64(fp << 32))
-            hi = np.searchsorted(self._packed, np.uint64((fp << 32) | _U32), side="right")
-            out = [
-                int(p)
-                for v, p in zip(self._packed[lo:hi], self._pos[lo:hi], strict=True)
-                if int(v) & _U32 >= floor
-            ]
-            out += [p for p, due in self._recent.get(fp, ()) if due >= floor]
-            gone = self._gone
-            return sorted(p for p in out if p not in gone)
+            for key, fp in zip(keys, fps, strict=True):
+                found: list[int] = []
+                for packed, pos in ((self._packed, self._pos), (self._rpacked, self._rpos)):
+                    lo = int(np.searchsorted(packed, np.uint64(fp << 32)))
+                    hi = int(np.searchsorted(packed, np.uint64((fp << 32) | _U32), side="right"))
+                    if hi > lo:
+                        due = packed[lo:hi] & np.uint64(_U32)
+                        found += pos[lo:hi][due >= np.uint64(floor)].tolist()
+                gone = self._gone
+                out[key] = sorted(p for p in found if p not in gone)
+        return out
 
     def __len__(self) -> int:
         """Entries held, cancelled and fallen-due ones included until the next compaction."""
-        return len(self._packed) + self._recent_n
+        return len(self._packed) + len(self._rpacked)
 
     def nbytes(self) -> int:
-        """Memory held by the columns, the recent dict (roughly) and the bitmaps."""
-        recent = self._recent_n * 90 + len(self._recent) * 60  # tuples, lists and dict slots
+        """Memory held: the columns, the changes not cut into a delta yet, and the bitmap
+        of cancelled positions."""
+        pending = sum(a.nbytes + b.nbytes for a, b in self._delta)
         gone = 8 * len(self._gone)  # (at most: roaring packs runs much tighter)
-        return int(self._packed.nbytes + self._pos.nbytes) + recent + gone
+        columns = self._packed.nbytes + self._pos.nbytes + self._rpacked.nbytes + self._rpos.nbytes
+        return int(columns) + pending + gone
 
     def compact(self, now_ms: int) -> None:
         """Drop the entries that fell due before ``now_ms`` and the cancelled ones."""
-        self.merge()
         with self.lock:
+            self._merge()
             floor = int(now_ms) // 1000
             keep = (self._packed & np.uint64(_U32)) >= np.uint64(floor)
             if len(self._gone):
@@ -225,14 +284,10 @@ class KeyIndex:
     def take_delta(self) -> bytes:
         """The changes since the last cut, encoded (and forgotten here)."""
         with self.lock:
-            data = encode_keys(
-                "delta",
-                self.through,
-                np.array(self._delta_packed, dtype=_U8),
-                np.array(self._delta_pos, dtype=_I8),
-                self._delta_gone,
-            )
-            self._delta_packed, self._delta_pos = [], []
+            packed = np.concatenate([a for a, _ in self._delta] or [np.zeros(0, dtype=_U8)])
+            pos = np.concatenate([b for _, b in self._delta] or [np.zeros(0, dtype=_I8)])
+            data = encode_keys("delta", self.through, packed, pos, self._delta_gone)
+            self._delta = []
             self._delta_gone = BitMap64()
             return data
 
@@ -240,8 +295,7 @@ class KeyIndex:
         """Put a cut delta back (its write failed): the next cut carries it too."""
         d = decode_keys(data)
         with self.lock:
-            self._delta_packed[:0] = d["packed"].tolist()
-            self._delta_pos[:0] = d["pos"].tolist()
+            self._delta.insert(0, (d["packed"], d["pos"]))
             self._delta_gone |= d["gone"]
 
     def base(self, now_ms: int) -> bytes:
@@ -255,10 +309,24 @@ class KeyIndex:
         d = decode_keys(data)
         with self.lock:
             if len(d["packed"]):
-                self._insert(d["packed"], d["pos"])
+                self._rpacked, self._rpos = _merged(
+                    self._rpacked, self._rpos, d["packed"], d["pos"]
+                )
+                if len(self._rpacked) >= MERGE_AT:
+                    self._merge()
             self._gone |= d["gone"]
             self.through = max(self.through, d["through"])
         return d["through"]
+
+
+def _merged(
+    packed: np.ndarray, pos: np.ndarray, more_packed: np.ndarray, more_pos: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted columns with ``more`` put in (sorted first): one pass, new arrays."""
+    order = np.argsort(more_packed, kind="stable")
+    more_packed, more_pos = more_packed[order], more_pos[order]
+    at = np.searchsorted(packed, more_packed)
+    return np.insert(packed, at, more_packed), np.insert(pos, at, more_pos)
 
 
 def encode_keys(

@@ -14,6 +14,7 @@ from raydelay.errors import InvalidArgument, KeyPending
 from raydelay.log.entries import AppendBatch, Entries, Rows, encode_batch
 from raydelay.positions import key_of
 from tests.unit.test_hosted_partition import Parts
+from tests.unit.test_log_keys import colliding_keys
 
 
 def batch(keys, payloads=None, producer="p", seq=0, after_ms=60_000) -> bytes:
@@ -82,10 +83,12 @@ def test_error_writes_nothing_of_the_batch(parts):
 
 
 def test_keys_that_share_a_fingerprint_are_told_apart_by_their_rows(parts):
+    one, other = colliding_keys()
+
     async def go():
-        a = await parts.appender.append_keyed(batch(["plumless"], seq=1), "error")
-        b = await parts.appender.append_keyed(batch(["buckeroo"], seq=2), "error")
-        c = await parts.appender.append_keyed(batch(["buckeroo"], seq=3), "ignore")
+        a = await parts.appender.append_keyed(batch([one], seq=1), "error")
+        b = await parts.appender.append_keyed(batch([other], seq=2), "error")
+        c = await parts.appender.append_keyed(batch([other], seq=3), "ignore")
         return a, b, c
 
     a, b, c = run(parts, go)

@@ -5,6 +5,7 @@ restarted from them."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from raydelay.errors import CodecError, InvalidArgument, StorageError
@@ -16,6 +17,7 @@ from raydelay.log.keys import (
     check_on_duplicate,
     decode_keys,
     fingerprint,
+    fingerprints,
     keys_prefix,
 )
 from raydelay.positions import key_of
@@ -63,7 +65,7 @@ def test_entries_merge_into_the_columns_and_compaction_drops_the_dead(monkeypatc
     due = [10_000 if i % 2 else 90_000 for i in range(250)]
     index.observe(obj(1, 0, names, due))
     index.observe(obj(1, 250, [None], [NO_DELAY], cancels={0: (1, 4)}))
-    assert len(index._recent) == 0 and len(index._packed) == 250  # merged at 100
+    assert len(index._rpacked) == 0 and len(index._packed) == 250  # merged at 100
     assert index.candidates("k4", NOW) == []
     assert index.candidates("k6", NOW) == [key_of(1, 6)]
     index.compact(20_000)  # the odd ones fell due; k4 was cancelled
@@ -72,13 +74,32 @@ def test_entries_merge_into_the_columns_and_compaction_drops_the_dead(monkeypatc
     assert np.all(np.diff(index._packed.astype(np.int64)) >= 0)  # still sorted
 
 
+def colliding_keys() -> tuple[str, str]:
+    """Two keys that share a fingerprint (32 bits: among 300k keys a pair is all but sure)."""
+    names = [f"user-{i}" for i in range(300_000)]
+    fps = fingerprints(pa.array(names))
+    order = np.argsort(fps, kind="stable")
+    same = np.flatnonzero(np.diff(fps[order]) == 0)
+    assert len(same), "no two of the keys share a fingerprint"
+    return names[order[same[0]]], names[order[same[0] + 1]]
+
+
 def test_a_shared_fingerprint_gives_both_positions():
-    # CRC-32 collides for these two strings ("plumless" / "buckeroo" is the classic pair)
-    assert fingerprint("plumless") == fingerprint("buckeroo")
+    a, b = colliding_keys()
+    assert a != b and fingerprint(a) == fingerprint(b)
     index = KeyIndex()
-    index.observe(obj(1, 0, ["plumless", "buckeroo"], [60_000, 60_000]))
+    index.observe(obj(1, 0, [a, b], [60_000, 60_000]))
     # a hint only: the host reads both rows and keeps the one whose key is the same
-    assert index.candidates("plumless", NOW) == [key_of(1, 0), key_of(1, 1)]
+    assert index.candidates(a, NOW) == [key_of(1, 0), key_of(1, 1)]
+
+
+def test_fingerprints_of_a_column_are_each_keys_own():
+    names = ["", "a", "é", "order-17", "x" * 1_000, "order-17"]
+    col = pa.array(["pad", *names]).slice(1)  # (an offset into its buffers)
+    fps = fingerprints(col)
+    assert fps.tolist() == [fingerprint(n) for n in names]
+    assert fps[3] == fps[5] and len(set(fps.tolist())) == 5
+    assert all(0 <= f < 2**32 for f in fps.tolist())
 
 
 def test_deltas_and_a_base_load_back_into_the_same_index():

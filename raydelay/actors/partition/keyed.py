@@ -62,8 +62,7 @@ class KeyedAppends:
     async def pending(self, keys: list[str], now: int) -> dict[str, list[int]]:
         """The positions (keys) of messages still pending under each of ``keys``: the
         index's candidates, checked against their rows."""
-        index = self._log.keys
-        wanted = {k: index.candidates(k, now) for k in set(keys)}
+        wanted = self._log.keys.candidates_of(list(dict.fromkeys(keys)), now)
         every = sorted({p for ps in wanted.values() for p in ps})
         if not every:
             return {}
