@@ -169,10 +169,15 @@ def segment_of(segment_keys: tuple[BitMap64, ...], keys: np.ndarray) -> np.ndarr
     keys (a bucket's index)."""
     where = np.full(len(keys), -1, dtype=np.int64)
     bm = bitmap64_of(keys)
+    ascending = bool(np.all(keys[1:] > keys[:-1]))  # (then a hit's place is a binary search)
     for i, seg in enumerate(segment_keys):
         hit = bm & seg
         if hit:
-            where[np.isin(keys, bitmap64_values(hit).astype(np.int64))] = i
+            found = bitmap64_values(hit).astype(np.int64)
+            if ascending:
+                where[np.searchsorted(keys, found)] = i
+            else:
+                where[np.isin(keys, found)] = i
     return where
 
 

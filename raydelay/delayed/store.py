@@ -36,12 +36,14 @@ from raydelay.delayed.sealed import (
 from raydelay.errors import CodecError, NotFound
 from raydelay.log.cache import LruCache
 from raydelay.log.entries import Rows
+from raydelay.log.reader import KeyRows
 from raydelay.positions import SHIFT
 from raydelay.storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
-_INDEXES_KEPT = 4  # a few: lookups of gone ledgers are rare
+_INDEXES_KEPT = 16  # lookups of gone ledgers: cancels and key checks
+_KEY_ROWS_KEPT = 500_000  # rows of segments whose keys are kept for key checks
 
 
 class SealedStore:
@@ -60,6 +62,10 @@ class SealedStore:
         self._prefix = prefix if prefix is not None else registry_name(topic, partition)
         self._metas: LruCache[str, SealedMeta] = LruCache(meta_cache)
         self._indexes: LruCache[str, tuple] = LruCache(_INDEXES_KEPT)
+        # (run key, segment offset) -> its rows' keys (no payloads), for key checks
+        self._key_rows: LruCache[tuple[str, int], KeyRows] = LruCache(
+            _KEY_ROWS_KEPT, size_of=lambda r: len(r.positions)
+        )
         self._lock = threading.Lock()  # the seal thread and readers share the caches
 
     def write(self, meta: SealedMeta, data: bytes, index: bytes) -> int:
@@ -126,7 +132,25 @@ class SealedStore:
     def read_positions(self, keys: np.ndarray, buckets: list[tuple[int, int, str]]) -> Rows:
         """Rows of ``keys`` found in the buckets ``(start ledger, end ledger, key)`` whose range
         covers their ledger (for positions whose ledger is gone from the log)."""
-        parts: list[Rows] = []
+        return Rows.concat(self._each_run(keys, buckets, self._read_run))
+
+    def key_rows(self, keys: np.ndarray, buckets: list[tuple[int, int, str]]) -> KeyRows:
+        """The keys and ``deliver_at`` of the rows of ``keys`` found in the buckets (what
+        :meth:`read_positions` finds, without payloads): each segment's keys are kept once
+        read (up to _KEY_ROWS_KEPT rows), since the checks of a key index come back to the
+        same segments again and again."""
+        parts = self._each_run(keys, buckets, self._key_run)
+        if not parts:
+            return KeyRows(np.zeros(0, np.int64), [], np.zeros(0, np.int64))
+        return KeyRows(
+            np.concatenate([p.positions for p in parts]),
+            [k for p in parts for k in p.keys],
+            np.concatenate([p.deliver_at_ms for p in parts]),
+        )
+
+    def _each_run(self, keys: np.ndarray, buckets: list[tuple[int, int, str]], read) -> list:
+        """``read(meta, run no, run, its keys)`` of each bucket run holding some of ``keys``."""
+        parts: list = []
         ledgers = keys >> SHIFT
         for start, end, bkey in buckets:
             inside = keys[(ledgers >= start) & (ledgers <= end)]
@@ -142,10 +166,10 @@ class SealedStore:
                     lo, hi = run.ledgers
                     mine = inside[((inside >> SHIFT) >= lo) & ((inside >> SHIFT) <= hi)]
                     if len(mine):
-                        parts += self._read_run(meta, no, run, mine)
+                        parts += read(meta, no, run, mine)
             except NotFound:
                 continue  # deleted meanwhile
-        return Rows.concat(parts)
+        return parts
 
     def _read_run(self, meta: SealedMeta, no: int, run: RunInfo, keys: np.ndarray) -> list[Rows]:
         where = segment_of(self.segment_keys(meta, no), keys)
@@ -155,6 +179,33 @@ class SealedStore:
             rows = self.segment(run.key, seg.offset, seg.length)
             idx = np.flatnonzero(np.isin(rows.positions, keys[where == seg_no]))
             out.append(Rows(rows.positions[idx], rows.publish_time_ms[idx], rows.entries.take(idx)))
+        return out
+
+    def _key_run(self, meta: SealedMeta, no: int, run: RunInfo, keys: np.ndarray) -> list:
+        where = segment_of(self.segment_keys(meta, no), keys)
+        out = []
+        for seg_no in np.unique(where[where >= 0]).tolist():
+            seg = run.segments[seg_no]
+            with self._lock:
+                table = self._key_rows.get((run.key, seg.offset))
+            if table is None:
+                rows = self.segment(run.key, seg.offset, seg.length)
+                order = np.argsort(rows.positions, kind="stable")  # (by position: searchable)
+                texts = rows.entries.batch.column(2).to_pylist()  # (own objects: no bytes kept)
+                table = KeyRows(
+                    rows.positions[order],
+                    [texts[i] for i in order.tolist()],
+                    rows.entries.deliver_at_ms[order],
+                )
+                with self._lock:
+                    self._key_rows.put((run.key, seg.offset), table)
+            if not len(table.positions):
+                continue
+            wanted = keys[where == seg_no]  # (every one is in the segment: its index says so)
+            at = np.minimum(np.searchsorted(table.positions, wanted), len(table.positions) - 1)
+            idx = at[table.positions[at] == wanted]
+            keys_found = [table.keys[i] for i in idx.tolist()]
+            out.append(KeyRows(table.positions[idx], keys_found, table.deliver_at_ms[idx]))
         return out
 
     def delete(self, key: str) -> int:

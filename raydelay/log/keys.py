@@ -13,10 +13,11 @@ two sorted numpy columns,
 
 A fingerprint is only a hint: two keys can share one. The caller reads the rows at the
 candidate positions and compares their keys and ``deliver_at`` (the host does, see
-``raydelay.actors.partition.appender``), so a collision costs a read, never a wrong answer.
+``raydelay.actors.partition.keyed``), so a collision costs a read, never a wrong answer.
 New entries go into two small sorted columns of their own, which merge into the big ones
-once they hold ``MERGE_AT`` entries (so a commit never copies the big ones). Cancelled positions are kept in a roaring bitmap until the next
-compaction drops them with the entries that fell due.
+once they hold ``MERGE_AT`` entries (so a commit never copies the big ones). Cancelled
+positions are kept in a roaring bitmap until the next compaction drops them with the
+entries that fell due.
 
 The index is a function of the log alone: :meth:`KeyIndex.observe` takes each committed
 object (its keyed delayed entries, and the targets of its cancel markers). So it is

@@ -24,7 +24,7 @@ from raydelay.log.dedup import ProducerDedup, Range, StaleSequence
 from raydelay.log.entries import AppendBatch, DelayedRun, Entries, LedgerObject, Rows
 from raydelay.log.keys import KeyIndex, KeyStore, ledger_through
 from raydelay.log.ledgers import LedgerInfo, LedgerTable, Position
-from raydelay.log.reader import LogReader, ReadReply, ledger_prefix
+from raydelay.log.reader import KeyRows, LogReader, ReadReply, ledger_prefix
 from raydelay.positions import key_of
 from raydelay.storage.base import ObjectStore
 from raydelay.storage.keys import validate_name
@@ -186,6 +186,10 @@ class PartitionLog:
         order. A restarted subscription learns them all before it delivers anything, so a
         cancel it had applied before dying cannot slip out while it re-reads the log."""
         return self._reader.cancel_markers(from_position)
+
+    def key_rows(self, positions: np.ndarray) -> KeyRows:
+        """See :meth:`raydelay.log.reader.LogReader.key_rows`."""
+        return self._reader.key_rows(positions)
 
     def read_positions(self, positions: list[Position] | np.ndarray) -> Rows:
         """See :meth:`raydelay.log.reader.LogReader.read_positions`."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from raydelay.log.cache import LruCache
 from raydelay.log.entries import (
@@ -33,6 +34,7 @@ from raydelay.log.entries import (
     decode_index,
     decode_object,
     index_length,
+    int64_values,
 )
 from raydelay.log.ledgers import LedgerTable, Position
 from raydelay.positions import KEY_DTYPE, key_of, ledger_groups, position_keys, split_keys
@@ -43,6 +45,15 @@ ObjectKey = tuple[int, int]  # (ledger_id, first entry of the object)
 
 _RUN_GAP_ENTRIES = 32  # wanted entries this close share one run (the ones between ride along)
 _SPAN_GAP_BYTES = 16 * 1024  # runs whose payloads are this close share one ranged read
+
+
+@dataclass(frozen=True)
+class KeyRows:
+    """Entries' keys and ``deliver_at`` at their position keys, row for row."""
+
+    positions: np.ndarray
+    keys: list[str | None]
+    deliver_at_ms: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -259,6 +270,34 @@ class LogReader:
                 first = int(firsts[j])
                 parts.append(self._take(ledger_id, first, es[slot == j] - first))
         return Rows.concat(parts)
+
+    def key_rows(self, positions: np.ndarray) -> KeyRows:
+        """The keys and ``deliver_at`` of the entries at ``positions`` (int64 position keys),
+        from their objects' indexes alone: no payload is read (a key check needs no more).
+        Positions not in the log are left out."""
+        keys = np.unique(np.asarray(positions, dtype=np.int64))
+        ledgers, entries = split_keys(keys)
+        found, texts, due = [], [], []
+        for ledger_id, same in ledger_groups(ledgers):
+            es = entries[same]
+            count = self._ledgers.count_of(ledger_id)
+            if count is None:
+                continue
+            es = es[es < count]
+            firsts = np.asarray(self.firsts(ledger_id), dtype=np.int64)
+            slot = np.searchsorted(firsts, es, side="right") - 1
+            for j in np.unique(slot[slot >= 0]).tolist():
+                first = int(firsts[j])
+                idx = es[slot == j] - first
+                index, _ = self.object_index(
+                    ledger_id, first, self._objects.get((ledger_id, first))
+                )
+                found.append(key_of(ledger_id, first) + idx)
+                due.append(int64_values(index.meta.column(0))[idx])
+                texts += index.meta.column(1).take(pa.array(idx)).to_pylist()
+        if not found:
+            return KeyRows(np.zeros(0, np.int64), [], np.zeros(0, np.int64))
+        return KeyRows(np.concatenate(found), texts, np.concatenate(due))
 
     # --- inside -------------------------------------------------------------------------------
 

@@ -160,3 +160,13 @@ def test_the_format_is_checked():
     with pytest.raises(InvalidArgument, match="on_duplicate"):
         check_on_duplicate("overwrite")
     assert check_on_duplicate("replace") == "replace"
+
+
+def test_key_rows_come_from_the_object_indexes():
+    log, _ = make_log(max_entries=100)
+    log.commit([keyed(["a", "b", None], 60_000)])
+    log.commit([keyed(["c"], 70_000)])
+    rows = log.key_rows(np.array([key_of(1, 2), key_of(1, 0), key_of(1, 3), key_of(9, 0)]))
+    assert rows.positions.tolist() == [key_of(1, 0), key_of(1, 2), key_of(1, 3)]
+    assert rows.keys == ["a", None, "c"]  # (a position not in the log is left out)
+    assert rows.deliver_at_ms.tolist() == [60_000, 60_000, 70_000]

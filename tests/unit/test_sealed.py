@@ -599,6 +599,28 @@ def test_the_store_finds_positions_through_the_index_or_a_format_1_meta():
     assert old.delete(meta.key) == 3 and store.list("") == []
 
 
+def test_key_rows_of_a_bucket_are_read_once_then_kept():
+    index = TopicIndex(min_index_count=1)
+    index.add(_object(1, 0, [5_000, 2_000, 2_000, 9_000, 400_000]))
+    job = index.ledger_closed(1)
+    meta, data, index_raw = seal(
+        job.rows, start_ledger=1, end_ledger=1, bucket_id=7, max_indexes=2, max_step_ms=300_000
+    )
+    store = CountingObjectStore(MemoryObjectStore())
+    sealed = SealedStore(store, "t", 0)
+    sealed.write(meta, data, index_raw)
+    buckets = [(1, 1, meta.key)]
+    wanted = np.array([key_of(1, 4), key_of(1, 9), key_of(1, 1), key_of(1, 2)])
+    rows = sealed.key_rows(wanted, buckets)
+    got = sorted(zip(rows.positions.tolist(), rows.keys, rows.deliver_at_ms.tolist()))
+    assert got == [(key_of(1, 1), "k1", 2_000), (key_of(1, 2), "k2", 2_000),
+                   (key_of(1, 4), "k4", 400_000)]  # fmt: skip
+    # the segments' keys are kept: asking again reads nothing more
+    before = store.bytes_read
+    again = sealed.key_rows(wanted, buckets)
+    assert sorted(again.keys) == ["k1", "k2", "k4"] and store.bytes_read == before
+
+
 def test_the_reader_holds_a_bounded_number_of_rows_however_many_buckets_are_overdue():
     # Given 30 buckets, each with 6 rows overdue (segments of 2), and a total cap of 10 rows
     metas = {}

@@ -92,7 +92,7 @@ class HostedPartition:
             coordinator=coordinator,
             registry=CoordinatorRegistry(coordinator),
             log=self._log,
-            sealed=SealedStore(store, topic, partition),
+            sealed=SealedStore(store, topic, partition, meta_cache=64),  # (key checks: all)
             metrics=metrics,
             threads=threads,
             buckets=SealedBuckets(),

@@ -66,15 +66,14 @@ class KeyedAppends:
         every = sorted({p for ps in wanted.values() for p in ps})
         if not every:
             return {}
-        rows = Rows.from_batch(await self._reads.read_positions(np.array(every, dtype=np.int64)))
+        rows = await self._reads.key_rows(np.array(every, dtype=np.int64))
         found: dict[str, list[int]] = {}
-        texts = rows.entries.batch.column(2).to_pylist()
-        due = rows.entries.deliver_at_ms
+        texts, due = rows.keys, rows.deliver_at_ms
         for i, pos in enumerate(rows.positions.tolist()):
             k = texts[i]
             if k in wanted and due[i] > now and pos in wanted[k]:
                 found.setdefault(k, []).append(pos)
-        return found
+        return {k: sorted(ps) for k, ps in found.items()}
 
     async def append(self, batch: AppendBatch, on_duplicate: str) -> KeyedReply:
         check_on_duplicate(on_duplicate)

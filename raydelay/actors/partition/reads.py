@@ -23,6 +23,7 @@ from raydelay.actors.partition.index import PartitionIndex
 from raydelay.actors.partition.shared import SHARED
 from raydelay.actors.protocol import ReadReply
 from raydelay.log.entries import Rows, compact
+from raydelay.log.reader import KeyRows
 from raydelay.positions import key_of
 
 MAX_WAIT_S = 60.0  # the longest a long poll waits, whatever its caller asks
@@ -206,6 +207,24 @@ class LogReads:
             if len(extra):
                 rows = Rows.concat([rows, extra])
         return compact(rows.to_batch())
+
+    async def key_rows(self, keys: np.ndarray) -> KeyRows:
+        """The keys and ``deliver_at`` of the entries at ``keys`` (position keys): from the
+        log's object indexes, no payload read; a position whose ledger is gone from its
+        sealed bucket. Positions in neither are left out."""
+        keys = np.unique(np.asarray(keys, dtype=np.int64))
+        found = await self._ctx.threads.run(self._log.key_rows, keys)
+        buckets = self._ctx.buckets.entries
+        if len(found.positions) < len(keys) and buckets:
+            missing = np.setdiff1d(keys, found.positions)
+            extra = await asyncio.to_thread(self._ctx.sealed.key_rows, missing, buckets)
+            if len(extra.positions):
+                found = KeyRows(
+                    np.concatenate([found.positions, extra.positions]),
+                    found.keys + extra.keys,
+                    np.concatenate([found.deliver_at_ms, extra.deliver_at_ms]),
+                )
+        return found
 
     async def wait_for_entries(self, after_position, timeout_s: float):
         """Return the tail position once it is past ``after_position`` (or None was given
