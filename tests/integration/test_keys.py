@@ -191,3 +191,29 @@ def _tails(topic: str, partitions: int) -> list:
         rpc_get(topic_partition(topic, p).submit(HostActor.stats))["tail"]
         for p in range(partitions)
     ]
+
+
+def test_keys_hold_across_bucket_merges(cluster, topic_name):
+    """Four sealed buckets of keyed messages, over max_num_buckets (3 in tests): merged;
+    every key still finds its message, and a replace in a merged bucket still holds."""
+    cluster.create_topic(topic_name, partitions=1)
+    cluster.subscribe(topic_name, "s").close()
+    producer = cluster.create_producer(topic_name)
+    part = topic_partition(topic_name, 0)
+    firsts = []
+    for b in range(4):  # each 2,100 delayed: a bucket each (min_index_count 2,000 in tests)
+        keys = [f"b{b}-{i}" for i in range(2_100)]
+        firsts.append(producer.send_many([b"x"] * 2_100, deliver_after=600, keys=keys))
+        producer.send_many([b"roll"] * 2_000)  # (the ledger rolls: its bucket is sealed)
+    wait_until(
+        "a merge",
+        lambda: rpc_get(part.submit(HostActor.stats))["merged"] >= 1,
+        got=lambda: rpc_get(part.submit(HostActor.stats)),
+        timeout_s=60,
+    )
+    again = producer.send_many([b"y"] * 4, deliver_after=600, keys=[f"b{b}-7" for b in range(4)])
+    assert list(again) == [ids[7] for ids in firsts]  # ignored: each answers its first
+    new = producer.send(b"z", deliver_after=600, key="b0-9", on_duplicate="replace")
+    assert new != firsts[0][9]
+    assert producer.send(b"w", deliver_after=600, key="b0-9") == new
+    assert cluster.cancel(topic_name, keys=["b0-9", "b3-2099"]) == [True, True]
