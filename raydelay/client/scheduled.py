@@ -106,7 +106,9 @@ class ScheduledCalls:
         each; anything else is one argument), in one batch: ``deliver_at`` / ``deliver_after``
         are one value for all or one per call (a numpy array is fine). Returns their ids
         as a :class:`~raydelay.client.message.MessageIds` sequence (``str(ids[i])`` is the
-        TaskId of call ``i``)."""
+        TaskId of call ``i``). ``keys``: one per call (or None), as ``Producer.send_many``
+        takes them: a call scheduled for later holds its key while it is pending, and a
+        second call of a pending key is not scheduled (its id is the first's)."""
         self._check_open()
         spec = self._tasks.spec_of(fn, options, max_retries, backoff, pickle_code, pass_context)
         return self._tasks.schedule_many(
