@@ -200,7 +200,10 @@ class StepDriver:
             coro.close()
             return
         self._busy.add(kind)
-        self.spawn(self._io(kind, coro))
+        task = self.spawn(self._io(kind, coro))
+        # a task cancelled before it ran (the partition closing) never awaited ``coro``:
+        # closed here, it is not reported as "never awaited" when it is collected
+        task.add_done_callback(lambda _: coro.close())
 
     async def _io(self, kind: str, coro: Coroutine[Any, Any, Any]) -> None:
         """Run one piece of I/O; then the driver steps again, unless it returned False (it
