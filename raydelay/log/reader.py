@@ -255,9 +255,13 @@ class LogReader:
             keys = positions.astype(np.int64, copy=False)
         else:
             keys = np.array([key_of(int(lg), int(e)) for lg, e in positions], dtype=KEY_DTYPE)
-        keys = np.unique(keys)
-        ledgers, entries = split_keys(keys)
-        parts = []
+        parts = [self._take(lg, first, idx) for lg, first, idx in self._by_object(keys)]
+        return Rows.concat(parts)
+
+    def _by_object(self, keys: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The log's positions among ``keys`` (position keys), by the object holding them:
+        (ledger, the object's first entry, their indexes in it), in position order."""
+        ledgers, entries = split_keys(np.unique(keys))
         for ledger_id, same in ledger_groups(ledgers):
             es = entries[same]
             count = self._ledgers.count_of(ledger_id)
@@ -268,33 +272,18 @@ class LogReader:
             slot = np.searchsorted(firsts, es, side="right") - 1
             for j in np.unique(slot[slot >= 0]).tolist():
                 first = int(firsts[j])
-                parts.append(self._take(ledger_id, first, es[slot == j] - first))
-        return Rows.concat(parts)
+                yield ledger_id, first, es[slot == j] - first
 
     def key_rows(self, positions: np.ndarray) -> KeyRows:
         """The keys and ``deliver_at`` of the entries at ``positions`` (int64 position keys),
         from their objects' indexes alone: no payload is read (a key check needs no more).
         Positions not in the log are left out."""
-        keys = np.unique(np.asarray(positions, dtype=np.int64))
-        ledgers, entries = split_keys(keys)
         found, texts, due = [], [], []
-        for ledger_id, same in ledger_groups(ledgers):
-            es = entries[same]
-            count = self._ledgers.count_of(ledger_id)
-            if count is None:
-                continue
-            es = es[es < count]
-            firsts = np.asarray(self.firsts(ledger_id), dtype=np.int64)
-            slot = np.searchsorted(firsts, es, side="right") - 1
-            for j in np.unique(slot[slot >= 0]).tolist():
-                first = int(firsts[j])
-                idx = es[slot == j] - first
-                index, _ = self.object_index(
-                    ledger_id, first, self._objects.get((ledger_id, first))
-                )
-                found.append(key_of(ledger_id, first) + idx)
-                due.append(int64_values(index.meta.column(0))[idx])
-                texts += index.meta.column(1).take(pa.array(idx)).to_pylist()
+        for ledger_id, first, idx in self._by_object(np.asarray(positions, dtype=np.int64)):
+            index, _ = self.object_index(ledger_id, first, self._objects.get((ledger_id, first)))
+            found.append(key_of(ledger_id, first) + idx)
+            due.append(int64_values(index.meta.column(0))[idx])
+            texts += index.meta.column(1).take(pa.array(idx)).to_pylist()
         if not found:
             return KeyRows(np.zeros(0, np.int64), [], np.zeros(0, np.int64))
         return KeyRows(np.concatenate(found), texts, np.concatenate(due))
