@@ -20,6 +20,8 @@ from raydelay.errors import (
     RaydelayError,
     StorageError,
     StoreOwned,
+    TaskCancelled,
+    TaskFailed,
     Unavailable,
 )
 
@@ -51,6 +53,8 @@ __all__ = [
     "Conflict",
     "ConsumerBusy",
     "KeyPending",
+    "TaskCancelled",
+    "TaskFailed",
     "ProducerQueueIsFull",
     "StoreOwned",
     "Unavailable",

@@ -275,6 +275,11 @@ class TasksConfig(_Section):
     # a file holding the secret that signs scheduled calls (raydelay.tasks.signing), when
     # RAYDELAY_TASKS_SECRET is not set; a store several machines share needs one of the two
     secret_file: str = ""
+    # the records of what became of calls (task_status, results kept with keep_result=True)
+    # are deleted this long after they were written
+    result_ttl_s: PositiveSeconds = 7 * 86_400.0
+    # a result kept with keep_result=True is refused over this (the call still succeeds)
+    max_result_bytes: Positive = 1 * MIB
 
 
 class HttpConfig(_Section):

@@ -55,6 +55,16 @@ class KeyPending(RaydelayError):
     in its topic. Nothing of the batch was written."""
 
 
+class TaskFailed(RaydelayError):
+    """``task_result``: the call is dead (its tries ran out, or a runner refused it); the
+    message says its last error."""
+
+
+class TaskCancelled(RaydelayError):
+    """``task_result``: the call was cancelled (or, a cron occurrence, passed over) and did
+    not run."""
+
+
 class ConsumerBusy(RaydelayError):
     """An exclusive subscription already has a consumer (until it closes, or its lease
     lapses: ``subscription.consumer_lease_s``)."""

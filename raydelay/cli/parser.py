@@ -263,6 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument(
         "-n", "--next", type=int, default=10, help="show the next N due calls (default 10; 0: none)"
     )
+    tsub = tasks.add_subparsers(dest="action", metavar="ACTION")
+    status = tsub.add_parser(
+        "status",
+        help="what became of one call: scheduled, running, failed, succeeded, dead, cancelled",
+        description="The status of a scheduled call (cluster.task_status): its attempts, "
+        "last error, next try, and whether a result was kept. Exit status 0; an id that is "
+        "no call is an error.",
+    )
+    status.add_argument("task_id", help="the id cluster.schedule returned (topic/p/ledger:entry)")
     tasks.set_defaults(func=cmd_tasks)
 
     schedules = sub.add_parser(

@@ -113,6 +113,8 @@ def num_text(v: object) -> str:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    if getattr(args, "action", None) == "status":
+        return _task_status(args)
     if args.next < 0:
         raise InvalidArgument(f"next: expected 0 or more, got {args.next}")
     cluster = attach(args)
@@ -129,6 +131,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         ["succeeded (since the runners started)", s["succeeded"]],
         ["retried (since the runners started)", s["retried"]],
         ["dead-lettered (since the runners started)", s["dead"]],
+        ["timed out (since the runners started)", s["timed_out"]],
         ["cron occurrences passed over", s["skipped"]],
         ["runners", s["runners"]],
         ["recurring schedules", s["schedules"]],
@@ -145,6 +148,23 @@ def cmd_tasks(args: argparse.Namespace) -> int:
                 ],
             )
         )
+    return 0
+
+
+def _task_status(args: argparse.Namespace) -> int:
+    d = attach(args).task_status(args.task_id)
+    if wants_json(args):
+        print(dumps(d))
+        return 0
+    rows = [
+        ["status", d["status"]],
+        ["attempts", d["attempts"]],
+        ["last error", d["error"] or ""],
+        ["next try (UTC)", utc_text(d["next_try_ms"]) if d["next_try_ms"] else ""],
+        ["result kept", "yes" if d["result_kept"] else (d["result_error"] or "no")],
+        ["updated (UTC)", utc_text(d["updated_ms"]) if d["updated_ms"] else ""],
+    ]
+    print(table([d["task_id"], ""], rows))
     return 0
 
 

@@ -10,7 +10,14 @@ watches them finish:
   ``max_retries`` it goes to the dead-letter topic (``<topic>-DLQ``) with the error, then is
   acknowledged;
 - at most ``tasks.max_in_flight`` calls of one runner run at once: a burst of a million
-  due calls waits in the topic, not in Ray's queue.
+  due calls waits in the topic, not in Ray's queue;
+- a call that outlasts its ``timeout_s`` is cancelled (``ray.cancel``, forced for a
+  task) and counts as a failed try at once: its slot is free again.
+
+What the topic cannot tell about a call (a failed try and its error, its death, a kept
+result, an occurrence passed over) the runner writes to the store before it acknowledges
+or hands the call back (:mod:`raydelay.tasks.status`); runner 0 deletes the records older
+than ``tasks.result_ttl_s``.
 
 At least once: a runner that dies (or its node) holds its calls under its consumer lease;
 when the lease lapses they are delivered to another runner, or to the restarted one, and
@@ -26,6 +33,7 @@ import pickle
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -43,7 +51,8 @@ from raydelay.log.dedup import StaleSequence
 from raydelay.log.entries import Entries
 from raydelay.storage import make_store
 from raydelay.tasks import cron
-from raydelay.tasks.context import TaskContext, _invoke_remote
+from raydelay.tasks import status as st
+from raydelay.tasks.context import TaskContext, _invoke_remote, kept_result
 from raydelay.tasks.signing import CallSigner, parse_secrets
 from raydelay.tasks.spec import (
     PROP_ATTEMPTS,
@@ -108,11 +117,24 @@ class TaskRunner:
         )
         self._consumer = self._topics.subscribe(self._topic, RUNNERS_SUBSCRIPTION, "shared")
         self._dlq = self._topics.create_producer(f"{self._topic}-DLQ")
-        self._ports = _StorePorts(make_store(self._config), self._topics, self._topic, self._signer)
-        self._inflight: dict[Any, tuple[Any, TaskSpec]] = {}  # ref -> (message, spec)
+        self._store = make_store(self._config)
+        self._ports = _StorePorts(self._store, self._topics, self._topic, self._signer)
+        self._max_result = self._config.tasks.max_result_bytes
+        self._ttl_ms = int(self._config.tasks.result_ttl_s * 1000)
+        self._writes = ThreadPoolExecutor(8, thread_name_prefix="task-records")
+        # ref -> (message, spec, when it started, monotonic s)
+        self._inflight: dict[Any, tuple[Any, TaskSpec, float]] = {}
+        self._ids: dict[str, Any] = {}  # task id -> its ref, while it runs
         self._remotes: dict[int, tuple[TaskSpec, Any]] = {}  # id(spec) -> (spec, options)
         self._actors: dict[tuple, Any] = {}  # (actor, namespace) -> handle
-        self._counts = {"started": 0, "succeeded": 0, "retried": 0, "dead": 0, "skipped": 0}
+        self._counts = {
+            "started": 0,
+            "succeeded": 0,
+            "retried": 0,
+            "dead": 0,
+            "skipped": 0,
+            "timed_out": 0,
+        }
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._draining = threading.Event()  # stopping: finish what runs, take nothing new
@@ -125,6 +147,8 @@ class TaskRunner:
         self._watcher = threading.Thread(target=self._watch, name="task-watcher", daemon=True)
         self._thread.start()
         self._watcher.start()
+        if index == 0:  # one runner deletes expired records
+            threading.Thread(target=self._sweep, name="task-records-sweep", daemon=True).start()
 
     # --- calls --------------------------------------------------------------------------------
 
@@ -159,6 +183,11 @@ class TaskRunner:
     def pid(self) -> int:
         return os.getpid()
 
+    def running(self, task_ids: list[str]) -> list[bool]:
+        """Whether each of ``task_ids`` runs on this runner now."""
+        with self._lock:
+            return [t in self._ids for t in task_ids]
+
     # --- the loop -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -186,7 +215,40 @@ class TaskRunner:
                 self._start(messages)
         else:
             self._finished_ready.wait(timeout=0.5)
+        self._expire_overdue()
         self._settle()
+
+    def _expire_overdue(self) -> None:
+        """Cancel the calls that outlasted their ``timeout_s``; each is a failed try now
+        (what it does after that is not waited for)."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [
+                (ref, m, spec)
+                for ref, (m, spec, started) in self._inflight.items()
+                if spec.timeout_s is not None and now - started > spec.timeout_s
+            ]
+            for ref, m, _ in overdue:
+                self._drop(ref, m)
+            self._counts["timed_out"] += len(overdue)
+        for ref, m, spec in overdue:
+            try:  # (an actor's method is not forced: that would kill the actor)
+                ray.cancel(ref, force=spec.kind == "fn", recursive=True)
+            except Exception as exc:  # noqa: BLE001 - it may have finished meanwhile
+                log.debug("cancelling %s: %s", m.message_id, exc)
+            if spec.kind == "actor":
+                self._actors.pop((spec.actor, spec.namespace), None)
+            error = f"TimeoutError: ran over its timeout_s of {spec.timeout_s:g} s; cancelled"
+            try:
+                self._failed(m, spec, error)
+            except Exception as exc:  # noqa: BLE001 - a record or the nack failed
+                self._give_back(m, exc)
+
+    def _drop(self, ref: Any, m: Any) -> None:
+        """Forget a running call (under the lock)."""
+        self._inflight.pop(ref, None)
+        self._seen.discard(ref)
+        self._ids.pop(str(m.message_id), None)
 
     def _watch(self) -> None:
         """The watcher thread: waits on the running calls' refs (no actor calls) and hands
@@ -241,6 +303,7 @@ class TaskRunner:
             acks.append(m)
             return
         if not fires:
+            self._record(m, st.TaskRecord(st.SKIPPED, m.redelivery_count))
             acks.append(m)
             return
         if occurrence is None:
@@ -252,7 +315,8 @@ class TaskRunner:
             self._failed(m, spec, f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
-            self._inflight[ref] = (m, spec)
+            self._inflight[ref] = (m, spec, time.monotonic())
+            self._ids[str(m.message_id)] = ref
             self._counts["started"] += 1
         self._submitted.set()
 
@@ -304,24 +368,30 @@ class TaskRunner:
                 self._remotes.clear()
             remote = self._remotes[id(spec)] = (spec, _invoke_remote.options(**options))
         fields = (ctx.task_id, ctx.occurrence_ms, ctx.attempt, ctx.schedule)
-        return remote[1].remote((spec.target, spec.code, args, fields, spec.pass_context))
+        keep = self._max_result if spec.keep_result else 0
+        return remote[1].remote((spec.target, spec.code, args, fields, spec.pass_context, keep))
 
     def _finish(self, refs: list) -> None:
+        values: dict = {}
+        failed: dict = {}
         try:
-            ray.get(refs)  # (each returns None) all at once when none failed
-            failed: dict = {}
+            values = dict(zip(refs, ray.get(refs), strict=True))  # all at once, if none failed
         except Exception:  # noqa: BLE001 - one failed at least: look at each
-            failed = {}
             for ref in refs:
                 try:
-                    ray.get(ref)
+                    values[ref] = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - the call failed, however it failed
                     failed[ref] = exc
-        ok = []
+        ok: list = []
+        records: list[tuple[Any, st.TaskRecord]] = []
         for ref in refs:
             with self._lock:
-                m, spec = self._inflight.pop(ref)
-                self._seen.discard(ref)
+                held = self._inflight.get(ref)
+                if held is None:  # (timed out meanwhile: settled then)
+                    self._seen.discard(ref)
+                    continue
+                m, spec, _ = held
+                self._drop(ref, m)
             try:
                 if ref in failed:
                     if spec.kind == "actor":
@@ -331,13 +401,60 @@ class TaskRunner:
                 if spec.schedule is not None and spec.generation is not None:
                     occurrence = int(spec.occurrence_ms or 0)
                     self._ports.mark_done(spec.schedule, spec.generation, occurrence)
+                # (a call that failed before has a FAILED record to supersede)
+                if spec.keep_result or m.redelivery_count > 0:
+                    records.append((m, self._success(spec, values.get(ref))))
+                    records[-1][1].attempts = m.redelivery_count + 1
                 ok.append(m)
             except Exception as exc:  # noqa: BLE001 - a done marker or a dead letter failed
                 self._give_back(m, exc)
+        if records:  # (before the acks: an acknowledged call's status is its record)
+            written = list(self._writes.map(lambda r: self._try_record(*r), records))
+            for (m, _), fine in zip(records, written, strict=True):
+                if not fine:
+                    ok.remove(m)
+                    self._give_back(m, RuntimeError("its status record was not written"))
         if ok:
             self._consumer.ack(ok)
             with self._lock:
                 self._counts["succeeded"] += len(ok)
+
+    def _success(self, spec: TaskSpec, value: Any) -> st.TaskRecord:
+        """The record of a call that succeeded, with its result when it is kept."""
+        record = st.TaskRecord(st.SUCCEEDED)
+        if not spec.keep_result:
+            return record
+        if spec.kind == "actor":  # (a method's value comes as it is: pickled here)
+            value = kept_result(value, self._max_result)
+        record.result, record.result_error = value if value is not None else (None, None)
+        return record
+
+    def _record(self, m: Any, record: st.TaskRecord) -> None:
+        """Write ``record`` of ``m``'s call (raises when the store fails)."""
+        record.written_ms = int(time.time() * 1000)
+        self._store.put(st.record_key(str(m.message_id), record.written_ms), record.to_bytes())
+
+    def _try_record(self, m: Any, record: st.TaskRecord) -> bool:
+        try:
+            self._record(m, record)
+            return True
+        except Exception as exc:  # noqa: BLE001 - the caller hands the call back
+            log.warning("task runner %d: record of %s: %s", self._index, m.message_id, exc)
+            return False
+
+    def _sweep(self) -> None:
+        """Runner 0's thread: every tenth of ``tasks.result_ttl_s`` (a minute to an hour),
+        delete the records older than it."""
+        every_s = min(max(self._ttl_ms / 10_000, 60.0), 3600.0)
+        while not self._stop.wait(every_s):
+            try:
+                keys = self._store.list(st.STATUS_PREFIX)
+                doomed = st.expired(keys, int(time.time() * 1000), self._ttl_ms)
+                list(self._writes.map(self._store.delete, doomed))
+                if doomed:
+                    log.info("task runner 0: %d expired task records deleted", len(doomed))
+            except Exception as exc:  # noqa: BLE001 - the next sweep deletes them
+                log.warning("task runner 0: sweeping task records: %s", exc)
 
     def _failed(self, m: Any, spec: TaskSpec, error: str) -> None:
         failures = m.redelivery_count + 1
@@ -347,9 +464,13 @@ class TaskRunner:
                 self._ports.mark_done(spec.schedule, spec.generation, int(spec.occurrence_ms or 0))
             self._consumer.ack(m)
             return
+        delay_s = spec.retry.delay_s(failures)
+        record = st.TaskRecord(st.FAILED, failures, error[-2000:])
+        record.next_try_ms = int(time.time() * 1000 + delay_s * 1000)
+        self._record(m, record)
         with self._lock:
             self._counts["retried"] += 1
-        self._consumer.nack(m, delay_s=spec.retry.delay_s(failures))
+        self._consumer.nack(m, delay_s=delay_s)
 
     def _dead(self, m: Any, spec: TaskSpec | None, error: str) -> None:
         props = dict(m.properties)
@@ -357,6 +478,7 @@ class TaskRunner:
         props[PROP_ATTEMPTS] = str(m.redelivery_count + 1)
         props["raydelay.task.id"] = str(m.message_id)
         self._dlq.send(m.payload, key=m.key, properties=props)
+        self._record(m, st.TaskRecord(st.DEAD, m.redelivery_count + 1, error[-2000:]))
         with self._lock:
             self._counts["dead"] += 1
         log.info("task %s is dead after %d tries: %s", m.message_id, m.redelivery_count + 1, error)

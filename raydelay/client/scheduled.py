@@ -32,6 +32,8 @@ class ScheduledCalls:
         backoff: Any = 1.0,
         pickle_code: bool = False,
         pass_context: bool = False,
+        keep_result: bool = False,
+        timeout_s: float | timedelta | None = None,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` as a Ray task when it falls due: ``deliver_after``
         seconds (or a timedelta) from now, or at ``deliver_at`` (epoch ms or an aware
@@ -44,16 +46,26 @@ class ScheduledCalls:
         - ``options``: Ray options of the task (``num_cpus``, ``num_gpus``, ``memory``,
           ``resources``, ``accelerator_type``, ``runtime_env``, ``name``).
         - ``max_retries``: retries after a failure (0: none, -1: no limit), ``backoff``
-          seconds before the first (or a timedelta, or a ``(first, max)`` pair), doubling;
-          then the call goes to ``<tasks.topic>-DLQ`` with its error.
+          seconds before the first (or a timedelta, or a ``(first, max)`` pair), doubling,
+          each wait stretched at random by up to half of itself (the jitter; a
+          :class:`~raydelay.tasks.RetryPolicy` sets another); then the call goes to
+          ``<tasks.topic>-DLQ`` with its error.
+        - ``timeout_s``: a run that lasts longer is cancelled (``ray.cancel``) and counts
+          as a failed try (None or -1: no limit).
+        - ``keep_result=True``: what the call returns is kept (``tasks.result_ttl_s``) for
+          :meth:`task_result`, up to ``tasks.max_result_bytes`` pickled.
         - ``pass_context=True`` passes ``raydelay_task=TaskContext`` to the call; inside
           any call, :func:`raydelay.tasks.current_task` gives the same.
+
+        :meth:`task_status` says what became of it.
 
         At least once: a call whose runner dies while it runs runs again, with the same
         ``TaskContext.idempotency_key``. A function that cannot be imported, arguments that
         cannot be pickled, or bad options are an InvalidArgument, and nothing is stored."""
         self._check_open()
-        spec = self._tasks.spec_of(fn, options, max_retries, backoff, pickle_code, pass_context)
+        spec = self._tasks.spec_of(
+            fn, options, max_retries, backoff, pickle_code, pass_context, keep_result, timeout_s
+        )
         return self._tasks.schedule(
             spec, args, kwargs, deliver_after=deliver_after, deliver_at=deliver_at
         )
@@ -70,11 +82,15 @@ class ScheduledCalls:
         max_retries: int = 3,
         backoff: Any = 1.0,
         pass_context: bool = False,
+        keep_result: bool = False,
+        timeout_s: float | timedelta | None = None,
     ) -> Any:
         """Call ``method`` of the named actor ``actor_name`` (in Ray ``namespace``; None:
         the runner's, ``raydelay``) when it falls due; otherwise as :meth:`schedule`. The
         actor is looked up when the call runs: one that does not exist then is a failed
-        try, retried."""
+        try, retried. A method that outlasts ``timeout_s`` is cancelled without force
+        (forcing would kill the actor): an async method stops, a running sync one is
+        left to finish, and either way the try counts as failed and its slot is freed."""
         self._check_open()
         spec = actor_spec(
             actor_name,
@@ -83,6 +99,8 @@ class ScheduledCalls:
             max_retries=max_retries,
             backoff=backoff,
             pass_context=pass_context,
+            keep_result=keep_result,
+            timeout_s=timeout_s,
         )
         return self._tasks.schedule(
             spec, args, kwargs, deliver_after=deliver_after, deliver_at=deliver_at
@@ -101,6 +119,8 @@ class ScheduledCalls:
         backoff: Any = 1.0,
         pickle_code: bool = False,
         pass_context: bool = False,
+        keep_result: bool = False,
+        timeout_s: float | timedelta | None = None,
     ) -> Any:
         """Schedule ``fn`` once per item of ``args_list`` (a tuple of positional arguments
         each; anything else is one argument), in one batch: ``deliver_at`` / ``deliver_after``
@@ -108,9 +128,12 @@ class ScheduledCalls:
         as a :class:`~raydelay.client.message.MessageIds` sequence (``str(ids[i])`` is the
         TaskId of call ``i``). ``keys``: one per call (or None), as ``Producer.send_many``
         takes them: a call scheduled for later holds its key while it is pending, and a
-        second call of a pending key is not scheduled (its id is the first's)."""
+        second call of a pending key is not scheduled (its id is the first's). The other
+        options are :meth:`schedule`'s."""
         self._check_open()
-        spec = self._tasks.spec_of(fn, options, max_retries, backoff, pickle_code, pass_context)
+        spec = self._tasks.spec_of(
+            fn, options, max_retries, backoff, pickle_code, pass_context, keep_result, timeout_s
+        )
         return self._tasks.schedule_many(
             spec, args_list, deliver_at=deliver_at, deliver_after=deliver_after, keys=keys
         )
@@ -127,6 +150,26 @@ class ScheduledCalls:
         self._check_open()
         return self._tasks.cancel(task_ids)
 
+    def task_status(self, task_id: Any) -> dict:
+        """What became of a scheduled call: ``status`` is one of ``"scheduled"`` (waiting
+        for its time, or a runner), ``"running"``, ``"failed"`` (a try failed; it runs
+        again at ``next_try_ms``), ``"succeeded"``, ``"dead"`` (out of tries: in the
+        dead-letter topic), ``"cancelled"``, or ``"skipped"`` (a cron occurrence its
+        schedule passed over); with ``attempts``, the last ``error``, ``result_kept`` and
+        ``updated_ms``. Records are kept ``tasks.result_ttl_s``; after that a call that
+        ended reads as succeeded. An id that is no call of the tasks topic is a NotFound."""
+        self._check_open()
+        return self._tasks.statuses.status(task_id)
+
+    def task_result(self, task_id: Any, timeout: float | timedelta | None = None) -> Any:
+        """What a call scheduled with ``keep_result=True`` returned, once it ended (waiting
+        up to ``timeout`` seconds; None or -1: as long as it takes; then a TimeoutError).
+        A dead call raises :class:`~raydelay.TaskFailed` with its last error; a cancelled
+        one :class:`~raydelay.TaskCancelled`; one that succeeded without a kept result
+        (not asked for, over ``tasks.max_result_bytes``, expired) a NotFound saying why."""
+        self._check_open()
+        return self._tasks.statuses.result(task_id, timeout)
+
     def schedule_cron(
         self,
         cron: str,
@@ -142,6 +185,7 @@ class ScheduledCalls:
         pickle_code: bool = False,
         pass_context: bool = False,
         replace: bool = False,
+        timeout_s: float | timedelta | None = None,
     ) -> dict:
         """Run ``fn(*args)`` at every occurrence of the cron expression ``cron`` (5 fields,
         or 6 with seconds last; parsed by croniter) in ``timezone``, as the recurring
@@ -154,10 +198,13 @@ class ScheduledCalls:
         again: ``"all"`` run, one after the other; ``"latest"`` only the most recent one
         runs; ``"none"`` none runs (an occurrence is missed when it fires more than
         ``tasks.misfire_grace_s`` late). A schedule of that name existing already is an
-        InvalidArgument unless ``replace=True``. Returns the schedule as
+        InvalidArgument unless ``replace=True``. ``timeout_s`` and the retries are
+        :meth:`schedule`'s, for each occurrence. Returns the schedule as
         :meth:`list_schedules` shows it."""
         self._check_open()
-        spec = self._tasks.spec_of(fn, options, max_retries, backoff, pickle_code, pass_context)
+        spec = self._tasks.spec_of(
+            fn, options, max_retries, backoff, pickle_code, pass_context, timeout_s=timeout_s
+        )
         return self._tasks.schedule_cron(
             cron,
             spec,

@@ -25,6 +25,7 @@ from raydelay.client.runner import (
     spawn_runner,
     stop_runner_actors,
 )
+from raydelay.client.task_status import TaskStatuses
 from raydelay.client.topics import Topics
 from raydelay.cluster import placement, rpc
 from raydelay.config import Config
@@ -37,6 +38,7 @@ from raydelay.tasks.spec import (
     TaskSpec,
     actor_target,
     check_options,
+    check_timeout,
     function_target,
     pickle_args,
     retry_policy,
@@ -58,6 +60,11 @@ class Tasks:
         self._producer: Any = None
         self._store: Any = None
         self._signer: CallSigner | None = None
+        self.statuses = TaskStatuses(self)
+
+    @property
+    def topics(self) -> Topics:
+        return self._topics
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -147,6 +154,8 @@ class Tasks:
         backoff: Any,
         pickle_code: bool,
         pass_context: bool,
+        keep_result: bool = False,
+        timeout_s: Any = None,
     ) -> TaskSpec:
         target, code = function_target(fn, _flag("pickle_code", pickle_code))
         return TaskSpec(
@@ -156,6 +165,8 @@ class Tasks:
             retry_policy(max_retries, backoff),
             code=code,
             pass_context=_flag("pass_context", pass_context),
+            keep_result=_flag("keep_result", keep_result),
+            timeout_s=check_timeout(timeout_s),
         )
 
     def schedule(self, spec: TaskSpec, args: tuple, kwargs: Any, **when: Any) -> TaskId:
@@ -290,12 +301,13 @@ class Tasks:
 
     def stats(self) -> dict:
         """Scheduled (waiting for their time or a runner), running, and per runner since it
-        started: succeeded, retried, dead, skipped (cron occurrences passed over)."""
+        started: succeeded, retried, dead, skipped (cron occurrences passed over), timed
+        out (cancelled past their timeout_s)."""
         runners = self.runners()
         per = rpc.get([h.stats.remote() for h in runners], what="task runner") if runners else []
         out: dict[str, Any] = {"runners": len(runners)}
-        for k in ("running", "started", "succeeded", "retried", "dead", "skipped"):
-            out[k] = sum(int(r[k]) for r in per)
+        for k in ("running", "started", "succeeded", "retried", "dead", "skipped", "timed_out"):
+            out[k] = sum(int(r.get(k, 0)) for r in per)
         topics = self._topics.topics()
         if self.topic in topics:
             try:
@@ -383,6 +395,8 @@ def actor_spec(
     max_retries: Any,
     backoff: Any,
     pass_context: bool,
+    keep_result: bool = False,
+    timeout_s: Any = None,
 ) -> TaskSpec:
     target = actor_target(actor_name, method, namespace)
     return TaskSpec(
@@ -394,4 +408,6 @@ def actor_spec(
         namespace=namespace,
         method=method,
         pass_context=_flag("pass_context", pass_context),
+        keep_result=_flag("keep_result", keep_result),
+        timeout_s=check_timeout(timeout_s),
     )

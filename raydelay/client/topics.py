@@ -33,8 +33,10 @@ from raydelay.dispatch import stages
 from raydelay.dispatch.counts import partition_entries
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.limits import check_limit
+from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
 from raydelay.subscription_types import check_subscription_type
+from raydelay.tasks.status import write_cancelled
 
 _SUMMED = (
     "delayed",
@@ -59,6 +61,7 @@ class Topics:
         self.peers = peers
         self._session = session
         self.cursors = Cursors(peers)
+        self._store: Any = None  # (made when a cancel of a scheduled call needs a record)
 
     @property
     def config(self) -> Config:
@@ -338,7 +341,7 @@ class Topics:
         self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
     ) -> tuple[dict[int, list[bool]], int]:
         """See :func:`raydelay.actors.handles.fan_out_cancel`."""
-        return fan_out_cancel(
+        outcome, sends = fan_out_cancel(
             topic,
             lambda p: self.peers.topic_peer(topic, p),
             lambda p, s: self.peers.subscription_peer(topic, p, s),
@@ -347,17 +350,40 @@ class Topics:
             producer,
             deadline_s=self.peers.deadline_s,
         )
+        self._cancelled_calls(topic, {p: batches[p][0] for p in batches}, outcome)
+        return outcome, sends
 
     def apply_markers(
         self, topic: str, work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
     ) -> dict[int, list[bool]]:
         """See :func:`raydelay.actors.handles.apply_markers`."""
-        return apply_markers(
+        outcome = apply_markers(
             lambda p, s: self.peers.subscription_peer(topic, p, s),
             list(self.peers.coord(CoordinatorActor.subscriptions, topic)),
             work,
             deadline_s=self.peers.deadline_s,
         )
+        self._cancelled_calls(topic, {p: work[p][0] for p in work}, outcome)
+        return outcome
+
+    def _cancelled_calls(
+        self, topic: str, targets: dict[int, list[tuple[int, int]]], outcome: dict[int, list[bool]]
+    ) -> None:
+        """On the tasks topic, every path of a cancel comes here: the calls it kept from
+        running get their CANCELLED record (what ``task_status`` says of them), whoever
+        cancelled them (the API, the CLI, the console, HTTP, a key)."""
+        if topic != self.config.tasks.topic:
+            return
+        ids = [
+            f"{topic}/{p}/{lg}:{e}"
+            for p, positions in targets.items()
+            for (lg, e), kept in zip(positions, outcome.get(p, []), strict=False)
+            if kept
+        ]
+        if ids:
+            if self._store is None:
+                self._store = make_store(self.config)
+            write_cancelled(self._store, ids)
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
         """See :meth:`Cluster.stats`."""

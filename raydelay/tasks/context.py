@@ -50,12 +50,14 @@ def current_task() -> TaskContext | None:
 _code_cache: dict[bytes, Any] = {}  # pickled functions, unpickled once per worker
 
 
-def _invoke(call: tuple[str, bytes | None, bytes, tuple, bool]) -> None:
+def _invoke(call: tuple) -> tuple[bytes | None, str | None] | None:
     """Runs in the Ray task: import (or unpickle) the function, then call it. ``call`` is
-    (target, code, pickled args, the TaskContext's fields, pass_ctx): one task argument,
-    which Ray hands over cheaper than five (a no-op call ran 8-16% more often a second).
-    The call's return value is dropped here: the runner only needs to know it succeeded."""
-    target, code, args, ctx, pass_ctx = call
+    (target, code, pickled args, the TaskContext's fields, pass_ctx, keep): one task
+    argument, which Ray hands over cheaper than six (a no-op call ran 8-16% more often a
+    second). ``keep``: 0, the call's return value is dropped here (the runner only needs
+    to know it succeeded); else the largest result to keep, in pickled bytes, and what
+    comes back is :func:`kept_result`'s."""
+    target, code, args, ctx, pass_ctx, keep = call
     if code is not None:
         fn = _code_cache.get(code)
         if fn is None:
@@ -71,9 +73,28 @@ def _invoke(call: tuple[str, bytes | None, bytes, tuple, bool]) -> None:
         kw = {**kw, "raydelay_task": context}
     token = _current.set(context)
     try:
-        fn(*a, **kw)
+        value = fn(*a, **kw)
     finally:
         _current.reset(token)
+    return kept_result(value, keep) if keep else None
+
+
+def kept_result(value: Any, max_bytes: int) -> tuple[bytes | None, str | None]:
+    """(the pickled ``value``, None), or (None, why it is not kept): it does not pickle,
+    or it is over ``max_bytes`` (``tasks.max_result_bytes``)."""
+    try:
+        data = pickle.dumps(value, protocol=5)
+    except Exception:  # noqa: BLE001 - not plain-picklable: cloudpickle may manage
+        try:
+            data = cloudpickle.dumps(value, protocol=5)
+        except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
+            return None, f"the result ({type(value).__name__}) cannot be pickled: {exc}"
+    if len(data) > max_bytes:
+        return None, (
+            f"the result is {len(data):,} bytes pickled, over tasks.max_result_bytes "
+            f"({max_bytes:,}): not kept"
+        )
+    return data, None
 
 
 _invoke_remote = ray.remote(_invoke)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib
 import math
 import pickle
+import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -41,6 +43,8 @@ _OPTIONS: dict[str, tuple[type, ...]] = {
     "runtime_env": (dict,),
     "name": (str,),
 }
+# a retry's wait is drawn from [backoff, backoff * (1 + DEFAULT_JITTER)] unless said otherwise
+DEFAULT_JITTER = 0.5
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -48,24 +52,45 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class RetryPolicy:
     """How a failed call is retried: after ``first_s``, then ``multiplier`` times longer
     each time, up to ``max_s``; ``max_retries`` retries (0: none; -1: no limit) before it
-    goes to the dead-letter topic."""
+    goes to the dead-letter topic.
+
+    ``jitter``: each wait is drawn at random from ``[d, d * (1 + jitter)]``, where ``d`` is
+    the backoff above, so that calls that failed together do not all come back together
+    (a thundering herd). The wait is never shorter than the backoff; 0 turns it off."""
 
     max_retries: int = 3
     first_s: float = 1.0
     max_s: float = 300.0
     multiplier: float = 2.0
+    jitter: float = DEFAULT_JITTER
 
-    def delay_s(self, attempt: int) -> float:
-        """The wait before retry number ``attempt + 1`` (``attempt`` failed tries so far)."""
+    def base_delay_s(self, attempt: int) -> float:
+        """The backoff before retry number ``attempt + 1`` (``attempt`` failed tries so
+        far), without its jitter."""
         return min(self.first_s * self.multiplier ** max(attempt - 1, 0), self.max_s)
+
+    def delay_s(self, attempt: int, draw: Callable[[], float] = random.random) -> float:
+        """The wait before retry number ``attempt + 1``: the backoff, stretched by up to
+        ``jitter`` of itself (``draw``: a number in [0, 1))."""
+        base = self.base_delay_s(attempt)
+        return base * (1.0 + self.jitter * draw())
 
     def exhausted(self, failures: int) -> bool:
         return self.max_retries != -1 and failures > self.max_retries
 
 
-def retry_policy(max_retries: Any, backoff: Any) -> RetryPolicy:
-    """The policy of ``max_retries`` and ``backoff``: seconds or a timedelta (the first
-    wait, doubling up to 300 s), a ``(first, max)`` pair, or a RetryPolicy."""
+def retry_policy(max_retries: Any, backoff: Any, jitter: Any = DEFAULT_JITTER) -> RetryPolicy:
+    """The policy of ``max_retries``, ``backoff`` and ``jitter``. ``backoff``: seconds or
+    a timedelta (the first wait, doubling up to 300 s), a ``(first, max)`` pair, or a
+    RetryPolicy (its jitter is kept). ``jitter``: 0 to 10 (see :class:`RetryPolicy`)."""
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
+        raise InvalidArgument(
+            f"jitter: expected a number from 0 to 10, got {type(jitter).__name__}"
+        )
+    if not (math.isfinite(jitter) and 0 <= jitter <= 10):
+        raise InvalidArgument(
+            f"jitter: expected 0 (none) to 10 (a wait up to 11 times the backoff), got {jitter}"
+        )
     if isinstance(max_retries, bool) or not isinstance(max_retries, int):
         raise InvalidArgument(
             f"max_retries: expected an int (-1: no limit), got {type(max_retries).__name__}"
@@ -75,7 +100,9 @@ def retry_policy(max_retries: Any, backoff: Any) -> RetryPolicy:
             f"max_retries: expected 0 or more, or -1 (no limit), got {max_retries}"
         )
     if isinstance(backoff, RetryPolicy):
-        return RetryPolicy(max_retries, backoff.first_s, backoff.max_s, backoff.multiplier)
+        return RetryPolicy(
+            max_retries, backoff.first_s, backoff.max_s, backoff.multiplier, backoff.jitter
+        )
     if isinstance(backoff, tuple):
         if len(backoff) != 2:
             raise InvalidArgument(f"backoff: expected (first, max) seconds, got {backoff!r}")
@@ -86,7 +113,21 @@ def retry_policy(max_retries: Any, backoff: Any) -> RetryPolicy:
         raise InvalidArgument(
             f"backoff: the longest wait ({most} s) is below the first ({first} s)"
         )
-    return RetryPolicy(max_retries, first, max(most, first))
+    return RetryPolicy(max_retries, first, max(most, first), jitter=float(jitter))
+
+
+def check_timeout(timeout_s: Any) -> float | None:
+    """``timeout_s`` of a call: None (no limit; -1 says the same), or seconds (or a
+    timedelta) above 0, up to 365 days."""
+    if timeout_s is None or (isinstance(timeout_s, int) and not isinstance(timeout_s, bool)
+                             and timeout_s == -1):  # fmt: skip
+        return None
+    seconds = _seconds("timeout_s", timeout_s)
+    if seconds <= 0:
+        raise InvalidArgument(
+            f"timeout_s: expected more than 0 seconds, or None (no limit), got {timeout_s}"
+        )
+    return seconds
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -124,6 +165,8 @@ class TaskSpec:
     schedule: str | None = None  # the recurring schedule this occurrence belongs to
     generation: str | None = None  # that schedule's generation
     occurrence_ms: int | None = None  # the cron occurrence it stands for
+    keep_result: bool = False  # the runner stores what the call returns (task_result)
+    timeout_s: float | None = None  # a run that outlasts it is cancelled: a failed try
 
     def encode(self) -> bytes:
         """The spec's bytes: the same for every call of one ``schedule_many``."""
@@ -134,7 +177,7 @@ class TaskSpec:
                 "kind": self.kind,
                 "target": self.target,
                 "options": self.options,
-                "retry": [r.max_retries, r.first_s, r.max_s, r.multiplier],
+                "retry": [r.max_retries, r.first_s, r.max_s, r.multiplier, r.jitter],
                 "code": self.code,
                 "actor": self.actor,
                 "ns": self.namespace,
@@ -143,6 +186,8 @@ class TaskSpec:
                 "schedule": self.schedule,
                 "gen": self.generation,
                 "occ": self.occurrence_ms,
+                "keep": self.keep_result,
+                "timeout": self.timeout_s,
             },
             use_bin_type=True,
         )
@@ -152,12 +197,14 @@ class TaskSpec:
         d = msgpack.unpackb(data, raw=False)
         if not isinstance(d, dict) or d.get("v") != SPEC_VERSION:
             raise ValueError(f"not a task of version {SPEC_VERSION}")
-        mr, first, most, mult = d["retry"]
+        retry = d["retry"]  # (a call stored before jitter: the default's)
+        mr, first, most, mult = retry[:4]
+        jitter = retry[4] if len(retry) > 4 else DEFAULT_JITTER
         return cls(
             kind=d["kind"],
             target=d["target"],
             options=d["options"],
-            retry=RetryPolicy(mr, first, most, mult),
+            retry=RetryPolicy(mr, first, most, mult, jitter),
             code=d["code"],
             actor=d["actor"],
             namespace=d["ns"],
@@ -166,6 +213,8 @@ class TaskSpec:
             schedule=d["schedule"],
             generation=d["gen"],
             occurrence_ms=d["occ"],
+            keep_result=bool(d.get("keep", False)),
+            timeout_s=d.get("timeout"),
         )
 
     def properties(self) -> dict[str, str]:

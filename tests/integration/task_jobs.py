@@ -3,11 +3,20 @@ a line in a file so the test can see what ran, when, and with which idempotency 
 
 from __future__ import annotations
 
+import os
 import time
 
 import ray
 
 from raydelay.tasks import current_task
+
+
+def lines(path: str) -> list[list[str]]:
+    """The lines the calls left in ``path``, split into their fields (none yet: [])."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [line.split() for line in f.read().splitlines() if line]
 
 
 def _line(path: str, *fields: object) -> None:
@@ -60,3 +69,33 @@ class Ledger:
 
     def get(self) -> list[str]:
         return self.items
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def blob(n: int) -> bytes:
+    return b"x" * n
+
+
+def fail_then_return(path: str, fails: int) -> str:
+    """Fails its first ``fails`` tries, then returns which try succeeded."""
+    attempt = current_task().attempt
+    _line(path, "try", int(time.time() * 1000), attempt)
+    if attempt < fails:
+        raise ValueError(f"try {attempt} fails")
+    return f"succeeded on try {attempt}"
+
+
+@ray.remote
+class Sleeper:
+    """An actor with an async method a timeout can stop."""
+
+    async def nap(self, path: str, seconds: float) -> str:
+        import asyncio
+
+        _line(path, "start", int(time.time() * 1000))
+        await asyncio.sleep(seconds)
+        _line(path, "end", int(time.time() * 1000))
+        return "rested"

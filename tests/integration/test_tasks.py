@@ -26,12 +26,7 @@ from raydelay.tasks import TaskId
 from tests.integration import task_jobs
 from tests.integration.helpers import now_ms, wait_until
 
-
-def _lines(path) -> list[list[str]]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [line.split() for line in f.read().splitlines() if line]
+_lines = task_jobs.lines
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -235,6 +235,13 @@ class SubscriptionHost:
     async def stats(self, unit: Unit, partition: int) -> dict:
         return await (await self._unit(unit)).stats(partition)
 
+    async def states(
+        self, unit: Unit, partition: int, positions: list[tuple[int, int]]
+    ) -> list[str]:
+        """Where each position of the partition stands in the subscription (see
+        ``Subscription.states``): nothing changes."""
+        return await (await self._unit(unit)).states(partition, positions)
+
     async def flush(self, unit: Unit, partition: int) -> None:
         await (await self._unit(unit)).flush(partition)
 

@@ -291,6 +291,11 @@ class SubscriptionShell:
 
     # --- looking at it ------------------------------------------------------------------------
 
+    async def states(self, positions: list[tuple[int, int]]) -> list[str]:
+        """Where each position stands here (see ``Subscription.states``)."""
+        self.ensure_started()
+        return self._sub.states(positions)
+
     async def pid(self) -> int:
         """The process id (tests use it to see a restart)."""
         return os.getpid()

@@ -211,6 +211,9 @@ class SubscriptionUnit:
     async def stats(self, partition: int) -> dict:
         return await (await self._serving(partition)).stats()
 
+    async def states(self, partition: int, positions: list[tuple[int, int]]) -> list[str]:
+        return await (await self._serving(partition)).states(positions)
+
     async def flush(self, partition: int) -> None:
         await (await self._serving(partition)).flush()
 
