@@ -42,11 +42,13 @@ class TopicHandles(PartitionPeers[HostActor]):
         deadline_s: float,
         cancel: Callable,
         apply: Callable,
+        guard_keys: Callable[[list[str]], None] = lambda keys: None,
     ) -> None:
         super().__init__(peers, deadline_s=deadline_s)
         self.topic = topic
         self.cancel = cancel  # markers through the topic, outcomes from every subscription
         self.apply = apply  # markers in the log already: outcomes from every subscription
+        self.guard_keys = guard_keys  # raises for keys a cancel must not take
 
     def append(self, partition: int, batches: list[bytes]) -> Any:
         return self._peers[partition].submit(HostActor.append, self.topic, partition, batches)

@@ -49,6 +49,7 @@ from raydelay.cluster.nodes import check_store
 from raydelay.config import config_from_dict
 from raydelay.dispatch.peek import PeekRange
 from raydelay.errors import NotFound, PartitionMoved, Unavailable
+from raydelay.log.reader import KeyRows
 from raydelay.positions import Position
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,11 @@ class HostActor:
     ) -> ReadReply:
         part = await self._partition(topic, partition)
         return await part.read(from_position, max_entries, wait_s, skip_delayed, due_within_ms)
+
+    async def key_rows(self, topic: str, partition: int, keys: Any) -> KeyRows:
+        """The keys and ``deliver_at`` of the entries at position ``keys`` (no payloads;
+        from the sealed buckets for a ledger retention deleted)."""
+        return await (await self._partition(topic, partition)).key_rows(keys)
 
     async def read_positions(self, topic: str, partition: int, keys: Any) -> pa.RecordBatch:
         return await (await self._partition(topic, partition)).read_positions(keys)

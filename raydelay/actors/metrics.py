@@ -22,6 +22,10 @@ every metric raydelay makes; this table says the same for readers.
 | raydelay_bucket_ops | counter | bucket operations by ``op``: create and delete (the topic's, with an empty ``subscription`` tag), load (a subscription's segment loads) |
 | raydelay_bucket_op_seconds | histogram | their latency, by ``op`` |
 | raydelay_dispatch_lateness_ms | histogram | dispatch time minus deliver_at, first deliveries of delayed messages |
+| raydelay_task_runs | counter | scheduled calls a runner finished, by ``outcome``: succeeded, failed (a try that will be retried), dead, timed_out (a try cancelled past its timeout_s), skipped (a cron occurrence passed over) |
+| raydelay_tasks_in_flight | gauge | calls a runner has started and not seen finish |
+| raydelay_task_start_lateness_ms | histogram | when a runner started a call minus when it was due (its deliver_at, or its cron occurrence) |
+| raydelay_schedules_unarmed | gauge | recurring schedules with no next occurrence waiting in the tasks topic (runner 0 looks every 30 s): 0 is healthy |
 | raydelay_lateness_stage_ms | histogram | the part of that lateness spent in each ``stage`` (written, reached, waited: the subscription's; returned: the consumer's, from its process), see :mod:`raydelay.dispatch.stages` |
 
 The lateness histogram observes at most ``LATENESS_SAMPLES_PER_S`` dispatches a second per
@@ -58,6 +62,7 @@ OP_BOUNDARIES_S = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 LATENESS_SAMPLES_PER_S = 1_000
 _PART = ("topic", "partition")
 _SUB = ("topic", "partition", "subscription")
+_RUNNER = ("runner",)
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,19 @@ METRICS: dict[str, MetricSpec] = {
         "the part of a delayed message's lateness spent in one stage (ms)",
         (*_SUB, "stage"),
         tuple(LATENESS_BOUNDARIES_MS),
+    ),
+    "raydelay_task_runs": MetricSpec(
+        "counter", "scheduled calls finished, by outcome", (*_RUNNER, "outcome")
+    ),
+    "raydelay_tasks_in_flight": MetricSpec("gauge", "scheduled calls running", _RUNNER),
+    "raydelay_task_start_lateness_ms": MetricSpec(
+        "histogram",
+        "start of a scheduled call minus its due time (ms)",
+        _RUNNER,
+        tuple(LATENESS_BOUNDARIES_MS),
+    ),
+    "raydelay_schedules_unarmed": MetricSpec(
+        "gauge", "recurring schedules with no next occurrence armed", ()
     ),
 }
 
@@ -208,6 +226,46 @@ class SubscriptionMetrics:
         for row, tags in zip(values[1:], self._stage_tags, strict=True):
             for v in row.tolist():
                 self._stage.observe(v, tags)
+
+
+class RunnerMetrics:
+    """A task runner's series: ``report`` once a second with its counts since it started
+    (turned into counter increments), what runs now, and the start lateness of the calls
+    it started since the last report (a sample of at most LATENESS_SAMPLES_PER_S)."""
+
+    OUTCOMES = {
+        "succeeded": "succeeded",
+        "retried": "failed",
+        "dead": "dead",
+        "timed_out": "timed_out",
+        "skipped": "skipped",
+    }
+
+    def __init__(self, runner: int) -> None:
+        self._tags = {"runner": str(runner)}
+        self._runs = _metric("raydelay_task_runs")
+        self._in_flight = _metric("raydelay_tasks_in_flight")
+        self._lateness = _metric("raydelay_task_start_lateness_ms")
+        self._last: dict[str, int] = {}
+        self._sample = Sampler(LATENESS_SAMPLES_PER_S)
+
+    def report(self, counts: dict, running: int, lateness_ms: list[int]) -> None:
+        for key, outcome in self.OUTCOMES.items():
+            now = int(counts.get(key, 0))
+            delta = now - self._last.get(key, 0)
+            if delta > 0:
+                self._runs.inc(delta, {**self._tags, "outcome": outcome})
+            self._last[key] = now
+        self._in_flight.set(running, self._tags)
+        if lateness_ms:
+            pick = self._sample.pick(len(lateness_ms))
+            if pick is not None:
+                for v in np.asarray(lateness_ms)[pick].tolist():
+                    self._lateness.observe(max(v, 0), self._tags)
+
+    @staticmethod
+    def unarmed(count: int) -> None:
+        _metric("raydelay_schedules_unarmed").set(count, {})
 
 
 class Sampler:

@@ -199,7 +199,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
                 s["timezone"],
                 s["catch_up"],
                 s["target"],
-                "paused" if s["paused"] else utc_text(s["next_ms"]),
+                _next_text(s),
             ]
             for s in cluster.list_schedules()
         ]
@@ -221,6 +221,13 @@ def cmd_schedules(args: argparse.Namespace) -> int:
         text = f"{args.name}: deleted"
     emit(args, doc, text)
     return 0
+
+
+def _next_text(s: dict) -> str:
+    """A schedule's next occurrence, or why none will come."""
+    if s.get("armed") is False:  # (its chain is lost: see raydelay.client.armed)
+        return "NOT ARMED: nothing will run (replace it)"
+    return "paused" if s["paused"] else utc_text(s["next_ms"])
 
 
 # --- completion ---------------------------------------------------------------------------------

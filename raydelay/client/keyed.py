@@ -194,6 +194,7 @@ class KeyedSends:
         for i, k in enumerate(keys):
             if not isinstance(k, str):
                 raise InvalidArgument(f"keys[{i}]: expected a str, got {type(k).__name__}")
+        self._link.guard_keys(list(keys))
         by_partition: dict[int, list[int]] = {}
         for i, k in enumerate(keys):
             by_partition.setdefault(key_hash(k) % self.partitions, []).append(i)

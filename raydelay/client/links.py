@@ -85,6 +85,11 @@ class TopicLink(Link, Protocol):
         its [(target, marker)]."""
         ...
 
+    def guard_keys(self, keys: list[str]) -> None:
+        """InvalidArgument for keys a cancel by key must not take (a schedule's, on the
+        tasks topic); nothing is written."""
+        ...
+
     def pending_keys(self, partition: int, keys: list[str]) -> Reply:
         """The answer maps each of ``keys`` that a message pending holds to its positions."""
         ...

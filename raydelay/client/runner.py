@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import ray
 
+from raydelay.actors.metrics import RunnerMetrics
+from raydelay.client.armed import RUNNERS_SUBSCRIPTION, armed
 from raydelay.client.bootstrap import attach
 from raydelay.client.peers import ClusterPeers, Session
 from raydelay.client.topics import Topics
@@ -64,9 +66,9 @@ from raydelay.tasks.spec import (
 
 log = logging.getLogger(__name__)
 
-RUNNERS_SUBSCRIPTION = "runners"
 IN_RUNNER = False  # set in a runner's process: a connect() there starts no runners
 _RECEIVE_MAX = 1_000  # calls taken in one receive
+_SCHEDULE_LOOK_S = 30.0  # runner 0 looks for schedules that lost their chain this often
 
 
 def runner_name(index: int) -> str:
@@ -145,10 +147,14 @@ class TaskRunner:
         self._finished_ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="task-runner", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="task-watcher", daemon=True)
+        self._metrics = RunnerMetrics(index)
+        self._late: list[int] = []  # start lateness (ms) of the calls started since a report
+        self._reported = time.monotonic()
         self._thread.start()
         self._watcher.start()
-        if index == 0:  # one runner deletes expired records
+        if index == 0:  # one runner deletes expired records and watches the schedules
             threading.Thread(target=self._sweep, name="task-records-sweep", daemon=True).start()
+            threading.Thread(target=self._watch_schedules, name="schedules", daemon=True).start()
 
     # --- calls --------------------------------------------------------------------------------
 
@@ -217,6 +223,19 @@ class TaskRunner:
             self._finished_ready.wait(timeout=0.5)
         self._expire_overdue()
         self._settle()
+        if time.monotonic() - self._reported >= 1.0:
+            self._report()
+
+    def _report(self) -> None:
+        """The runner's metrics (see ``RunnerMetrics``), once a second."""
+        self._reported = time.monotonic()
+        with self._lock:
+            counts, running = dict(self._counts), len(self._inflight)
+            late, self._late = self._late, []
+        try:
+            self._metrics.report(counts, running, late)
+        except Exception as exc:  # noqa: BLE001 - metrics never stop the runner
+            log.debug("task runner %d: metrics: %s", self._index, exc)
 
     def _expire_overdue(self) -> None:
         """Cancel the calls that outlasted their ``timeout_s``; each is a failed try now
@@ -318,6 +337,7 @@ class TaskRunner:
             self._inflight[ref] = (m, spec, time.monotonic())
             self._ids[str(m.message_id)] = ref
             self._counts["started"] += 1
+            self._late.append(now - int(occurrence))
         self._submitted.set()
 
     def _give_back(self, m: Any, exc: BaseException) -> None:
@@ -441,6 +461,30 @@ class TaskRunner:
         except Exception as exc:  # noqa: BLE001 - the caller hands the call back
             log.warning("task runner %d: record of %s: %s", self._index, m.message_id, exc)
             return False
+
+    def _watch_schedules(self) -> None:
+        """Runner 0's thread: every 30 s, the schedules whose chain is lost (no occurrence
+        waits in the topic, at this look and the one before): logged by name, and counted
+        in ``raydelay_schedules_unarmed``."""
+        before: set[str] = set()
+        while not self._stop.wait(_SCHEDULE_LOOK_S):
+            try:
+                names = [
+                    k[len(cron.SCHEDULE_PREFIX) :] for k in self._store.list(cron.SCHEDULE_PREFIX)
+                ]
+                found = armed(self._topics.peers, self._topic, names)
+                now = {name for name, ok in found.items() if not ok}
+                lost = sorted(now & before)
+                before = now
+                self._metrics.unarmed(len(lost))
+                if lost:
+                    log.warning(
+                        "schedules with no next occurrence armed: nothing of them will run: "
+                        "%s (replace them: schedule_cron(..., replace=True))",
+                        ", ".join(lost),
+                    )
+            except Exception as exc:  # noqa: BLE001 - the next look
+                log.debug("task runner 0: looking at schedules: %s", exc)
 
     def _sweep(self) -> None:
         """Runner 0's thread: every tenth of ``tasks.result_ttl_s`` (a minute to an hour),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raydelay.client import runner
+from raydelay.client.armed import armed
 from raydelay.client.message import MessageId
 from raydelay.client.operations import Operations
 from raydelay.client.runner import (
@@ -282,6 +283,10 @@ class Tasks:
             except NotFound:  # (deleted since the listing)
                 continue
             out.append(_describe(record, now))
+        if out and self.topic in self._topics.topics():
+            found = armed(self._topics.peers, self.topic, [d["name"] for d in out])
+            for d in out:
+                d["armed"] = found[d["name"]]
         return out
 
     def set_paused(self, name: Any, paused: bool) -> dict:

@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
+import numpy as np
+
 from raydelay.actors.coordinator import CoordinatorActor
 from raydelay.actors.handles import (
     SubscriptionHandles,
@@ -33,9 +35,11 @@ from raydelay.dispatch import stages
 from raydelay.dispatch.counts import partition_entries
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.limits import check_limit
+from raydelay.positions import key_of, position_of
 from raydelay.storage import make_store
 from raydelay.storage.keys import validate_name
 from raydelay.subscription_types import check_subscription_type
+from raydelay.tasks import cron
 from raydelay.tasks.status import write_cancelled
 
 _SUMMED = (
@@ -139,7 +143,12 @@ class Topics:
             return self.apply_markers(topic, work)
 
         link = TopicHandles(
-            topic, peers, deadline_s=self.peers.deadline_s, cancel=cancel, apply=apply
+            topic,
+            peers,
+            deadline_s=self.peers.deadline_s,
+            cancel=cancel,
+            apply=apply,
+            guard_keys=lambda keys: self.guard_keys(topic, keys),
         )
         producer = Producer(
             link,
@@ -341,6 +350,7 @@ class Topics:
         self, topic: str, batches: dict[int, tuple[list[tuple[int, int]], int]], producer: str
     ) -> tuple[dict[int, list[bool]], int]:
         """See :func:`raydelay.actors.handles.fan_out_cancel`."""
+        self._guard_occurrences(topic, {p: batches[p][0] for p in batches})
         outcome, sends = fan_out_cancel(
             topic,
             lambda p: self.peers.topic_peer(topic, p),
@@ -366,6 +376,61 @@ class Topics:
         self._cancelled_calls(topic, {p: work[p][0] for p in work}, outcome)
         return outcome
 
+    # --- a schedule's armed occurrence is not cancelled ------------------------------------
+
+    def _guard_occurrences(self, topic: str, targets: dict[int, list[tuple[int, int]]]) -> None:
+        """On the tasks topic: InvalidArgument, before anything is written, when a target
+        is the armed occurrence of a schedule that exists (its message carries the
+        schedule's name as key). Cancelling it would end the schedule's chain, and nothing
+        of it would run again."""
+        if topic != self.config.tasks.topic:
+            return
+        parts = [p for p in targets if targets[p]]
+        answers = self.peers.call(
+            lambda: [
+                self.peers.topic_peer(topic, p).submit(
+                    HostActor.key_rows,
+                    topic,
+                    p,
+                    np.array([key_of(lg, e) for lg, e in targets[p]], dtype=np.int64),
+                )
+                for p in parts
+            ],
+            "topic",
+        )
+        for p, rows in zip(parts, answers, strict=True):
+            for position, key in zip(rows.positions, rows.keys, strict=True):
+                if key is not None and self._schedule_exists(key):
+                    lg, e = position_of(int(position))
+                    raise InvalidArgument(
+                        f"message_ids: {topic}/{p}/{lg}:{e} is the next occurrence of schedule "
+                        f"{key!r}; cancelling it would stop the schedule for good. Pause the "
+                        "schedule (pause_schedule, raydelay schedules pause) or delete it"
+                    )
+
+    def guard_keys(self, topic: str, keys: list[str]) -> None:
+        """On the tasks topic: InvalidArgument, before anything is written, for a cancel
+        by key of a schedule's name (its armed occurrence is held under it)."""
+        if topic != self.config.tasks.topic:
+            return
+        for key in keys:
+            if self._schedule_exists(key):
+                raise InvalidArgument(
+                    f"keys: {key!r} is the key of schedule {key!r}'s next occurrence; "
+                    "cancelling it would stop the schedule for good. Pause the schedule "
+                    "(pause_schedule, raydelay schedules pause) or delete it"
+                )
+
+    def _schedule_exists(self, name: str) -> bool:
+        if not cron.is_name(name):
+            return False
+        return bool(self._tasks_store().exists(cron.schedule_key(name)))
+
+    def _tasks_store(self) -> Any:
+        if self._store is None:
+            self._store = make_store(self.config)
+        return self._store
+
     def _cancelled_calls(
         self, topic: str, targets: dict[int, list[tuple[int, int]]], outcome: dict[int, list[bool]]
     ) -> None:
@@ -381,9 +446,7 @@ class Topics:
             if kept
         ]
         if ids:
-            if self._store is None:
-                self._store = make_store(self.config)
-            write_cancelled(self._store, ids)
+            write_cancelled(self._tasks_store(), ids)
 
     def stats(self, topic: str, subscription: str | None = None) -> dict:
         """See :meth:`Cluster.stats`."""

@@ -82,6 +82,11 @@ def done_key(name: str, generation: str, occurrence_ms: int) -> str:
     return f"{DONE_PREFIX}{name}/{generation}/{occurrence_ms}"
 
 
+def is_name(name: object) -> bool:
+    """Whether ``name`` could name a schedule."""
+    return isinstance(name, str) and bool(_NAME.match(name))
+
+
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise InvalidArgument(

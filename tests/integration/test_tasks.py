@@ -555,3 +555,53 @@ def test_a_client_with_another_secret_than_the_runners_is_told_before_it_schedul
     cluster.schedule(task_jobs.record, out, "same-secret", deliver_after=0)
     wait_until("the call ran", lambda: _lines(out))
     assert [r[0] for r in _lines(out)] == ["same-secret"]
+
+
+def test_a_schedules_armed_occurrence_cannot_be_cancelled_by_any_path(cluster, capsys):
+    from raydelay.web.model import ConsoleData
+    from tests.integration.test_cli import run
+
+    # Given a schedule whose next occurrence waits in the tasks topic
+    name = f"guarded-{uuid.uuid4().hex[:6]}"
+    cluster.schedule_cron("0 3 * * *", task_jobs.noop, name=name)
+    topic = _topic(cluster)
+    (occurrence,) = cluster.peek(topic, RUNNERS_SUBSCRIPTION, key=name, limit=5)
+    occ = str(occurrence.message_id)
+    # When it is cancelled by id (API, the console's model, the CLI) or by key
+    refusal = f"is the next occurrence of schedule '{name}'"
+    with pytest.raises(InvalidArgument, match=refusal):
+        cluster.cancel_task(occ)
+    other = cluster.schedule(task_jobs.noop, deliver_after=3600)
+    with pytest.raises(InvalidArgument, match=refusal):
+        cluster.cancel([str(other), occ])  # (all or nothing: the other one stays too)
+    with pytest.raises(InvalidArgument, match=refusal):
+        ConsoleData(cluster).cancel([occ])
+    code, _, err = run(capsys, "cancel", occ)
+    assert code == 2 and refusal in err
+    with pytest.raises(InvalidArgument, match=f"keys: '{name}' is the key of schedule"):
+        cluster.cancel(topic, key=name)
+    # Then it is still armed, the schedule lists as armed, and the other call is not cancelled
+    assert [str(m.message_id) for m in cluster.peek(topic, RUNNERS_SUBSCRIPTION, key=name)] == [
+        occ
+    ]
+    (listed,) = [s for s in cluster.list_schedules() if s["name"] == name]
+    assert listed["armed"] is True
+    assert cluster.task_status(other)["status"] == "scheduled"
+    assert cluster.cancel_task(other) is True
+    # A schedule whose chain was lost some other way (here its record copied under a new
+    # name, with no occurrence in the topic) lists as not armed, in the API and the CLI
+    store = cluster._tasks.store()
+    from raydelay.tasks import cron
+
+    record = cron.Schedule.from_bytes(store.get(cron.schedule_key(name)))
+    record.name = f"{name}-lost"
+    store.put(cron.schedule_key(record.name), record.to_bytes())
+    lost = [s for s in cluster.list_schedules() if s["name"] == record.name]
+    assert lost[0]["armed"] is False
+    code, text, _ = run(capsys, "schedules", "list")
+    row = next(line for line in text.splitlines() if line.startswith(record.name))
+    assert "NOT ARMED" in row
+    # Deleting the schedule frees its occurrence: cancelling it is allowed then
+    cluster.delete_schedule(record.name)
+    cluster.delete_schedule(name)
+    assert cluster.cancel_task(occ) is True

@@ -127,6 +127,9 @@ class FakeTopic(FakeLink):
     def append_keyed(self, partition, data, on_duplicate):
         return self._call("append_keyed", partition, data, on_duplicate)
 
+    def guard_keys(self, keys):
+        return None
+
     def cancel_keys(self, partition, keys, producer, sequence_id):
         return self._call("cancel_keys", partition, keys)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from raydelay.actors.coordinator import CoordinatorActor
@@ -52,6 +53,7 @@ from raydelay.config import config_from_dict
 from raydelay.delayed.store import SealedStore
 from raydelay.dispatch.peek import PeekRange
 from raydelay.log.partition import LedgerInfo, PartitionLog
+from raydelay.log.reader import KeyRows
 from raydelay.storage import shared_store
 
 
@@ -170,6 +172,10 @@ class HostedPartition:
         return await self._reads.read(
             from_position, max_entries, wait_s, skip_delayed, due_within_ms
         )
+
+    async def key_rows(self, keys) -> KeyRows:
+        self._ensure_started()
+        return await self._reads.key_rows(np.asarray(keys, dtype=np.int64))
 
     async def read_positions(self, keys) -> pa.RecordBatch:
         self._ensure_started()
