@@ -68,6 +68,15 @@ log = logging.getLogger(__name__)
 
 IN_RUNNER = False  # set in a runner's process: a connect() there starts no runners
 _RECEIVE_MAX = 1_000  # calls taken in one receive
+# a call that does nothing (it reads its own context), to start a worker for the calls
+_WARM_UP = (
+    "raydelay.tasks.context:current_task",
+    None,
+    pickle.dumps(((), {})),
+    ("warm-up", 0, 0, None),
+    False,
+    0,
+)
 _SCHEDULE_LOOK_S = 30.0  # runner 0 looks for schedules that lost their chain this often
 
 
@@ -147,6 +156,9 @@ class TaskRunner:
         self._finished_ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="task-runner", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="task-watcher", daemon=True)
+        # a worker for the calls, started now (Ray starts one per task at first: ~1-2 s
+        # that the first call due would otherwise wait), not waited for
+        self._warm = _invoke_remote.remote(_WARM_UP)
         self._metrics = RunnerMetrics(index)
         self._late: list[int] = []  # start lateness (ms) of the calls started since a report
         self._reported = time.monotonic()

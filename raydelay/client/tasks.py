@@ -48,6 +48,8 @@ from raydelay.tasks.spec import (
 
 log = logging.getLogger(__name__)
 
+RUNNERS_READY_S = 60.0  # connect() waits this long at most for runners it started
+
 
 class Tasks:
     """The tasks side of one Cluster client: its producer, and the topic and runners made
@@ -235,6 +237,7 @@ class Tasks:
         args_blob = pickle_args(args, _kwargs(kwargs))
         generation = uuid.uuid4().hex[:12]
         spec.schedule, spec.generation = name, generation
+        self.ready()  # (the runners up first: the first occurrence is one after that)
         now = int(time.time() * 1000)
         record = cron.Schedule(
             name=name,
@@ -246,7 +249,6 @@ class Tasks:
             generation=generation,
             created_ms=now,
         )
-        self.ready()
         store = self.store()
         key = cron.schedule_key(name)
         if _flag("replace", replace):
@@ -327,10 +329,14 @@ class Tasks:
         return out
 
 
-def resume_runners(topics: Topics) -> None:
-    """Start the runners (``tasks.runners``, without waiting for them) when the tasks
-    topic exists and none runs: a cluster started again after a stop or a crash runs the
-    calls and cron occurrences that waited meanwhile. Not from a runner itself."""
+def resume_runners(topics: Topics, wait_s: float = RUNNERS_READY_S) -> None:
+    """Start the runners (``tasks.runners``) when the tasks topic exists and none runs: a
+    cluster started again after a stop or a crash runs the calls and cron occurrences
+    that waited meanwhile. Not from a runner itself.
+
+    It returns once they are up and taking calls (each has subscribed), so that calls
+    held while the cluster was down run as soon as ``connect()`` returns; after
+    ``wait_s`` seconds it returns anyway (a warning says so), and they come up meanwhile."""
     if runner.IN_RUNNER:
         return
     tasks = topics.config.tasks
@@ -343,8 +349,17 @@ def resume_runners(topics: Topics) -> None:
     except InvalidArgument as exc:  # (a client without the secret starts no runners)
         log.warning("scheduled calls wait: the runners are not started (%s)", exc)
         return
-    for i in range(tasks.runners):
+    started = time.monotonic()
+    handles = [
         spawn_runner(topics.peers.config_dict, i, tasks.max_in_flight, signer)
+        for i in range(tasks.runners)
+    ]
+    try:
+        rpc.get([h.key_ids.remote() for h in handles], what="task runner", timeout_s=wait_s)
+    except Exception as exc:  # noqa: BLE001 - they start meanwhile: connect() goes on
+        log.warning("the task runners are not up after %.0f s (%s); calls wait", wait_s, exc)
+        return
+    log.info("task runners up in %.1f s", time.monotonic() - started)
 
 
 def signer_of(config: Config) -> CallSigner:

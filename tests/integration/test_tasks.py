@@ -292,6 +292,9 @@ from tests.integration import task_jobs
 store, out, phase = sys.argv[1], sys.argv[2], sys.argv[3]
 config = {"storage": {"kind": "local", "local": {"root": store}}}
 with raydelay.connect(config) as cluster:  # starts a Ray of its own, stops it at the end
+    # (connect() returns once the runners it started take calls)
+    up = sum(1 for h in cluster._tasks.runners() if h.key_ids.remote() is not None)
+    print("connected", int(time.time() * 1000), "runners", up, flush=True)
     if phase == "first":
         cluster.schedule_cron("* * * * * *", task_jobs.record, out, "tick", name="ticks",
                               catch_up="all")
@@ -341,6 +344,12 @@ def test_cron_occurrences_missed_while_the_cluster_was_down_run_after_a_restart(
     assert len(missed) >= 3  # they ran after the restart, late
     ran_at = {int(r[1].rsplit("@", 1)[1]): int(r[2]) for r in _lines(out)}
     assert all(ran_at[o] - o > 1000 for o in missed)
+    # connect() returned with the runners up (the second run had none before it), and the
+    # held occurrences ran from then on
+    connected_ms, runners = (int(w) for w in second.stdout.split()[1:4:2])
+    assert runners == 1
+    first_held = min(ran_at[o] for o in missed)
+    print(f"first held occurrence ran {first_held - connected_ms} ms after connect() returned")
 
 
 def test_the_examples_run_as_written(cluster, tmp_path, monkeypatch, capsys):
@@ -581,9 +590,7 @@ def test_a_schedules_armed_occurrence_cannot_be_cancelled_by_any_path(cluster, c
     with pytest.raises(InvalidArgument, match=f"keys: '{name}' is the key of schedule"):
         cluster.cancel(topic, key=name)
     # Then it is still armed, the schedule lists as armed, and the other call is not cancelled
-    assert [str(m.message_id) for m in cluster.peek(topic, RUNNERS_SUBSCRIPTION, key=name)] == [
-        occ
-    ]
+    assert [str(m.message_id) for m in cluster.peek(topic, RUNNERS_SUBSCRIPTION, key=name)] == [occ]
     (listed,) = [s for s in cluster.list_schedules() if s["name"] == name]
     assert listed["armed"] is True
     assert cluster.task_status(other)["status"] == "scheduled"
