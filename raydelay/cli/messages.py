@@ -21,7 +21,7 @@ _LATER_COUNTED = 10_000
 # --- produce / consume / cancel ----------------------------------------------------------------
 
 
-def _deliver_at_arg(text: str, field: str = "deliver_at") -> int:
+def instant_arg(text: str, field: str = "deliver_at") -> int:
     from raydelay.ingest.rows import AT_NAIVE, parse_time
 
     ms = parse_time(text)
@@ -43,7 +43,7 @@ def _properties_arg(items: list[str]) -> dict[str, str] | None:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    deliver_at = _deliver_at_arg(args.deliver_at) if args.deliver_at is not None else None
+    deliver_at = instant_arg(args.deliver_at) if args.deliver_at is not None else None
     props = _properties_arg(args.property)
     if args.file == "-":
         stream = sys.stdin.buffer
@@ -187,7 +187,7 @@ def duration_text(seconds: float) -> str:
 
 def cmd_peek(args: argparse.Namespace) -> int:
     after, before = (
-        None if text is None else _deliver_at_arg(text, field)
+        None if text is None else instant_arg(text, field)
         for text, field in ((args.due_after, "due_after"), (args.due_before, "due_before"))
     )
     cluster = attach(args)
@@ -212,7 +212,7 @@ def cmd_peek(args: argparse.Namespace) -> int:
 def cmd_reset_cursor(args: argparse.Namespace) -> int:
     to: Any = args.to
     if to not in ("earliest", "latest") and "/" not in to:
-        to = _deliver_at_arg(to, "to")
+        to = instant_arg(to, "to")
     cluster = attach(args)
     marks = cluster.reset_cursor(args.topic, args.subscription, to)
     doc = {

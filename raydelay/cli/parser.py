@@ -276,10 +276,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     schedules = sub.add_parser(
         "schedules",
-        help="recurring schedules (cluster.schedule_cron): list, pause, resume, delete",
+        help="recurring schedules (cluster.schedule_cron): list, add, pause, resume, "
+        "delete, trigger, backfill",
     )
     ssub = schedules.add_subparsers(dest="action", metavar="ACTION")
     ssub.add_parser("list", help="the schedules, with their next occurrence")
+    add = ssub.add_parser(
+        "add",
+        help="create a schedule of a function the runners can import",
+        description="Create the recurring schedule NAME (cluster.schedule_cron): call the "
+        "function CALL (module:function, importable here and on the cluster) with --args "
+        "and --kwargs (JSON) at every occurrence of --cron. Times are ISO-8601 with a zone, "
+        "or epoch ms.",
+    )
+    add.add_argument("name")
+    add.add_argument("--cron", required=True, help="5 fields, or 6 with seconds last")
+    add.add_argument("--call", required=True, help="module:function")
+    add.add_argument("--args", default="[]", help="a JSON list of positional arguments")
+    add.add_argument("--kwargs", default="{}", help="a JSON object of keyword arguments")
+    add.add_argument("--timezone", default="UTC", help="an IANA zone (default UTC)")
+    add.add_argument(
+        "--catch-up", default="latest", choices=("all", "latest", "none"),
+        help="what runs of the occurrences missed while the cluster was down (default latest)",
+    )  # fmt: skip
+    add.add_argument("--start-at", help="no occurrence before this time")
+    add.add_argument("--end-at", help="no occurrence after this time")
+    add.add_argument(
+        "--jitter-s", type=float, default=0.0, help="each occurrence due up to this much later"
+    )
+    add.add_argument(
+        "--max-retries", type=int, default=3, help="retries of a failed run (-1: no limit)"
+    )
+    add.add_argument(
+        "--backoff", type=float, default=1.0, help="seconds before the first retry, doubling"
+    )
+    add.add_argument("--timeout-s", type=float, help="a run that lasts longer is cancelled")
+    add.add_argument("--options", default="{}", help="Ray options, a JSON object (num_cpus, ...)")
+    add.add_argument("--replace", action="store_true", help="replace a schedule of that name")
+    trigger = ssub.add_parser("trigger", help="run a schedule's call once now, outside its chain")
+    trigger.add_argument("name")
+    backfill = ssub.add_parser(
+        "backfill", help="run now every occurrence of a schedule in a past window"
+    )
+    backfill.add_argument("name")
+    backfill.add_argument("start", help="ISO-8601 with a zone, or epoch ms")
+    backfill.add_argument("end", help="ISO-8601 with a zone, or epoch ms (not in the future)")
     for action, what in (
         ("pause", "stop running a schedule's occurrences (they pass, not caught up later)"),
         ("resume", "run a paused schedule's occurrences again"),

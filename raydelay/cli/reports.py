@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
+from typing import Any
 
 import argcomplete
 
@@ -209,18 +210,72 @@ def cmd_schedules(args: argparse.Namespace) -> int:
         print(table(["name", "cron", "timezone", "catch up", "calls", "next (UTC)"], rows))
         return 0
     doc: dict = {"name": args.name, "action": action}
-    if action == "pause":
+    if action == "add":
+        s = _add_schedule(cluster, args)
+        doc.update(next_ms=s["next_ms"], cron=s["cron"], target=s["target"])
+        text = f"{args.name}: created; calls {s['target']}; next at {utc_text(s['next_ms'])} UTC"
+    elif action == "trigger":
+        doc["task_id"] = tid = str(cluster.trigger_schedule(args.name))
+        text = f"{args.name}: triggered; task {tid}"
+    elif action == "backfill":
+        from raydelay.cli.messages import instant_arg
+
+        ids = cluster.backfill_schedule(
+            args.name, instant_arg(args.start, "start"), instant_arg(args.end, "end")
+        )
+        doc["task_ids"] = [str(i) for i in ids]
+        text = f"{args.name}: {len(ids)} occurrences to run now"
+    elif action == "pause":
         cluster.pause_schedule(args.name)
         text = f"{args.name}: paused"
     elif action == "resume":
         s = cluster.resume_schedule(args.name)
         doc["next_ms"] = s["next_ms"]
-        text = f"{args.name}: resumed; next at {utc_text(s['next_ms'])} UTC"
+        when = f"next at {utc_text(s['next_ms'])} UTC" if s["next_ms"] else "past its end_at"
+        text = f"{args.name}: resumed; {when}"
     else:
         cluster.delete_schedule(args.name)
         text = f"{args.name}: deleted"
     emit(args, doc, text)
     return 0
+
+
+def _add_schedule(cluster, args: argparse.Namespace) -> dict:
+    """``schedules add``: the function by its import path, its arguments from JSON."""
+    import json
+
+    from raydelay.cli.messages import instant_arg
+    from raydelay.tasks.spec import resolve_function
+
+    def loaded(field: str, text: str, kind: type) -> Any:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise InvalidArgument(f"{field}: not JSON ({exc})") from None
+        if not isinstance(value, kind):
+            raise InvalidArgument(f"{field}: expected a JSON {kind.__name__}, got {text!r}")
+        return value
+
+    if ":" not in args.call:
+        raise InvalidArgument(f"call: expected module:function, got {args.call!r}")
+    fn = resolve_function(args.call)
+    return cluster.schedule_cron(
+        args.cron,
+        fn,
+        *loaded("args", args.args, list),
+        name=args.name,
+        timezone=args.timezone,
+        catch_up=args.catch_up,
+        kwargs=loaded("kwargs", args.kwargs, dict),
+        options=loaded("options", args.options, dict),
+        max_retries=args.max_retries,
+        backoff=args.backoff,
+        timeout_s=args.timeout_s,
+        start_at=None if args.start_at is None else instant_arg(args.start_at, "start_at"),
+        end_at=None if args.end_at is None else instant_arg(args.end_at, "end_at"),
+        jitter_s=args.jitter_s,
+        replace=args.replace,
+    )
 
 
 def _next_text(s: dict) -> str:

@@ -328,7 +328,7 @@ class TaskRunner:
             return
         occurrence = spec.occurrence_ms
         try:
-            fires = spec.schedule is None or self._fire(m, spec, now)
+            fires = spec.schedule is None or spec.manual or self._fire(m, spec, now)
         except InvalidArgument as exc:  # its schedule's record is not signed: it ends here
             self._dead(m, spec, f"schedule {spec.schedule!r}: {exc}")
             acks.append(m)
@@ -430,9 +430,9 @@ class TaskRunner:
                         self._actors.pop((spec.actor, spec.namespace), None)
                     self._failed(m, spec, _describe(failed[ref]))
                     continue
-                if spec.schedule is not None and spec.generation is not None:
+                if _in_chain(spec):
                     occurrence = int(spec.occurrence_ms or 0)
-                    self._ports.mark_done(spec.schedule, spec.generation, occurrence)
+                    self._ports.mark_done(str(spec.schedule), str(spec.generation), occurrence)
                 # (a call that failed before has a FAILED record to supersede)
                 if spec.keep_result or m.redelivery_count > 0:
                     records.append((m, self._success(spec, values.get(ref))))
@@ -481,9 +481,11 @@ class TaskRunner:
         before: set[str] = set()
         while not self._stop.wait(_SCHEDULE_LOOK_S):
             try:
-                names = [
-                    k[len(cron.SCHEDULE_PREFIX) :] for k in self._store.list(cron.SCHEDULE_PREFIX)
-                ]
+                names = []
+                for key in self._store.list(cron.SCHEDULE_PREFIX):
+                    record = self._ports.load(key[len(cron.SCHEDULE_PREFIX) :])
+                    if record is not None and record.next_after(int(time.time() * 1000)):
+                        names.append(record.name)  # (one past its end_at arms nothing)
                 found = armed(self._topics.peers, self._topic, names)
                 now = {name for name, ok in found.items() if not ok}
                 lost = sorted(now & before)
@@ -516,8 +518,9 @@ class TaskRunner:
         failures = m.redelivery_count + 1
         if spec.retry.exhausted(failures):
             self._dead(m, spec, error)
-            if spec.schedule is not None and spec.generation is not None:
-                self._ports.mark_done(spec.schedule, spec.generation, int(spec.occurrence_ms or 0))
+            if _in_chain(spec):
+                occurrence = int(spec.occurrence_ms or 0)
+                self._ports.mark_done(str(spec.schedule), str(spec.generation), occurrence)
             self._consumer.ack(m)
             return
         delay_s = spec.retry.delay_s(failures)
@@ -538,6 +541,11 @@ class TaskRunner:
         with self._lock:
             self._counts["dead"] += 1
         log.info("task %s is dead after %d tries: %s", m.message_id, m.redelivery_count + 1, error)
+
+
+def _in_chain(spec: TaskSpec) -> bool:
+    """Whether ``spec`` is an occurrence of a schedule's chain (not one run by hand)."""
+    return spec.schedule is not None and spec.generation is not None and not spec.manual
 
 
 def _describe(exc: BaseException) -> str:
@@ -590,7 +598,7 @@ def arm_occurrence(
         partition = key_hash(schedule.name) % producer.partitions
         entries = Entries.build(
             [payload],
-            np.array([occurrence_ms], dtype=np.int64),
+            np.array([schedule.due_ms(occurrence_ms)], dtype=np.int64),
             [schedule.name],
             [spec.properties()],
         )

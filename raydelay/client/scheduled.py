@@ -186,6 +186,9 @@ class ScheduledCalls:
         pass_context: bool = False,
         replace: bool = False,
         timeout_s: float | timedelta | None = None,
+        start_at: Any = None,
+        end_at: Any = None,
+        jitter_s: float | timedelta = 0,
     ) -> dict:
         """Run ``fn(*args)`` at every occurrence of the cron expression ``cron`` (5 fields,
         or 6 with seconds last; parsed by croniter) in ``timezone``, as the recurring
@@ -199,13 +202,21 @@ class ScheduledCalls:
         runs; ``"none"`` none runs (an occurrence is missed when it fires more than
         ``tasks.misfire_grace_s`` late). A schedule of that name existing already is an
         InvalidArgument unless ``replace=True``. ``timeout_s`` and the retries are
-        :meth:`schedule`'s, for each occurrence. Returns the schedule as
-        :meth:`list_schedules` shows it."""
+        :meth:`schedule`'s, for each occurrence.
+
+        - ``start_at`` / ``end_at`` (epoch ms or aware datetimes): no occurrence before the
+          one, nor after the other; the chain ends after the last.
+        - ``jitter_s``: each occurrence is due up to that many seconds after its time, by
+          an offset drawn from the schedule and the occurrence (the same if it is armed
+          again), so that many schedules of one expression do not all start together.
+          The idempotency key keeps the occurrence's own time.
+
+        Returns the schedule as :meth:`list_schedules` shows it."""
         self._check_open()
         spec = self._tasks.spec_of(
             fn, options, max_retries, backoff, pickle_code, pass_context, timeout_s=timeout_s
         )
-        return self._tasks.schedule_cron(
+        return self._tasks.schedules.create(
             cron,
             spec,
             args,
@@ -214,28 +225,49 @@ class ScheduledCalls:
             timezone=timezone,
             catch_up=catch_up,
             replace=replace,
+            start_at=start_at,
+            end_at=end_at,
+            jitter_s=jitter_s,
         )
 
     def list_schedules(self) -> list[dict]:
-        """The recurring schedules: name, cron, timezone, catch_up, target, paused, and
-        ``next_ms``, the next occurrence (None while paused)."""
+        """The recurring schedules: name, cron, timezone, catch_up, target, paused,
+        ``next_ms`` (the next occurrence; None while paused, or past ``end_ms``),
+        ``start_ms``, ``end_ms``, ``jitter_s``, and ``armed``: False when no occurrence of
+        it waits in the tasks topic, so nothing of it will run again (replace it)."""
         self._check_open()
-        return self._tasks.list_schedules()
+        return self._tasks.schedules.listed()
 
     def pause_schedule(self, name: str) -> dict:
         """Stop running a schedule's occurrences (they pass, and are not caught up later)."""
         self._check_open()
-        return self._tasks.set_paused(name, True)
+        return self._tasks.schedules.set_paused(name, True)
 
     def resume_schedule(self, name: str) -> dict:
         """Run a paused schedule's occurrences again, from the next one on."""
         self._check_open()
-        return self._tasks.set_paused(name, False)
+        return self._tasks.schedules.set_paused(name, False)
 
     def delete_schedule(self, name: str) -> None:
         """Delete a schedule: its next occurrence ends the chain, and nothing more runs."""
         self._check_open()
-        self._tasks.delete_schedule(name)
+        self._tasks.schedules.delete(name)
+
+    def trigger_schedule(self, name: str) -> Any:
+        """Run a schedule's call once now, outside its chain (a paused schedule's too): the
+        next occurrences stay as they are. Returns the call's TaskId; its idempotency key
+        is ``name@<now>``."""
+        self._check_open()
+        return self._tasks.schedules.trigger(name)
+
+    def backfill_schedule(self, name: str, start: Any, end: Any) -> list:
+        """Run, now, every occurrence of a schedule in the past window ``[start, end]``
+        (epoch ms or aware datetimes; at most 10,000), each as its own call with that
+        occurrence's idempotency key (``name@occurrence``), outside the chain. They run
+        side by side, as many at once as the runners take. Returns their TaskIds (an
+        empty list when the window holds none)."""
+        self._check_open()
+        return self._tasks.schedules.backfill(name, start, end)
 
     def task_stats(self) -> dict:
         """Scheduled calls (waiting for their time, or for a runner), running, and, since

@@ -10,27 +10,25 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from raydelay.client import runner
-from raydelay.client.armed import armed
 from raydelay.client.message import MessageId
 from raydelay.client.operations import Operations
 from raydelay.client.runner import (
     RUNNERS_SUBSCRIPTION,
-    arm_occurrence,
     runner_name,
     spawn_runner,
     stop_runner_actors,
 )
+from raydelay.client.schedules import Schedules
 from raydelay.client.task_status import TaskStatuses
 from raydelay.client.topics import Topics
 from raydelay.cluster import placement, rpc
 from raydelay.config import Config
-from raydelay.errors import Conflict, InvalidArgument, NotFound
+from raydelay.errors import InvalidArgument, NotFound
 from raydelay.storage import make_store
 from raydelay.tasks import cron
 from raydelay.tasks.context import TaskId
@@ -40,7 +38,9 @@ from raydelay.tasks.spec import (
     actor_target,
     check_options,
     check_timeout,
+    flag,
     function_target,
+    kwargs_of,
     pickle_args,
     retry_policy,
     task_payload,
@@ -64,6 +64,7 @@ class Tasks:
         self._store: Any = None
         self._signer: CallSigner | None = None
         self.statuses = TaskStatuses(self)
+        self.schedules = Schedules(self)
 
     @property
     def topics(self) -> Topics:
@@ -160,21 +161,21 @@ class Tasks:
         keep_result: bool = False,
         timeout_s: Any = None,
     ) -> TaskSpec:
-        target, code = function_target(fn, _flag("pickle_code", pickle_code))
+        target, code = function_target(fn, flag("pickle_code", pickle_code))
         return TaskSpec(
             "fn",
             target,
             check_options(options),
             retry_policy(max_retries, backoff),
             code=code,
-            pass_context=_flag("pass_context", pass_context),
-            keep_result=_flag("keep_result", keep_result),
+            pass_context=flag("pass_context", pass_context),
+            keep_result=flag("keep_result", keep_result),
             timeout_s=check_timeout(timeout_s),
         )
 
     def schedule(self, spec: TaskSpec, args: tuple, kwargs: Any, **when: Any) -> TaskId:
         payload = self.signer().sign(
-            task_payload(spec.encode(), pickle_args(args, _kwargs(kwargs)))
+            task_payload(spec.encode(), pickle_args(args, kwargs_of(kwargs)))
         )
         mid = self.ready().send(payload, properties=spec.properties(), **when)
         return TaskId(str(mid))
@@ -215,94 +216,6 @@ class Tasks:
             if m.topic != self.topic:
                 raise InvalidArgument(f"task_id: {m} is not a task (not on topic {self.topic})")
         return self._operations.cancel(mids)
-
-    # --- recurring ------------------------------------------------------------------------------
-
-    def schedule_cron(
-        self,
-        expr: Any,
-        spec: TaskSpec,
-        args: tuple,
-        kwargs: Any,
-        *,
-        name: Any,
-        timezone: Any,
-        catch_up: Any,
-        replace: bool,
-    ) -> dict:
-        name = cron.check_name(name)
-        expr = cron.check_cron(expr)
-        tz = cron.check_timezone(timezone)
-        policy = cron.check_catch_up(catch_up)
-        args_blob = pickle_args(args, _kwargs(kwargs))
-        generation = uuid.uuid4().hex[:12]
-        spec.schedule, spec.generation = name, generation
-        self.ready()  # (the runners up first: the first occurrence is one after that)
-        now = int(time.time() * 1000)
-        record = cron.Schedule(
-            name=name,
-            expr=expr,
-            timezone=tz,
-            catch_up=policy,
-            spec=self.signer().sign(task_payload(spec.encode(), args_blob)),
-            target=spec.target,
-            generation=generation,
-            created_ms=now,
-        )
-        store = self.store()
-        key = cron.schedule_key(name)
-        if _flag("replace", replace):
-            store.put(key, record.to_bytes())
-        else:
-            try:
-                store.put_new(key, record.to_bytes())
-            except Conflict:
-                raise InvalidArgument(
-                    f"name: a schedule called {name!r} exists; delete it first, or pass "
-                    "replace=True"
-                ) from None
-        try:
-            arm_occurrence(self._topics, self.topic, record, record.next_after(now), self.signer())
-        except BaseException:
-            store.delete(key)  # no record without its first occurrence
-            raise
-        return _describe(record, now)
-
-    def load(self, name: Any) -> cron.Schedule:
-        name = cron.check_name(name)
-        try:
-            return cron.Schedule.from_bytes(self.store().get(cron.schedule_key(name)))
-        except NotFound:
-            raise NotFound(f"schedule: no schedule called {name!r}") from None
-
-    def list_schedules(self) -> list[dict]:
-        store = self.store()
-        now = int(time.time() * 1000)
-        out = []
-        for key in sorted(store.list(cron.SCHEDULE_PREFIX)):
-            try:
-                record = cron.Schedule.from_bytes(store.get(key))
-            except NotFound:  # (deleted since the listing)
-                continue
-            out.append(_describe(record, now))
-        if out and self.topic in self._topics.topics():
-            found = armed(self._topics.peers, self.topic, [d["name"] for d in out])
-            for d in out:
-                d["armed"] = found[d["name"]]
-        return out
-
-    def set_paused(self, name: Any, paused: bool) -> dict:
-        record = self.load(name)
-        record.paused = paused
-        self.store().put(cron.schedule_key(record.name), record.to_bytes())
-        return _describe(record, int(time.time() * 1000))
-
-    def delete_schedule(self, name: Any) -> None:
-        record = self.load(name)
-        store = self.store()
-        store.delete(cron.schedule_key(record.name))
-        for key in store.list(f"{cron.DONE_PREFIX}{record.name}/"):
-            store.delete(key)
 
     # --- numbers --------------------------------------------------------------------------------
 
@@ -371,33 +284,6 @@ def signer_of(config: Config) -> CallSigner:
     return load_signer(config.tasks.secret_file, root)
 
 
-def _describe(record: cron.Schedule, now_ms: int) -> dict:
-    return {
-        "name": record.name,
-        "cron": record.expr,
-        "timezone": record.timezone,
-        "catch_up": record.catch_up,
-        "target": record.target,
-        "paused": record.paused,
-        "next_ms": None if record.paused else record.next_after(now_ms),
-        "created_ms": record.created_ms,
-    }
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
-    return value
-
-
-def _kwargs(kwargs: Any) -> dict:
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise InvalidArgument(f"kwargs: expected a dict of keyword arguments, got {kwargs!r}")
-    return kwargs
-
-
 def _message_ids(ids: Any) -> list[MessageId]:
     if isinstance(ids, (str, MessageId)):
         ids = [ids]
@@ -427,7 +313,7 @@ def actor_spec(
         actor=actor_name,
         namespace=namespace,
         method=method,
-        pass_context=_flag("pass_context", pass_context),
-        keep_result=_flag("keep_result", keep_result),
+        pass_context=flag("pass_context", pass_context),
+        keep_result=flag("keep_result", keep_result),
         timeout_s=check_timeout(timeout_s),
     )

@@ -29,6 +29,7 @@ Catch-up: when ``T`` fires late, after the cluster was down,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -57,6 +58,9 @@ class Schedule:
     generation: str
     paused: bool = False
     created_ms: int = 0
+    start_ms: int | None = None  # no occurrence before it
+    end_ms: int | None = None  # ... nor after it: the chain ends there
+    jitter_ms: int = 0  # each occurrence is due up to this much after its time (see due_ms)
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -67,11 +71,43 @@ class Schedule:
     def from_bytes(cls, data: bytes) -> Schedule:
         d = json.loads(data)
         d["spec"] = bytes.fromhex(d["spec"])
-        return cls(**d)
+        return cls(**d)  # (a record stored before a field has its default)
 
-    def next_after(self, ms: int) -> int:
-        """The first occurrence strictly after ``ms`` (epoch ms)."""
-        return next_occurrence(self.expr, self.timezone, ms)
+    def next_after(self, ms: int) -> int | None:
+        """The first occurrence strictly after ``ms`` (epoch ms), not before ``start_ms``;
+        None when it would be after ``end_ms`` (the schedule is over)."""
+        if self.start_ms is not None:
+            ms = max(ms, self.start_ms - 1)
+        found = next_occurrence(self.expr, self.timezone, ms)
+        if self.end_ms is not None and found > self.end_ms:
+            return None
+        return found
+
+    def due_ms(self, occurrence_ms: int) -> int:
+        """When occurrence ``occurrence_ms`` is due: its time, plus, with ``jitter_ms``, an
+        offset in ``[0, jitter_ms)`` drawn from the schedule's name, generation and the
+        occurrence, so that arming it again gives the same time, and schedules sharing a
+        cron expression spread out."""
+        if not self.jitter_ms:
+            return occurrence_ms
+        seed = f"{self.name}/{self.generation}/{occurrence_ms}".encode()
+        draw = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big")
+        return occurrence_ms + draw % self.jitter_ms
+
+    def occurrences(self, from_ms: int, to_ms: int, limit: int) -> list[int]:
+        """The occurrences in ``[from_ms, to_ms]``, at most ``limit`` (InvalidArgument
+        when there are more)."""
+        out: list[int] = []
+        t = self.next_after(from_ms - 1)
+        while t is not None and t <= to_ms:
+            if len(out) == limit:
+                raise InvalidArgument(
+                    f"end: the window holds more than {limit:,} occurrences of {self.expr!r}; "
+                    "backfill it in parts"
+                )
+            out.append(t)
+            t = self.next_after(t)
+        return out
 
 
 def schedule_key(name: str) -> str:
@@ -160,29 +196,31 @@ def _repeated(local: datetime, zone: ZoneInfo) -> bool:
 @dataclass(frozen=True)
 class Decision:
     """What to do when occurrence ``T`` fires: run it or not, and which occurrence to arm
-    next (due at its own time: at once when that has passed)."""
+    next (due at its own time: at once when that has passed; None: none, the schedule
+    is over, past its ``end_ms``)."""
 
     run: bool
-    arm_ms: int
+    arm_ms: int | None
     why: str  # "due", "catch-up", "paused", "passed over"
 
 
 def decide(schedule: Schedule, occurrence_ms: int, now_ms: int, grace_ms: int) -> Decision:
-    """The policy for occurrence ``occurrence_ms`` firing at ``now_ms``."""
+    """The policy for occurrence ``occurrence_ms`` firing at ``now_ms`` (late: more than
+    ``grace_ms`` after it was due, its jitter included)."""
     t = occurrence_ms
     nxt = schedule.next_after(t)
     if schedule.paused:  # the chain goes on, nothing runs, and nothing is caught up later
         return Decision(False, schedule.next_after(max(t, now_ms)), "paused")
-    late = now_ms - t > grace_ms
+    late = now_ms - schedule.due_ms(t) > grace_ms
     if schedule.catch_up == "all" or not late:
         return Decision(True, nxt, "catch-up" if late else "due")
     if schedule.catch_up == "latest":
-        if nxt > now_ms:
+        if nxt is None or nxt > now_ms:
             return Decision(True, nxt, "catch-up")  # the most recent one due: it runs
         latest = nxt
         while True:  # the most recent occurrence that is due now
             after = schedule.next_after(latest)
-            if after > now_ms:
+            if after is None or after > now_ms:
                 break
             latest = after
         return Decision(False, latest, "passed over")
@@ -217,5 +255,6 @@ def fire(
     if ports.is_done(name, generation, occurrence_ms):
         return schedule, None
     decision = decide(schedule, occurrence_ms, now_ms, grace_ms)
-    ports.arm(schedule, decision.arm_ms)
+    if decision.arm_ms is not None:  # (None: past end_ms, the chain ends with this one)
+        ports.arm(schedule, decision.arm_ms)
     return schedule, decision

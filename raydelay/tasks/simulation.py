@@ -34,6 +34,8 @@ class Outcome:
     kills: int = 0
     kills_after_run: int = 0  # kills between a call's end and its done marker
     fired: int = 0  # occurrence messages handled
+    early: list[int] = field(default_factory=list)  # occurrences run before they were due
+    started_ms: dict[int, int] = field(default_factory=dict)  # occurrence -> its first run
 
     @property
     def skipped(self) -> list[int]:
@@ -66,7 +68,7 @@ class _Ports:
     def arm(self, schedule: cron.Schedule, occurrence_ms: int) -> None:
         if occurrence_ms not in self.armed:  # the named producer's dedup
             self.armed.add(occurrence_ms)
-            heapq.heappush(self.queue, (occurrence_ms, occurrence_ms))
+            heapq.heappush(self.queue, (schedule.due_ms(occurrence_ms), occurrence_ms))
 
 
 def simulate(
@@ -80,10 +82,14 @@ def simulate(
     outages: list[tuple[int, int]] = (),  # type: ignore[assignment]
     grace_ms: int = 60_000,
     seed: int = 0,
+    start_at_ms: int | None = None,
+    end_at_ms: int | None = None,
+    jitter_ms: int = 0,
 ) -> Outcome:
     """Run schedule ``expr`` from ``start_ms`` for ``days``: each step of each occurrence
     is followed by a kill with probability ``kill_rate``; during each ``(from, to)`` of
-    ``outages`` (epoch ms) nothing runs."""
+    ``outages`` (epoch ms) nothing runs. ``start_at_ms``, ``end_at_ms`` and ``jitter_ms``
+    are the schedule's."""
     rng = random.Random(seed)
     end = start_ms + int(days * 86_400_000)
     schedule = cron.Schedule(
@@ -95,15 +101,17 @@ def simulate(
         target="sim",
         generation="g1",
         created_ms=start_ms,
+        start_ms=start_at_ms,
+        end_ms=end_at_ms,
+        jitter_ms=jitter_ms,
     )
     queue: list[tuple[int, int]] = []  # (due, occurrence)
     now = [start_ms]
     ports = _Ports(schedule, queue, now)
-    expected, t = [], start_ms
-    while (t := schedule.next_after(t)) <= end:
-        expected.append(t)
-    out = Outcome(expected)
-    ports.arm(schedule, schedule.next_after(start_ms))  # schedule_cron arms the first
+    out = Outcome(schedule.occurrences(start_ms + 1, end, limit=10**7))
+    first = schedule.next_after(start_ms)
+    if first is not None:
+        ports.arm(schedule, first)  # schedule_cron arms the first
 
     def down_until(ms: int) -> int | None:
         for a, b in outages:
@@ -137,6 +145,9 @@ def simulate(
             continue
         if decision is not None and decision.run:
             out.runs[occurrence] += 1
+            out.started_ms.setdefault(occurrence, now[0])
+            if now[0] < schedule.due_ms(occurrence):
+                out.early.append(occurrence)
             now[0] += rng.randint(0, 2_000)  # the call takes a while
             if killed():
                 out.kills_after_run += 1

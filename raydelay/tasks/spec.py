@@ -166,6 +166,9 @@ class TaskSpec:
     generation: str | None = None  # that schedule's generation
     occurrence_ms: int | None = None  # the cron occurrence it stands for
     keep_result: bool = False  # the runner stores what the call returns (task_result)
+    # an occurrence run by hand (trigger_schedule, backfill_schedule): outside the chain,
+    # it arms nothing and leaves no done marker
+    manual: bool = False
     timeout_s: float | None = None  # a run that outlasts it is cancelled: a failed try
 
     def encode(self) -> bytes:
@@ -188,6 +191,7 @@ class TaskSpec:
                 "occ": self.occurrence_ms,
                 "keep": self.keep_result,
                 "timeout": self.timeout_s,
+                "manual": self.manual,
             },
             use_bin_type=True,
         )
@@ -215,6 +219,7 @@ class TaskSpec:
             occurrence_ms=d["occ"],
             keep_result=bool(d.get("keep", False)),
             timeout_s=d.get("timeout"),
+            manual=bool(d.get("manual", False)),
         )
 
     def properties(self) -> dict[str, str]:
@@ -375,3 +380,17 @@ def check_options(options: Any) -> dict:
     except Exception as exc:  # noqa: BLE001
         raise InvalidArgument(f"options: cannot be stored ({exc})") from None
     return out
+
+
+def flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def kwargs_of(kwargs: Any) -> dict:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidArgument(f"kwargs: expected a dict of keyword arguments, got {kwargs!r}")
+    return kwargs

@@ -10,6 +10,7 @@ and leave a line in a file per run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from raydelay.client.message import MessageId
 from raydelay.client.runner import RUNNERS_SUBSCRIPTION, runner_name
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.tasks import TaskId
+from raydelay.tasks.spec import decode_payload
 from tests.integration import task_jobs
 from tests.integration.helpers import now_ms, wait_until
 
@@ -612,3 +614,142 @@ def test_a_schedules_armed_occurrence_cannot_be_cancelled_by_any_path(cluster, c
     cluster.delete_schedule(record.name)
     cluster.delete_schedule(name)
     assert cluster.cancel_task(occ) is True
+
+
+def test_a_schedule_triggered_by_hand_and_backfilled_runs_outside_its_chain(cluster, out):
+    # Given a nightly schedule (its next occurrence far off)
+    name = f"by-hand-{uuid.uuid4().hex[:6]}"
+    made = cluster.schedule_cron("0 2 * * *", task_jobs.record, out, "run", name=name)
+    (armed_before,) = cluster.peek(_topic(cluster), RUNNERS_SUBSCRIPTION, key=name)
+    # When it is triggered now
+    before = now_ms()
+    tid = cluster.trigger_schedule(name)
+    wait_until("the triggered run", lambda: _lines(out))
+    ((label, key, ran_at, attempt),) = _lines(out)
+    assert label == "run" and attempt == "0" and int(ran_at) >= before
+    occurrence = int(key.rsplit("@", 1)[1])
+    assert key == f"{name}@{occurrence}" and before <= occurrence <= int(ran_at)
+    assert cluster.task_status(tid)["status"] == "succeeded"
+    # ... and backfilled over the last three days: one run per nightly occurrence in it
+    day = 86_400_000
+    runs = cluster.backfill_schedule(name, now_ms() - 3 * day, now_ms() - 1)
+    assert len(runs) == 3
+    wait_until("the backfill ran", lambda: len(_lines(out)) == 4)
+    filled = sorted(int(r[1].rsplit("@", 1)[1]) for r in _lines(out)[1:])
+    assert [t % day for t in filled] == [2 * 3_600_000] * 3  # 02:00 UTC, each day
+    assert filled[1] - filled[0] == day and filled[2] - filled[1] == day
+    # Then its chain is as it was: the same armed occurrence, the same next time
+    (armed_after,) = cluster.peek(_topic(cluster), RUNNERS_SUBSCRIPTION, key=name)
+    assert armed_after.message_id == armed_before.message_id
+    (listed,) = [s for s in cluster.list_schedules() if s["name"] == name]
+    assert listed["next_ms"] == made["next_ms"] and listed["armed"] is True
+    # Bad windows are refused, and nothing runs
+    for start, end, match in (
+        (now_ms() - day, now_ms() + day, "end: .* is in the future"),
+        (now_ms() - day, now_ms() - 2 * day, "end: must not be before start"),
+        (now_ms() - 40 * day * 365, now_ms() - 1, "more than 10,000 occurrences"),
+        ("yesterday", now_ms(), "start: expected epoch milliseconds"),
+    ):
+        with pytest.raises(InvalidArgument, match=match):
+            cluster.backfill_schedule(name, start, end)
+    quiet = (now_ms() // day - 1) * day + 3 * 3_600_000  # yesterday 03:00: no occurrence
+    assert cluster.backfill_schedule(name, quiet, quiet + 60_000) == []
+    with pytest.raises(NotFound, match="no schedule called"):
+        cluster.trigger_schedule("no-such-schedule")
+    cluster.delete_schedule(name)
+
+
+def test_a_schedule_runs_between_its_start_and_end_with_its_jitter(cluster, out):
+    # Given a schedule of every second, starting in 2 s and ending 3 s later, each
+    # occurrence due up to 0.5 s after its time
+    name = f"window-{uuid.uuid4().hex[:6]}"
+    start = (now_ms() // 1000 + 2) * 1000
+    made = cluster.schedule_cron(
+        "* * * * * *", task_jobs.record, out, "tick", name=name, start_at=start,
+        end_at=start + 3_000, jitter_s=0.5,
+    )  # fmt: skip
+    assert made["next_ms"] == start and made["jitter_s"] == 0.5
+    # Then it runs at each of its four occurrences, never before its time, then stops
+    wait_until("four runs", lambda: len(_lines(out)) == 4, timeout_s=30)
+    ticks = sorted((int(r[1].rsplit("@", 1)[1]), int(r[2])) for r in _lines(out))
+    assert [t for t, _ in ticks] == [start + i * 1000 for i in range(4)]
+    assert all(ran >= t for t, ran in ticks)
+    wait_until("the chain ended", lambda: not cluster.peek(
+        _topic(cluster), RUNNERS_SUBSCRIPTION, key=name))  # fmt: skip
+    (listed,) = [s for s in cluster.list_schedules() if s["name"] == name]
+    assert listed["next_ms"] is None and listed["armed"] is True  # over, not lost
+    assert len(_lines(out)) == 4
+    # Bad bounds are refused, and nothing is stored
+    for kw, match in (
+        ({"start_at": start, "end_at": start}, "end_at: must be after start_at"),
+        ({"end_at": now_ms() - 1_000}, "no occurrence after now"),
+        ({"jitter_s": -1}, "jitter_s: expected 0 to"),
+        ({"jitter_s": "1"}, "jitter_s: expected seconds"),
+        ({"start_at": "tomorrow"}, "start_at: expected epoch"),
+    ):
+        with pytest.raises(InvalidArgument, match=match):
+            cluster.schedule_cron("* * * * * *", task_jobs.noop, name=f"{name}-bad", **kw)
+    assert f"{name}-bad" not in [s["name"] for s in cluster.list_schedules()]
+    cluster.delete_schedule(name)
+
+
+def test_schedules_are_added_triggered_and_backfilled_from_the_cli(cluster, out, capsys):
+    from tests.integration.test_cli import run
+
+    name = f"cli-add-{uuid.uuid4().hex[:6]}"
+    code, text, err = run(
+        capsys, "schedules", "add", name, "--cron", "0 4 * * *",
+        "--call", "tests.integration.task_jobs:record", "--args", json.dumps([out, "cli"]),
+        "--timezone", "Asia/Tokyo", "--catch-up", "none", "--jitter-s", "60",
+        "--start-at", "2026-01-01T00:00:00+00:00", "--end-at", "2099-01-01T00:00:00Z",
+        "--max-retries", "1", "--backoff", "2", "--timeout-s", "30",
+        "--options", '{"num_cpus": 0.5}',
+    )  # fmt: skip
+    assert code == 0, err
+    assert text.startswith(f"{name}: created; calls tests.integration.task_jobs:record; next at ")
+    (listed,) = [s for s in cluster.list_schedules() if s["name"] == name]
+    assert (listed["cron"], listed["timezone"], listed["catch_up"]) == (
+        "0 4 * * *", "Asia/Tokyo", "none",
+    )  # fmt: skip
+    assert listed["jitter_s"] == 60 and listed["end_ms"] == 4070908800000
+    record = cluster._tasks.schedules.load(name)
+    spec, _ = decode_payload(cluster._tasks.signer().open(record.spec))
+    assert (spec.retry.max_retries, spec.retry.first_s, spec.timeout_s) == (1, 2.0, 30.0)
+    assert spec.options == {"num_cpus": 0.5}
+    # a second add of the name is refused unless --replace
+    again = ["schedules", "add", name, "--cron", "0 5 * * *", "--call",
+             "tests.integration.task_jobs:noop"]  # fmt: skip
+    code, _, err = run(capsys, *again)
+    assert code == 2 and "exists; delete it first, or pass replace=True" in err
+    assert run(capsys, *again, "--replace")[0] == 0
+    code, text, _ = run(capsys, "schedules", "add", name, "--cron", "0 4 * * *", "--call",
+                        "tests.integration.task_jobs:record", "--args", json.dumps([out, "cli"]),
+                        "--replace")  # fmt: skip
+    assert code == 0
+    # trigger and backfill
+    code, text, _ = run(capsys, "--json", "schedules", "trigger", name)
+    tid = json.loads(text)["task_id"]
+    assert code == 0
+    wait_until("triggered", lambda: cluster.task_status(tid)["status"] == "succeeded")
+    wait_until("the triggered run", lambda: len(_lines(out)) == 1)
+    code, text, _ = run(capsys, "schedules", "backfill", name, "2026-01-01T00:00:00Z",
+                        "2026-01-03T00:00:00Z")  # fmt: skip
+    assert code == 0 and text == f"{name}: 2 occurrences to run now\n"
+    wait_until("the backfill ran", lambda: len(_lines(out)) == 3)
+    keys = sorted(r[1] for r in _lines(out)[1:])
+    assert keys == [f"{name}@1767240000000", f"{name}@1767326400000"]  # 04:00 UTC, 1 and 2 Jan
+    # bad input: each a clear error, nothing stored
+    for argv, match in (
+        (["--call", "nomodule"], "call: expected module:function"),
+        (["--call", "tests.integration.task_jobs:nothing_here"], "cannot be imported"),
+        (["--call", "tests.integration.task_jobs:noop", "--args", "{"], "args: not JSON"),
+        (
+            ["--call", "tests.integration.task_jobs:noop", "--args", "{}"],
+            "args: expected a JSON list",
+        ),
+        (["--call", "tests.integration.task_jobs:noop", "--start-at", "soon"], "start_at: "),
+    ):
+        code, _, err = run(capsys, "schedules", "add", f"{name}-bad", "--cron", "* * * * *", *argv)
+        assert code == 2 and match in err, err
+    assert f"{name}-bad" not in [s["name"] for s in cluster.list_schedules()]
+    cluster.delete_schedule(name)

@@ -144,3 +144,63 @@ def test_bad_schedules():
     s = _schedule(tz="Asia/Tokyo")
     assert cron.Schedule.from_bytes(s.to_bytes()) == s
     assert datetime.fromtimestamp(s.next_after(_ms(2026, 1, 1)) / 1000, UTC).minute == 15
+
+
+def test_start_and_end_bound_the_occurrences_and_the_chain_ends_after_the_last():
+    start, end = _ms(2026, 3, 1, 9, 5), _ms(2026, 3, 1, 10, 0)
+    s = cron.Schedule("s", "*/15 * * * *", "UTC", "all", b"", "t", "g", start_ms=start, end_ms=end)
+    assert s.next_after(_ms(2026, 3, 1)) == _ms(2026, 3, 1, 9, 15)  # none before start
+    assert s.occurrences(_ms(2026, 3, 1), _ms(2026, 3, 2), limit=10) == [
+        _ms(2026, 3, 1, 9, 15), _ms(2026, 3, 1, 9, 30), _ms(2026, 3, 1, 9, 45), end,
+    ]  # fmt: skip
+    assert s.next_after(end) is None
+    last = cron.decide(s, end, end + 10, grace_ms=MIN)
+    assert last == cron.Decision(True, None, "due")  # it runs, and arms nothing
+    # an occurrence exactly at start counts
+    s.start_ms = _ms(2026, 3, 1, 9, 15)
+    assert s.next_after(_ms(2026, 3, 1)) == s.start_ms
+    with pytest.raises(InvalidArgument, match="more than 2 occurrences"):
+        s.occurrences(_ms(2026, 3, 1), _ms(2026, 3, 2), limit=2)
+
+
+def test_jitter_delays_each_occurrence_by_a_stable_offset_within_its_bound():
+    s = cron.Schedule("s", "0 * * * *", "UTC", "all", b"", "t", "g", jitter_ms=30 * MIN)
+    times = [_ms(2026, 3, 1, h) for h in range(24)]
+    offsets = [s.due_ms(t) - t for t in times]
+    assert all(0 <= o < 30 * MIN for o in offsets)
+    assert len(set(offsets)) > 20  # spread, not one offset
+    assert [s.due_ms(t) - t for t in times] == offsets  # armed again: the same time
+    other = cron.Schedule("other", "0 * * * *", "UTC", "all", b"", "t", "g", jitter_ms=30 * MIN)
+    assert [other.due_ms(t) - t for t in times] != offsets  # another schedule, other offsets
+    # late is counted from the due time: an occurrence due 20 min after its hour is on time
+    late_hour = next(t for t, o in zip(times, offsets, strict=True) if o > 5 * MIN)
+    due = s.due_ms(late_hour)
+    s.catch_up = "none"
+    assert cron.decide(s, late_hour, due + 1_000, grace_ms=MIN).run is True
+
+
+def test_a_stored_schedule_without_the_new_fields_reads_with_their_defaults():
+    old = cron.Schedule("s", "0 * * * *", "UTC", "all", b"\x01", "t", "g")
+    data = old.to_bytes().replace(b', "end_ms": null', b"").replace(b', "jitter_ms": 0', b"")
+    data = data.replace(b', "start_ms": null', b"")
+    assert b"jitter_ms" not in data and b"start_ms" not in data
+    back = cron.Schedule.from_bytes(data)
+    assert (back.start_ms, back.end_ms, back.jitter_ms) == (None, None, 0)
+
+
+def test_90_days_with_a_start_an_end_a_jitter_kills_and_an_outage():
+    start = _ms(2026, 1, 1)
+    begin, finish = start + 10 * DAY + 7 * MIN, start + 80 * DAY
+    out = simulate(
+        "*/30 * * * *", "Europe/Paris", start, 90, catch_up="all", kill_rate=0.05,
+        outages=[(start + 40 * DAY, start + 40 * DAY + 3 * HOUR)], start_at_ms=begin,
+        end_at_ms=finish, jitter_ms=10 * MIN, seed=3,
+    )  # fmt: skip
+    assert out.expected[0] == begin + 23 * MIN and out.expected[-1] == finish
+    assert len(out.expected) == 70 * 48
+    assert out.kills > 500
+    assert out.skipped == [] and out.unexpected == [] and out.early == []
+    # each started at or after its jittered due time, within the bound (outage aside)
+    delays = [out.started_ms[t] - t for t in out.expected]
+    assert min(delays) >= 0 and sorted(delays)[len(delays) // 2] < 10 * MIN
+    assert [t for t, n in out.completed.items() if n > 1] == []
