@@ -299,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--catch-up", default="latest", choices=("all", "latest", "none"),
         help="what runs of the occurrences missed while the cluster was down (default latest)",
     )  # fmt: skip
+    add.add_argument(
+        "--overlap", default="allow_all", choices=("allow_all", "skip", "buffer_one"),
+        help="an occurrence that fires while the one before runs: run beside it (default), "
+        "skip, or wait for it (one at most)",
+    )  # fmt: skip
     add.add_argument("--start-at", help="no occurrence before this time")
     add.add_argument("--end-at", help="no occurrence after this time")
     add.add_argument(

@@ -274,6 +274,7 @@ def _add_schedule(cluster, args: argparse.Namespace) -> dict:
         start_at=None if args.start_at is None else instant_arg(args.start_at, "start_at"),
         end_at=None if args.end_at is None else instant_arg(args.end_at, "end_at"),
         jitter_s=args.jitter_s,
+        overlap=args.overlap,
         replace=args.replace,
     )
 

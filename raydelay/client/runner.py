@@ -42,6 +42,7 @@ import ray
 from raydelay.actors.metrics import RunnerMetrics
 from raydelay.client.armed import RUNNERS_SUBSCRIPTION, armed
 from raydelay.client.bootstrap import attach
+from raydelay.client.overlap import Overlaps
 from raydelay.client.peers import ClusterPeers, Session
 from raydelay.client.topics import Topics
 from raydelay.cluster import handles, placement, rpc
@@ -130,6 +131,7 @@ class TaskRunner:
         self._dlq = self._topics.create_producer(f"{self._topic}-DLQ")
         self._store = make_store(self._config)
         self._ports = _StorePorts(self._store, self._topics, self._topic, self._signer)
+        self._overlaps = Overlaps(self._store)
         self._max_result = self._config.tasks.max_result_bytes
         self._ttl_ms = int(self._config.tasks.result_ttl_s * 1000)
         self._writes = ThreadPoolExecutor(8, thread_name_prefix="task-records")
@@ -235,6 +237,11 @@ class TaskRunner:
             self._finished_ready.wait(timeout=0.5)
         self._expire_overdue()
         self._settle()
+        for m, spec, args, schedule in self._overlaps.turn():  # (buffer_one: their turn came)
+            try:
+                self._launch(m, spec, args, int(time.time() * 1000), schedule)
+            except Exception as exc:  # noqa: BLE001 - the store failed: try later
+                self._give_back(m, exc)
         if time.monotonic() - self._reported >= 1.0:
             self._report()
 
@@ -326,19 +333,42 @@ class TaskRunner:
             self._dead(m, None, str(exc))
             acks.append(m)
             return
+        schedule = None
+        if _in_chain(spec):
+            try:
+                schedule = self._fire(m, spec, now)
+            except InvalidArgument as exc:  # its schedule's record is not signed: it ends here
+                self._dead(m, spec, f"schedule {spec.schedule!r}: {exc}")
+                acks.append(m)
+                return
+            if schedule is None:
+                self._record(m, st.TaskRecord(st.SKIPPED, m.redelivery_count))
+                acks.append(m)
+                return
+            occurrence = int(spec.occurrence_ms or 0)
+            verdict = self._overlaps.verdict(schedule, occurrence)
+            if verdict == "wait":  # (buffer_one: it runs once the one before is done)
+                self._overlaps.hold(m, spec, args, schedule)
+                return
+            if verdict == "skip":
+                why = "overlap: another occurrence of the schedule still runs"
+                self._record(m, st.TaskRecord(st.SKIPPED, m.redelivery_count, why))
+                self._ports.mark_done(schedule.name, schedule.generation, occurrence)
+                with self._lock:
+                    self._counts["skipped"] += 1
+                acks.append(m)
+                return
+        self._launch(m, spec, args, now, schedule)
+
+    def _launch(
+        self, m: Any, spec: TaskSpec, args: bytes, now: int, schedule: cron.Schedule | None
+    ) -> None:
+        """Submit the call of ``m`` (an occurrence of ``schedule``, when one)."""
         occurrence = spec.occurrence_ms
-        try:
-            fires = spec.schedule is None or spec.manual or self._fire(m, spec, now)
-        except InvalidArgument as exc:  # its schedule's record is not signed: it ends here
-            self._dead(m, spec, f"schedule {spec.schedule!r}: {exc}")
-            acks.append(m)
-            return
-        if not fires:
-            self._record(m, st.TaskRecord(st.SKIPPED, m.redelivery_count))
-            acks.append(m)
-            return
         if occurrence is None:
             occurrence = m.deliver_at_ms if m.deliver_at_ms is not None else m.publish_time_ms
+        if schedule is not None:
+            self._overlaps.started(schedule, int(occurrence))
         ctx = TaskContext(str(m.message_id), int(occurrence), m.redelivery_count, spec.schedule)
         try:
             ref = self._submit(spec, args, ctx)
@@ -368,18 +398,18 @@ class TaskRunner:
                 "task runner %d: handing %s back failed too: %s", self._index, m.message_id, again
             )
 
-    def _fire(self, m: Any, spec: TaskSpec, now_ms: int) -> bool:
-        """A cron occurrence: arm the next, and say whether this one runs."""
+    def _fire(self, m: Any, spec: TaskSpec, now_ms: int) -> cron.Schedule | None:
+        """A cron occurrence: arm the next; its schedule if this one runs (None: not)."""
         assert spec.schedule is not None and spec.generation is not None
         occurrence = int(spec.occurrence_ms or 0)
-        _, decision = cron.fire(
+        schedule, decision = cron.fire(
             self._ports, spec.schedule, spec.generation, occurrence, now_ms, self._grace_ms
         )
-        if decision is None or not decision.run:
+        if schedule is None or decision is None or not decision.run:
             with self._lock:
                 self._counts["skipped"] += 1
-            return False
-        return True
+            return None
+        return schedule
 
     def _submit(self, spec: TaskSpec, args: bytes, ctx: TaskContext) -> Any:
         if spec.kind == "actor":

@@ -189,6 +189,7 @@ class ScheduledCalls:
         start_at: Any = None,
         end_at: Any = None,
         jitter_s: float | timedelta = 0,
+        overlap: str = "allow_all",
     ) -> dict:
         """Run ``fn(*args)`` at every occurrence of the cron expression ``cron`` (5 fields,
         or 6 with seconds last; parsed by croniter) in ``timezone``, as the recurring
@@ -210,6 +211,10 @@ class ScheduledCalls:
           an offset drawn from the schedule and the occurrence (the same if it is armed
           again), so that many schedules of one expression do not all start together.
           The idempotency key keeps the occurrence's own time.
+        - ``overlap``: what an occurrence does when the one before still runs (a failed
+          one waiting for its retry counts as running): ``"allow_all"`` runs it beside;
+          ``"skip"`` passes it over; ``"buffer_one"`` lets it wait until the other is done
+          (one at most: another that comes meanwhile is passed over).
 
         Returns the schedule as :meth:`list_schedules` shows it."""
         self._check_open()
@@ -228,6 +233,7 @@ class ScheduledCalls:
             start_at=start_at,
             end_at=end_at,
             jitter_s=jitter_s,
+            overlap=overlap,
         )
 
     def list_schedules(self) -> list[dict]:
@@ -264,7 +270,8 @@ class ScheduledCalls:
         """Run, now, every occurrence of a schedule in the past window ``[start, end]``
         (epoch ms or aware datetimes; at most 10,000), each as its own call with that
         occurrence's idempotency key (``name@occurrence``), outside the chain. They run
-        side by side, as many at once as the runners take. Returns their TaskIds (an
+        side by side, as many at once as the runners take. The window is the caller's
+        own: it may reach before the schedule's ``start_at``. Returns their TaskIds (an
         empty list when the window holds none)."""
         self._check_open()
         return self._tasks.schedules.backfill(name, start, end)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 MAX_BACKFILL = 10_000  # occurrences one backfill_schedule runs
 MAX_JITTER_S = 86_400.0
+_NOW_SLACK_MS = 1_000  # a backfill's end up to this far ahead is taken as now
 
 
 class Schedules:
@@ -54,6 +56,7 @@ class Schedules:
         start_at: Any = None,
         end_at: Any = None,
         jitter_s: Any = 0,
+        overlap: Any = "allow_all",
     ) -> dict:
         """See :meth:`Cluster.schedule_cron`."""
         name = cron.check_name(name)
@@ -67,6 +70,7 @@ class Schedules:
                 f"end_at: must be after start_at ({start_ms}), got {end_ms}: no occurrence"
             )
         jitter_ms = _jitter_ms(jitter_s)
+        overlap = cron.check_overlap(overlap)
         args_blob = pickle_args(args, kwargs_of(kwargs))
         replace = flag("replace", replace)
         generation = uuid.uuid4().hex[:12]
@@ -86,6 +90,7 @@ class Schedules:
             start_ms=start_ms,
             end_ms=end_ms,
             jitter_ms=jitter_ms,
+            overlap=overlap,
         )
         first = record.next_after(now)
         if first is None:
@@ -164,12 +169,15 @@ class Schedules:
         now = int(time.time() * 1000)
         if end_ms < start_ms:
             raise InvalidArgument(f"end: must not be before start ({start_ms}), got {end_ms}")
-        if end_ms > now:
+        if end_ms > now + _NOW_SLACK_MS:
             raise InvalidArgument(
                 f"end: {end_ms} is in the future; a backfill runs occurrences that have passed "
                 "(the schedule runs the ones to come)"
             )
-        occurrences = record.occurrences(start_ms, end_ms, MAX_BACKFILL)
+        end_ms = min(end_ms, now)  # ("now" as the caller read it may be a moment ahead)
+        # (the window is the caller's: it may reach before start_at or after end_at)
+        grid = dataclasses.replace(record, start_ms=None, end_ms=None)
+        occurrences = grid.occurrences(start_ms, end_ms, MAX_BACKFILL)
         if not occurrences:
             return []
         return self._manual(record, occurrences)
@@ -204,6 +212,7 @@ def describe(record: cron.Schedule, now_ms: int) -> dict:
         "start_ms": record.start_ms,
         "end_ms": record.end_ms,
         "jitter_s": record.jitter_ms / 1000,
+        "overlap": record.overlap,
     }
 
 

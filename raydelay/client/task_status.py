@@ -45,6 +45,11 @@ class TaskStatuses:
             return _described(mid, st.RUNNING, record)
         state = self._subscription_state(mid)
         if state == "acked":
+            # a record is written before the call is acknowledged: one that came since
+            # the first look (it died, or kept a result, meanwhile) is the answer
+            record = self._record(mid)
+            if record is not None and record.status in st.FINAL:
+                return _described(mid, record.status, record)
             return _described(mid, st.SUCCEEDED, record)
         if state == "cancelled":
             return _described(mid, st.CANCELLED, record)

@@ -42,9 +42,12 @@ from croniter import croniter
 from raydelay.errors import InvalidArgument
 
 CATCH_UP = ("all", "latest", "none")
+OVERLAP = ("allow_all", "skip", "buffer_one")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SCHEDULE_PREFIX = "tasks/schedules/"
 DONE_PREFIX = "tasks/done/"
+RUNNING_PREFIX = "tasks/cron-running/"  # the occurrence of a schedule that last started
+BUFFERED_PREFIX = "tasks/cron-buffered/"  # buffer_one: the occurrence waiting for it
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Schedule:
     start_ms: int | None = None  # no occurrence before it
     end_ms: int | None = None  # ... nor after it: the chain ends there
     jitter_ms: int = 0  # each occurrence is due up to this much after its time (see due_ms)
+    overlap: str = "allow_all"  # when an occurrence fires while the one before still runs
 
     def to_bytes(self) -> bytes:
         d = asdict(self)
@@ -157,6 +161,16 @@ def check_timezone(tz: object) -> str:
     return tz
 
 
+def check_overlap(value: object) -> str:
+    if value not in OVERLAP:
+        raise InvalidArgument(f"overlap: expected one of {', '.join(OVERLAP)}, got {value!r}")
+    return str(value)
+
+
+def marker_key(prefix: str, name: str, generation: str) -> str:
+    return f"{prefix}{name}/{generation}"
+
+
 def check_catch_up(value: object) -> str:
     if value not in CATCH_UP:
         raise InvalidArgument(f"catch_up: expected one of {', '.join(CATCH_UP)}, got {value!r}")
@@ -225,6 +239,49 @@ def decide(schedule: Schedule, occurrence_ms: int, now_ms: int, grace_ms: int) -
             latest = after
         return Decision(False, latest, "passed over")
     return Decision(False, schedule.next_after(now_ms), "passed over")  # none
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What a schedule's overlap policy looks at: the occurrence that last started running
+    (None: none yet) and whether it is done, and (buffer_one) the occurrence waiting for
+    it and whether that one is done."""
+
+    running: int | None = None
+    running_done: bool = True
+    buffered: int | None = None
+    buffered_done: bool = True
+
+
+def overlap(policy: str, occurrence_ms: int, slot: Slot) -> str:
+    """Whether occurrence ``occurrence_ms``, which its catch-up policy lets run, runs
+    (``"run"``), is passed over (``"skip"``), or waits for the one still running
+    (``"wait"``, buffer_one), given what runs (``slot``).
+
+    - ``allow_all``: it runs, whatever runs already;
+    - ``skip``: it is passed over while another occurrence runs (a failed run waiting
+      for its retry counts as running: it is not done);
+    - ``buffer_one``: it waits until the one running is done, then runs; while one waits
+      already, another that comes is passed over.
+
+    Another occurrence is running when ``slot.running`` is not this one and not done; the
+    occurrence ``slot.running`` names always runs (again: a kill cut its run short)."""
+    if policy == "allow_all" or slot.running == occurrence_ms:
+        return "run"  # (the one that last started: a run a kill cut short runs again)
+    other_runs = (
+        slot.running is not None and slot.running != occurrence_ms and not slot.running_done
+    )
+    if policy == "skip":
+        return "skip" if other_runs else "run"
+    queued = (  # another occurrence waits its turn (it has not started, nor ended)
+        slot.buffered is not None
+        and slot.buffered != occurrence_ms
+        and not slot.buffered_done
+        and slot.buffered != slot.running
+    )
+    if queued:
+        return "skip"
+    return "wait" if other_runs else "run"
 
 
 class CronPorts(Protocol):

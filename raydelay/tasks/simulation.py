@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from raydelay.tasks import cron
+from raydelay.tasks.spec import TaskSpec
 
 
 @dataclass
@@ -157,4 +158,136 @@ def simulate(
             if killed():
                 continue
         # acknowledged
+    return out
+
+
+@dataclass
+class OverlapOutcome:
+    expected: list[int]
+    started: dict[int, list[int]] = field(default_factory=dict)  # occurrence -> start times
+    skipped: list[int] = field(default_factory=list)  # passed over: another one ran
+    most_running: int = 0  # the most live runs at one instant
+    most_waiting: int = 0  # the most occurrences held waiting at one instant
+    waits_ms: list[int] = field(default_factory=list)  # a held one: start - the other's end
+    kills: int = 0
+
+    @property
+    def lost(self) -> list[int]:
+        return [t for t in self.expected if t not in self.started and t not in self.skipped]
+
+
+def simulate_overlap(
+    expr: str,
+    start_ms: int,
+    days: float,
+    *,
+    overlap: str,
+    run_ms: tuple[int, int],
+    kill_rate: float = 0.0,
+    seed: int = 0,
+) -> OverlapOutcome:
+    """Schedule ``expr`` (catch_up all) under its ``overlap`` policy, each run lasting a
+    random ``run_ms`` span, so that runs outlast their interval; the runner takes each
+    due occurrence at once and runs any number at a time, as the real one does; a kill
+    (probability ``kill_rate`` per occurrence delivered) ends every run and wait of the
+    runner, and their messages come back after the lease (10 s). It drives the runner's
+    own steps: ``cron.fire``, and the store markers of
+    :class:`raydelay.client.overlap.Overlaps` over an in-memory store."""
+    from raydelay.client.overlap import Overlaps
+    from raydelay.storage import MemoryObjectStore
+
+    rng = random.Random(seed)
+    end = start_ms + int(days * 86_400_000)
+    schedule = cron.Schedule(
+        name="sim", expr=expr, timezone="UTC", catch_up="all", spec=b"", target="sim",
+        generation="g1", created_ms=start_ms, overlap=overlap,
+    )  # fmt: skip
+    now = [start_ms]
+    store = MemoryObjectStore()
+    gate = Overlaps(store, clock_s=lambda: now[0] / 1000)
+    events: list[tuple[int, int, str, int, int]] = []  # (at, seq, kind, occurrence, life)
+    seq = [0]
+
+    def push(at: int, kind: str, occurrence: int, life: int = 0) -> None:
+        seq[0] += 1
+        heapq.heappush(events, (at, seq[0], kind, occurrence, life))
+
+    class _SimPorts(_Ports):
+        def is_done(self, name: str, generation: str, occurrence_ms: int) -> bool:
+            return bool(store.exists(cron.done_key(name, generation, occurrence_ms)))
+
+        def arm(self, schedule: cron.Schedule, occurrence_ms: int) -> None:
+            if occurrence_ms not in self.armed:
+                self.armed.add(occurrence_ms)
+                push(schedule.due_ms(occurrence_ms), "deliver", occurrence_ms)
+
+    ports = _SimPorts(schedule, [], now)
+    out = OverlapOutcome(schedule.occurrences(start_ms + 1, end, limit=10**7))
+    first = schedule.next_after(start_ms)
+    if first is not None:
+        ports.arm(schedule, first)
+    life = [0]  # the runner's life: a kill starts another
+    running: dict[int, int] = {}  # occurrence -> when it ends (live runs)
+    was_held: set[int] = set()
+    ended_at: dict[int, int] = {}
+
+    def mark_done(t: int) -> None:
+        store.put(cron.done_key("sim", "g1", t), b"")
+
+    def start(t: int) -> None:
+        gate.started(schedule, t)
+        out.started.setdefault(t, []).append(now[0])
+        before = [e for o, e in ended_at.items() if o < t]
+        if t in was_held and out.started[t] == [now[0]] and before:
+            out.waits_ms.append(now[0] - max(before))
+        running[t] = now[0] + rng.randint(*run_ms)
+        push(running[t], "finish", t, life[0])
+        out.most_running = max(out.most_running, len(running))
+
+    class _Held:
+        def __init__(self, t: int) -> None:
+            self.message_id = f"m{t}"
+
+    while events:
+        at, _, kind, t, who = heapq.heappop(events)
+        if at > end + 10 * 86_400_000:
+            break
+        now[0] = max(now[0], at)
+        if kind == "finish":
+            if who == life[0] and t in running:
+                del running[t]
+                mark_done(t)
+                ended_at[t] = now[0]
+        elif kind == "deliver":
+            if t > end:
+                continue
+            if rng.random() < kill_rate:  # the runner dies: its runs and waits end
+                out.kills += 1
+                life[0] += 1
+                lost = list(running) + [int(s.occurrence_ms) for _, s, _, _ in gate._held.values()]
+                running.clear()
+                gate.forget()
+                for o in {*lost, t}:
+                    push(now[0] + 10_000, "deliver", o)
+                continue
+            found, decision = cron.fire(ports, "sim", "g1", t, now[0], 10**12)
+            if found is None or decision is None or not decision.run:
+                continue
+            verdict = gate.verdict(schedule, t)
+            if verdict == "run":
+                start(t)
+            elif verdict == "skip":
+                out.skipped.append(t)
+                mark_done(t)
+            else:
+                spec = TaskSpec("fn", "sim", occurrence_ms=t)
+                gate.hold(_Held(t), spec, b"", schedule)
+                was_held.add(t)
+                out.most_waiting = max(out.most_waiting, gate.held)
+                push(now[0] + 1_000, "look", t)
+        elif kind == "look" and gate.held:
+            for _, spec, _, _ in gate.turn():
+                start(int(spec.occurrence_ms))
+            if gate.held:
+                push(now[0] + 1_000, "look", t)
     return out

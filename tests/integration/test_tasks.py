@@ -753,3 +753,42 @@ def test_schedules_are_added_triggered_and_backfilled_from_the_cli(cluster, out,
         assert code == 2 and match in err, err
     assert f"{name}-bad" not in [s["name"] for s in cluster.list_schedules()]
     cluster.delete_schedule(name)
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one"])
+def test_an_occurrence_that_fires_while_the_one_before_runs_follows_the_overlap_policy(
+    cluster, out, policy
+):
+    # Given a schedule of every second for 6 s whose runs take 2.5 s
+    name = f"overlap-{policy.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+    start = (now_ms() // 1000 + 2) * 1000
+    cluster.schedule_cron(
+        "* * * * * *", task_jobs.slow, out, 2.5, name=name, start_at=start,
+        end_at=start + 5_000, overlap=policy,
+    )  # fmt: skip
+    # Then no two runs overlap, and the occurrences in between are passed over (skip) or
+    # one waits and runs as soon as the one before ends (buffer_one)
+    wait_until("the chain ended", lambda: not cluster.peek(
+        _topic(cluster), RUNNERS_SUBSCRIPTION, key=name), timeout_s=60)  # fmt: skip
+    wait_until(
+        "the last run ended",
+        lambda: (
+            _lines(out)
+            and sum(r[0] == "start" for r in _lines(out)) == sum(r[0] == "end" for r in _lines(out))
+        ),
+        timeout_s=30,
+    )
+    spans: dict[str, list[int]] = {}
+    for _kind, key, at in _lines(out):
+        spans.setdefault(key, []).append(int(at))
+    runs = sorted(spans.values())
+    assert 2 <= len(runs) <= 3
+    for (_, end_before), (begin, _) in zip(runs, runs[1:]):
+        assert begin >= end_before  # one at a time
+        if policy == "buffer_one":
+            assert begin - end_before < 2_500  # the waiting one went next, at once
+    ran = {int(k.rsplit("@", 1)[1]) for k in spans}
+    assert ran <= {start + i * 1000 for i in range(6)} and start in ran
+    listed = [s for s in cluster.list_schedules() if s["name"] == name][0]
+    assert listed["overlap"] == policy
+    cluster.delete_schedule(name)

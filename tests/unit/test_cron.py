@@ -11,7 +11,7 @@ import pytest
 
 from raydelay.errors import InvalidArgument
 from raydelay.tasks import cron
-from raydelay.tasks.simulation import simulate
+from raydelay.tasks.simulation import simulate, simulate_overlap
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -204,3 +204,57 @@ def test_90_days_with_a_start_an_end_a_jitter_kills_and_an_outage():
     delays = [out.started_ms[t] - t for t in out.expected]
     assert min(delays) >= 0 and sorted(delays)[len(delays) // 2] < 10 * MIN
     assert [t for t, n in out.completed.items() if n > 1] == []
+
+
+def test_the_overlap_policy():
+    slot = cron.Slot
+    # nothing runs, or the one before is done: it runs, whatever the policy
+    for policy in cron.OVERLAP:
+        assert cron.overlap(policy, 20, slot()) == "run"
+        assert cron.overlap(policy, 20, slot(running=10, running_done=True)) == "run"
+        assert cron.overlap(policy, 20, slot(running=20, running_done=False)) == "run"  # itself
+    busy = slot(running=10, running_done=False)
+    assert cron.overlap("allow_all", 20, busy) == "run"
+    assert cron.overlap("skip", 20, busy) == "skip"
+    assert cron.overlap("buffer_one", 20, busy) == "wait"
+    waiting = slot(running=10, running_done=False, buffered=20, buffered_done=False)
+    assert cron.overlap("buffer_one", 20, waiting) == "wait"  # (looked at again: still waits)
+    assert cron.overlap("buffer_one", 30, waiting) == "skip"  # one waits already
+    its_turn = slot(running=10, running_done=True, buffered=20, buffered_done=False)
+    assert cron.overlap("buffer_one", 20, its_turn) == "run"
+    assert cron.overlap("buffer_one", 30, its_turn) == "skip"  # 20 goes first
+    started = slot(running=20, running_done=False, buffered=20, buffered_done=False)
+    assert cron.overlap("buffer_one", 30, started) == "wait"
+    with pytest.raises(InvalidArgument, match="overlap: expected one of allow_all, skip"):
+        cron.check_overlap("queue")
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one", "allow_all"])
+def test_12_days_of_runs_that_outlast_their_interval(policy):
+    # every 10 minutes, runs of 5 to 25 minutes, a kill now and then
+    out = simulate_overlap(
+        "*/10 * * * *", _ms(2026, 1, 1), 12, overlap=policy, run_ms=(5 * MIN, 25 * MIN),
+        kill_rate=0.01, seed=7,
+    )  # fmt: skip
+    assert len(out.expected) == 12 * 144 and out.kills > 8
+    assert out.lost == []  # each occurrence ran, or was passed over by the policy
+    if policy == "allow_all":
+        assert out.most_running >= 2 and out.skipped == []
+        return
+    assert out.most_running == 1  # never two at once
+    assert out.skipped and all(t not in out.started for t in out.skipped)
+    if policy == "buffer_one":
+        assert out.most_waiting == 1
+        assert out.waits_ms and max(out.waits_ms) <= 1_000  # its turn comes at once
+        # a held one runs, so fewer are passed over than with skip
+        skip = simulate_overlap(
+            "*/10 * * * *", _ms(2026, 1, 1), 12, overlap="skip", run_ms=(5 * MIN, 25 * MIN),
+            kill_rate=0.01, seed=7,
+        )  # fmt: skip
+        assert len(out.skipped) < len(skip.skipped)
+
+
+def test_a_run_cut_short_runs_again_ahead_of_the_one_waiting():
+    cut = cron.Slot(running=10, running_done=False, buffered=20, buffered_done=False)
+    assert cron.overlap("buffer_one", 10, cut) == "run"
+    assert cron.overlap("skip", 10, cut) == "run"
