@@ -33,17 +33,17 @@ import pickle
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import ray
 
 from raydelay.actors.metrics import RunnerMetrics
-from raydelay.client.armed import RUNNERS_SUBSCRIPTION, armed
+from raydelay.client.armed import RUNNERS_SUBSCRIPTION
 from raydelay.client.bootstrap import attach
 from raydelay.client.overlap import Overlaps
 from raydelay.client.peers import ClusterPeers, Session
+from raydelay.client.runner_chores import TaskRecords, watch_schedules
 from raydelay.client.topics import Topics
 from raydelay.cluster import handles, placement, rpc
 from raydelay.cluster.names import RUNNER_PREFIX
@@ -55,7 +55,7 @@ from raydelay.log.entries import Entries
 from raydelay.storage import make_store
 from raydelay.tasks import cron
 from raydelay.tasks import status as st
-from raydelay.tasks.context import TaskContext, _invoke_remote, kept_result
+from raydelay.tasks.context import TaskContext, _invoke_remote
 from raydelay.tasks.signing import CallSigner, parse_secrets
 from raydelay.tasks.spec import (
     PROP_ATTEMPTS,
@@ -78,7 +78,6 @@ _WARM_UP = (
     False,
     0,
 )
-_SCHEDULE_LOOK_S = 30.0  # runner 0 looks for schedules that lost their chain this often
 
 
 def runner_name(index: int) -> str:
@@ -133,8 +132,12 @@ class TaskRunner:
         self._ports = _StorePorts(self._store, self._topics, self._topic, self._signer)
         self._overlaps = Overlaps(self._store)
         self._max_result = self._config.tasks.max_result_bytes
-        self._ttl_ms = int(self._config.tasks.result_ttl_s * 1000)
-        self._writes = ThreadPoolExecutor(8, thread_name_prefix="task-records")
+        self._records = TaskRecords(
+            self._store,
+            index,
+            int(self._config.tasks.result_ttl_s * 1000),
+            self._config.tasks.max_result_bytes,
+        )
         # ref -> (message, spec, when it started, monotonic s)
         self._inflight: dict[Any, tuple[Any, TaskSpec, float]] = {}
         self._ids: dict[str, Any] = {}  # task id -> its ref, while it runs
@@ -167,8 +170,16 @@ class TaskRunner:
         self._thread.start()
         self._watcher.start()
         if index == 0:  # one runner deletes expired records and watches the schedules
-            threading.Thread(target=self._sweep, name="task-records-sweep", daemon=True).start()
-            threading.Thread(target=self._watch_schedules, name="schedules", daemon=True).start()
+            threading.Thread(
+                target=self._records.sweep, args=(self._stop,), name="records", daemon=True
+            ).start()
+            threading.Thread(
+                target=watch_schedules,
+                args=(self._stop, self._store, self._ports.load, self._topics.peers,
+                      self._topic, self._metrics),
+                name="schedules",
+                daemon=True,
+            ).start()  # fmt: skip
 
     # --- calls --------------------------------------------------------------------------------
 
@@ -194,6 +205,7 @@ class TaskRunner:
         self._stop.set()
         self._thread.join(timeout=30)
         self._watcher.join(timeout=5)
+        self._records.close()
         try:
             self._consumer.close()
             self._dlq.close()
@@ -465,13 +477,13 @@ class TaskRunner:
                     self._ports.mark_done(str(spec.schedule), str(spec.generation), occurrence)
                 # (a call that failed before has a FAILED record to supersede)
                 if spec.keep_result or m.redelivery_count > 0:
-                    records.append((m, self._success(spec, values.get(ref))))
-                    records[-1][1].attempts = m.redelivery_count + 1
+                    attempts = m.redelivery_count + 1
+                    records.append((m, self._records.success(spec, values.get(ref), attempts)))
                 ok.append(m)
             except Exception as exc:  # noqa: BLE001 - a done marker or a dead letter failed
                 self._give_back(m, exc)
         if records:  # (before the acks: an acknowledged call's status is its record)
-            written = list(self._writes.map(lambda r: self._try_record(*r), records))
+            written = self._records.write_many(records)
             for (m, _), fine in zip(records, written, strict=True):
                 if not fine:
                     ok.remove(m)
@@ -481,68 +493,8 @@ class TaskRunner:
             with self._lock:
                 self._counts["succeeded"] += len(ok)
 
-    def _success(self, spec: TaskSpec, value: Any) -> st.TaskRecord:
-        """The record of a call that succeeded, with its result when it is kept."""
-        record = st.TaskRecord(st.SUCCEEDED)
-        if not spec.keep_result:
-            return record
-        if spec.kind == "actor":  # (a method's value comes as it is: pickled here)
-            value = kept_result(value, self._max_result)
-        record.result, record.result_error = value if value is not None else (None, None)
-        return record
-
     def _record(self, m: Any, record: st.TaskRecord) -> None:
-        """Write ``record`` of ``m``'s call (raises when the store fails)."""
-        record.written_ms = int(time.time() * 1000)
-        self._store.put(st.record_key(str(m.message_id), record.written_ms), record.to_bytes())
-
-    def _try_record(self, m: Any, record: st.TaskRecord) -> bool:
-        try:
-            self._record(m, record)
-            return True
-        except Exception as exc:  # noqa: BLE001 - the caller hands the call back
-            log.warning("task runner %d: record of %s: %s", self._index, m.message_id, exc)
-            return False
-
-    def _watch_schedules(self) -> None:
-        """Runner 0's thread: every 30 s, the schedules whose chain is lost (no occurrence
-        waits in the topic, at this look and the one before): logged by name, and counted
-        in ``raydelay_schedules_unarmed``."""
-        before: set[str] = set()
-        while not self._stop.wait(_SCHEDULE_LOOK_S):
-            try:
-                names = []
-                for key in self._store.list(cron.SCHEDULE_PREFIX):
-                    record = self._ports.load(key[len(cron.SCHEDULE_PREFIX) :])
-                    if record is not None and record.next_after(int(time.time() * 1000)):
-                        names.append(record.name)  # (one past its end_at arms nothing)
-                found = armed(self._topics.peers, self._topic, names)
-                now = {name for name, ok in found.items() if not ok}
-                lost = sorted(now & before)
-                before = now
-                self._metrics.unarmed(len(lost))
-                if lost:
-                    log.warning(
-                        "schedules with no next occurrence armed: nothing of them will run: "
-                        "%s (replace them: schedule_cron(..., replace=True))",
-                        ", ".join(lost),
-                    )
-            except Exception as exc:  # noqa: BLE001 - the next look
-                log.debug("task runner 0: looking at schedules: %s", exc)
-
-    def _sweep(self) -> None:
-        """Runner 0's thread: every tenth of ``tasks.result_ttl_s`` (a minute to an hour),
-        delete the records older than it."""
-        every_s = min(max(self._ttl_ms / 10_000, 60.0), 3600.0)
-        while not self._stop.wait(every_s):
-            try:
-                keys = self._store.list(st.STATUS_PREFIX)
-                doomed = st.expired(keys, int(time.time() * 1000), self._ttl_ms)
-                list(self._writes.map(self._store.delete, doomed))
-                if doomed:
-                    log.info("task runner 0: %d expired task records deleted", len(doomed))
-            except Exception as exc:  # noqa: BLE001 - the next sweep deletes them
-                log.warning("task runner 0: sweeping task records: %s", exc)
+        self._records.write(m, record)
 
     def _failed(self, m: Any, spec: TaskSpec, error: str) -> None:
         failures = m.redelivery_count + 1
