@@ -355,6 +355,7 @@ class TaskRunner:
                 return
             if schedule is None:
                 self._record(m, st.TaskRecord(st.SKIPPED, m.redelivery_count))
+                self._records.ran(spec, m, st.SKIPPED)
                 acks.append(m)
                 return
             occurrence = int(spec.occurrence_ms or 0)
@@ -366,6 +367,7 @@ class TaskRunner:
                 why = "overlap: another occurrence of the schedule still runs"
                 self._record(m, st.TaskRecord(st.SKIPPED, m.redelivery_count, why))
                 self._ports.mark_done(schedule.name, schedule.generation, occurrence)
+                self._records.ran(spec, m, st.SKIPPED, why)
                 with self._lock:
                     self._counts["skipped"] += 1
                 acks.append(m)
@@ -475,6 +477,7 @@ class TaskRunner:
                 if _in_chain(spec):
                     occurrence = int(spec.occurrence_ms or 0)
                     self._ports.mark_done(str(spec.schedule), str(spec.generation), occurrence)
+                    self._records.ran(spec, m, st.SUCCEEDED)
                 # (a call that failed before has a FAILED record to supersede)
                 if spec.keep_result or m.redelivery_count > 0:
                     attempts = m.redelivery_count + 1
@@ -503,6 +506,7 @@ class TaskRunner:
             if _in_chain(spec):
                 occurrence = int(spec.occurrence_ms or 0)
                 self._ports.mark_done(str(spec.schedule), str(spec.generation), occurrence)
+                self._records.ran(spec, m, st.DEAD, error)
             self._consumer.ack(m)
             return
         delay_s = spec.retry.delay_s(failures)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -55,13 +56,30 @@ class TaskRecords:
         record.result, record.result_error = value if value is not None else (None, None)
         return record
 
+    def ran(self, spec: TaskSpec, m: Any, status: str, error: str | None = None) -> None:
+        """How an occurrence of a schedule ended (what the console's last runs show):
+        best effort, a store failure is logged."""
+        if spec.schedule is None or spec.occurrence_ms is None or spec.manual:
+            return
+        doc = {
+            "status": status,
+            "task_id": str(m.message_id),
+            "attempts": m.redelivery_count + 1,
+            "error": error[-500:] if error else None,
+            "ended_ms": int(time.time() * 1000),
+        }
+        try:
+            self._store.put(st.run_key(spec.schedule, spec.occurrence_ms), json.dumps(doc).encode())
+        except Exception as exc:  # noqa: BLE001 - a listing's line, not the call's state
+            log.warning("task runner %d: run of %s: %s", self._index, spec.schedule, exc)
+
     def sweep(self, stop: threading.Event) -> None:
         """Runner 0's thread: every tenth of the TTL (a minute to an hour), delete the
         records older than it."""
         every_s = min(max(self.ttl_ms / 10_000, 60.0), 3600.0)
         while not stop.wait(every_s):
             try:
-                keys = self._store.list(st.STATUS_PREFIX)
+                keys = self._store.list(st.STATUS_PREFIX) + self._store.list(st.RUNS_PREFIX)
                 doomed = st.expired(keys, int(time.time() * 1000), self.ttl_ms)
                 list(self._pool.map(self._store.delete, doomed))
                 if doomed:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 import uuid
@@ -17,6 +18,7 @@ from raydelay.client.message import time_ms_of
 from raydelay.client.runner import arm_occurrence
 from raydelay.errors import Conflict, InvalidArgument, NotFound
 from raydelay.tasks import cron
+from raydelay.tasks import status as st
 from raydelay.tasks.context import TaskId
 from raydelay.tasks.spec import (
     PROP_SCHEDULE,
@@ -138,6 +140,20 @@ class Schedules:
             found = armed(self._tasks.topics.peers, topic, [d["name"] for d in out])
             for d in out:  # (a schedule past its end_at has nothing to arm: not flagged)
                 d["armed"] = found[d["name"]] or d["next_ms"] is None and not d["paused"]
+        return out
+
+    def last_runs(self, name: str, limit: int = 5) -> list[dict]:
+        """How the schedule's latest occurrences ended, newest first: ``occurrence_ms``,
+        ``status`` (succeeded, dead, skipped), ``task_id``, ``attempts``, ``error``,
+        ``ended_ms`` (kept ``tasks.result_ttl_s``)."""
+        store = self._tasks.store()
+        out = []
+        for key in sorted(store.list(f"{st.RUNS_PREFIX}{name}/"), reverse=True)[:limit]:
+            try:
+                doc = json.loads(store.get(key))
+            except NotFound:  # (swept since the listing)
+                continue
+            out.append({"occurrence_ms": int(key.rpartition("/")[2]), **doc})
         return out
 
     def set_paused(self, name: Any, paused: bool) -> dict:

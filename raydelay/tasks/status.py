@@ -25,6 +25,7 @@ import msgpack
 log = logging.getLogger(__name__)
 
 STATUS_PREFIX = "tasks/status/"
+RUNS_PREFIX = "tasks/runs/"  # <schedule>/<occurrence ms>: how each occurrence ended
 
 SCHEDULED = "scheduled"  # waiting for its time, or for a runner
 RUNNING = "running"  # a runner holds it (it runs, or is about to)
@@ -128,3 +129,9 @@ def write_cancelled(store: Any, task_ids: list[str]) -> None:
             len(failed),
             "; ".join(failed[:3]),
         )
+
+
+def run_key(schedule: str, occurrence_ms: int) -> str:
+    """Where the outcome of a schedule's occurrence is kept (the occurrence's time last:
+    the sweep reads it as the record's age)."""
+    return f"{RUNS_PREFIX}{schedule}/{int(occurrence_ms):0{_TIME_DIGITS}d}"

@@ -43,6 +43,8 @@ from raydelay.web.model import (
     parse_refresh,
     parse_time,
 )
+from raydelay.web.tasks_page import TasksData
+from raydelay.web.tasks_page import add_routes as add_task_routes
 
 _MAX_IDS = 10_000  # message ids in one cancel
 REFRESH_S = 10  # the period the "auto-refresh" link turns on
@@ -409,6 +411,8 @@ def create_app(
             lines=[],
             back=_back(form),
         )
+
+    add_task_routes(app, TasksData(cluster, data.lock), page, _live, fields, confirmed, _one)
 
     @app.exception_handler(_WritesOff)
     async def _writes_off(_: Request, __: _WritesOff) -> HTMLResponse:

@@ -20,6 +20,7 @@ from raydelay.client.redrive import check_redrive_target
 from raydelay.dispatch import counts, stages
 from raydelay.errors import InvalidArgument, NotFound
 from raydelay.subscription_types import spreads
+from raydelay.tasks.spec import PROP_SCHEDULE, PROP_TASK
 
 if TYPE_CHECKING:
     from raydelay.client.connection import Cluster
@@ -104,6 +105,7 @@ class ConsoleData:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._lock = threading.RLock()
+        self.lock = self._lock  # (the tasks page reads under it too)
         # the pages read through a view of the client that gives up on an unreachable
         # actor after READ_DEADLINE_S (its row says so), not after the client's 30 s: a
         # page over many topics must not wait that long per dead subscription; the actions
@@ -377,7 +379,7 @@ class ConsoleData:
                 "properties": m.properties,
                 "redelivery_count": m.redelivery_count,
                 "size": len(m.payload),
-                "preview": _preview(m.payload),
+                "preview": _task_preview(m.properties) or _preview(m.payload),
             }
             for m in found[offset : offset + limit]
         ]
@@ -522,6 +524,16 @@ def _span(seconds: float) -> str:
 
 def _ms(ms: int) -> str:
     return f"{ms // 1000}s" if ms >= 1000 else f"{ms}ms"
+
+
+def _task_preview(properties: dict[str, str]) -> str | None:
+    """A scheduled call's payload, said in words: what it calls (its arguments are
+    pickled, and the console unpickles nothing)."""
+    target = properties.get(PROP_TASK)
+    if target is None:
+        return None
+    schedule = properties.get(PROP_SCHEDULE)
+    return f"a call of {target}" + (f" (schedule {schedule})" if schedule else "")
 
 
 def _preview(payload: bytes) -> str:

@@ -359,8 +359,8 @@ def test_a_form_posted_from_another_origin_is_refused(scene):
 
 def test_an_unknown_page_is_the_consoles_own_404(scene, page):
     rw = scene["rw"]
-    assert _goto(page, f"{rw.url}/tasks") == 404
-    assert "There is no page '/tasks'" in page.locator("#error").inner_text()
+    assert _goto(page, f"{rw.url}/no-such-page") == 404
+    assert "There is no page '/no-such-page'" in page.locator("#error").inner_text()
     assert page.title().startswith("Not found")
 
 
@@ -758,3 +758,84 @@ def _refused(url: str, field: str, why: dict[str, str]) -> None:
     for bad, reason in why.items():
         status, _, text = _get(f"{url}?{field}={urllib.parse.quote(bad)}")
         assert status == 400 and reason in text, text
+
+
+def test_the_tasks_page_shows_schedules_runs_and_calls_and_acts_on_schedules(scene, page):
+    from tests.integration import task_jobs
+
+    rw, ro, cluster = scene["rw"], scene["ro"], scene["cluster"]
+    tasks_topic = cluster.config.tasks.topic
+    # Given a schedule that ran twice and ended, a nightly one, and a call due in an hour
+    tag = uuid.uuid4().hex[:6]
+    brief, nightly = f"brief-{tag}", f"nightly-{tag}"
+    cluster.start_runners(1)  # (up before the times below are taken)
+    start = (now_ms() // 1000 + 3) * 1000
+    cluster.schedule_cron(
+        "* * * * * *", task_jobs.noop, name=brief, start_at=start, end_at=start + 1_000
+    )
+    cluster.schedule_cron("0 3 * * *", task_jobs.noop, name=nightly, overlap="skip")
+    later = cluster.schedule(task_jobs.square, 4, deliver_after=3600)
+    wait_until(
+        "two runs recorded",
+        lambda: len(cluster._tasks.schedules.last_runs(brief)) == 2,
+        timeout_s=60,
+    )
+    # When the tasks page is opened
+    assert _goto(page, rw.url + "/tasks") == 200
+    assert page.locator("header nav a", has_text="Tasks").count() == 1
+    row = page.locator(f'#schedules tr[data-schedule="{brief}"]')
+    assert row.locator(".next").inner_text() == "ended"
+    runs = row.locator(".runs .run").all_inner_texts()
+    assert len(runs) == 2 and all(r.endswith(": succeeded") for r in runs)
+    night = page.locator(f'#schedules tr[data-schedule="{nightly}"]')
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d 03:00:00", night.locator(".next").inner_text())
+    assert "skip" in night.inner_text() and "none yet" in night.inner_text()
+    # ... the call due later shows what it calls, not pickled bytes
+    call = page.locator(f'#next-calls tr[data-id="{later}"]')
+    assert "tests.integration.task_jobs:square" in call.inner_text()
+    _shot(page, "tasks")
+    # Then the nightly schedule is paused, resumed and run now, each after a confirmation
+    night.locator('button[data-action="pause"]').click()
+    assert page.locator("#question").inner_text().startswith(f"Pause schedule {nightly}?")
+    assert not [s for s in cluster.list_schedules() if s["name"] == nightly][0]["paused"]
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text() == f"{nightly}: paused"
+    assert [s for s in cluster.list_schedules() if s["name"] == nightly][0]["paused"]
+    page.click("#back")
+    night = page.locator(f'#schedules tr[data-schedule="{nightly}"]')
+    assert night.locator(".next").inner_text() == "paused"
+    night.locator('button[data-action="resume"]').click()
+    page.click("#confirm")
+    assert page.locator("#summary").inner_text().startswith(f"{nightly}: resumed; next at ")
+    page.click("#back")
+    page.locator(f'#schedules tr[data-schedule="{nightly}"] button[data-action="trigger"]').click()
+    page.click("#confirm")
+    summary = page.locator("#summary").inner_text()
+    tid = summary.rsplit(" ", 1)[1]
+    assert summary == f"{nightly}: triggered; task {tid}"
+    wait_until("the triggered call ran", lambda: cluster.task_status(tid)["status"] == "succeeded")
+    # ... the scheduled page of the tasks topic says what a call is, and refuses to cancel
+    # the nightly schedule's armed occurrence
+    assert (
+        _goto(
+            page, f"{rw.url}/topics/{_q(tasks_topic)}/subscriptions/runners/scheduled?key={nightly}"
+        )
+        == 200
+    )
+    (armed,) = page.locator("#scheduled tbody tr").all()
+    assert "a call of tests.integration.task_jobs:noop (schedule " in armed.inner_text()
+    occurrence = armed.get_attribute("data-id")
+    status, text = _post(
+        rw.url + "/actions/cancel/confirm", {"id": occurrence, "token": _token(rw.url, occurrence)}
+    )
+    assert status == 400 and f"the next occurrence of schedule &#39;{nightly}&#39;" in text
+    # A read-only console shows the page without actions; bad actions are clear errors
+    assert _goto(page, ro.url + "/tasks") == 200
+    assert page.locator("#schedules form").count() == 0
+    status, text = _post(rw.url + "/actions/schedule", {"name": nightly, "do": "explode"})
+    assert status == 400 and "do: expected one of pause, resume, trigger" in text
+    status, text = _post(rw.url + "/actions/schedule", {"name": "no-such", "do": "pause"})
+    assert status == 404 and "no schedule called" in text
+    for name in (brief, nightly):
+        cluster.delete_schedule(name)
+    assert cluster.cancel_task(later)
