@@ -91,6 +91,7 @@ class Plan:
     one_by_one_s: float = 30.0
     rate: int = 1_000  # tasks/s of the steady lateness case, for rate_s
     rate_s: int = 30
+    low_rate: int = 100  # tasks/s of the light steady case (issue #51's second row)
     noop: int = 20_000  # no-op calls due at one instant, per runner config
     configs: tuple[tuple[int, int], ...] = ((1, 1000), (1, 5000), (2, 1000), (2, 5000))
     burst: int = 100_000
@@ -790,6 +791,23 @@ def report(results: dict) -> str:
         f"| the same {n_steady:,} as plain Ray tasks, each submitted by the driver at its due "
         f"time: the floor Ray sets (no peer) | {_late_cell(_get(rd, 'floor'))} | | | |"
     )
+    rl, cl, fl = _get(rd, "steady_low"), _get(ce, "steady_low"), _get(rd, "floor_low")
+    n_low = plan.low_rate * plan.rate_s
+    lines.append(
+        f"| {plan.low_rate:,} tasks/s for {plan.rate_s} s ({n_low:,} calls) | {_late_cell(rl)} | "
+        f"{_late_cell(cl)} | {_ratio(_get(rl, 'lateness', 'p99'), _get(cl, 'lateness', 'p99'))} "
+        "| p99 <= 50 (20) |"
+    )
+    lines.append(
+        f"| the same {n_low:,} as plain Ray tasks submitted at their due time | "
+        f"{_late_cell(fl)} | | | |"
+    )
+    for label, r, f, bar in (
+        (f"{plan.rate:,}", rs, _get(rd, "floor"), "<= 1.0x (0.5x)"),
+        (f"{plan.low_rate:,}", rl, fl, ""),
+    ):
+        ratio = _ratio(_get(r, "lateness", "p99"), _get(f, "lateness", "p99"))
+        lines.append(f"| p99 raydelay / plain Ray at {label} tasks/s | {ratio} | | | {bar} |")
     lines.append(
         f"| {w} due within {plan.window_s} s ({plan.window / plan.window_s:,.0f} tasks/s; "
         f"section 1's calls) | {_late_cell(rw)} | {_late_cell(cw)} | "
@@ -1040,6 +1058,10 @@ def run_raydelay(plan: Plan, tmp: str | None, profile: bool) -> tuple[dict, list
             out["steady"] = peer.steady(plan.rate, plan.rate_s)
             progress(f"plain Ray: {plan.rate:,} tasks/s for {plan.rate_s} s, submitted when due")
             out["floor"] = peer.ray_floor(plan.rate, plan.rate_s)
+            progress(f"raydelay: {plan.low_rate:,} tasks/s for {plan.rate_s} s")
+            out["steady_low"] = peer.steady(plan.low_rate, plan.rate_s)
+            progress(f"plain Ray: {plan.low_rate:,} tasks/s for {plan.rate_s} s, when due")
+            out["floor_low"] = peer.ray_floor(plan.low_rate, plan.rate_s)
             out["ray_loop"] = [peer.ray_loop(plan.noop)]
             out["noop_rate"] = []
             for i, (runners, cap) in enumerate(plan.configs):
@@ -1080,6 +1102,8 @@ def run_celery(plan: Plan, tmp: str | None) -> dict:
             out["window"] = peer.window(plan.window, plan.window_s)
             progress(f"celery: {plan.rate:,} tasks/s for {plan.rate_s} s")
             out["steady"] = peer.steady(plan.rate, plan.rate_s)
+            progress(f"celery: {plan.low_rate:,} tasks/s for {plan.rate_s} s")
+            out["steady_low"] = peer.steady(plan.low_rate, plan.rate_s)
             progress(f"celery: a burst of {plan.burst:,} due at once")
             out["burst"] = peer.burst(plan.burst)
         finally:

@@ -41,7 +41,6 @@ import ray
 from raydelay.actors.metrics import RunnerMetrics
 from raydelay.client.armed import RUNNERS_SUBSCRIPTION
 from raydelay.client.bootstrap import attach
-from raydelay.client.overlap import Overlaps
 from raydelay.client.peers import ClusterPeers, Session
 from raydelay.client.runner_chores import TaskRecords, watch_schedules
 from raydelay.client.topics import Topics
@@ -56,6 +55,7 @@ from raydelay.storage import make_store
 from raydelay.tasks import cron
 from raydelay.tasks import status as st
 from raydelay.tasks.context import TaskContext, _invoke_remote
+from raydelay.tasks.overlap import Overlaps
 from raydelay.tasks.signing import CallSigner, parse_secrets
 from raydelay.tasks.spec import (
     PROP_ATTEMPTS,

@@ -192,9 +192,9 @@ def simulate_overlap(
     (probability ``kill_rate`` per occurrence delivered) ends every run and wait of the
     runner, and their messages come back after the lease (10 s). It drives the runner's
     own steps: ``cron.fire``, and the store markers of
-    :class:`raydelay.client.overlap.Overlaps` over an in-memory store."""
-    from raydelay.client.overlap import Overlaps
+    :class:`raydelay.tasks.overlap.Overlaps` over an in-memory store."""
     from raydelay.storage import MemoryObjectStore
+    from raydelay.tasks.overlap import Overlaps
 
     rng = random.Random(seed)
     end = start_ms + int(days * 86_400_000)

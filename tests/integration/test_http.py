@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -468,3 +469,30 @@ def test_the_served_openapi_document_is_the_checked_in_one(api):
     with urllib.request.urlopen(api.url + "/openapi.json", timeout=30) as reply:
         served = json.loads(reply.read())
     assert served == json.loads((HERE.parents[1] / "docs" / "http-openapi.json").read_text())
+
+
+def test_a_schedules_armed_occurrence_is_not_cancelled_over_http(api, cluster):
+    from tests.integration import task_jobs
+
+    # Given a schedule whose next occurrence waits in the tasks topic
+    name = f"http-guarded-{uuid.uuid4().hex[:6]}"
+    cluster.schedule_cron("0 3 * * *", task_jobs.noop, name=name)
+    topic = cluster.config.tasks.topic
+    (occurrence,) = cluster.peek(topic, "runners", key=name)
+    token = api.token("cancel")
+    # When it is cancelled over HTTP, by id or by the schedule's name as key
+    for path, body in (
+        ("/v1/cancel", {"message_ids": [str(occurrence.message_id)]}),
+        (f"/v1/topics/{topic}/cancel", {"keys": [name]}),
+    ):
+        code, answer = curl(
+            "-H", "Content-Type: application/json", "-d", json.dumps(body), api.url + path,
+            token=token,
+        )  # fmt: skip
+        # Then it is refused with the reason, and the occurrence stays
+        assert code == 400, answer
+        assert f"schedule '{name}'" in answer["error"]["message"], answer
+    assert [m.message_id for m in cluster.peek(topic, "runners", key=name)] == [
+        occurrence.message_id
+    ]
+    cluster.delete_schedule(name)
