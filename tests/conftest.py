@@ -194,7 +194,10 @@ def cluster(ray_cluster):
             and (actor["name"].startswith(("topic/", "sub/")))
         ):
             ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
-    _drop_units(set(_unit_assignments()) - units_before)
+    # (the tasks topic's units stay: its runners serve the whole session, whichever test
+    # scheduled the first call)
+    tasks = f"{ray_cluster.config.tasks.topic}/"
+    _drop_units({k for k in set(_unit_assignments()) - units_before if not k.startswith(tasks)})
 
 
 def _unit_assignments() -> dict[str, str]:

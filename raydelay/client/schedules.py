@@ -67,9 +67,9 @@ class Schedules:
         policy = cron.check_catch_up(catch_up)
         start_ms = None if start_at is None else time_ms_of("start_at", start_at)
         end_ms = None if end_at is None else time_ms_of("end_at", end_at)
-        if start_ms is not None and end_ms is not None and end_ms <= start_ms:
+        if start_ms is not None and end_ms is not None and end_ms < start_ms:
             raise InvalidArgument(
-                f"end_at: must be after start_at ({start_ms}), got {end_ms}: no occurrence"
+                f"end_at: must not be before start_at ({start_ms}), got {end_ms}: no occurrence"
             )
         jitter_ms = _jitter_ms(jitter_s)
         overlap = cron.check_overlap(overlap)

@@ -135,7 +135,9 @@ class Tasks:
         return out
 
     def stop_runners(self) -> int:
-        """Stop every runner: each closes its consumer first, so what it held goes back."""
+        """Stop every runner: each closes its consumer first, so what it held goes back.
+        This client's next call starts them again."""
+        self.close()  # (ready() starts the runners when it makes the producer again)
         return stop_runner_actors()
 
     def store(self) -> Any:

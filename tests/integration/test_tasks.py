@@ -405,7 +405,8 @@ def test_the_tasks_and_schedules_commands(cluster, out, capsys):
 
 def test_runners_can_be_started_before_the_first_call(cluster):
     """On a fresh store (a cluster of its own): start_runners creates what a runner
-    consumes; bad counts are refused."""
+    consumes, and after stop_runners the next call starts them again; bad counts are
+    refused."""
     import subprocess
     import sys
 
@@ -413,6 +414,9 @@ def test_runners_can_be_started_before_the_first_call(cluster):
         "import raydelay, sys\n"
         "with raydelay.connect({'storage': {'kind': 'local', 'local': {'root': sys.argv[1]}}}) as c:\n"
         "    print(c.start_runners(2, max_in_flight=10), c.task_stats()['runners'])\n"
+        "    c.stop_runners()\n"  # (then the next call starts them again)
+        "    tid = c.schedule(abs, -3, keep_result=True)\n"
+        "    print(c.task_result(tid, timeout=60), c.task_stats()['runners'])\n"
     )
     import tempfile
 
@@ -426,7 +430,7 @@ def test_runners_can_be_started_before_the_first_call(cluster):
             env=env,
         )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-2:] == ["2", "2"]
+    assert done.stdout.split()[-4:] == ["2", "2", "3", "1"]
     for bad in (0, -1, 1.5, True):
         with pytest.raises(InvalidArgument, match="^count: expected a number of runners >= 1"):
             cluster.start_runners(bad)
@@ -681,7 +685,7 @@ def test_a_schedule_runs_between_its_start_and_end_with_its_jitter(cluster, out)
     assert len(_lines(out)) == 4
     # Bad bounds are refused, and nothing is stored
     for kw, match in (
-        ({"start_at": start, "end_at": start}, "end_at: must be after start_at"),
+        ({"start_at": start, "end_at": start - 1}, "end_at: must not be before start_at"),
         ({"end_at": now_ms() - 1_000}, "no occurrence after now"),
         ({"jitter_s": -1}, "jitter_s: expected 0 to"),
         ({"jitter_s": "1"}, "jitter_s: expected seconds"),
@@ -791,4 +795,30 @@ def test_an_occurrence_that_fires_while_the_one_before_runs_follows_the_overlap_
     assert ran <= {start + i * 2000 for i in range(5)} and start in ran
     listed = [s for s in cluster.list_schedules() if s["name"] == name][0]
     assert listed["overlap"] == policy
+    cluster.delete_schedule(name)
+
+
+def test_an_occurrence_delivered_again_after_it_was_done_keeps_its_outcome(cluster, out):
+    from raydelay.tasks import cron
+    from raydelay.tasks import status as st
+
+    # Given an occurrence whose done marker is in the store when it fires (its run ended
+    # and its runner died before the acknowledgement: its message comes again)
+    name = f"done-{uuid.uuid4().hex[:6]}"
+    start = (now_ms() // 1000 + 3) * 1000
+    cluster.schedule_cron(
+        "* * * * * *", task_jobs.record, out, "tick", name=name, start_at=start, end_at=start
+    )
+    (first,) = cluster.peek(_topic(cluster), RUNNERS_SUBSCRIPTION, key=name)
+    generation = cluster._tasks.schedules.load(name).generation
+    cluster._tasks.store().put(cron.done_key(name, generation, start), b"")
+    # When it fires, it does not run again, and nothing says it was skipped: its status
+    # is what its run left (here none: succeeded, acknowledged)
+    tid = str(first.message_id)
+    ended = wait_until(
+        "it ended", lambda: (s := cluster.task_status(tid)["status"]) in st.FINAL and s
+    )
+    assert ended == "succeeded"
+    assert cluster._tasks.schedules.last_runs(name) == []
+    assert _lines(out) == []
     cluster.delete_schedule(name)
