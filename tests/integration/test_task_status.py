@@ -25,7 +25,9 @@ _lines = task_jobs.lines
 
 @pytest.fixture(scope="module", autouse=True)
 def tasks_ready(ray_cluster):
-    """The tasks topic and its runners, made before the tests."""
+    """The tasks topic and its runners, made before the tests: fresh runners, whatever
+    earlier modules did to the session's (stopped them, dropped their units)."""
+    ray_cluster.stop_runners()  # (the next call starts them again)
     tid = ray_cluster.schedule(task_jobs.noop, deliver_after=0)
     wait_until(
         "the runners took a call", lambda: ray_cluster.task_status(tid)["status"] == "succeeded"

@@ -34,7 +34,9 @@ _lines = task_jobs.lines
 @pytest.fixture(scope="module", autouse=True)
 def tasks_ready(ray_cluster):
     """The tasks topic, its runners' subscription and the runners, made before the tests
-    (the per-test ``cluster`` fixture stops the actors a test made)."""
+    (the per-test ``cluster`` fixture stops the actors a test made): fresh runners,
+    whatever earlier modules did to the session's."""
+    ray_cluster.stop_runners()  # (the next call starts them again)
     ray_cluster.schedule(task_jobs.record, os.devnull, "warm-up", deliver_after=0)
     wait_until("the runners took a call", lambda: ray_cluster.task_stats()["succeeded"] >= 1)
     yield
