@@ -60,6 +60,27 @@ class Cancels:
         already."""
         return self.apply(key_of(*marker), key_of(ledger_id, entry_id))
 
+    def states(self, positions: Iterable[tuple[int, int]]) -> list[str]:
+        """Where each position stands in this subscription, changing nothing:
+        ``"acked"`` (acknowledged: consumed, or cancelled once read), ``"cancelled"``
+        (cancelled ahead of the read), ``"dead"`` (dead-lettered), ``"held"`` (delivered
+        to a consumer and not acknowledged), or ``"waiting"`` (not delivered yet, or back
+        for a redelivery)."""
+        out = []
+        for lg, e in positions:
+            k = key_of(int(lg), int(e))
+            if k in self._redelivery.dead:
+                out.append("dead")
+            elif self._marks.cursor.is_acked(lg, e):
+                out.append("acked")
+            elif k in self.ahead:
+                out.append("cancelled")
+            elif self._consumers.in_flight(k):
+                out.append("held")
+            else:
+                out.append("waiting")
+        return out
+
     def learn(self, pairs: Iterable[tuple[Position, Position]], start: Position) -> int:
         """Take in the log's (marker, target) pairs from ``start`` on (at startup, before
         anything is delivered): their targets will never be delivered. Returns how many."""

@@ -81,7 +81,6 @@ from raydelay.dispatch.staging import Staging
 from raydelay.dispatch.tail import TAIL_IDLE_POLL_MS, TAIL_POLL_MS, UnsealedTail
 from raydelay.errors import ConsumerBusy, InvalidArgument
 from raydelay.log.entries import DelayedRun, LedgerObject, Rows
-from raydelay.positions import key_of
 from raydelay.subscription_types import check_subscription_type
 
 __all__ = [
@@ -563,27 +562,6 @@ class Subscription:
         if held_ms is not None and held_ms <= self.stepped_ms:
             return
         self.settled.add_one(key, held_ms)
-
-    def states(self, positions: Iterable[tuple[int, int]]) -> list[str]:
-        """Where each position stands in this subscription, changing nothing:
-        ``"acked"`` (acknowledged: consumed, or cancelled once read), ``"cancelled"``
-        (cancelled ahead of the read), ``"dead"`` (dead-lettered), ``"held"`` (delivered
-        to a consumer and not acknowledged), or ``"waiting"`` (not delivered yet, or back
-        for a redelivery)."""
-        out = []
-        for lg, e in positions:
-            k = key_of(int(lg), int(e))
-            if k in self.redelivery.dead:
-                out.append("dead")
-            elif self.marks.cursor.is_acked(lg, e):
-                out.append("acked")
-            elif k in self.cancels.ahead:
-                out.append("cancelled")
-            elif self.consumer_table.in_flight(k):
-                out.append("held")
-            else:
-                out.append("waiting")
-        return out
 
     def learn_cancels(self, pairs: Iterable[tuple[Position, Position]]) -> int:
         """Take in the log's cancel markers from the first unacknowledged position on (at

@@ -741,17 +741,17 @@ def test_states_say_where_each_position_stands_and_change_nothing():
     assert c.sub.cancel(1, 3, marker=(1, 10)) is True  # cancelled once read: acknowledged
     positions = [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
     before = c.sub.stats()
-    assert c.sub.states(positions) == ["acked", "held", "waiting", "acked", "acked"]
+    assert c.sub.cancels.states(positions) == ["acked", "held", "waiting", "acked", "acked"]
     assert c.sub.stats() == before  # nothing changed
     # the one due later is delivered when due, then acknowledged
     c.clock.advance(100)
     assert take(c) == [(1, 2)]
-    assert c.sub.states([(1, 2)]) == ["held"]
+    assert c.sub.cancels.states([(1, 2)]) == ["held"]
     c.sub.ack("c1", keys([(1, 1), (1, 2)]))
-    assert c.sub.states(positions) == ["acked"] * 5
+    assert c.sub.cancels.states(positions) == ["acked"] * 5
 
 
 def test_states_of_positions_cancelled_before_they_are_read():
     c = make()
     assert c.sub.cancel(2, 0, marker=(2, 5)) is True
-    assert c.sub.states([(2, 0), (2, 1)]) == ["cancelled", "waiting"]
+    assert c.sub.cancels.states([(2, 0), (2, 1)]) == ["cancelled", "waiting"]

@@ -239,7 +239,7 @@ class SubscriptionHost:
         self, unit: Unit, partition: int, positions: list[tuple[int, int]]
     ) -> list[str]:
         """Where each position of the partition stands in the subscription (see
-        ``Subscription.states``): nothing changes."""
+        ``Cancels.states``): nothing changes."""
         return await (await self._unit(unit)).states(partition, positions)
 
     async def flush(self, unit: Unit, partition: int) -> None:

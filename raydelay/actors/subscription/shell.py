@@ -292,9 +292,9 @@ class SubscriptionShell:
     # --- looking at it ------------------------------------------------------------------------
 
     async def states(self, positions: list[tuple[int, int]]) -> list[str]:
-        """Where each position stands here (see ``Subscription.states``)."""
+        """Where each position stands here (see ``Cancels.states``)."""
         self.ensure_started()
-        return self._sub.states(positions)
+        return self._sub.cancels.states(positions)
 
     async def pid(self) -> int:
         """The process id (tests use it to see a restart)."""
