@@ -16,6 +16,7 @@ method; nothing goes by a method name. A subscription host's calls name the unit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
@@ -24,7 +25,7 @@ from raydelay.actors.host import HostActor
 from raydelay.actors.standby import find_coordinator
 from raydelay.actors.subscription import SubscriptionHost, UnitPeer
 from raydelay.cluster import placement, rpc
-from raydelay.cluster.handles import PartitionPeers, Peer
+from raydelay.cluster.handles import PartitionPeers, Peer, refresh_all
 from raydelay.cluster.names import COORDINATOR, Unit, host_node_prefix, subscription_group
 
 P = ParamSpec("P")
@@ -179,16 +180,8 @@ def check_cancel_targets(
 
 
 def lost_all(peers: list[Peer]) -> Callable[[], None]:
-    """What a retried call of ``peers`` does after a failure: look each up again, in place
-    (the peers are the client's, which its consumers share, and one partition failing,
-    its host lost, must not leave a consumer's thread looking its unit up through the
-    coordinator while the others wait)."""
-
-    def lost() -> None:
-        for peer in {id(p): p for p in peers}.values():  # (a unit's partitions share one)
-            peer.refresh_or_drop()
-
-    return lost
+    """What a retried call of ``peers`` does after a failure: :func:`refresh_all`."""
+    return functools.partial(refresh_all, peers)
 
 
 def fan_out_cancel(

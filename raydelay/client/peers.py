@@ -17,8 +17,7 @@ from raydelay.actors.host import HostActor, coordinator_peer, partition_peer
 from raydelay.actors.subscription import SubscriptionHost, UnitPeer, unit_peer
 from raydelay.client.consumer import Consumer
 from raydelay.client.producer import Producer
-from raydelay.cluster import rpc
-from raydelay.cluster.handles import Peer
+from raydelay.cluster.handles import Peer, retried_across
 from raydelay.cluster.names import Unit, subscription_group, subscription_groups
 from raydelay.config import ClientConfig, Config, config_to_dict
 from raydelay.errors import InvalidArgument
@@ -89,8 +88,9 @@ class ClusterPeers:
         )
 
     def call(self, submit: Callable[[], list], what: str) -> list:
-        """An idempotent call, retried while the actor restarts (client.retry_deadline_s)."""
-        return rpc.call(submit, what=what, deadline_s=self.deadline_s)
+        """An idempotent call, retried while the actor restarts (client.retry_deadline_s);
+        the peers it went through are looked up again after a failed attempt."""
+        return retried_across(submit, what=what, deadline_s=self.deadline_s)
 
     def partitions(self, topic: str) -> int:
         validate_name("topic", topic)

@@ -42,6 +42,49 @@ ActorT = TypeVar("ActorT")  # the class of the actor a Peer calls
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_noting = threading.local()  # .peers: the list the peers submitted through are noted in
+
+
+def retried_across(
+    submit: Callable[[], Any],
+    *,
+    what: str,
+    deadline_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    wait: Any = None,
+) -> Any:
+    """:func:`raydelay.cluster.rpc.call` of a ``submit()`` that calls several peers (one call
+    on each of many partitions): after a failed attempt, every peer it submitted through
+    is looked up again (:func:`refresh_all`), so an actor that ended for good (its handle dead
+    for ever) is replaced by the one serving now instead of failing every retry."""
+    used: list[Peer[Any]] = []
+
+    def attempt() -> Any:
+        used.clear()
+        _noting.peers = used
+        try:
+            return submit()
+        finally:
+            _noting.peers = None
+
+    return rpc.call(
+        attempt,
+        what=what,
+        deadline_s=deadline_s,
+        sleep=sleep,
+        wait=wait,
+        on_failure=lambda: refresh_all(used),
+    )
+
+
+def refresh_all(peers: Sequence[Peer[Any]]) -> None:
+    """Look each of ``peers`` up again, in place (:meth:`Peer.refresh_or_drop`), after a
+    retried call of them failed: the peers are a client's, which its consumers share, and
+    one partition failing, its host lost, must not leave a consumer's thread looking its
+    unit up through the coordinator while the others wait."""
+    for peer in {id(p): p for p in peers}.values():  # (a unit's partitions share one)
+        peer.refresh_or_drop()
+
 
 class Peer(Generic[ActorT]):
     """One named actor: ``create()`` returns a handle to it, creating it when it does not
@@ -147,6 +190,9 @@ class Peer(Generic[ActorT]):
     ) -> Any:
         """Submit one call of ``method`` (an ObjectRef); a failure to submit marks the handle
         lost."""
+        noted = getattr(_noting, "peers", None)
+        if noted is not None:
+            noted.append(self)
         try:
             return getattr(self.handle, method.__name__).remote(*args, **kwargs)
         except Exception:
@@ -339,12 +385,15 @@ class PartitionPeers(Generic[ActorT]):
             def wait(refs: Any, what: str) -> Any:
                 return rpc.get(refs, what=what, timeout_s=timeout_s)
 
+        deadline_s = self.deadline_s if deadline_s is None else deadline_s
+        if partition is None:  # (the peers it went through are looked up again)
+            return retried_across(submit, what=what, deadline_s=deadline_s, wait=wait)
         return rpc.call(
             submit,
             what=what,
-            deadline_s=self.deadline_s if deadline_s is None else deadline_s,
+            deadline_s=deadline_s,
             wait=wait,
-            on_failure=None if partition is None else self._peers[partition].refresh_or_drop,
+            on_failure=self._peers[partition].refresh_or_drop,
         )
 
     def reconnect(self, partition: int) -> None:

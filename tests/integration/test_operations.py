@@ -593,13 +593,14 @@ def test_multi_topic_subscribe_refuses_bad_input(cluster, topic_name):
         consumer.receive(max_messages=0)
 
 
-def test_a_view_with_a_shorter_retry_deadline_gives_up_on_a_dead_actor(cluster, topic_name):
-    """What the console reads through: a dead subscription actor is an Unavailable error
-    from the view, while the client itself and its other topics are untouched."""
+def test_a_view_with_a_shorter_retry_deadline_finds_the_host_serving_now(cluster, topic_name):
+    """What the console reads through (its giving up after the shorter deadline is
+    tests/unit/test_handles.py's): a subscription host that ended for good is replaced on
+    the view's next call, and the client itself and its other topics are untouched."""
     from datetime import timedelta
 
+    from raydelay.cluster import placement
     from raydelay.cluster.names import NAMESPACE
-    from raydelay.errors import Unavailable
 
     for bad, problem in (
         (0, "positive"),
@@ -616,8 +617,10 @@ def test_a_view_with_a_shorter_retry_deadline_gives_up_on_a_dead_actor(cluster, 
     assert view.stats(topic_name, "gone")["backlog"] == 0
     actor = ray.get_actor(unit_host_of(topic_name, "gone"), namespace=NAMESPACE)
     ray.kill(actor, no_restart=True)
-    with pytest.raises(Unavailable, match="subscription"):
-        view.stats(topic_name, "gone")
+    with pytest.raises(ray.exceptions.RayActorError):  # (ended: its handle is dead for ever)
+        ray.get(actor.__ray_ready__.remote())
+    assert view.stats(topic_name, "gone")["backlog"] == 0
+    assert unit_host_of(topic_name, "gone") in placement.live_hosts("SubscriptionHost")
     assert topic_name in view.topics() and topic_name in cluster.topics()
     with pytest.raises(InvalidArgument, match="view"):
         view.shutdown()

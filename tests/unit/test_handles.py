@@ -89,6 +89,39 @@ def test_a_call_gives_up_with_unavailable_after_its_deadline(actors):
     assert len(made) >= 2  # each failed attempt looked the actor up again
 
 
+def test_a_call_across_peers_looks_up_again_the_ones_it_went_through(actors, monkeypatch):
+    # Given two partitions whose actors ended for good (their handles dead for ever), and
+    # a third peer that the call does not use
+    made, plan, create = actors
+
+    def wait_all(refs, what=""):
+        return [fake_wait(r, what) for r in refs] if isinstance(refs, list) else fake_wait(refs)
+
+    monkeypatch.setattr(handles.rpc, "get", wait_all)
+    a, b, idle = (handles.Peer(f"topic/t/{p}", create, deadline_s=5) for p in range(3))
+    idle.call(Actor.ping)
+    plan += [True, True]
+    tries = []
+
+    def submit():
+        tries.append(1)
+        return [a.submit(Actor.append, b"x"), b.submit(Actor.append, b"y")]
+
+    # When one call goes to both, retried
+    out = handles.retried_across(submit, what="topic t", deadline_s=5, sleep=lambda s: None)
+    # Then its retry reached the actors serving now (each looked up once), and the peer
+    # it did not use kept its handle
+    assert [o[2] for o in out] == [(b"x",), (b"y",)] and len(tries) == 2
+    assert (a.re_resolved, b.re_resolved, idle.re_resolved) == (1, 1, 0)
+    # and while no actor answers, it gives up after its deadline, with each try's peers
+    # looked up again
+    plan += [True] * 1000
+    a.lost(), b.lost()
+    with pytest.raises(Unavailable, match="topic t still failing after 0 s"):
+        handles.retried_across(submit, what="topic t", deadline_s=0.2, sleep=lambda s: None)
+    assert a.re_resolved > 3
+
+
 def test_other_errors_are_raised_at_once_and_keep_the_handle(actors, monkeypatch):
     made, plan, create = actors
     peer = handles.Peer("coordinator", create, deadline_s=5, sleep=lambda s: None)
