@@ -61,11 +61,11 @@ def retried_across(
 
     def attempt() -> Any:
         used.clear()
-        _noting.peers = used
+        outer, _noting.peers = getattr(_noting, "peers", None), used
         try:
             return submit()
         finally:
-            _noting.peers = None
+            _noting.peers = outer  # (a call across peers may make one inside its submit)
 
     return rpc.call(
         attempt,
