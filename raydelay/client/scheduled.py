@@ -255,7 +255,9 @@ class ScheduledCalls:
         return self._tasks.schedules.set_paused(name, False)
 
     def delete_schedule(self, name: str) -> None:
-        """Delete a schedule: its next occurrence ends the chain, and nothing more runs."""
+        """Delete a schedule: its next occurrence ends the chain, and nothing more runs.
+        What its occurrences left in the store goes with it (how each ended, the markers
+        of its overlap policy): a schedule made again under the name starts afresh."""
         self._check_open()
         self._tasks.schedules.delete(name)
 

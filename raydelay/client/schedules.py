@@ -166,8 +166,11 @@ class Schedules:
         record = self.load(name)
         store = self._tasks.store()
         store.delete(cron.schedule_key(record.name))
-        for key in store.list(f"{cron.DONE_PREFIX}{record.name}/"):
-            store.delete(key)
+        # what its occurrences left: done and overlap markers, how each ended (a schedule
+        # made again under the name starts with none of them)
+        for prefix in (cron.DONE_PREFIX, cron.RUNNING_PREFIX, cron.BUFFERED_PREFIX, st.RUNS_PREFIX):
+            for key in store.list(f"{prefix}{record.name}/"):
+                store.delete(key)
 
     # --- occurrences by hand -----------------------------------------------------------------
 

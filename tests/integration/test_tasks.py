@@ -804,7 +804,16 @@ def test_an_occurrence_that_fires_while_the_one_before_runs_follows_the_overlap_
     assert ran <= {start + i * 2000 for i in range(5)} and start in ran
     listed = [s for s in cluster.list_schedules() if s["name"] == name][0]
     assert listed["overlap"] == policy
+    # and a delete takes what the occurrences left in the store with it
+    from raydelay.tasks import cron
+    from raydelay.tasks import status as st
+
+    store = cluster._tasks.store()
+    left = (cron.DONE_PREFIX, cron.RUNNING_PREFIX, st.RUNS_PREFIX)
+    assert all(store.list(f"{prefix}{name}/") for prefix in left)
     cluster.delete_schedule(name)
+    assert not any(store.list(f"{prefix}{name}/") for prefix in (*left, cron.BUFFERED_PREFIX))
+    assert cluster._tasks.schedules.last_runs(name) == []
 
 
 def test_an_occurrence_delivered_again_after_it_was_done_keeps_its_outcome(cluster, out):
