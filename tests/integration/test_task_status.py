@@ -90,17 +90,18 @@ def test_a_result_not_kept_says_why_and_the_call_still_succeeded(cluster):
 
 
 def test_a_failing_call_reads_failed_with_its_error_then_dead(cluster, out):
-    # Given a call that always fails, with one retry 2 s after the first try
+    # Given a call that always fails, with one retry 5 s after the first try (a window
+    # that a loaded machine's status calls do not miss)
     tid = cluster.schedule(
-        task_jobs.fail, out, "the disk is full", max_retries=1, backoff=2.0, keep_result=True
+        task_jobs.fail, out, "the disk is full", max_retries=1, backoff=5.0, keep_result=True
     )
     # Then between its tries it reads failed: the attempts, the error, when it runs again
     wait_until("the first try failed", lambda: _status(cluster, tid) == "failed")
     failed = cluster.task_status(tid)
     assert failed["attempts"] == 1 and "RuntimeError: the disk is full" in failed["error"]
     first_try_ms = int(_lines(out)[0][1])
-    assert failed["next_try_ms"] >= first_try_ms + 2_000  # the backoff, and its jitter on top
-    assert failed["next_try_ms"] <= first_try_ms + 2_000 * 1.5 + 5_000
+    assert failed["next_try_ms"] >= first_try_ms + 5_000  # the backoff, and its jitter on top
+    assert failed["next_try_ms"] <= first_try_ms + 5_000 * 1.5 + 5_000
     # ... then dead, and its result is the error
     with pytest.raises(TaskFailed, match="dead after 2 tries: RuntimeError: the disk is full"):
         cluster.task_result(tid, timeout=60)
@@ -135,18 +136,19 @@ def test_a_cancelled_call_reads_cancelled_whichever_way_it_was_cancelled(cluster
 
 def test_a_call_that_outlasts_its_timeout_is_cancelled_and_counts_as_a_failed_try(cluster, out):
     before = cluster.task_stats()["timed_out"]
-    # Given a call of 30 s with a timeout of 1 s and no retry
-    tid = cluster.schedule(task_jobs.slow, out, 30.0, timeout_s=1, max_retries=0)
+    # Given a call of 30 s with a timeout of 3 s and no retry
+    tid = cluster.schedule(task_jobs.slow, out, 30.0, timeout_s=3, max_retries=0)
     # Then it is stopped, and dead with the reason
-    with pytest.raises(TaskFailed, match="TimeoutError: ran over its timeout_s of 1 s"):
+    with pytest.raises(TaskFailed, match="TimeoutError: ran over its timeout_s of 3 s"):
         cluster.task_result(tid, timeout=30)
     assert [r[0] for r in _lines(out)] == ["start"]  # it never got to its end
     assert cluster.task_stats()["timed_out"] >= before + 1
     # An actor's async method is cancelled too, and a retry runs it again
     name = f"sleeper-{uuid.uuid4().hex[:6]}"
     sleeper = task_jobs.Sleeper.options(name=name, namespace="raydelay-tests").remote()
+    ray.get(sleeper.__ray_ready__.remote())  # (its start is not the call's time)
     tid = cluster.schedule_call(
-        name, "nap", out + "2", 30.0, namespace="raydelay-tests", timeout_s=1.0,
+        name, "nap", out + "2", 30.0, namespace="raydelay-tests", timeout_s=3.0,
         max_retries=1, backoff=0.1,
     )  # fmt: skip
     with pytest.raises(TaskFailed, match="dead after 2 tries: TimeoutError"):
