@@ -43,12 +43,14 @@ class TopicHandles(PartitionPeers[HostActor]):
         deadline_s: float,
         cancel: Callable,
         apply: Callable,
+        subscriptions_ahead: Callable[[], Callable[[], list[str]]],
         guard_keys: Callable[[list[str]], None] = lambda keys: None,
     ) -> None:
         super().__init__(peers, deadline_s=deadline_s)
         self.topic = topic
         self.cancel = cancel  # markers through the topic, outcomes from every subscription
         self.apply = apply  # markers in the log already: outcomes from every subscription
+        self.subscriptions_ahead = subscriptions_ahead  # the lookup started, its getter
         self.guard_keys = guard_keys  # raises for keys a cancel must not take
 
     def append(self, partition: int, batches: list[bytes]) -> Any:
@@ -188,7 +190,7 @@ def fan_out_cancel(
     topic: str,
     topic_peer: Callable[[int], Peer[HostActor]],
     subscription_peer: Callable[[int, str], UnitPeer],
-    subscriptions: list[str],
+    subscriptions: Callable[[], list[str]],
     batches: dict[int, tuple[list[tuple[int, int]], int]],
     producer: str,
     *,
@@ -201,7 +203,8 @@ def fan_out_cancel(
     partitions (``cancel_many``). A target counts as cancelled (True) when no subscription
     had it delivered. Also returns how many times the markers were sent again (a host
     restarting, the store failing). Retried, with handles looked up again, for
-    ``deadline_s``."""
+    ``deadline_s``. ``subscriptions()`` waits for the topic's subscriptions, a lookup the
+    caller started before the markers (so that its trip overlaps theirs)."""
     parts = list(batches)
     sends = 0
     if len(parts) > 1:  # (one partition's host checks its targets before it writes)
@@ -230,7 +233,7 @@ def fan_out_cancel(
         )
     )
     work = {p: (batches[p][0], markers[p]) for p in parts}
-    return apply_markers(subscription_peer, subscriptions, work, deadline_s=deadline_s), sends - 1
+    return apply_markers(subscription_peer, subscriptions(), work, deadline_s=deadline_s), sends - 1
 
 
 def apply_markers(

@@ -138,6 +138,8 @@ class KeyedSends:
                     self._seq[p] += 1
                     data = encode_batch(AppendBatch(self.name, self._seq[p], entries))
                     calls.append((p, idx, data, self._link.append_keyed(p, data, on_duplicate)))
+        # a replace's markers go to every subscription: asked while they are written
+        listed = self._link.subscriptions_ahead() if on_duplicate == "replace" else None
         ledger_col = np.zeros(len(parts), dtype=np.int64)
         entry_col = np.zeros(len(parts), dtype=np.int64)
         replaced: dict[int, tuple[list, list]] = {}
@@ -155,7 +157,7 @@ class KeyedSends:
                 work[0].append(target)
                 work[1].append(marker)
         if replaced:  # (the markers are durable: a failure here leaves them to the log read)
-            self._link.apply(replaced)
+            self._link.apply(replaced, listed)
         if first_error is not None:
             raise first_error
         return MessageIds(self.topic, parts.astype(np.int64), ledger_col, entry_col)
@@ -203,6 +205,7 @@ class KeyedSends:
             for p in by_partition:
                 self._seq[p] += 1
                 calls[p] = self._seq[p]
+        listed = self._link.subscriptions_ahead()  # asked while the markers are written
         answers = self._link.retried(
             lambda: [
                 self._link.cancel_keys(p, [keys[i] for i in by_partition[p]], self.name, calls[p])
@@ -219,7 +222,7 @@ class KeyedSends:
                         seen.add(tuple(marker))
                         work.setdefault(p, ([], []))[0].append(tuple(target))
                         work[p][1].append(tuple(marker))
-        kept = self._link.apply(work) if work else {}
+        kept = self._link.apply(work, listed) if work else {}
         outcome = {
             (p, tuple(t)): ok
             for p, (ts, _) in work.items()

@@ -95,10 +95,19 @@ class TopicLink(Link, Protocol):
         ...
 
     def apply(
-        self, work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]]
+        self,
+        work: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]],
+        subscriptions: Callable[[], list[str]] | None = None,
     ) -> dict[int, list[bool]]:
         """Have every subscription apply cancel markers already in the log ({partition:
-        (targets, markers)}); per partition, whether each target was kept from delivery."""
+        (targets, markers)}); per partition, whether each target was kept from delivery.
+        ``subscriptions``: the getter :meth:`subscriptions_ahead` gave (None: looked up
+        now)."""
+        ...
+
+    def subscriptions_ahead(self) -> Callable[[], list[str]]:
+        """Start looking up the topic's subscriptions now, beside the markers' write; the
+        getter waits for them (a cancel by id takes its list before it writes, too)."""
         ...
 
     def last_sequence(self, partition: int, producer: str) -> Reply:

@@ -237,7 +237,7 @@ def test_a_retried_cancel_gets_its_markers_back_after_its_target_left_the_log(cl
         topic_name,
         lambda p: peer,
         lambda p, s: cluster._subscription_peer(topic_name, p, s),
-        ["s"],
+        lambda: ["s"],
         {0: ([target], 3)},
         "p",
         deadline_s=20,

@@ -136,8 +136,17 @@ class FakeTopic(FakeLink):
     def pending_keys(self, partition, keys):
         return self._call("pending_keys", partition, keys)
 
-    def apply(self, work):
+    def subscriptions_ahead(self):
+        self.calls.append(("subscriptions", -1, ()))
+        return self.listed
+
+    def listed(self) -> list[str]:
+        """The getter :meth:`subscriptions_ahead` gives (a fake topic's one subscription)."""
+        return ["s"]
+
+    def apply(self, work, subscriptions=None):
         self.applied = getattr(self, "applied", []) + [work]
+        self.applied_with = getattr(self, "applied_with", []) + [subscriptions]
         return {p: [True] * len(targets) for p, (targets, _) in work.items()}
 
     def _pending(self, partition):
@@ -174,7 +183,8 @@ class FakeTopic(FakeLink):
         out = []
         for k in keys:
             entry = pending.pop(k, None)
-            out.append([] if entry is None else [((partition, entry), (partition, -1))])
+            marker = (partition, 1_000_000 + (entry or 0))  # (a marker of its own per target)
+            out.append([] if entry is None else [((partition, entry), marker)])
         return out
 
     def _pending_keys(self, partition, keys):

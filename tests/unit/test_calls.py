@@ -154,7 +154,12 @@ def recorders():
 def test_what_a_producer_submits_binds_to_the_host(recorders):
     made, peers = recorders
     topic = TopicHandles(
-        "t", peers(2), deadline_s=1, cancel=lambda b, p: ({}, 0), apply=lambda w: {}
+        "t",
+        peers(2),
+        deadline_s=1,
+        cancel=lambda b, p: ({}, 0),
+        apply=lambda w, s=None: {},
+        subscriptions_ahead=lambda: lambda: [],
     )
     topic.append(1, [b"batch"])
     topic.last_sequence(0, "producer")

@@ -80,6 +80,29 @@ def consumer_of(subscription: FakeSubscription) -> Consumer:
     return Consumer(subscription, "orders", "billing", lease_s=60.0)
 
 
+def test_a_cancel_by_key_and_a_replace_ask_for_the_subscriptions_while_the_markers_are_written(
+    config,
+):
+    # Given pending keyed messages on two partitions
+    topic = FakeTopic(partitions=2)
+    producer = Producer(topic, "orders", config)
+    later = [now_ms() + 3_600_000] * 4
+    producer.send_many([b"a", b"b", b"c", b"d"], deliver_at=later, keys=["k0", "k1", "k2", "k3"])
+    # When two are cancelled by key and one is replaced
+    del topic.calls[:]
+    assert producer.cancel_keys(["k0", "k1"]) == [True, True]
+    producer.send(b"c2", deliver_at=later[0], key="k2", on_duplicate="replace")
+    # Then each asked for the subscriptions once, while its markers were written (the
+    # cancel before its calls, the replace beside its append), and applied the markers with
+    # that lookup's answer
+    methods = [m for m, _, _ in topic.calls]
+    cancels = methods.index("append_keyed")
+    assert methods[0] == "subscriptions" and set(methods[1:cancels]) == {"cancel_keys"}
+    assert methods[cancels:] == ["append_keyed", "subscriptions"]
+    assert len(topic.applied) == 2
+    assert topic.applied_with == [topic.listed, topic.listed]
+
+
 def test_a_consumer_receives_from_every_partition_and_acks_each_message_where_it_came_from():
     sub = FakeSubscription(partitions=2)
     sub.publish(0, b"a0", b"b0")
