@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -415,7 +414,7 @@ def create_api(context: Callable[[], ApiContext]) -> FastAPI:
             out = bodies.message_of(doc, key=key)
         else:
             out = bodies.raw_message_of(await body_of(request, ctx), request.headers, key=key)
-        out = dataclasses.replace(out, on_duplicate="replace")
+        out = out._replace(on_duplicate="replace")
         try:
             mid = await _send_one(ctx, topic, out)
         except InvalidArgument as exc:

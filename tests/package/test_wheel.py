@@ -30,7 +30,9 @@ PIP = [
     "--quiet",
     "--disable-pip-version-check",
     "--no-input",
+    "--no-compile",  # (a third of the install's time; what the smoke run imports compiles then)
 ]
+LINES = ("newest", "oldest")
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -119,15 +121,43 @@ def _venv(where: Path) -> Path:
     return where / "bin" / "python"
 
 
-@pytest.mark.parametrize("line", ["newest", "oldest"])
-def test_the_wheel_alone_in_a_clean_venv_runs_the_docs_examples(line, dist, tmp_path, own_ray_env):
+def _want(line: str) -> str:
     oldest, newest = ray_lines()
-    want = newest if line == "newest" else oldest
-    python = _venv(tmp_path / "venv")
-    pins = [f"ray[default]=={want}.*"]
-    done = subprocess.run(
-        [str(python), *PIP, str(_wheel(dist)), *pins], capture_output=True, text=True
-    )
+    return newest if line == "newest" else oldest
+
+
+@pytest.fixture(scope="module")
+def venvs(dist, tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """A clean venv per Ray line with the wheel installed, the two filled at once (pip
+    unpacking and writing is most of a fill, and the other core is idle meanwhile); per
+    line, its interpreter and how its install ended."""
+    fills = {}
+    for line in LINES:
+        python = _venv(tmp_path_factory.mktemp(f"venv-{line}"))
+        pins = [f"ray[default]=={_want(line)}.*"]
+        fills[line] = (
+            python,
+            subprocess.Popen(
+                [str(python), *PIP, str(_wheel(dist)), *pins],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
+    out = {}
+    for line, (python, proc) in fills.items():
+        stdout, stderr = proc.communicate()
+        out[line] = (
+            python,
+            subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
+        )
+    return out
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_the_wheel_alone_in_a_clean_venv_runs_the_docs_examples(line, venvs, tmp_path, own_ray_env):
+    want = _want(line)
+    python, done = venvs[line]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     site = Path(

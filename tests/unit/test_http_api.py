@@ -218,6 +218,27 @@ def test_a_batch_is_sent_in_order_and_answers_every_id(world):
         ("/v1/topics/orders/messages", {"text": "x", "deliver_at": 10**30}, {}, 400, "deliver_at"),
         (
             "/v1/topics/orders/messages",
+            {"text": "x", "deliver_at": True},
+            {},
+            400,
+            "deliver_at: expected epoch ms",
+        ),
+        (
+            "/v1/topics/orders/messages",
+            {"payload": "\u00e9\u00e9==", "deliver_after": 1},
+            {},
+            400,
+            "payload: not valid base64",
+        ),
+        (
+            "/v1/topics/orders/messages",
+            {"payload": "eA", "deliver_after": 1},
+            {},
+            400,
+            "payload: not valid base64",
+        ),
+        (
+            "/v1/topics/orders/messages",
             {"text": "x", "deliver_after": -5},
             {},
             400,
@@ -275,6 +296,20 @@ def test_a_batch_is_sent_in_order_and_answers_every_id(world):
             {},
             400,
             "messages[1].text",
+        ),
+        (
+            "/v1/topics/orders/messages/batch",
+            {"messages": [{"text": "a"}, {"text": "b"}, {"text": "c", "deliver_at": [1]}]},
+            {},
+            400,
+            "messages[2].deliver_at: expected epoch ms",
+        ),
+        (
+            "/v1/topics/orders/messages/batch",
+            {"messages": [{"text": "a"}, {"text": "b", "deliver_after": False}]},
+            {},
+            400,
+            "messages[1].deliver_after: expected seconds",
         ),
         ("/v1/topics/orders/messages/batch", {"msgs": []}, {}, 400, 'expected {"messages"'),
         (
