@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from raydelay.client.cancels import check_cancel_target
 from raydelay.client.message import MessageId
-from raydelay.client.producer import check_cancel_target
 from raydelay.client.redrive import SUBSCRIPTION as REDRIVE_SUBSCRIPTION
 from raydelay.client.redrive import check_redrive_target
 from raydelay.dispatch import counts, stages

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from raydelay.client.cancels import check_cancel_target
 from raydelay.client.message import MessageId
-from raydelay.client.producer import check_cancel_target
 from raydelay.errors import InvalidArgument
 from raydelay.web.chart import Bar, bar_chart
 from raydelay.web.model import (
