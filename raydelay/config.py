@@ -195,6 +195,11 @@ class SubscriptionConfig(_Section):
     # delayed rows due within this many ms are fetched from the topic's index ahead of
     # time and wait in the subscription, with their payloads, for their due instant
     lookahead_ms: NonNegative = 250
+    # a consumer's receive takes delayed messages due within this many ms too, and its
+    # client holds each until its due time: the reply's trip is made before the due
+    # instant, not after it. A cancel in that last stretch finds the message handed out
+    # (it returns False). 0: nothing is handed out before it is due.
+    handout_ahead_ms: Annotated[int, Field(ge=0, le=60_000)] = 50
     cursor_persist_interval_ms: Positive = 1_000  # cursor writes: at most one per interval
     # a consumer not heard from (calls or its client's heartbeats) for this long is removed:
     # its unacked messages go to other consumers, failover promotes the next, exclusive frees

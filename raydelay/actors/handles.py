@@ -97,7 +97,8 @@ class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
         )
 
     def receive_many(self, partitions: list[int], consumer: str, max_messages: int,
-                     timeout_s: float, rewinds: int, packed: bool = False) -> Any:  # fmt: skip
+                     timeout_s: float, rewinds: int, packed: bool = False,
+                     ahead_ms: int = 0) -> Any:  # fmt: skip
         return self._on(
             partitions[0],
             SubscriptionHost.receive_many,
@@ -107,6 +108,7 @@ class SubscriptionHandles(PartitionPeers[SubscriptionHost]):
             timeout_s,
             rewinds,
             packed,
+            ahead_ms,
         )
 
     def ack(self, partition: int, consumer: str, keys: Any) -> Any:

@@ -21,7 +21,7 @@ every metric raydelay makes; this table says the same for readers.
 | raydelay_bucket_snapshot_bytes | counter | bytes of sealed buckets the topic wrote |
 | raydelay_bucket_ops | counter | bucket operations by ``op``: create and delete (the topic's, with an empty ``subscription`` tag), load (a subscription's segment loads) |
 | raydelay_bucket_op_seconds | histogram | their latency, by ``op`` |
-| raydelay_dispatch_lateness_ms | histogram | dispatch time minus deliver_at, first deliveries of delayed messages |
+| raydelay_dispatch_lateness_ms | histogram | dispatch time minus deliver_at, first deliveries of delayed messages (0 for those handed out ahead of their due time, see ``subscription.handout_ahead_ms``) |
 | raydelay_task_runs | counter | scheduled calls a runner finished, by ``outcome``: succeeded, failed (a try that will be retried), dead, timed_out (a try cancelled past its timeout_s), skipped (a cron occurrence passed over) |
 | raydelay_tasks_in_flight | gauge | calls a runner has started and not seen finish |
 | raydelay_task_start_lateness_ms | histogram | when a runner started a call minus when it was due (its deliver_at, or its cron occurrence) |

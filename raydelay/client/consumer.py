@@ -89,7 +89,9 @@ def check_receive(max_messages: object, timeout_s: object) -> float:
 class Consumer:
     """One consumer of a subscription (``Cluster.subscribe``). ``link`` carries its calls
     to the subscription's partitions (:class:`raydelay.client.links.SubscriptionLink`);
-    ``lease_s`` is ``subscription.consumer_lease_s``."""
+    ``lease_s`` is ``subscription.consumer_lease_s``; ``ahead_ms``, its
+    ``handout_ahead_ms`` (delayed messages handed to this client that much ahead of their
+    due time, and held here until it comes)."""
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class Consumer:
         subscription: str,
         *,
         lease_s: float,
+        ahead_ms: int = 0,
         prefetch: bool = False,
         seek: Callable[[Any, bool], Any] | None = None,
         tails: Callable[[], list] | None = None,
@@ -133,6 +136,7 @@ class Consumer:
             prefetch=prefetch,
             rewinds=lambda: self._rewinds,
             returned=self._returned,
+            ahead_ms=ahead_ms,
         )
         added = []
         try:

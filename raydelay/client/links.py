@@ -139,14 +139,15 @@ class SubscriptionLink(Link, Protocol):
 
     def receive_many(
         self, partitions: list[int], consumer: str, max_messages: int, timeout_s: float,
-        rewinds: int, packed: bool = False,
+        rewinds: int, packed: bool = False, ahead_ms: int = 0,
     ) -> Reply:  # fmt: skip
         """One receive at ``partitions``, which one actor serves (a group of
         :meth:`heartbeat_groups`): up to ``max_messages`` from each. The answer comes when
         any has messages (or fails): a ``ReceiveReply`` (``raydelay.actors.protocol``), its
         ``got`` [(partition, record batch)] and ``failed`` [(partition, error)]; with
         ``packed``, each record batch as ``raydelay.dispatch.wire.pack_delivery`` makes
-        it."""
+        it. With ``ahead_ms``, delayed messages due within that many ms come too: the
+        caller holds each until its due time."""
         ...
 
     def ack(self, partition: int, consumer: str, keys: np.ndarray) -> Reply: ...

@@ -143,10 +143,12 @@ class MultiTopicConsumer:
         """One round over every topic: their receive calls stand together, and what any
         of them answers within ``timeout_s`` is taken in."""
         share = -(-max_messages // len(children))
-        wait_s = timeout_s
+        waits = []
         for c in children:
-            c_share, call_s, wait_s = c.receiver.plan(share, timeout_s)
+            c_share, call_s, c_wait_s = c.receiver.plan(share, timeout_s)
             c.receiver.ask(c_share, call_s)
+            waits.append(c_wait_s)
+        wait_s = min(waits, default=timeout_s)  # (one child's held rows may fall due first)
         refs = [r for c in children for r in c.receiver.calls()]
         if not refs:  # every partition of every topic is down
             time.sleep(min(max(timeout_s, 0.01), 0.25))

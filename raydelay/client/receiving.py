@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from raydelay.client.held import HeldRows
 from raydelay.client.partition_health import PartitionHealth
+from raydelay.clock import now_ms
 from raydelay.dispatch.wire import unpack_delivery
 from raydelay.errors import StorageError, Unavailable
 
@@ -57,9 +59,13 @@ class Receiver:
         prefetch: bool,
         rewinds: Callable[[], int],
         returned: Callable[[list[tuple[pa.RecordBatch, int]]], None] | None = None,
+        ahead_ms: int = 0,
     ) -> None:
         """``returned`` is told of the record batches :meth:`take_buffered` hands out, each
-        with the time its reply was made (epoch ms; 0: not known)."""
+        with the time its reply was made (epoch ms; 0: not known), or for rows held until
+        they were due, their due time. ``ahead_ms``: the calls ask for delayed messages
+        due that soon too, and they are held here until they are due
+        (:mod:`raydelay.client.held`)."""
         self._link = link
         self._consumer_id = consumer_id
         self._groups = groups  # the partitions by the actor serving them
@@ -72,14 +78,16 @@ class Receiver:
         self._buffer: deque[tuple[int, pa.RecordBatch, int]] = deque()
         self._inflight: dict[Any, tuple[int, ...]] = {}  # receive ref -> partitions
         self._asked: dict[Any, float] = {}  # receive ref -> when it is overdue (monotonic)
+        self.ahead_ms = ahead_ms
+        self._held = HeldRows()
 
     def take(self, max_messages: int, timeout_s: float) -> list[tuple[int, pa.RecordBatch]]:
         """Up to ``max_messages`` rows, waiting up to ``timeout_s`` for the first."""
         deadline = time.monotonic() + timeout_s
-        while not self._buffer:
+        while not self.has_buffered():
             remaining = deadline - time.monotonic()
             self._poll(max_messages, max(remaining, 0.0))
-            if self._buffer or remaining <= 0:
+            if self.has_buffered() or remaining <= 0:
                 break
         return self.take_buffered(max_messages)
 
@@ -93,16 +101,25 @@ class Receiver:
             self._inflight.clear()
             self._asked.clear()
             self._buffer.clear()
+            self._held.clear()
 
     def has_buffered(self) -> bool:
+        """Whether rows wait to be taken (held rows that came due now among them)."""
+        self._buffer.extend(self._held.release())
         return bool(self._buffer)
+
+    def held(self) -> int:
+        """How many rows are held until they are due."""
+        return len(self._held)
 
     def calls(self) -> list[Any]:
         """The receive calls under way (Ray object refs)."""
         return list(self._inflight)
 
     def take_buffered(self, max_messages: int) -> list[tuple[int, pa.RecordBatch]]:
-        """Up to ``max_messages`` of what the buffer holds, in order of arrival."""
+        """Up to ``max_messages`` of what the buffer holds, in order of arrival (held rows
+        as they fall due)."""
+        self._buffer.extend(self._held.release())
         out: list[tuple[int, pa.RecordBatch]] = []
         made: list[tuple[pa.RecordBatch, int]] = []
         room = max_messages
@@ -123,7 +140,7 @@ class Receiver:
     def _poll(self, max_messages: int, timeout_s: float) -> None:
         step = self.begin(max_messages, timeout_s)
         if not step.calls:  # every partition is down: wait for the first retry
-            time.sleep(self._health.next_retry_s(timeout_s))
+            time.sleep(self.retry_wait_s(timeout_s))
             return
         self.end(step, self._link.ready(step.calls, 1, step.wait_s))
 
@@ -149,8 +166,14 @@ class Receiver:
             self.ask(step.share, step.call_s)
 
     def retry_wait_s(self, timeout_s: float) -> float:
-        """How long to wait, with every partition down, for the first retry."""
-        return self._health.next_retry_s(timeout_s)
+        """How long to wait, with every partition down, for the first retry (or a held
+        row to fall due)."""
+        return self._until_held(self._health.next_retry_s(timeout_s))
+
+    def _until_held(self, wait_s: float) -> float:
+        """``wait_s``, cut to the time until the first held row is due."""
+        held_s = self._held.wait_s()
+        return wait_s if held_s is None else min(wait_s, held_s)
 
     def plan(self, max_messages: int, timeout_s: float) -> tuple[int, float, float]:
         """(each partition's share, how long a receive call stands, how long to wait for
@@ -159,13 +182,15 @@ class Receiver:
         running) per round of replies."""
         share = -(-max_messages // self._partitions)
         if self.prefetch:  # calls outlive this receive: wait only for this one's timeout
-            return share, max(timeout_s, STANDING_S), timeout_s
-        # calls end with this receive's timeout; the margin covers the trip back
-        return share, timeout_s, timeout_s + 5.0
+            return share, max(timeout_s, STANDING_S), self._until_held(timeout_s)
+        # calls end with this receive's timeout; the margin covers the trip back (a wait
+        # ends when a held row falls due, the call stays for the next receive)
+        return share, timeout_s, self._until_held(timeout_s + 5.0)
 
     def collect(self, ready: list) -> None:
         """Take in the receive calls of ``ready`` that are this consumer's (and mark the
         partitions of calls long overdue down)."""
+        taken_ms = now_ms()  # (before the gets: their time is not the reply's trip)
         for ref in ready:
             parts = self._inflight.pop(ref, None)
             if parts is None:
@@ -177,9 +202,13 @@ class Receiver:
                 for p in parts:
                     self._receive_failed(p, exc)
                 continue
+            if self.ahead_ms and reply.got:
+                self._held.came(reply.made_ms, taken_ms)
             for p, got in reply.got:
                 rb = unpack_delivery(got)
-                if rb.num_rows:
+                if rb.num_rows and self.ahead_ms:  # (rows not due yet are held)
+                    rb = self._held.split(p, rb, reply.made_ms)
+                if rb is not None and rb.num_rows:
                     self._buffer.append((p, rb, reply.made_ms))
             failed = reply.failed
             for p in set(parts) - {p for p, _ in failed}:
@@ -216,7 +245,13 @@ class Receiver:
                 continue
             # (one partition too: its reply says when it was made, a bare batch would not)
             call = self._link.receive_many(
-                list(parts), self._consumer_id, share, timeout_s, self._rewinds(), packed=True
+                list(parts),
+                self._consumer_id,
+                share,
+                timeout_s,
+                self._rewinds(),
+                packed=True,
+                ahead_ms=self.ahead_ms,
             )
             self._inflight[call] = parts
             self._asked[call] = now + timeout_s + HUNG_S

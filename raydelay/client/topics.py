@@ -204,7 +204,7 @@ class Topics:
             )
         if not isinstance(prefetch, bool):
             raise InvalidArgument(f"prefetch: expected True or False, got {prefetch!r}")
-        check_subscription_type(subscription_type)
+        kind = check_subscription_type(subscription_type)
         if ack_timeout_s is None:
             ack_timeout_s = self.config.subscription.ack_timeout_s
         if ack_timeout_s is not None:
@@ -246,6 +246,8 @@ class Topics:
             topic,
             subscription,
             lease_s=self.config.subscription.consumer_lease_s,
+            # (exclusive and failover ignore deliver_at: nothing of theirs is held)
+            ahead_ms=self.config.subscription.handout_ahead_ms if kind.spreads else 0,
             prefetch=prefetch,
             seek=lambda to, inclusive: self.cursors.reset(topic, subscription, n, to, inclusive),
             tails=lambda: self.peers.on_partitions(topic, n, HostActor.tail),

@@ -15,7 +15,7 @@ from raydelay.delayed.reader import SealedReader
 from raydelay.dispatch.cancels import Cancels
 from raydelay.dispatch.keypool import KeyPool
 from raydelay.dispatch.marks import CursorMarks
-from raydelay.dispatch.ports import Tracker
+from raydelay.dispatch.ports import Group, Tracker
 from raydelay.dispatch.redelivery import Redelivery
 from raydelay.dispatch.settled import SettledDelayed
 from raydelay.dispatch.staging import Staging
@@ -135,6 +135,19 @@ class DueRows:
             or (self._sealed is not None and self._sealed.has_due(now_ms))
             or (self._tail.holds() and self._tail.held_due(now_ms))
         )
+
+
+def due_by(groups: list[Group], horizon_ms: int) -> list[Group]:
+    """Of fetched groups (source, row indexes, position keys), the rows due by
+    ``horizon_ms`` (immediate ones and redeliveries of rows due earlier among them)."""
+    out = []
+    for source, idx, keys in groups:
+        due = source.entries.deliver_at_ms[idx] <= horizon_ms
+        if due.all():
+            out.append((source, idx, keys))
+        elif due.any():
+            out.append((source, idx[due], keys[due]))
+    return out
 
 
 def coalesce(

@@ -13,8 +13,9 @@ lateness ``r - d`` is the sum of four stages, each the part of it spent in one p
 | ``waited`` | ``h - max(d, a)`` | the subscription, until a receive asked for it |
 | ``returned`` | ``r - h`` | the way back to the consumer, and its client's buffer |
 
-(``h >= d``: nothing goes out early; ``a >= c``.) A row staged ahead of its due time spends
-nothing in ``reached``. The subscription measures the first three when it hands the first
+(``a >= c``; a row handed out ahead of its due time, to a client that holds it until then,
+counts 0 in ``waited``, and its ``returned`` starts at ``d``.) A row staged ahead of its
+due time spends nothing in ``reached``. The subscription measures the first three when it hands the first
 delivery of a delayed message out; the consumer measures ``returned``, from the time the
 reply was made (``ReceiveReply.made_ms``) to the time its ``receive`` returns the rows.
 Each is kept as counts per
@@ -110,7 +111,9 @@ def handed_out(out: list[Delivery], now_ms: int) -> Handed:
             reached.fill(0)
             np.subtract(now_ms, due_or_written, out=waited)
         np.maximum(waited, 0, out=waited)
-        lates.append(now_ms - d)
+        # (a row handed out ahead of its time is not late: 0, never negative, which the
+        # metrics' export drops whole batches of samples for)
+        lates.append(np.maximum(now_ms - d, 0))
         stages.append(block)
         weights.append(w)
     if not lates:

@@ -54,7 +54,7 @@ from raydelay.dispatch.cancels import Cancels
 from raydelay.dispatch.consumers import ConsumerTable
 from raydelay.dispatch.counts import subscription_stats
 from raydelay.dispatch.cursor import Cursor, Position
-from raydelay.dispatch.due import SEALED_WINDOW, DueRows
+from raydelay.dispatch.due import SEALED_WINDOW, DueRows, due_by
 from raydelay.dispatch.handout import HandOut
 from raydelay.dispatch.keypool import KeyPool
 from raydelay.dispatch.marks import DELAYED_MARK_STEP_MS, DISPATCH_MARK_STEP, CursorMarks
@@ -152,6 +152,7 @@ class Subscription:
         # The sealed buckets of the partition (shared subscriptions): due rows come from
         # them with their payloads; the log is read for everything else.
         self.sealed = sealed if spread else None
+        self._spread = spread  # honours deliver_at (exclusive and failover do not)
         self.lookahead_ms = lookahead_ms
         self.consumer_lease_ms = consumer_lease_ms
         self.max_fetch = max_fetch
@@ -271,6 +272,13 @@ class Subscription:
             publish_dead_letters=publish_dead_letters,
         )
         self.stepped_ms = -1  # the latest time step() or collect_due() was given (epoch ms)
+        # The most a consumer here asks to be handed ahead of due (ms): delayed rows due
+        # within it go to a consumer that holds them until their instant (its client
+        # does), so that the round trip back is made before the due time, not after it.
+        # The driver wakes that much before a due row; a receive that asks less never
+        # gets a row another one's horizon let in early (see :meth:`receive`).
+        self.ahead_ms = 0
+        self._ahead_of: dict[str, int] = {}  # consumer -> what its last receive asked
 
     @property
     def cursor(self) -> Cursor:
@@ -299,6 +307,8 @@ class Subscription:
 
     def remove_consumer(self, consumer_id: str) -> int:
         """Forget a consumer; its unacked messages go to the redelivery set."""
+        if self._ahead_of.pop(consumer_id, None) is not None:
+            self.ahead_ms = max(self._ahead_of.values(), default=0)
         return self.redelivery.hand_back(consumer_id)
 
     def consumers(self) -> list[str]:
@@ -367,25 +377,33 @@ class Subscription:
     # --- the receive sequence ------------------------------------------------------------------
 
     async def receive(
-        self, consumer_id: str, fetch: Fetch, max_messages: int, now_ms: int
+        self, consumer_id: str, fetch: Fetch, max_messages: int, now_ms: int, ahead_ms: int = 0
     ) -> list[Delivery]:
         """One receive of up to ``max_messages`` for ``consumer_id`` at ``now_ms`` (epoch
         ms): move the write-ahead marks (the cursor is written before anything beyond
         them goes out), collect due messages, flush dead letters, fetch the payloads of
         redeliveries (``fetch`` reads what is neither staged nor cached), and hand them
-        out, then read-ahead entries. Nothing goes to a FIFO subscription's standby."""
+        out, then read-ahead entries. Nothing goes to a FIFO subscription's standby.
+        ``ahead_ms``: delayed rows of the host's index due by ``now_ms + ahead_ms`` go out
+        too (the consumer's client holds them until they are due; see ``ahead_ms``)."""
         if not self.can_receive(consumer_id):
             return []
-        if self.needs_delayed_mark(now_ms) and self.due.delayed_due(now_ms):
-            await self.marks.move_delayed_mark(now_ms)
+        horizon = now_ms + ahead_ms
+        if self._ahead_of.get(consumer_id) != ahead_ms:
+            self._ahead_of[consumer_id] = ahead_ms
+            self.ahead_ms = max(self._ahead_of.values())
+        if self.needs_delayed_mark(horizon) and self.due.delayed_due(horizon):
+            await self.marks.move_delayed_mark(horizon)
         mark = self.wanted_mark()
         if mark is not None:
             await self.persist(force=True, mark=mark)
-        self.collect_due(now_ms, max_messages)
+        self.collect_due(now_ms, max_messages, horizon)
         if self.redelivery.dead:
             await self.flush_dead_letters(fetch)
         keys = self.keys_to_fetch(max_messages, consumer_id)
         fetched = await self.fetch_payloads(fetch, keys, self.max_fetch)
+        if self._spread:  # (rows let in early for another, or handed back by one, wait)
+            fetched = due_by(fetched, horizon)
         return self.deliver(consumer_id, fetched, max_messages, now_ms)
 
     async def fetch_payloads(
@@ -437,6 +455,10 @@ class Subscription:
         deadline, a cursor write, a poll of the unsealed index, a sealed segment to load,
         a lease to lapse."""
         times = [self.next_wakeup_ms(next_delayed_ms), self.marks.next_write_ms()]
+        if self.ahead_ms:  # a receive that asks ahead is woken that much before a due row
+            soon = self.due.next_delayed_ms() if next_delayed_ms is None else next_delayed_ms
+            if soon is not None:
+                times.append(soon - self.ahead_ms)
         if self.sealed is not None:
             times += [self.unsealed.refill_ms(), self.sealed.next_load_ms()]
             times.append(self.unsealed.poll_ms())
@@ -461,12 +483,13 @@ class Subscription:
 
     # --- delivering ----------------------------------------------------------------------------
 
-    def collect_due(self, now_ms: int, max_messages: int) -> None:
+    def collect_due(self, now_ms: int, max_messages: int, horizon_ms: int | None = None) -> None:
         """Move due delayed positions and expired ack deadlines into the redelivery set
-        (see :meth:`DueRows.collect`)."""
+        (see :meth:`DueRows.collect`); rows of the host's index due by ``horizon_ms``
+        (``now_ms`` when None) count as due."""
         self.stepped_ms = max(self.stepped_ms, now_ms)
         self.expire(now_ms)
-        self.due.collect(now_ms, max_messages)
+        self.due.collect(now_ms if horizon_ms is None else horizon_ms, max_messages)
 
     def needs_delayed_mark(self, now_ms: int) -> bool:
         """Whether the delayed mark must move (be persisted) before delayed rows due up to
@@ -583,7 +606,9 @@ class Subscription:
 
     def has_deliverable(self, now_ms: int) -> bool:
         return (
-            bool(self.redelivery.redeliver) or self.reading.has_ready() or self.due.has_due(now_ms)
+            bool(self.redelivery.redeliver)
+            or self.reading.has_ready()
+            or self.due.has_due(now_ms + self.ahead_ms)
         )
 
     def next_wakeup_ms(self, next_delayed_ms: int | None = None) -> int | None:

@@ -36,6 +36,32 @@ def test_immediate_and_delayed_messages_interleaved_arrive_once_and_never_early(
     assert received_before(consumer, send_markers(producer, [None, now_ms() + 300])) == []
 
 
+def test_a_message_handed_out_ahead_is_held_by_the_client_until_it_is_due(cluster, topic_name):
+    # Given a shared consumer that asks for messages 5 s ahead of their due time (more than
+    # the subscription's 250 ms lookahead: it gets each as soon as the subscription has it)
+    cluster.create_topic(topic_name)
+    consumer = cluster.subscribe(topic_name, "s")
+    consumer.receiver.ahead_ms = 5_000
+    producer = cluster.create_producer(topic_name)
+    mid = producer.send(b"due in 2 s", deliver_after=2.0)
+    # When it receives in short calls until the message is in its client
+    held_at, got = None, []
+    deadline = now_ms() + 10_000
+    while not got and now_ms() < deadline:
+        got = consumer.receive(timeout_s=0.05)
+        if not got and held_at is None and consumer.receiver.held():
+            held_at = now_ms()
+            # a cancel now finds it handed out: False, and it is still delivered
+            assert producer.cancel(mid) is False
+    received_ms = now_ms()
+    # Then the client held it before its due time, and returned it no earlier than that
+    assert [m.message_id for m in got] == [mid]
+    assert held_at is not None and held_at < got[0].deliver_at_ms <= received_ms
+    assert consumer.receiver.held() == 0
+    # and it comes once
+    assert received_before(consumer, send_markers(producer, [None])) == []
+
+
 def test_deliver_after_deliver_at_and_aware_datetime_agree(cluster, topic_name):
     cluster.create_topic(topic_name)
     consumer = cluster.subscribe(topic_name, "s")

@@ -218,7 +218,9 @@ class FakeSubscription(FakeLink):
     def receive(self, partition, consumer, max_messages, timeout_s, rewinds):
         return self._call("receive", partition, consumer, max_messages)
 
-    def receive_many(self, partitions, consumer, max_messages, timeout_s, rewinds, packed=False):
+    def receive_many(
+        self, partitions, consumer, max_messages, timeout_s, rewinds, packed=False, ahead_ms=0
+    ):
         """As the actor's: what each partition has (packed as asked), and each one's error;
         the whole call fails (Unavailable) only when every partition asked is down (the
         actor is)."""

@@ -1111,3 +1111,71 @@ def test_a_runs_rows_from_each_segment_on_are_its_suffix_sums():
     run = RunInfo("1-1-1", tuple(SegmentInfo(0, 0, n, 0, 0) for n in (5, 0, 7, 2)))
     assert run.rows_from == (14, 9, 9, 2, 0)
     assert RunInfo("1-1-1", ()).rows_from == (0,)
+
+
+def _answered_ahead(dues: list[int], *consumers: str) -> tuple[Subscription, TopicIndex]:
+    """A subscription (lookahead 300 ms) with ``consumers``, holding the rows of one object
+    due at ``dues`` that its due queries at 600 and 850 brought (due by 1,150)."""
+    sub = _lookahead_subscription(ManualClock(0))
+    for c in consumers:
+        sub.add_consumer(c)
+    obj = _object(1, 0, dues, publish_ms=0)
+    sub.on_read([obj], [(1, None)], (1, len(dues) - 1))
+    index = TopicIndex(min_index_count=10)
+    index.add(obj)
+    _answer(sub, index, 600)
+    _answer(sub, index, 850)
+    return sub, index
+
+
+def _received(sub: Subscription, consumer: str, now: int, ahead_ms: int = 0) -> list[int]:
+    async def fetch(*_args):  # (every row here comes staged, with its payload)
+        raise AssertionError("nothing is read from the log")
+
+    out = asyncio.run(sub.receive(consumer, fetch, 100, now, ahead_ms))
+    return sorted(int(k) for dv in out for k in dv.keys)
+
+
+def test_a_receive_that_asks_ahead_gets_the_rows_due_within_it_and_no_other_receive_does():
+    # Given rows due at 1,000, 1,030 and 1,200 answered ahead (lookahead 300 ms), and two
+    # consumers: one that asks 50 ms ahead, one that asks for nothing early (an earlier
+    # client)
+    sub, index = _answered_ahead([1_000, 1_030, 1_200], "c", "old")
+    assert sub.stats()["delayed"] == 3 and len(sub.unsealed.held_rows()[0]) == 2  # (by 1,150)
+    # Before anyone asked ahead, the driver wakes at the first row's instant
+    assert sub.step(900).wake_at_ms == 1_000 and not sub.has_deliverable(900)
+    assert _received(sub, "old", 949) == []
+    # When "c" asks 50 ms ahead at 960, it gets the row due at 1,000, not the one at 1,030
+    assert _received(sub, "c", 960, ahead_ms=50) == [key_of(1, 0)]
+    # Then the driver wakes 50 ms before the next row, and finds it deliverable then
+    assert sub.step(961).wake_at_ms == 980
+    assert sub.has_deliverable(980) and not sub.has_deliverable(979)
+    # and a row let in by a receive that asks ahead ...
+    sub.collect_due(985, 100, 985 + 50)
+    # ... does not go to a receive that asks for nothing early before it is due
+    assert _received(sub, "old", 1_029) == []
+    assert _received(sub, "old", 1_030) == [key_of(1, 1)]
+    # and nothing goes to anyone more than its ahead before its time
+    _answer(sub, index, 1_060)
+    assert _received(sub, "c", 1_149, ahead_ms=50) == []
+    assert _received(sub, "c", 1_150, ahead_ms=50) == [key_of(1, 2)]
+
+
+def test_the_driver_wakes_ahead_only_while_a_consumer_that_asks_ahead_is_there():
+    sub, _ = _answered_ahead([1_000], "c")
+    assert _received(sub, "c", 900, ahead_ms=40) == []
+    assert sub.step(901).wake_at_ms == 960
+    # When the consumer that asked ahead is gone, the driver wakes at the row's instant
+    sub.remove_consumer("c")
+    assert sub.ahead_ms == 0 and sub.step(902).wake_at_ms == 1_000
+
+
+def test_rows_handed_back_before_they_are_due_wait_for_a_receive_that_may_take_them():
+    # Given a consumer that asked ahead and got a row 40 ms before it is due
+    sub, _ = _answered_ahead([1_000], "c", "old")
+    assert _received(sub, "c", 960, ahead_ms=50) == [key_of(1, 0)]
+    # When it is gone before the row is due (its row handed back)
+    assert sub.remove_consumer("c") == 1
+    # Then a receive that asks for nothing early does not get the row before its time
+    assert _received(sub, "old", 970) == []
+    assert _received(sub, "old", 1_000) == [key_of(1, 0)]

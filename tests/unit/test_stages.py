@@ -50,6 +50,17 @@ def test_a_row_staged_ahead_of_its_time_is_late_only_by_its_wait():
     }
 
 
+def test_a_row_handed_out_ahead_of_its_time_is_not_late_at_all():
+    # Given rows due at 1,000 and 1,030, in the subscription's hands at 500
+    out = [_delivery([1_000, 1_030], [400, 400], arrived_ms=500)]
+    # When a receive that asks ahead hands them out at 990
+    got = handed_out(out, 990)
+    # Then neither counts a negative lateness or stage (the metrics' export drops whole
+    # batches of samples that hold one): both are 0 late, every stage 0
+    assert got.lateness_ms.tolist() == [0, 0]
+    assert got.stages_ms.tolist() == [[0, 0], [0, 0], [0, 0]]
+
+
 def test_a_row_written_after_its_due_time_counts_that_as_written():
     # Given a row due at 1,000 but written at 1,300, reaching the subscription at 1,350
     out = [_delivery([1_000], [1_300], arrived_ms=1_350)]

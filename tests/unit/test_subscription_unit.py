@@ -41,7 +41,7 @@ class _Shell:
     def begin_receive(self, consumer_id: str) -> None:
         pass
 
-    async def receive_now(self, consumer_id: str, max_messages: int, rewinds: int):
+    async def receive_now(self, consumer_id: str, max_messages: int, rewinds: int, ahead_ms=0):
         out, self.rows = self.rows, []
         return out, bool(out)  # (a receive answers once it has something)
 
@@ -120,3 +120,14 @@ def test_a_call_at_a_recovering_partition_waits_for_it_and_a_failed_one_raises(u
             await made.heartbeat(7, "c")
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("ahead_ms", "says"),
+    [(True, "expected an int, got bool"), ("50", "expected an int, got str"),
+     (-1, "must be 0..60000, got -1"), (60_001, "must be 0..60000, got 60001")],
+)  # fmt: skip
+def test_a_receive_asking_an_absurd_ahead_is_refused_naming_it(ahead_ms, says):
+    with pytest.raises(InvalidArgument, match=f"^ahead_ms: {says}$"):
+        unit_module.check_ahead_ms(ahead_ms)
+    assert unit_module.check_ahead_ms(0) == 0 and unit_module.check_ahead_ms(60_000) == 60_000

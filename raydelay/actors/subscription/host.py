@@ -281,10 +281,11 @@ class SubscriptionHost:
         timeout_s: float,
         rewinds: int = 0,
         packed: bool = False,
+        ahead_ms: int = 0,
     ) -> ReceiveReply:
         part = await self._unit(unit)
         return await part.receive_many(
-            consumer_id, partitions, max_messages, timeout_s, rewinds, packed
+            consumer_id, partitions, max_messages, timeout_s, rewinds, packed, ahead_ms
         )
 
     async def reset(self, unit: Unit, marks: dict[int, list[int]]) -> None:

@@ -209,22 +209,25 @@ class SubscriptionShell:
         self._sub.add_consumer(consumer_id, self._clock.now_ms())
 
     async def receive_now(
-        self, consumer_id: str, max_messages: int, rewinds: int
+        self, consumer_id: str, max_messages: int, rewinds: int, ahead_ms: int = 0
     ) -> tuple[list[Delivery], bool]:
         """What goes to ``consumer_id`` now, and whether its call is answered with it even
         when it is nothing: a call sent before the consumer's latest rewind, a state a
-        reset closed, a consumer no longer here."""
+        reset closed, a consumer no longer here. ``ahead_ms``: delayed rows due that soon
+        go too (the consumer holds them until they are due)."""
         if rewinds < self._rewinds.get(consumer_id, 0) or self._closed:
             return [], True
-        out = await self._deliver(consumer_id, max_messages)
+        out = await self._deliver(consumer_id, max_messages, ahead_ms)
         # (a standing call does not renew the lease: the client's heartbeats do, and they
         # stop when its process dies)
         return out, bool(out) or consumer_id not in self._sub.consumers()
 
-    async def _deliver(self, consumer_id: str, max_messages: int) -> list[Delivery]:
+    async def _deliver(
+        self, consumer_id: str, max_messages: int, ahead_ms: int = 0
+    ) -> list[Delivery]:
         # (the cursor writes on this path only write ahead: the driver reports progress)
         out = await self._sub.receive(
-            consumer_id, self._reader.read_rows, max_messages, self._clock.now_ms()
+            consumer_id, self._reader.read_rows, max_messages, self._clock.now_ms(), ahead_ms
         )
         if self._sub.wants_read():  # (key_shared moves read-ahead rows on without delivering)
             self._reader.make_room()

@@ -263,6 +263,7 @@ class SubscriptionUnit:
         timeout_s: float,
         rewinds: int = 0,
         packed: bool = False,
+        ahead_ms: int = 0,
     ) -> ReceiveReply:
         """One receive at several partitions this actor serves (those of a consumer's that
         share it: one call for all, where one each would cost a call each): up to
@@ -272,9 +273,12 @@ class SubscriptionUnit:
         whose receive failed (see ReceiveReply): what the others handed out still reaches
         the consumer. A partition still recovering joins the receive once it is. With
         ``packed``, each record batch goes as :func:`~raydelay.dispatch.wire.pack_delivery`
-        makes it (a client of an earlier version asks without)."""
+        makes it (a client of an earlier version asks without). ``ahead_ms``: delayed
+        messages due within that many ms go out too, for a client that holds each until its
+        due time (0, as an earlier version asks: none before it is due)."""
         if not partitions:
             raise InvalidArgument("partitions: at least one is needed")
+        ahead_ms = check_ahead_ms(ahead_ms)
         failed: dict[int, BaseException] = {}
         live: list[int] = []
         waiting = list(dict.fromkeys(int(x) for x in partitions))  # not begun yet
@@ -299,7 +303,9 @@ class SubscriptionUnit:
             answers, errors, running = await self._receives.collect(
                 consumer_id,
                 live,
-                functools.partial(self._receive_one, consumer_id, int(max_messages), rewinds),
+                functools.partial(
+                    self._receive_one, consumer_id, int(max_messages), rewinds, ahead_ms
+                ),
             )
             for p in live:
                 if p in errors:  # handed back with that partition
@@ -324,10 +330,11 @@ class SubscriptionUnit:
                 changed.cancel()
 
     async def _receive_one(
-        self, consumer_id: str, max_messages: int, rewinds: int, partition: int
+        self, consumer_id: str, max_messages: int, rewinds: int, ahead_ms: int, partition: int
     ) -> tuple[list, bool]:
         await self._not_resetting(partition)
-        return await self._part(partition).receive_now(consumer_id, max_messages, rewinds)
+        part = self._part(partition)
+        return await part.receive_now(consumer_id, max_messages, rewinds, ahead_ms)
 
     async def ack_many(
         self, consumer_id: str, acks: list[tuple[int, Any]], nack: tuple | None = None
@@ -431,6 +438,18 @@ class SubscriptionUnit:
 
     def partitions(self) -> list[int]:
         return list(self._mine)
+
+
+MAX_AHEAD_MS = 60_000  # the most a receive may ask to be handed ahead of due
+
+
+def check_ahead_ms(ahead_ms: object) -> int:
+    """A receive's ``ahead_ms``: an int of 0..MAX_AHEAD_MS, else InvalidArgument."""
+    if isinstance(ahead_ms, bool) or not isinstance(ahead_ms, int):
+        raise InvalidArgument(f"ahead_ms: expected an int, got {type(ahead_ms).__name__}")
+    if not 0 <= ahead_ms <= MAX_AHEAD_MS:
+        raise InvalidArgument(f"ahead_ms: must be 0..{MAX_AHEAD_MS}, got {ahead_ms}")
+    return ahead_ms
 
 
 def _group_partitions(
