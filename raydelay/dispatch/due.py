@@ -137,17 +137,22 @@ class DueRows:
         )
 
 
-def due_by(groups: list[Group], horizon_ms: int) -> list[Group]:
+def due_by(groups: list[Group], horizon_ms: int) -> tuple[list[Group], int | None]:
     """Of fetched groups (source, row indexes, position keys), the rows due by
-    ``horizon_ms`` (immediate ones and redeliveries of rows due earlier among them)."""
-    out = []
+    ``horizon_ms`` (immediate ones and redeliveries of rows due earlier among them), and
+    the earliest deliver_at of those left out (None: none was)."""
+    out, later = [], None
     for source, idx, keys in groups:
-        due = source.entries.deliver_at_ms[idx] <= horizon_ms
+        d = source.entries.deliver_at_ms[idx]
+        due = d <= horizon_ms
         if due.all():
             out.append((source, idx, keys))
-        elif due.any():
+            continue
+        first = int(d[~due].min())
+        later = first if later is None else min(later, first)
+        if due.any():
             out.append((source, idx[due], keys[due]))
-    return out
+    return out, later
 
 
 def coalesce(

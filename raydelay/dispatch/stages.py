@@ -15,9 +15,10 @@ lateness ``r - d`` is the sum of four stages, each the part of it spent in one p
 
 (``a >= c``; a row handed out ahead of its due time, to a client that holds it until then,
 counts 0 in ``waited``, and its ``returned`` starts at ``d``.) A row staged ahead of its
-due time spends nothing in ``reached``. The subscription measures the first three when it hands the first
-delivery of a delayed message out; the consumer measures ``returned``, from the time the
-reply was made (``ReceiveReply.made_ms``) to the time its ``receive`` returns the rows.
+due time spends nothing in ``reached``. The subscription measures the first three when it
+hands the first delivery of a delayed message out; the consumer measures ``returned``,
+from the time the reply was made (``ReceiveReply.made_ms``), or the due time of a row it
+held, to the time its ``receive`` returns the rows.
 Each is kept as counts per
 :data:`LATENESS_EDGES_MS` bucket plus the sum of its milliseconds, so that partitions and
 processes add up, and a stage's share of the lateness is exact.

@@ -279,6 +279,12 @@ class Subscription:
         # gets a row another one's horizon let in early (see :meth:`receive`).
         self.ahead_ms = 0
         self._ahead_of: dict[str, int] = {}  # consumer -> what its last receive asked
+        # The earliest deliver_at of a row a receive left out as not due by its horizon
+        # (one let in early for another consumer, handed back, or popped early by a
+        # tracker that is not strict): the driver wakes for it. ``wake_needed``: it moved
+        # earlier since the driver last looked (the shell wakes the driver then).
+        self.withheld_ms: int | None = None
+        self.wake_needed = False
 
     @property
     def cursor(self) -> Cursor:
@@ -403,7 +409,10 @@ class Subscription:
         keys = self.keys_to_fetch(max_messages, consumer_id)
         fetched = await self.fetch_payloads(fetch, keys, self.max_fetch)
         if self._spread:  # (rows let in early for another, or handed back by one, wait)
-            fetched = due_by(fetched, horizon)
+            fetched, later = due_by(fetched, horizon)
+            if later is not None and (self.withheld_ms is None or later < self.withheld_ms):
+                self.withheld_ms = later
+                self.wake_needed = True
         return self.deliver(consumer_id, fetched, max_messages, now_ms)
 
     async def fetch_payloads(
@@ -459,6 +468,11 @@ class Subscription:
             soon = self.due.next_delayed_ms() if next_delayed_ms is None else next_delayed_ms
             if soon is not None:
                 times.append(soon - self.ahead_ms)
+        if self.withheld_ms is not None:
+            if self.withheld_ms <= now_ms:  # (due now: the step's notice wakes the receives)
+                self.withheld_ms = None
+            else:
+                times += [self.withheld_ms - self.ahead_ms, self.withheld_ms]
         if self.sealed is not None:
             times += [self.unsealed.refill_ms(), self.sealed.next_load_ms()]
             times.append(self.unsealed.poll_ms())

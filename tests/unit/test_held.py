@@ -100,3 +100,19 @@ def test_clear_drops_what_is_held():
     held.clear()
     clock.set(100)
     assert held.release() == [] and len(held) == 0
+
+
+def test_rows_all_early_and_in_order_are_held_as_they_came():
+    clock = ManualClock(0)
+    held = HeldRows(clock.now_ms)
+    held.came(0, 0)
+    rows = _rows(50, 50, 60)
+    assert held.split(2, rows, 0) is None
+    clock.set(50)
+    out = held.release()
+    assert [(p, e) for p, rb, _ in out for e in rb.column("entry_id").to_pylist()] == [
+        (2, 0),
+        (2, 1),
+    ]
+    clock.set(60)
+    assert _entries(held.release()) == [2]

@@ -1178,4 +1178,6 @@ def test_rows_handed_back_before_they_are_due_wait_for_a_receive_that_may_take_t
     assert sub.remove_consumer("c") == 1
     # Then a receive that asks for nothing early does not get the row before its time
     assert _received(sub, "old", 970) == []
+    # and the driver wakes at that time (nothing else would wake a standing receive then)
+    assert sub.wake_needed and sub.step(971).wake_at_ms == 1_000
     assert _received(sub, "old", 1_000) == [key_of(1, 0)]

@@ -231,6 +231,9 @@ class SubscriptionShell:
         )
         if self._sub.wants_read():  # (key_shared moves read-ahead rows on without delivering)
             self._reader.make_room()
+        if self._sub.wake_needed:  # a row left out for now: the driver wakes for it
+            self._sub.wake_needed = False
+            self._wake.set()
         if out:
             self._report.dispatched(out, self._clock.now_ms())
             self._reader.make_room()
