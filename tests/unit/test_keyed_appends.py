@@ -146,3 +146,23 @@ def test_bad_arguments(parts):
             await parts.appender.cancel_keys(["ok", 3], "p", 1)
 
     run(parts, go)
+
+
+def test_a_message_within_the_hand_out_ahead_of_its_time_is_no_longer_pending(parts):
+    # Given the partition's handout_ahead_ms (a consumer may hold a message that soon)
+    ahead = parts.ctx.config.subscription.handout_ahead_ms
+    assert ahead > 0
+
+    async def go():
+        # a message due after that stretch is pending: a replace cancels it ...
+        a = await parts.appender.append_keyed(batch(["far"], seq=1, after_ms=60_000), "replace")
+        b = await parts.appender.append_keyed(batch(["far"], seq=2, after_ms=60_000), "replace")
+        # ... but one due within it is as good as delivered: the key is free, nothing is
+        # cancelled (a consumer may hold it already), and an ignore writes the new one
+        c = await parts.appender.append_keyed(batch(["near"], seq=3, after_ms=ahead // 2), "ignore")
+        d = await parts.appender.append_keyed(batch(["near"], seq=4, after_ms=60_000), "replace")
+        return a, b, c, d
+
+    a, b, c, d = run(parts, go)
+    assert [t for t, _ in b.replaced] == [a.positions[0]]
+    assert d.replaced == [] and d.positions != c.positions and d.written == 1

@@ -13,7 +13,10 @@ finds is the caller's ``on_duplicate``:
 - ``"allow"``: no check (the keys only route), as a plain append.
 
 Keyed calls of one partition run one at a time (check, write, index), so two sends of one
-key never both find it free. A batch re-sent with its sequence id (a lost reply) is
+key never both find it free. A message is pending until ``subscription.handout_ahead_ms``
+before its due time: from then on a consumer may hold it (handed out ahead, returned at its
+instant), and a cancel could no longer keep it from being delivered. So a replace, a cancel
+by key or an ``ignore`` in that last stretch finds the key free, as after its delivery. A batch re-sent with its sequence id (a lost reply) is
 answered from what the first attempt wrote: the rows at its recorded positions.
 """
 
@@ -58,6 +61,12 @@ class KeyedAppends:
         self._reads = reads
         self._queue = queue
         self._lock = asyncio.Lock()
+        self._ahead_ms = ctx.config.subscription.handout_ahead_ms
+
+    def _horizon(self) -> int:
+        """Messages due by this time (epoch ms) are no longer pending: a consumer may hold
+        them already (see the module docstring)."""
+        return now_ms() + self._ahead_ms
 
     async def pending(self, keys: list[str], now: int) -> dict[str, list[int]]:
         """The positions (keys) of messages still pending under each of ``keys``: the
@@ -103,7 +112,7 @@ class KeyedAppends:
         n = len(entries)
         keys = entries.keys or [None] * n
         due = entries.deliver_at_ms
-        now = now_ms()
+        now = self._horizon()
         held = {i: k for i, k in enumerate(keys) if k is not None and due[i] > now}
         scheduled = list(held)
         pending = await self.pending(list(held.values()), now) if held else {}
@@ -192,7 +201,7 @@ class KeyedAppends:
                     out[i] = int(rows.positions[r])
                     j += 1
         missing = {i: k for i, k in enumerate(keys) if out[i] is None and k is not None}
-        pending = await self.pending(list(missing.values()), now_ms()) if missing else {}
+        pending = await self.pending(list(missing.values()), self._horizon()) if missing else {}
         found: list[int] = []
         for i in range(n):
             at = out[i]
@@ -218,7 +227,7 @@ class KeyedAppends:
             known = await self._recorded(producer, sequence_id)
             if known is not None:
                 return await self._cancelled_again(keys, known)
-            pending = await self.pending(keys, now_ms())
+            pending = await self.pending(keys, self._horizon())
             pairs = [(k, t) for k in dict.fromkeys(keys) for t in pending.get(k, [])]
             if not pairs:
                 return [[] for _ in keys]
