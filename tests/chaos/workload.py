@@ -186,7 +186,10 @@ def run_workload(
             ledger.cancelled.update(kept)
             ledger.cancel_times.update((m, (called, answered)) for m in kept)
             if keyed:
-                _replace_and_repeat(producer, ledger, rng, mids, keys, ats, set(doomed), late)
+                ahead = cluster.config.subscription.handout_ahead_ms
+                _replace_and_repeat(
+                    producer, ledger, rng, mids, keys, ats, set(doomed), late, ahead
+                )
             time.sleep(max(0.0, seconds / rounds - (now_ms() - base) / 1000))
         produced.set()
         ledger.producer_retries = producer.retries
@@ -209,10 +212,13 @@ def run_workload(
     return ledger
 
 
-def _replace_and_repeat(producer, ledger: Ledger, rng, mids, keys, ats, doomed, late) -> None:
+def _replace_and_repeat(
+    producer, ledger: Ledger, rng, mids, keys, ats, doomed, late, ahead_ms: int
+) -> None:
     """A keyed round's replaces and repeated sends, each of messages due later than
     ``late`` and not cancelled: a share replaced (the old ones count as cancelled once the
-    replace answered), a share sent again (which must answer the pending one's id)."""
+    replace answered), a share sent again (which must answer the pending one's id). A key
+    is pending until ``ahead_ms`` (subscription.handout_ahead_ms) before its time."""
     live = [
         (m, k, at)
         for m, k, at in zip(mids, keys, ats, strict=True)
@@ -234,9 +240,9 @@ def _replace_and_repeat(producer, ledger: Ledger, rng, mids, keys, ats, doomed, 
         )
         answered = now_ms()
         ledger.sent.update(zip(new, new_ats, strict=True))
-        # a replace that answered before the old one was due kept it from delivery (never
-        # early: it was not due yet); one held up past that by a kill may come too late
-        kept = [m for m, _, at in replace if answered < at]
+        # a replace that answered before the old one was due (less the hand-out ahead) kept
+        # it from delivery; one held up past that by a kill may come too late
+        kept = [m for m, _, at in replace if answered < at - ahead_ms]
         ledger.cancelled.update(kept)
         ledger.replaced.update(kept)
         ledger.cancel_times.update((m, (called, answered)) for m in kept)
@@ -250,7 +256,7 @@ def _replace_and_repeat(producer, ledger: Ledger, rng, mids, keys, ats, doomed, 
         for (first, _, first_at), got in zip(repeat, again, strict=True):
             if got != first:  # a second message: it must arrive too
                 ledger.sent[got] = at
-                if answered < first_at:  # (the first was still pending: it should have won)
+                if answered < first_at - ahead_ms:  # (the first was pending: it should have won)
                     ledger.ignored_wrong.append((first, got))
 
 
